@@ -18,7 +18,6 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-
 from corral.stack.servers import NatsServer, PostgresServer
 
 

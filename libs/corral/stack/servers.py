@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,7 +95,7 @@ class NatsServer:
         )
         log = self.data_dir / "nats.log"
         with log.open("ab") as out:
-            self.proc = subprocess.Popen(  # noqa: S603 - fixed binary, our own config
+            self.proc = subprocess.Popen(
                 [nats_server_binary(), "-c", str(conf)],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
@@ -135,7 +136,7 @@ def _run_as() -> tuple[int, int] | None:
     try:
         entry = pwd.getpwnam(_PG_SYSTEM_USER)
     except KeyError:
-        subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", _PG_SYSTEM_USER],  # noqa: S603,S607
+        subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", _PG_SYSTEM_USER],
                        check=True, capture_output=True)
         entry = pwd.getpwnam(_PG_SYSTEM_USER)
     return entry.pw_uid, entry.pw_gid
@@ -167,7 +168,7 @@ class PostgresServer:
     def dsn(self) -> str:
         return f"postgresql://postgres@{self.host}:{self.port}/{self.database}"
 
-    def _preexec(self) -> object:
+    def _preexec(self) -> Callable[[], None] | None:
         ids = _run_as()
         if ids is None:
             return None
@@ -195,10 +196,10 @@ class PostgresServer:
         preexec = self._preexec()
         log = self.data_dir / "postgres.log"
         if not (pgdata / "PG_VERSION").exists():
-            subprocess.run(  # noqa: S603
+            subprocess.run(
                 [str(bin_dir / "initdb"), "-D", str(pgdata), "--auth=trust", "--encoding=utf8",
                  "-U", "postgres"],
-                check=True, capture_output=True, preexec_fn=preexec,  # type: ignore[arg-type]
+                check=True, capture_output=True, preexec_fn=preexec,
             )
         if not self.port:
             self.port = free_port(self.host)
@@ -207,12 +208,12 @@ class PostgresServer:
         with log.open("ab") as out:
             if ids is not None:
                 os.chown(log, *ids)
-            self.proc = subprocess.Popen(  # noqa: S603
+            self.proc = subprocess.Popen(
                 [str(bin_dir / "postgres"), "-D", str(pgdata), "-h", self.host, "-p", str(self.port),
                  "-k", str(self.data_dir), "-c", "fsync=on", "-c", "max_connections=200",
                  "-c", "shared_buffers=128MB"],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=preexec,  # type: ignore[arg-type]
+                preexec_fn=preexec,
             )
         _wait_for_port(self.host, self.port, timeout, self.proc, log)
         self._ensure_database(bin_dir, timeout)
@@ -223,17 +224,18 @@ class PostgresServer:
         psql = [str(bin_dir / "psql"), "-h", self.host, "-p", str(self.port), "-U", "postgres",
                 "-d", "postgres", "-tAc"]
         while True:
-            res = subprocess.run(  # noqa: S603
+            res = subprocess.run(
                 [*psql, f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'"],
                 capture_output=True, text=True,
             )
             if res.returncode == 0:
                 break
             if time.monotonic() > deadline:
-                raise ServerStartError(f"postgres not ready: {res.stderr}\n{_tail(self.data_dir / 'postgres.log')}")
+                log_tail = _tail(self.data_dir / "postgres.log")
+                raise ServerStartError(f"postgres not ready: {res.stderr}\n{log_tail}")
             time.sleep(0.1)
         if res.stdout.strip() != "1":
-            subprocess.run([*psql, f'CREATE DATABASE "{self.database}"'],  # noqa: S603
+            subprocess.run([*psql, f'CREATE DATABASE "{self.database}"'],
                            check=True, capture_output=True)
 
     def stop(self) -> None:
