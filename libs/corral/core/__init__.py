@@ -1,1 +1,71 @@
+"""corral.core: the pure, deterministic scheduling core (standard library only, no I/O, no clock).
 
+A cycle takes a `Snapshot` (time, cluster, queues, pending and running jobs) and returns one
+`Decision` per pending job, in a deterministic order: `Place` (the whole gang, rank by rank),
+`Preempt` (victims to checkpoint so that the job fits afterwards) or `Pending` (with a `Reason`).
+
+Entry point:
+    schedule(snapshot, config=SchedulerConfig()) -> list[Decision]
+
+Phases, callable on their own because the live services split the work:
+    order_pending(snapshot, config) -> list[PendingJob]
+        quota service: fair share across the queue tree (or fifo / priority / LAS order).
+    quota_check(snapshot, job, usage=None) -> Reason | None
+        quota service: None when the queue tree admits `job` now (guarantee, borrowing, lend
+        limits, max_gpus); otherwise QUEUE_UNKNOWN / MAX_GPUS_EXCEEDED / QUOTA_EXCEEDED.
+    find_placement(cluster, free, job) -> Placement | Reason
+        placement service: `free` is a `FreeGpus` index (FreeGpus.from_running(cluster, running)).
+    select_victims(snapshot, job, config) -> tuple[str, ...] | Reason
+        preemption service: the cheapest victims after which the job provably fits.
+    static_feasibility(cluster, job) -> Reason | None
+        admission: TOPOLOGY_UNSATISFIABLE / NO_MATCHING_GPU when the request can never fit.
+
+Policies (`SchedulerConfig.named`): "corral" fair share + EASY backfill + preemption + reclaim;
+"fifo" strict submit order; "priority" priority then age with in-queue preemption; "backfill" FIFO
++ EASY backfill; "las" least attained service first, preemptive (Tiresias-style).
+"""
+
+from corral.core.decisions import Decision, Pending, Place, Preempt, Reason, ReasonCode
+from corral.core.model import (
+    Cluster,
+    Gpu,
+    GpuRequest,
+    Job,
+    Node,
+    NodeState,
+    OrderPolicy,
+    PendingJob,
+    Placement,
+    QueueConfig,
+    RankPlacement,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+    Topology,
+    TopologyLevel,
+)
+
+__all__ = [
+    "Cluster",
+    "Decision",
+    "Gpu",
+    "GpuRequest",
+    "Job",
+    "Node",
+    "NodeState",
+    "OrderPolicy",
+    "Pending",
+    "PendingJob",
+    "Place",
+    "Placement",
+    "Preempt",
+    "QueueConfig",
+    "RankPlacement",
+    "Reason",
+    "ReasonCode",
+    "RunningJob",
+    "SchedulerConfig",
+    "Snapshot",
+    "Topology",
+    "TopologyLevel",
+]

@@ -1,0 +1,389 @@
+"""The scheduling domain model: cluster shape, jobs, queues and the snapshot one cycle decides on.
+
+Every type is a frozen, slotted dataclass so that a snapshot can be shared between phases (and
+between the live services and the trace simulator) without anyone mutating it behind the
+scheduler's back, and so that equal snapshots compare and hash equal (determinism is testable).
+Only the standard library is used: the core must stay importable anywhere, including the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class NodeState(StrEnum):
+    """Whether a node may receive new work; draining nodes keep running work but get nothing new."""
+
+    READY = "ready"
+    DRAINING = "draining"
+    LOST = "lost"
+
+
+class TopologyLevel(StrEnum):
+    """Levels of the network hierarchy, from the tightest (NVLink inside a node) to the loosest."""
+
+    NVLINK = "nvlink"
+    NODE = "node"
+    RACK = "rack"
+    ZONE = "zone"
+
+    @property
+    def depth(self) -> int:
+        """0 for NVLink up to 3 for zone: smaller is tighter."""
+        return _LEVEL_DEPTH[self]
+
+
+_LEVEL_DEPTH = {TopologyLevel.NVLINK: 0, TopologyLevel.NODE: 1, TopologyLevel.RACK: 2, TopologyLevel.ZONE: 3}
+
+
+class OrderPolicy(StrEnum):
+    """How pending jobs are ordered before allocation."""
+
+    FAIR_SHARE = "fairshare"
+    FIFO = "fifo"
+    PRIORITY = "priority"
+    LAS = "las"
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical GPU; `nvlink_domain` numbers the NVLink island inside its node."""
+
+    index: int
+    model: str
+    memory_gib: int
+    nvlink_domain: int = 0
+
+    def __post_init__(self) -> None:
+        if self.index < 0:
+            raise ValueError(f"Gpu.index must be >= 0, got {self.index}")
+        if self.memory_gib < 0:
+            raise ValueError(f"Gpu.memory_gib must be >= 0, got {self.memory_gib}")
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A machine with GPUs; `rack` is its InfiniBand leaf/block, `zone` the group of racks."""
+
+    name: str
+    gpus: tuple[Gpu, ...]
+    rack: str
+    zone: str
+    state: NodeState = NodeState.READY
+
+    def __post_init__(self) -> None:
+        indices = [g.index for g in self.gpus]
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"Node {self.name!r}: GPU indices must be unique, got {indices}")
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    def gpu(self, index: int) -> Gpu:
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        raise KeyError(f"node {self.name!r} has no GPU {index}")
+
+    def domains(self) -> dict[int, tuple[int, ...]]:
+        """NVLink domain id -> GPU indices in it (sorted), the unit of the tightest topology."""
+        out: dict[int, list[int]] = {}
+        for g in self.gpus:
+            out.setdefault(g.nvlink_domain, []).append(g.index)
+        return {d: tuple(sorted(ix)) for d, ix in sorted(out.items())}
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """The nodes the scheduler may use; node names are unique."""
+
+    nodes: tuple[Node, ...]
+    _by_name: dict[str, Node] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        by_name: dict[str, Node] = {}
+        for n in self.nodes:
+            if n.name in by_name:
+                raise ValueError(f"Cluster.nodes: duplicate node name {n.name!r}; node names must be unique")
+            by_name[n.name] = n
+        object.__setattr__(self, "_by_name", by_name)
+
+    def node(self, name: str) -> Node:
+        return self._by_name[name]
+
+    def has_node(self, name: str) -> bool:
+        return name in self._by_name
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+    @property
+    def usable_gpus(self) -> int:
+        """GPUs on nodes that are not lost: the capacity quotas are measured against."""
+        return sum(len(n.gpus) for n in self.nodes if n.state is not NodeState.LOST)
+
+    def racks(self) -> tuple[str, ...]:
+        return tuple(sorted({n.rack for n in self.nodes}))
+
+    def zones(self) -> tuple[str, ...]:
+        return tuple(sorted({n.zone for n in self.nodes}))
+
+    @classmethod
+    def uniform(
+        cls,
+        nodes: int,
+        gpus_per_node: int,
+        model: str,
+        memory_gib: int = 80,
+        nodes_per_rack: int = 8,
+        nvlink_domain_size: int | None = None,
+        racks_per_zone: int | None = None,
+    ) -> Cluster:
+        """A homogeneous cluster: nodes n000.., racks r00.., zone z0 (or z0.. every racks_per_zone racks)."""
+        if nodes < 0 or gpus_per_node < 0 or nodes_per_rack < 1:
+            raise ValueError("Cluster.uniform: nodes and gpus_per_node must be >= 0, nodes_per_rack >= 1")
+        domain = nvlink_domain_size or max(gpus_per_node, 1)
+        width = max(3, len(str(max(nodes - 1, 0))))
+        rack_count = max(1, -(-nodes // nodes_per_rack))
+        rack_width = max(2, len(str(rack_count - 1)))
+        built = []
+        for i in range(nodes):
+            rack_no = i // nodes_per_rack
+            zone_no = rack_no // racks_per_zone if racks_per_zone else 0
+            gpus = tuple(Gpu(j, model, memory_gib, j // domain) for j in range(gpus_per_node))
+            built.append(Node(f"n{i:0{width}d}", gpus, f"r{rack_no:0{rack_width}d}", f"z{zone_no}"))
+        return cls(tuple(built))
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Placement constraints: `replica` and `gang` are hard, `prefer` is soft (pack tight up to there)."""
+
+    replica: TopologyLevel | None = None
+    gang: TopologyLevel | None = None
+    prefer: TopologyLevel | None = None
+
+    def __post_init__(self) -> None:
+        if self.replica not in (None, TopologyLevel.NVLINK, TopologyLevel.NODE):
+            raise ValueError(
+                f"Topology.replica must be 'nvlink' or 'node' (a rank always lives on one node), "
+                f"got {self.replica!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """Which GPUs a job accepts; None means any."""
+
+    model: str | None = None
+    min_memory_gib: int | None = None
+
+    def matches(self, gpu: Gpu) -> bool:
+        if self.model is not None and gpu.model != self.model:
+            return False
+        return self.min_memory_gib is None or gpu.memory_gib >= self.min_memory_gib
+
+    def describe(self) -> str:
+        parts = []
+        if self.model is not None:
+            parts.append(self.model)
+        if self.min_memory_gib is not None:
+            parts.append(f">= {self.min_memory_gib} GiB")
+        return " ".join(parts) or "any GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A gang of `replicas` ranks, each asking `gpus_per_replica` whole GPUs on one node."""
+
+    id: str
+    queue: str
+    replicas: int
+    gpus_per_replica: int
+    submit_time: float
+    priority: int = 0
+    gpu: GpuRequest | None = None
+    topology: Topology = Topology()
+    preemptible: bool = True
+    checkpoint_grace_seconds: int = 30
+    min_runtime_seconds: int = 0
+    estimated_runtime_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("Job.id must be a non-empty string")
+        if not self.queue:
+            raise ValueError(f"Job {self.id!r}: queue must be a non-empty queue name like 'research/nlp'")
+        if self.replicas < 1:
+            raise ValueError(f"Job {self.id!r}: replicas must be >= 1, got {self.replicas}")
+        if self.gpus_per_replica < 1:
+            raise ValueError(f"Job {self.id!r}: gpus_per_replica must be >= 1, got {self.gpus_per_replica}")
+        if self.checkpoint_grace_seconds < 0 or self.min_runtime_seconds < 0:
+            raise ValueError(
+                f"Job {self.id!r}: checkpoint_grace_seconds and min_runtime_seconds must be >= 0"
+            )
+        if self.estimated_runtime_seconds is not None and self.estimated_runtime_seconds < 0:
+            raise ValueError(f"Job {self.id!r}: estimated_runtime_seconds must be >= 0 or omitted")
+
+    @property
+    def total_gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+    @property
+    def shape(self) -> str:
+        """Human form of the request used in reasons, e.g. '4x8 GPUs'."""
+        return f"{self.replicas}x{self.gpus_per_replica} GPUs"
+
+
+@dataclass(frozen=True, slots=True)
+class RankPlacement:
+    """Where one rank of a gang runs: a node and the GPU indices on it."""
+
+    rank: int
+    node: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where every rank of a gang runs; a placement always covers the whole gang."""
+
+    ranks: tuple[RankPlacement, ...]
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(r.gpus) for r in self.ranks)
+
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(sorted({r.node for r in self.ranks}))
+
+    def gpus_by_node(self) -> dict[str, tuple[int, ...]]:
+        out: dict[str, list[int]] = {}
+        for r in self.ranks:
+            out.setdefault(r.node, []).extend(r.gpus)
+        return {n: tuple(sorted(g)) for n, g in sorted(out.items())}
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job holding GPUs. `preempting` means it was asked to checkpoint and still holds its GPUs.
+
+    `attained_gpu_seconds` is service attained in earlier runs (LAS adds the current run to it);
+    `preempted_by` lists preemptors that already preempted it once, so they never do again.
+    """
+
+    job: Job
+    placement: Placement
+    start_time: float
+    last_checkpoint_time: float | None = None
+    preempting: bool = False
+    attained_gpu_seconds: float = 0.0
+    preempted_by: frozenset[str] = frozenset()
+
+    def attained(self, now: float) -> float:
+        return self.attained_gpu_seconds + max(0.0, now - self.start_time) * self.job.total_gpus
+
+    def lost_work(self, now: float) -> float:
+        """GPU-seconds of work lost if preempted now: time since the last checkpoint (or the start)."""
+        since = self.start_time if self.last_checkpoint_time is None else max(
+            self.start_time, self.last_checkpoint_time
+        )
+        return max(0.0, now - since) * self.job.total_gpus
+
+    def expected_end(self) -> float | None:
+        est = self.job.estimated_runtime_seconds
+        return None if est is None else self.start_time + est
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    """A job waiting for GPUs, with its attained service (for LAS) and the preemptors that hit it."""
+
+    job: Job
+    attained_gpu_seconds: float = 0.0
+    preempted_by: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """A node of the queue tree ('research/nlp' is a child of 'research').
+
+    guaranteed_gpus: nominal quota, always reachable (by reclaim if lent away);
+    max_gpus: hard ceiling including borrowing; lend_limit: how much unused guarantee others may
+    borrow (None = all of it); weight: share of the surplus relative to siblings.
+    """
+
+    name: str
+    guaranteed_gpus: int = 0
+    max_gpus: int | None = None
+    lend_limit: int | None = None
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.name or self.name.startswith("/") or self.name.endswith("/") or "//" in self.name:
+            raise ValueError(f"QueueConfig.name must be like 'research' or 'research/nlp', got {self.name!r}")
+        if self.guaranteed_gpus < 0:
+            raise ValueError(f"queue {self.name}: guaranteed_gpus must be >= 0, got {self.guaranteed_gpus}")
+        if self.max_gpus is not None and self.max_gpus < self.guaranteed_gpus:
+            raise ValueError(
+                f"queue {self.name}: max_gpus ({self.max_gpus}) must be >= guaranteed_gpus "
+                f"({self.guaranteed_gpus}) or omitted"
+            )
+        if self.lend_limit is not None and self.lend_limit < 0:
+            raise ValueError(f"queue {self.name}: lend_limit must be >= 0 or omitted")
+        if not self.weight > 0:
+            raise ValueError(f"queue {self.name}: weight must be > 0, got {self.weight}")
+
+    @property
+    def parent(self) -> str | None:
+        head, sep, _ = self.name.rpartition("/")
+        return head if sep else None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one scheduling cycle looks at; `now` is passed in because the core has no clock."""
+
+    now: float
+    cluster: Cluster
+    queues: tuple[QueueConfig, ...]
+    pending: tuple[PendingJob, ...]
+    running: tuple[RunningJob, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Which actions a cycle runs. `SchedulerConfig.named` gives the policies the simulator compares.
+
+    quotas: enforce guarantee/borrowing limits (max_gpus is always enforced);
+    las_preemption_ratio: under LAS, a pending job may preempt a running one whose attained
+    service is at least this many times its own (and more than `las_min_gap_gpu_seconds` apart).
+    """
+
+    order: OrderPolicy = OrderPolicy.FAIR_SHARE
+    backfill: bool = True
+    preemption: bool = True
+    reclaim: bool = True
+    quotas: bool = True
+    las_preemption_ratio: float = 2.0
+    las_min_gap_gpu_seconds: float = 3600.0
+
+    POLICIES = ("corral", "fifo", "priority", "backfill", "las")
+
+    @classmethod
+    def named(cls, policy: str) -> SchedulerConfig:
+        """corral | fifo | priority | backfill | las (see the package docstring for each)."""
+        if policy == "corral":
+            return cls()
+        if policy == "fifo":
+            return cls(OrderPolicy.FIFO, backfill=False, preemption=False, reclaim=False, quotas=False)
+        if policy == "priority":
+            return cls(OrderPolicy.PRIORITY, backfill=False, preemption=True, reclaim=False, quotas=False)
+        if policy == "backfill":
+            return cls(OrderPolicy.FIFO, backfill=True, preemption=False, reclaim=False, quotas=False)
+        if policy == "las":
+            return cls(OrderPolicy.LAS, backfill=False, preemption=True, reclaim=False, quotas=False)
+        raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(cls.POLICIES)}")
