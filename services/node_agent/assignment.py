@@ -1,0 +1,143 @@
+"""What one node must run for one attempt of a gang, and the environment each rank gets.
+
+Why: the environment is the contract with torch.distributed (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+...) and with `corral.worker` (`CORRAL_*`). Building it is a pure function, so it is tested without
+starting processes, and the supervisor only has to pass it to `exec`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.worker import (
+    DEFAULT_CHECKPOINT_SIGNAL,
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_SIGNAL,
+    ENV_CONTROL,
+    ENV_JOB_ID,
+    ENV_RESUME_FROM,
+    signal_from_name,
+)
+
+RESERVED_ENV = frozenset({
+    "CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+    "MASTER_ADDR", "MASTER_PORT", ENV_JOB_ID, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_ATTEMPT,
+    ENV_CONTROL, ENV_CHECKPOINT_SIGNAL,
+})
+"""Variables the agent owns: inherited values are dropped and a job may not set them."""
+
+
+@dataclass(frozen=True)
+class RankAssignment:
+    """One local rank: its global `rank`, its `local_rank` on this node and its GPU indices."""
+
+    rank: int
+    local_rank: int
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The part of a gang reservation this node runs, for one attempt.
+
+    `attempt` counts every launch of the gang (1 first, +1 after each requeue or restart);
+    `restarts` counts only crash restarts, which `max_restarts` bounds. `resume_from` is set after
+    a requeue or restart and becomes `CORRAL_RESUME_FROM`.
+    """
+
+    job_id: str
+    attempt: int
+    world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    ranks: tuple[RankAssignment, ...]
+    command: tuple[str, ...]
+    checkpoint_dir: Path
+    log_dir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    resume_from: Path | None = None
+    checkpoint_signal: str = DEFAULT_CHECKPOINT_SIGNAL
+    max_restarts: int = 0
+    restarts: int = 0
+    workdir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not self.job_id or "/" in self.job_id or self.job_id.startswith("."):
+            raise ValueError(f"assignment: job_id {self.job_id!r} must be non-empty, without '/' "
+                             "and not start with '.' (it names log and control folders)")
+        if self.attempt < 1:
+            raise ValueError(f"assignment {self.job_id}: attempt must be >= 1, got {self.attempt}")
+        if not self.command:
+            raise ValueError(f"assignment {self.job_id}: command is empty; give the program and its args")
+        if not self.ranks:
+            raise ValueError(f"assignment {self.job_id}: ranks is empty; a node runs at least one rank")
+        globals_ = [r.rank for r in self.ranks]
+        locals_ = [r.local_rank for r in self.ranks]
+        if len(set(globals_)) != len(globals_) or len(set(locals_)) != len(locals_):
+            raise ValueError(f"assignment {self.job_id}: ranks repeat a rank or local_rank: {self.ranks}")
+        bad = [r for r in globals_ if not 0 <= r < self.world_size]
+        if bad:
+            raise ValueError(f"assignment {self.job_id}: rank(s) {bad} outside world_size {self.world_size}")
+        if not 0 < self.master_port < 65536:
+            raise ValueError(f"assignment {self.job_id}: master_port {self.master_port} is not a TCP port")
+        clash = sorted(RESERVED_ENV & set(self.env))
+        if clash:
+            raise ValueError(f"assignment {self.job_id}: env sets {clash}, which Corral sets itself; "
+                             "remove them from the job's env")
+        signal_from_name(self.checkpoint_signal)  # raises a clear error for a bad name
+        if self.restarts < 0 or self.max_restarts < 0:
+            raise ValueError(f"assignment {self.job_id}: restarts and max_restarts must be >= 0")
+
+    def next_attempt(self, *, resume_from: Path | None, crash_restart: bool) -> Assignment:
+        """The same placement launched again (after a crash restart, or a requeue that landed here)."""
+        return dataclasses.replace(self, attempt=self.attempt + 1, resume_from=resume_from,
+                                   restarts=self.restarts + (1 if crash_restart else 0))
+
+
+def build_rank_env(assignment: Assignment, rank: RankAssignment, control_path: Path,
+                   base_env: Mapping[str, str]) -> dict[str, str]:
+    """The complete environment of one rank's process.
+
+    Starts from `base_env` (the agent's environment, for PATH and friends) minus every reserved
+    variable, adds the job's `env`, then the reserved ones. `CORRAL_RESUME_FROM` is present only
+    when there is something to resume from. `PYTHONUNBUFFERED=1` is a default (the job may
+    override it) so that Python output reaches the rank log as it happens.
+    """
+    env = {k: v for k, v in base_env.items() if k not in RESERVED_ENV}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(assignment.env)
+    env.update({
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in rank.gpus),
+        "RANK": str(rank.rank),
+        "LOCAL_RANK": str(rank.local_rank),
+        "WORLD_SIZE": str(assignment.world_size),
+        "LOCAL_WORLD_SIZE": str(len(assignment.ranks)),
+        "NODE_RANK": str(assignment.node_rank),
+        "MASTER_ADDR": assignment.master_addr,
+        "MASTER_PORT": str(assignment.master_port),
+        ENV_JOB_ID: assignment.job_id,
+        ENV_CHECKPOINT_DIR: str(assignment.checkpoint_dir),
+        ENV_ATTEMPT: str(assignment.attempt),
+        ENV_CONTROL: str(control_path),
+        ENV_CHECKPOINT_SIGNAL: assignment.checkpoint_signal,
+    })
+    if assignment.resume_from is not None:
+        env[ENV_RESUME_FROM] = str(assignment.resume_from)
+    return env
+
+
+def rank_log_path(assignment: Assignment, rank: RankAssignment) -> Path:
+    """`<log_dir>/<job_id>/rank-<N>.log`: one file per global rank, appended across attempts."""
+    return assignment.log_dir / assignment.job_id / f"rank-{rank.rank}.log"
+
+
+def sim_command(duration: float, *, python: str, step_seconds: float = 0.1,
+                extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The command of the `sim` runtime (see `corral.worker`)."""
+    return (python, "-m", "corral.worker", "sim", "--duration", str(duration),
+            "--step-seconds", str(step_seconds), *extra)
