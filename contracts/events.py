@@ -1,0 +1,261 @@
+"""Every event of Corral, version 1. Envelope fields come from `Event`; payloads are listed here.
+
+Flow (see docs/architecture.md): JobSubmitted -> JobAdmitted | JobRejected -> QuotaReserved ->
+GangReserved | PlacementPending -> WorkerStarted x N -> JobRunning -> WorkerExited ->
+JobCompleted | JobFailed. Preemption: PreemptRequested -> CheckpointDone -> GangReleased ->
+JobRequeued. Nodes: NodeRegistered, NodeHeartbeat, NodeLost. Queues: QueueConfigured.
+
+Expected outcomes that are not successes carry a `Reason` (code, message with numbers, details).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar
+
+import msgspec
+from corral.contracts.cluster import GpuDevice, GpuIndex, Location, NodeName
+from corral.contracts.envelope import Event, Reason, UtcDatetime
+from corral.contracts.jobspec import JobSpec, QueuePath, Signal
+from corral.contracts.problems import Problem
+from corral.contracts.queues import QueueSpec
+
+__all__ = [
+    "ALL_EVENTS",
+    "CheckpointDone",
+    "GangReleased",
+    "GangReserved",
+    "JobAdmitted",
+    "JobCancelRequested",
+    "JobCancelled",
+    "JobCompleted",
+    "JobFailed",
+    "JobRejected",
+    "JobRequeued",
+    "JobRunning",
+    "JobSubmitted",
+    "NodeHeartbeat",
+    "NodeLost",
+    "NodeRegistered",
+    "PlacementPending",
+    "PreemptRequested",
+    "QueueConfigured",
+    "QuotaReleased",
+    "QuotaReserved",
+    "RankPlacement",
+    "WorkerExited",
+    "WorkerStarted",
+]
+
+JobId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+                                    description="job id; a ULID when Corral assigns it")]
+Attempt = Annotated[int, msgspec.Meta(ge=0, description="0 for the first run, +1 per requeue/restart")]
+Rank = Annotated[int, msgspec.Meta(ge=0)]
+Gpus = Annotated[int, msgspec.Meta(ge=0)]
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+
+
+class RankPlacement(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where one rank of a gang runs: its node and the GPU indices on that node."""
+
+    rank: Rank
+    node: NodeName
+    gpus: list[GpuIndex]
+
+
+# --- job lifecycle -------------------------------------------------------------------------
+
+
+class JobSubmitted(Event, frozen=True, kw_only=True):
+    """A user or pipeline asks for a job; published to the inbox, appended by admission."""
+
+    INBOX: ClassVar[bool] = True
+
+    job_id: JobId
+    spec: JobSpec
+    submission_id: str | None = None
+    user: str | None = None
+
+
+class JobCancelRequested(Event, frozen=True, kw_only=True):
+    """A user asks to cancel a job; published to the inbox."""
+
+    INBOX: ClassVar[bool] = True
+
+    job_id: JobId
+    user: str | None = None
+    message: str = ""
+
+
+class JobAdmitted(Event, frozen=True, kw_only=True):
+    """Admission accepted the spec; the denormalised numbers spare consumers a lookup."""
+
+    job_id: JobId
+    queue: QueuePath
+    priority: int
+    replicas: Annotated[int, msgspec.Meta(ge=1)]
+    gpus_per_replica: Annotated[int, msgspec.Meta(ge=1)]
+
+
+class JobRejected(Event, frozen=True, kw_only=True):
+    """Admission refused the job; `problems` name the fields (empty for non-field reasons)."""
+
+    job_id: JobId
+    reason: Reason
+    problems: list[Problem] = msgspec.field(default_factory=list)
+
+
+class QuotaReserved(Event, frozen=True, kw_only=True):
+    """Quota set aside for a job; `borrowed` is how many of `gpus` come from siblings' guarantees."""
+
+    job_id: JobId
+    queue: QueuePath
+    gpus: Gpus
+    borrowed: Gpus = 0
+
+
+class QuotaReleased(Event, frozen=True, kw_only=True):
+    job_id: JobId
+    queue: QueuePath
+    gpus: Gpus
+    reason: Reason
+
+
+class GangReserved(Event, frozen=True, kw_only=True):
+    """Placement's decision: every rank's node and GPUs, all at once (all-or-nothing)."""
+
+    job_id: JobId
+    ranks: Annotated[list[RankPlacement], msgspec.Meta(min_length=1)]
+    world_size: Annotated[int, msgspec.Meta(ge=1)]
+    master_addr: str
+    master_port: Port
+    attempt: Attempt = 0
+    resume_from: str | None = None
+
+
+class PlacementPending(Event, frozen=True, kw_only=True):
+    """The job waits; emitted only when the reason changes (codes: GANG_DOES_NOT_FIT, ...)."""
+
+    job_id: JobId
+    reason: Reason
+
+
+class PreemptRequested(Event, frozen=True, kw_only=True):
+    """The victim must checkpoint (send `signal`) and stop by `deadline` to make room for `for_job_id`."""
+
+    victim_job_id: JobId
+    for_job_id: JobId
+    deadline: UtcDatetime
+    signal: Signal = "SIGUSR1"
+    reason: Reason
+
+
+class CheckpointDone(Event, frozen=True, kw_only=True):
+    """A worker reported a checkpoint at `path` (what `CORRAL_RESUME_FROM` will point to)."""
+
+    job_id: JobId
+    path: str
+    step: int | None = None
+    rank: Rank | None = None
+    attempt: Attempt = 0
+
+
+class GangReleased(Event, frozen=True, kw_only=True):
+    """The job's GPUs are free again (preempted, finished, failed, node lost, start timeout)."""
+
+    job_id: JobId
+    reason: Reason
+    attempt: Attempt = 0
+
+
+class JobRequeued(Event, frozen=True, kw_only=True):
+    """The job waits again; its next attempt resumes from `resume_from` (None: start over)."""
+
+    job_id: JobId
+    resume_from: str | None = None
+    reason: Reason
+    attempt: Attempt  # the number of the attempt that will run next
+
+
+class WorkerStarted(Event, frozen=True, kw_only=True):
+    job_id: JobId
+    rank: Rank
+    node: NodeName
+    pid: Annotated[int, msgspec.Meta(ge=0)]
+    attempt: Attempt = 0
+
+
+class WorkerExited(Event, frozen=True, kw_only=True):
+    """`exit_code` None: killed by a signal (named in `reason.details["signal"]`)."""
+
+    job_id: JobId
+    rank: Rank
+    node: NodeName
+    exit_code: int | None
+    attempt: Attempt = 0
+    reason: Reason
+
+
+class JobRunning(Event, frozen=True, kw_only=True):
+    """Every rank of the attempt started (the gang start barrier passed)."""
+
+    job_id: JobId
+    attempt: Attempt = 0
+
+
+class JobCompleted(Event, frozen=True, kw_only=True):
+    job_id: JobId
+    attempt: Attempt = 0
+
+
+class JobFailed(Event, frozen=True, kw_only=True):
+    job_id: JobId
+    reason: Reason
+    attempt: Attempt = 0
+
+
+class JobCancelled(Event, frozen=True, kw_only=True):
+    job_id: JobId
+    reason: Reason
+
+
+# --- nodes ---------------------------------------------------------------------------------
+
+
+class NodeRegistered(Event, frozen=True, kw_only=True):
+    """A node agent's inventory: every GPU, NVLink domains covering all GPUs, rack and zone."""
+
+    node: NodeName
+    gpus: list[GpuDevice]
+    nvlink_domains: list[list[GpuIndex]]
+    rack: Location
+    zone: Location
+
+
+class NodeHeartbeat(Event, frozen=True, kw_only=True):
+    node: NodeName
+    sequence: Annotated[int, msgspec.Meta(ge=0)] = 0
+    running_job_ids: list[JobId] = msgspec.field(default_factory=list)
+
+
+class NodeLost(Event, frozen=True, kw_only=True):
+    node: NodeName
+    last_heartbeat_at: UtcDatetime | None = None
+    reason: Reason
+
+
+# --- queues --------------------------------------------------------------------------------
+
+
+class QueueConfigured(Event, frozen=True, kw_only=True):
+    """One queue of the tree set (or changed) by `corral apply`; stream `queue-<name>`."""
+
+    queue: QueueSpec
+
+
+ALL_EVENTS: tuple[type[Event], ...] = (
+    JobSubmitted, JobCancelRequested, JobAdmitted, JobRejected, QuotaReserved, QuotaReleased,
+    GangReserved, PlacementPending, PreemptRequested, CheckpointDone, GangReleased, JobRequeued,
+    WorkerStarted, WorkerExited, JobRunning, JobCompleted, JobFailed, JobCancelled,
+    NodeRegistered, NodeHeartbeat, NodeLost, QueueConfigured,
+)
+

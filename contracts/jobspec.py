@@ -1,0 +1,170 @@
+"""JobSpec: the one job-spec schema for `corral submit`, simulator workloads and JobSubmitted.
+
+Why one schema: a spec that validates for `corral validate` must be exactly what admission
+accepts from a pipeline on the wire and what the simulator replays, so what we measure is what
+runs. Field names are the scheduling model's (issue "Scheduling core").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+
+import msgspec
+from corral.contracts.problems import Problem, SpecError
+from corral.contracts.validation import convert_collecting, parse_document
+
+__all__ = [
+    "PRIORITY_CLASSES",
+    "TOPOLOGY_LEVELS",
+    "Checkpoint",
+    "GpuRequest",
+    "JobSpec",
+    "RestartPolicy",
+    "Topology",
+    "load_job_spec",
+    "validate_job_spec",
+]
+
+PriorityClass = Literal["low", "normal", "high", "urgent"]
+PRIORITY_CLASSES: dict[str, int] = {"low": 100, "normal": 500, "high": 900, "urgent": 1000}
+
+ReplicaLevel = Literal["nvlink", "node"]
+TopologyLevel = Literal["nvlink", "node", "rack", "zone"]
+#: Tightest first; the core compares levels by this order.
+TOPOLOGY_LEVELS: tuple[str, ...] = ("nvlink", "node", "rack", "zone")
+
+Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+                                   description="1-63 letters, digits, '.', '_' or '-'")]
+QueuePath = Annotated[str, msgspec.Meta(
+    pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*(/[A-Za-z0-9][A-Za-z0-9_-]*)*$",
+    description="queue path in the queue tree, e.g. research/nlp")]
+Seconds = Annotated[float, msgspec.Meta(ge=0, description="seconds")]
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+Signal = Annotated[str, msgspec.Meta(pattern=r"^SIG[A-Z0-9]+$", description="signal name, e.g. SIGUSR1")]
+
+
+class GpuRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Which GPUs qualify: a model name (exact, e.g. H100) and/or a minimum memory per GPU."""
+
+    model: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    min_memory_gib: Annotated[float, msgspec.Meta(gt=0)] | None = None
+
+    FIELD_HINTS: ClassVar[dict[str, str]] = {
+        "model": "a GPU model name such as H100 or A100",
+        "min_memory_gib": "memory per GPU in GiB, e.g. 80",
+    }
+
+
+class Topology(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Hard limits (`replica`, `gang`) and a soft wish (`prefer`) on where the GPUs may be."""
+
+    replica: ReplicaLevel = "node"
+    gang: TopologyLevel | None = None
+    prefer: TopologyLevel | None = None
+
+    FIELD_HINTS: ClassVar[dict[str, str]] = {
+        "replica": "use one of nvlink, node",
+        "gang": "use one of nvlink, node, rack, zone",
+        "prefer": "use one of nvlink, node, rack, zone",
+    }
+
+
+class Checkpoint(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How a preempted job is told to save its work (like Slurm's `--signal`), and how long it gets."""
+
+    signal: Signal = "SIGUSR1"
+    grace_seconds: Seconds = 30.0
+
+    FIELD_HINTS: ClassVar[dict[str, str]] = {
+        "signal": "a signal name such as SIGUSR1 or SIGTERM",
+        "grace_seconds": "seconds the job may take to checkpoint, e.g. 30",
+    }
+
+
+class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    max_restarts: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    FIELD_HINTS: ClassVar[dict[str, str]] = {"max_restarts": "a whole number >= 0"}
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a user asks for. GPUs are whole: `replicas` x `gpus_per_replica` integers.
+
+    `priority` accepts an integer or a class name (low=100, normal=500, high=900, urgent=1000)
+    and is always an int after construction or decoding.
+    """
+
+    name: Name
+    queue: QueuePath
+    user: Name | None = None
+    if TYPE_CHECKING:  # after __post_init__ the value is always an int
+        priority: int = 500
+    else:
+        priority: int | PriorityClass = 500
+    replicas: Annotated[int, msgspec.Meta(ge=1, description="gang size")] = 1
+    gpus_per_replica: Annotated[int, msgspec.Meta(ge=1, description="whole GPUs per replica")] = 1
+    gpu: GpuRequest | None = None
+    topology: Topology = msgspec.field(default_factory=Topology)
+    preemptible: bool = True
+    checkpoint: Checkpoint = msgspec.field(default_factory=Checkpoint)
+    min_runtime_seconds: Seconds = 0.0
+    estimated_runtime_seconds: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
+    command: Annotated[list[str], msgspec.Meta(min_length=1)] | None = None
+    env: dict[EnvName, str] = msgspec.field(default_factory=dict)
+    runtime: Literal["process", "sim"] = "process"
+    duration_seconds: Seconds | None = None
+    submission_id: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
+
+    FIELD_HINTS: ClassVar[dict[str, str]] = {
+        "name": "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+        "queue": "a queue path such as research/nlp (see `corral apply queues.yaml`)",
+        "user": "a user name of letters, digits, '.', '_' or '-'",
+        "priority": "use an integer or one of low (100), normal (500), high (900), urgent (1000)",
+        "replicas": "the gang size: a whole number >= 1",
+        "gpus_per_replica": "GPUs are whole: use an integer >= 1 (Corral does not share a GPU)",
+        "topology": "a mapping with replica, gang and/or prefer",
+        "preemptible": "true or false",
+        "min_runtime_seconds": "seconds after start during which the job is never preempted",
+        "estimated_runtime_seconds": "a positive number of seconds (used for backfill)",
+        "command": "a list of strings, e.g. [python, train.py]",
+        "env": "a mapping of VARIABLE: \"value\"; quote values so they stay strings",
+        "runtime": "use one of process, sim",
+        "duration_seconds": "seconds the sim runtime sleeps, e.g. 3600",
+        "submission_id": "a client-chosen id (<= 200 characters) used to drop duplicate submissions",
+    }
+
+    def __post_init__(self) -> None:
+        if isinstance(self.priority, str):
+            msgspec.structs.force_setattr(self, "priority", PRIORITY_CLASSES[self.priority])
+        problems = self.sense_problems()
+        if problems:
+            raise SpecError(problems)
+
+    def sense_problems(self) -> list[Problem]:
+        """Cross-field rules that a schema cannot say."""
+        found: list[Problem] = []
+        if self.runtime == "process" and self.command is None:
+            found.append(Problem(path="command", message="required when runtime is `process`",
+                                 hint="add command: [python, train.py], or set runtime: sim"))
+        if self.runtime == "sim" and self.duration_seconds is None:
+            found.append(Problem(path="duration_seconds", message="required when runtime is `sim`",
+                                 hint="add duration_seconds: 3600 (how long the simulated job runs)"))
+        return found
+
+    @property
+    def total_gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+
+def validate_job_spec(obj: Any) -> JobSpec:
+    """A JobSpec from parsed YAML/JSON, or SpecError listing every problem with path and hint."""
+    if not isinstance(obj, dict):
+        raise SpecError([Problem(path="", message=f"a job spec is a mapping, got {type(obj).__name__}",
+                                 hint="start the file with `name: ...` and `queue: ...`")])
+    return convert_collecting(obj, JobSpec)
+
+
+def load_job_spec(text: str, fmt: Literal["yaml", "json"] | None = None) -> JobSpec:
+    """Parse and validate a job spec file's text; `fmt=None` sniffs JSON vs YAML."""
+    return validate_job_spec(parse_document(text, fmt))

@@ -1,0 +1,144 @@
+"""QueueSpec and QueuesFile: the queue tree applied with `corral apply queues.yaml`.
+
+Why the tree is checked here: a tree whose children are promised more GPUs than their parent,
+or whose ceiling is under its guarantee, can never be honoured by the fair-share core; catching
+it at `apply` names the line to fix instead of producing a quota that silently cannot hold.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
+from corral.contracts.jobspec import QueuePath
+from corral.contracts.problems import Problem, SpecError
+from corral.contracts.validation import convert_collecting, parse_document
+
+__all__ = ["QueueSpec", "QueuesFile", "load_queues_file", "load_queues_text", "parent_of",
+           "validate_queues"]
+
+Gpus = Annotated[int, msgspec.Meta(ge=0)]
+
+
+def parent_of(name: str) -> str | None:
+    """`research/nlp` -> `research`; a root queue has no parent."""
+    return name.rsplit("/", 1)[0] if "/" in name else None
+
+
+class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One queue. `max_gpus=None`: no ceiling beyond the cluster; `lend_limit=None`: lends all unused."""
+
+    name: QueuePath
+    guaranteed_gpus: Gpus = 0
+    max_gpus: Gpus | None = None
+    lend_limit: Gpus | None = None
+    weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+
+    FIELD_HINTS: ClassVar[dict[str, str]] = {
+        "name": "a queue path such as research/nlp",
+        "guaranteed_gpus": "whole GPUs this queue can always get back, e.g. 16",
+        "max_gpus": "ceiling in whole GPUs, borrowing included (leave out for none)",
+        "lend_limit": "how many unused guaranteed GPUs siblings may borrow (leave out for all)",
+        "weight": "share of the surplus, a number > 0 (default 1)",
+    }
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.max_gpus is not None and self.max_gpus < self.guaranteed_gpus:
+            problems.append(Problem(path="max_gpus", message=f"max_gpus {self.max_gpus} is below "
+                                    f"guaranteed_gpus {self.guaranteed_gpus}",
+                                    hint=f"raise max_gpus to at least {self.guaranteed_gpus} or lower the "
+                                         "guarantee"))
+        if self.lend_limit is not None and self.lend_limit > self.guaranteed_gpus:
+            problems.append(Problem(path="lend_limit", message=f"lend_limit {self.lend_limit} exceeds "
+                                    f"guaranteed_gpus {self.guaranteed_gpus}",
+                                    hint="a queue can lend at most its own guarantee"))
+        if problems:
+            raise SpecError(problems)
+
+
+class QueuesFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    queues: list[QueueSpec]
+
+    FIELD_HINTS: ClassVar[dict[str, str]] = {"queues": "a list of {name, guaranteed_gpus, ...}"}
+
+    def __post_init__(self) -> None:
+        problems = tree_problems(self.queues)
+        if problems:
+            raise SpecError(problems)
+
+    def resolved(self) -> list[QueueSpec]:
+        """Every queue of the tree, parents first, implied parents added.
+
+        An implied parent (`research` when only `research/nlp` is written) guarantees the sum of
+        its children's guarantees and has no ceiling.
+        """
+        by_name = {q.name: q for q in self.queues}
+        implied: dict[str, int] = {}
+        for q in self.queues:
+            child = q.name
+            parent = parent_of(child)
+            while parent is not None and parent not in by_name:
+                implied[parent] = implied.get(parent, 0)
+                child, parent = parent, parent_of(parent)
+        for name in implied:
+            implied[name] = sum(q.guaranteed_gpus for q in self.queues if parent_of(q.name) == name)
+        # nested implied parents sum the implied children too (deepest first)
+        for name in sorted(implied, key=lambda n: -n.count("/")):
+            inner = sum(implied[c] for c in implied if parent_of(c) == name)
+            implied[name] += inner
+        everything = {**by_name, **{n: QueueSpec(name=n, guaranteed_gpus=g) for n, g in implied.items()}}
+        return [everything[n] for n in sorted(everything, key=lambda n: (n.count("/"), n))]
+
+
+def tree_problems(queues: list[QueueSpec]) -> list[Problem]:
+    """Unique names; children's guarantees fit in an explicit parent's; none above the parent's ceiling."""
+    found: list[Problem] = []
+    index: dict[str, int] = {}
+    for i, q in enumerate(queues):
+        if q.name in index:
+            found.append(Problem(path=f"queues[{i}].name", message=f"queue `{q.name}` is also "
+                                 f"queues[{index[q.name]}]", hint="list every queue once"))
+        else:
+            index[q.name] = i
+    for name, i in index.items():
+        parent = queues[i]
+        children = [queues[j] for n, j in index.items() if parent_of(n) == name]
+        if not children:
+            continue
+        promised = sum(c.guaranteed_gpus for c in children)
+        if promised > parent.guaranteed_gpus:
+            found.append(Problem(
+                path=f"queues[{i}].guaranteed_gpus",
+                message=f"children of `{name}` are guaranteed {promised} GPUs but `{name}` only "
+                        f"{parent.guaranteed_gpus}",
+                hint=f"raise `{name}` guaranteed_gpus to at least {promised} or lower its children's"))
+        if parent.max_gpus is not None:
+            for c in children:
+                if c.max_gpus is not None and c.max_gpus > parent.max_gpus:
+                    found.append(Problem(
+                        path=f"queues[{index[c.name]}].max_gpus",
+                        message=f"max_gpus {c.max_gpus} of `{c.name}` exceeds its parent's {parent.max_gpus}",
+                        hint=f"lower it to at most {parent.max_gpus}"))
+    return found
+
+
+def validate_queues(obj: Any) -> QueuesFile:
+    if isinstance(obj, list):  # a bare list of queues is accepted too
+        obj = {"queues": obj}
+    if not isinstance(obj, dict):
+        raise SpecError([Problem(path="", message=f"a queues file is a mapping, got {type(obj).__name__}",
+                                 hint="start the file with `queues:`")])
+    return convert_collecting(obj, QueuesFile)
+
+
+def load_queues_text(text: str, fmt: Literal["yaml", "json"] | None = None) -> QueuesFile:
+    return validate_queues(parse_document(text, fmt))
+
+
+def load_queues_file(path: str | Path) -> QueuesFile:
+    """Read a YAML/JSON queues file given by the caller (`.json` is JSON, otherwise YAML)."""
+    p = Path(path)
+    fmt: Literal["yaml", "json"] = "json" if p.suffix.lower() == ".json" else "yaml"
+    return load_queues_text(p.read_text(encoding="utf-8"), fmt)

@@ -1,0 +1,113 @@
+"""NATS subjects of Corral, under a namespace prefix.
+
+Why a prefix: tests share one nats-server, and two clusters may share one NATS account; a
+unique prefix (e.g. `t3f9a`) isolates them completely. The default prefix is `corral`.
+
+- `<prefix>.events.<Type>`: every appended event, published by the outbox relay.
+- `<prefix>.inbox.JobSubmitted`, `<prefix>.inbox.JobCancelRequested`: requests from the CLI or
+  any pipeline, before anything is in the event log (deduplicated by `Nats-Msg-Id` = event_id).
+- `<prefix>.dlq.<consumer>`: what a consumer could never process.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+from corral.contracts.envelope import Event
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "EVENTS_WILDCARD",
+    "INBOX_JOB_CANCEL_REQUESTED",
+    "INBOX_JOB_SUBMITTED",
+    "INBOX_TYPES",
+    "INBOX_WILDCARD",
+    "Subjects",
+    "inbox_subject_for",
+    "subject_for",
+]
+
+DEFAULT_PREFIX = "corral"
+INBOX_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested")
+_PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+class Subjects(msgspec.Struct, frozen=True):
+    """All subjects and JetStream stream names for one namespace prefix."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if not _PREFIX.match(self.prefix):
+            raise ValueError(f"subject prefix {self.prefix!r}: use letters, digits, '_', '-' and dots")
+
+    def event(self, type_name: str) -> str:
+        return f"{self.prefix}.events.{type_name}"
+
+    def inbox(self, type_name: str) -> str:
+        if type_name not in INBOX_TYPES:
+            raise ValueError(f"{type_name} is not an inbox type; inbox types: {', '.join(INBOX_TYPES)}")
+        return f"{self.prefix}.inbox.{type_name}"
+
+    def dead_letter(self, consumer: str) -> str:
+        return f"{self.prefix}.dlq.{consumer}"
+
+    @property
+    def events_wildcard(self) -> str:
+        return f"{self.prefix}.events.>"
+
+    @property
+    def inbox_wildcard(self) -> str:
+        return f"{self.prefix}.inbox.>"
+
+    @property
+    def dead_letter_wildcard(self) -> str:
+        return f"{self.prefix}.dlq.>"
+
+    @property
+    def job_submitted(self) -> str:
+        return self.inbox("JobSubmitted")
+
+    @property
+    def job_cancel_requested(self) -> str:
+        return self.inbox("JobCancelRequested")
+
+    def _stream(self, kind: str) -> str:
+        return re.sub(r"[^A-Za-z0-9_-]", "_", self.prefix).upper() + "_" + kind
+
+    @property
+    def events_stream(self) -> str:
+        """JetStream stream name holding `events_wildcard` (stream names cannot contain dots)."""
+        return self._stream("EVENTS")
+
+    @property
+    def inbox_stream(self) -> str:
+        return self._stream("INBOX")
+
+    @property
+    def dead_letter_stream(self) -> str:
+        return self._stream("DLQ")
+
+    def subject_for(self, event: Event) -> str:
+        return self.event(event.type)
+
+    def inbox_subject_for(self, event: Event) -> str:
+        return self.inbox(event.type)
+
+
+_DEFAULT = Subjects()
+EVENTS_WILDCARD = _DEFAULT.events_wildcard
+INBOX_WILDCARD = _DEFAULT.inbox_wildcard
+INBOX_JOB_SUBMITTED = _DEFAULT.job_submitted
+INBOX_JOB_CANCEL_REQUESTED = _DEFAULT.job_cancel_requested
+
+
+def subject_for(event: Event, prefix: str = DEFAULT_PREFIX) -> str:
+    """`<prefix>.events.<Type>`: where the outbox relay publishes an appended event."""
+    return Subjects(prefix).subject_for(event)
+
+
+def inbox_subject_for(event: Event, prefix: str = DEFAULT_PREFIX) -> str:
+    """`<prefix>.inbox.<Type>` for JobSubmitted / JobCancelRequested; ValueError for other types."""
+    return Subjects(prefix).inbox_subject_for(event)
