@@ -164,13 +164,21 @@ def _read_sim_step(path: Path) -> int:
     return step
 
 
+def _sim_checkpoint(rank: int, attempt: int, step: int) -> None:
+    if rank == 0:
+        target = checkpoint_dir() / f"sim-attempt{attempt}-step{step}.json"
+        atomic_write(target, json.dumps({"step": step}).encode())
+        report_checkpoint(target, step)
+
+
 def run_sim(duration: float, step_seconds: float, fail_at_step: int | None, fail_rank: int,
-            fail_on_attempt: int, fail_code: int) -> int:
+            fail_on_attempt: int, fail_code: int, checkpoint_every: int | None = None) -> int:
     """Sleep `duration` seconds in steps of `step_seconds`, honouring the checkpoint signal.
 
     Rank 0 writes the checkpoint (`{"step": n}`) and reports it; the other ranks just stop with the
     checkpointed code, as in a data-parallel job where one copy of the state is enough. The
-    `--fail-*` options make a chosen rank crash at a chosen step so crash handling can be exercised.
+    `--fail-*` options make a chosen rank crash at a chosen step so crash handling can be exercised;
+    `checkpoint_every` makes rank 0 also checkpoint periodically (what a crash restart resumes from).
     """
     install()
     rank = int(os.environ.get("RANK", "0"))
@@ -181,10 +189,7 @@ def run_sim(duration: float, step_seconds: float, fail_at_step: int | None, fail
     print(f"sim rank={rank} attempt={attempt} start step={step} total={total_steps}", flush=True)
     while step < total_steps:
         if checkpoint_requested():
-            if rank == 0:
-                target = checkpoint_dir() / f"sim-attempt{attempt}-step{step}.json"
-                atomic_write(target, json.dumps({"step": step}).encode())
-                report_checkpoint(target, step)
+            _sim_checkpoint(rank, attempt, step)
             print(f"sim rank={rank} checkpointed step={step}", flush=True)
             return CHECKPOINTED_EXIT_CODE
         if fail_at_step is not None and step == fail_at_step and rank == fail_rank \
@@ -194,6 +199,8 @@ def run_sim(duration: float, step_seconds: float, fail_at_step: int | None, fail
         time.sleep(step_seconds)
         step += 1
         print(f"sim rank={rank} step={step}", flush=True)
+        if checkpoint_every and step % checkpoint_every == 0 and step < total_steps:
+            _sim_checkpoint(rank, attempt, step)
     print(f"sim rank={rank} done step={step}", flush=True)
     return 0
 
@@ -208,11 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--fail-rank", type=int, default=0, help="the global rank that crashes (default 0)")
     sim.add_argument("--fail-on-attempt", type=int, default=1, help="crash only on this attempt (default 1)")
     sim.add_argument("--fail-code", type=int, default=3, help="exit code of the crash (default 3)")
+    sim.add_argument("--checkpoint-every", type=int, default=None, help="rank 0 checkpoints every N steps")
     args = parser.parse_args(argv)
     if args.duration < 0 or args.step_seconds <= 0:
         parser.error("--duration must be >= 0 and --step-seconds > 0")
     return run_sim(args.duration, args.step_seconds, args.fail_at_step, args.fail_rank,
-                   args.fail_on_attempt, args.fail_code)
+                   args.fail_on_attempt, args.fail_code, args.checkpoint_every)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ def _assignment(**changes: object) -> Assignment:
                       master_port=29500, ranks=(RankAssignment(2, 0, (4, 5)), RankAssignment(3, 1, (6, 7))),
                       command=("python", "train.py"), checkpoint_dir=Path("/ckpt/job-1"),
                       log_dir=Path("/logs"), env={"LR": "0.1"})
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    return dataclasses.replace(base, **changes)
 
 
 def test_rank_env_is_what_torch_distributed_and_corral_worker_expect() -> None:

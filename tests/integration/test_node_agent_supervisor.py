@@ -1,0 +1,242 @@
+"""The supervisor with real processes: env, logs, checkpoint/resume, escalation, crash handling.
+
+No NATS here: the supervisor reports through `AgentEvents`, recorded in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.services.node_agent.assignment import Assignment, RankAssignment, sim_command
+from corral.services.node_agent.restart_policy import FailJob, RestartGang
+from corral.services.node_agent.supervisor import ExitReason, GangEnd, GangOutcome, Supervisor
+from corral.worker import CHECKPOINTED_EXIT_CODE
+
+PY = sys.executable
+
+
+@dataclass
+class Recorder:
+    """AgentEvents that remembers every call, and lets a test wait for one."""
+
+    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def _add(self, kind: str, **payload: Any) -> None:
+        self.calls.append((kind, payload))
+        self.changed.set()
+
+    async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int) -> None:
+        self._add("started", job_id=job_id, rank=rank, pid=pid, attempt=attempt)
+
+    async def worker_start_failed(self, job_id: str, rank: int, attempt: int, message: str) -> None:
+        self._add("start_failed", job_id=job_id, rank=rank, attempt=attempt, message=message)
+
+    async def worker_exited(self, job_id: str, rank: int, exit_code: int, attempt: int,
+                            reason: ExitReason) -> None:
+        self._add("exited", job_id=job_id, rank=rank, exit_code=exit_code, attempt=attempt, reason=reason)
+
+    async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int) -> None:
+        self._add("checkpoint", job_id=job_id, path=path, step=step, rank=rank, attempt=attempt)
+
+    async def gang_ended(self, outcome: GangOutcome) -> None:
+        self._add("ended", outcome=outcome)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [payload for k, payload in self.calls if k == kind]
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> None:
+    async def loop() -> None:
+        while not condition():
+            await asyncio.sleep(0.02)
+    await asyncio.wait_for(loop(), timeout)
+
+
+def assignment(tmp_path: Path, command: tuple[str, ...], *, ranks: int = 2, **extra: Any) -> Assignment:
+    return Assignment(job_id=extra.pop("job_id", "job-1"), attempt=extra.pop("attempt", 1),
+                      world_size=ranks, node_rank=0, master_addr="127.0.0.1", master_port=29555,
+                      ranks=tuple(RankAssignment(r, r, (r,)) for r in range(ranks)), command=command,
+                      checkpoint_dir=tmp_path / "ckpt", log_dir=tmp_path / "logs", **extra)
+
+
+def script(tmp_path: Path, name: str, body: str) -> tuple[str, ...]:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return (PY, str(path))
+
+
+async def test_launched_rank_sees_exactly_the_specified_environment(tmp_path: Path) -> None:
+    dump = script(tmp_path, "dump.py", """
+        import json, os
+        out = os.path.join(os.environ["CORRAL_CHECKPOINT_DIR"], "env-" + os.environ["RANK"] + ".json")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        env = dict(os.environ)
+        env.pop("LC_CTYPE", None)  # the interpreter may coerce the C locale itself (PEP 538)
+        json.dump(env, open(out, "w"))
+    """)
+    events = Recorder()
+    sup = Supervisor(events, tmp_path / "run", base_env={"PATH": "/usr/bin:/bin", "RANK": "stale"})
+    a = Assignment(job_id="env-job", attempt=3, world_size=4, node_rank=1, master_addr="127.0.0.1",
+                   master_port=29501, ranks=(RankAssignment(2, 0, (4, 5)), RankAssignment(3, 1, (6, 7))),
+                   command=dump, checkpoint_dir=tmp_path / "ckpt", log_dir=tmp_path / "logs",
+                   env={"LR": "0.5"}, resume_from=tmp_path / "ckpt" / "old.pt")
+    await sup.start(a)
+    outcome = await sup.wait("env-job")
+    assert outcome is not None and outcome.end is GangEnd.COMPLETED
+    env = json.loads((tmp_path / "ckpt" / "env-3.json").read_text())
+    assert env == {
+        "PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1",  # inherited / default; stale RANK dropped
+        "CUDA_VISIBLE_DEVICES": "6,7", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29501",
+        "LR": "0.5", "CORRAL_JOB_ID": "env-job", "CORRAL_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+        "CORRAL_RESUME_FROM": str(tmp_path / "ckpt" / "old.pt"), "CORRAL_ATTEMPT": "3",
+        "CORRAL_CONTROL": str(tmp_path / "run" / "env-job" / "attempt-3" / "rank-3.control"),
+        "CORRAL_CHECKPOINT_SIGNAL": "SIGUSR1",
+    }
+    assert json.loads((tmp_path / "ckpt" / "env-2.json").read_text())["CUDA_VISIBLE_DEVICES"] == "4,5"
+    assert [(c["rank"], c["attempt"]) for c in events.of("started")] == [(2, 3), (3, 3)]
+
+
+async def test_each_rank_output_goes_to_its_log_appended_across_attempts(tmp_path: Path) -> None:
+    hello = script(tmp_path, "hello.py", """
+        import os, sys
+        print("out from rank", os.environ["RANK"], "attempt", os.environ["CORRAL_ATTEMPT"])
+        print("err from rank", os.environ["RANK"], file=sys.stderr)
+    """)
+    sup = Supervisor(Recorder(), tmp_path / "run")
+    first = assignment(tmp_path, hello)
+    await sup.start(first)
+    await sup.wait("job-1")
+    await sup.start(first.next_attempt(resume_from=None, crash_restart=False))
+    await sup.wait("job-1")
+    text = (tmp_path / "logs" / "job-1" / "rank-1.log").read_text()
+    assert "out from rank 1 attempt 1" in text and "out from rank 1 attempt 2" in text
+    assert "err from rank 1" in text
+    assert text.index("attempt 1 rank 1") < text.index("attempt 2 rank 1")
+    assert "out from rank 0" not in text
+
+
+async def test_sim_worker_checkpoints_on_preemption_and_resumes_from_that_step(tmp_path: Path) -> None:
+    events = Recorder()
+    sup = Supervisor(events, tmp_path / "run")
+    first = assignment(tmp_path, sim_command(60, python=PY, step_seconds=0.02))
+    await sup.start(first)
+    log0 = tmp_path / "logs" / "job-1" / "rank-0.log"
+    await wait_for(lambda: log0.exists() and "step=10\n" in log0.read_text())
+
+    outcome = await sup.preempt("job-1", grace_seconds=10)
+    assert outcome is not None
+    assert outcome.end is GangEnd.PREEMPTED
+    assert outcome.exits == {0: CHECKPOINTED_EXIT_CODE, 1: CHECKPOINTED_EXIT_CODE}
+    assert outcome.checkpoint is not None and outcome.checkpoint.rank == 0
+    step = outcome.checkpoint.step
+    assert step >= 10
+    assert json.loads(outcome.checkpoint.path.read_text()) == {"step": step}
+    assert [(c["rank"], c["step"]) for c in events.of("checkpoint")] == [(0, step)]
+    assert {c["reason"] for c in events.of("exited")} == {ExitReason.CHECKPOINTED}
+
+    resumed = first.next_attempt(resume_from=outcome.resume_from, crash_restart=False)
+    await sup.start(resumed)
+    await wait_for(lambda: "attempt=2 start" in log0.read_text())
+    assert f"sim rank=0 attempt=2 start step={step} " in log0.read_text()
+    await sup.stop("job-1", grace_seconds=2)
+
+
+async def test_worker_ignoring_signals_is_sigtermed_then_sigkilled_at_the_deadline(tmp_path: Path) -> None:
+    stubborn = script(tmp_path, "stubborn.py", """
+        import signal, time, sys
+        for s in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(s, lambda *a: print("ignoring", a[0], flush=True))
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.01)
+    """)
+    events = Recorder()
+    sup = Supervisor(events, tmp_path / "run")
+    await sup.start(assignment(tmp_path, stubborn, ranks=1))
+    log0 = tmp_path / "logs" / "job-1" / "rank-0.log"
+    await wait_for(lambda: "ready" in log0.read_text())
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    outcome = await sup.preempt("job-1", grace_seconds=0.5)
+    took = loop.time() - began
+    assert outcome is not None and outcome.end is GangEnd.PREEMPTED
+    assert outcome.exits == {0: -9}
+    assert outcome.checkpoint is None
+    assert 0.45 <= took < 3.0
+    text = log0.read_text()
+    assert "ignoring 10" in text and "ignoring 15" in text  # SIGUSR1 then SIGTERM, then SIGKILL
+    assert events.of("exited")[0]["reason"] is ExitReason.PREEMPTED
+
+
+async def test_a_crashed_rank_takes_the_local_gang_down_and_restarts_from_the_last_checkpoint(
+        tmp_path: Path) -> None:
+    events = Recorder()
+    sup = Supervisor(events, tmp_path / "run", kill_grace=2.0)
+    crashing = sim_command(60, python=PY, step_seconds=0.02, extra=(
+        "--fail-at-step", "20", "--fail-rank", "1", "--fail-code", "7", "--checkpoint-every", "3"))
+    first = assignment(tmp_path, crashing, ranks=3, max_restarts=1)
+    await sup.start(first)
+    outcome = await asyncio.wait_for(sup.wait("job-1"), 15)
+    assert outcome is not None and outcome.end is GangEnd.FAILED
+    assert (outcome.failed_rank, outcome.failed_exit_code) == (1, 7)
+    reasons = {c["rank"]: c["reason"] for c in events.of("exited")}
+    assert reasons == {1: ExitReason.CRASHED, 0: ExitReason.GANG_KILLED, 2: ExitReason.GANG_KILLED}
+    assert sup.running_jobs() == []
+    last_reported = events.of("checkpoint")[-1]  # rank 0 checkpointed every 3 steps before rank 1 crashed
+    assert last_reported["step"] % 3 == 0
+    assert outcome.decision == RestartGang(attempt=2, restarts=1, resume_from=last_reported["path"])
+
+    # The restart resumes from that checkpoint (attempt 2 does not crash: --fail-on-attempt is 1) ...
+    again = first.next_attempt(resume_from=outcome.decision.resume_from, crash_restart=True)
+    await sup.start(again)
+    log0 = tmp_path / "logs" / "job-1" / "rank-0.log"
+    await wait_for(lambda: "attempt=2 start" in log0.read_text())
+    assert f"attempt=2 start step={last_reported['step']} " in log0.read_text()
+    await sup.stop("job-1", grace_seconds=2)
+    # ... and a crash with no restart left fails the job.
+    last = again.next_attempt(resume_from=None, crash_restart=True)
+    failing = Assignment(**{**last.__dict__, "command": sim_command(
+        60, python=PY, step_seconds=0.02, extra=("--fail-at-step", "2", "--fail-on-attempt", "3"))})
+    await sup.start(failing)
+    final = await asyncio.wait_for(sup.wait("job-1"), 15)
+    assert final is not None and isinstance(final.decision, FailJob)
+
+
+async def test_a_rank_that_cannot_start_stops_the_ranks_that_did(tmp_path: Path) -> None:
+    events = Recorder()
+    sup = Supervisor(events, tmp_path / "run", kill_grace=2.0)
+    a = assignment(tmp_path, (PY, "-c", "import time; time.sleep(60)"), ranks=2)
+    # rank 1 runs a command that does not exist: give it its own workdir that does not exist
+    result = await sup.start(Assignment(**{**a.__dict__, "workdir": tmp_path / "missing"}))
+    assert not result.ok
+    assert 0 in result.failed
+    outcome = await asyncio.wait_for(sup.wait("job-1") if sup.running_jobs() else _ended(events), 10)
+    assert outcome.end is GangEnd.FAILED
+    assert isinstance(outcome.decision, FailJob)
+    assert events.of("start_failed")[0]["rank"] == 0
+
+
+async def _ended(events: Recorder) -> GangOutcome:
+    await wait_for(lambda: bool(events.of("ended")))
+    outcome: GangOutcome = events.of("ended")[0]["outcome"]
+    return outcome
+
+
+async def test_a_redelivered_reservation_does_not_start_the_gang_twice(tmp_path: Path) -> None:
+    sup = Supervisor(Recorder(), tmp_path / "run")
+    a = assignment(tmp_path, (PY, "-c", "import time; time.sleep(60)"), ranks=1)
+    first = await sup.start(a)
+    second = await sup.start(a)
+    assert second.already_running and second.pids == first.pids
+    outcome = await sup.stop("job-1", grace_seconds=2)
+    assert outcome is not None and outcome.end is GangEnd.STOPPED
+    assert outcome.exits == {0: -15}
