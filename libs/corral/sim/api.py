@@ -71,20 +71,36 @@ def run_simulation(
     if queues is None:
         chosen = equal_share_queues(loaded.queues, built.total_gpus)
         if chosen:
-            notes.append(f"no queues file: each of the {len(chosen)} queues is guaranteed "
-                         f"{chosen[0].guaranteed_gpus} GPUs (equal share), weight 1, no ceiling")
+            notes.append(
+                f"no queues file: each of the {len(chosen)} queues is guaranteed "
+                f"{chosen[0].guaranteed_gpus} GPUs (equal share), weight 1, no ceiling"
+            )
     else:
         configured = load_queues(queues) if isinstance(queues, str | Path) else tuple(queues)
         chosen = complete_queues(configured, loaded.queues)
     if failures is not None:
-        notes.append(f"node failures: mean time between failures {failures.mtbf_hours} h per node, "
-                     f"repair {failures.repair_hours} h, seed {seed}")
+        notes.append(
+            f"node failures: mean time between failures {failures.mtbf_hours} h per node, "
+            f"repair {failures.repair_hours} h, seed {seed}"
+        )
     chosen_config = config or SchedulerConfig.named(policy)
-    outcome = Simulator(loaded, built, chosen, chosen_config, seed=seed, failures=failures,
-                        scheduler=scheduler).run()
+    outcome = Simulator(
+        loaded, built, chosen, chosen_config, seed=seed, failures=failures, scheduler=scheduler
+    ).run()
     summary = summarize(outcome.records, built, chosen)
-    return SimResult(policy, seed, loaded, built, description, chosen, outcome.records, summary,
-                     outcome.stats, outcome.final_reasons, tuple(notes))
+    return SimResult(
+        policy,
+        seed,
+        loaded,
+        built,
+        description,
+        chosen,
+        outcome.records,
+        summary,
+        outcome.stats,
+        outcome.final_reasons,
+        tuple(notes),
+    )
 
 
 def compare(
@@ -106,12 +122,19 @@ def compare(
 
 
 def build_parser(prog: str = "corral sim") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Replay a workload through Corral's scheduling core.")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Replay a workload through Corral's scheduling core."
+    )
     parser.add_argument("--trace", required=True, help="philly:FILE, openb:FILE or a Corral JSONL workload")
-    parser.add_argument("--cluster", required=True, help="cluster file, or shorthand NODESxGPUS:MODEL, e.g. 64x8:H100")
+    parser.add_argument(
+        "--cluster", required=True, help="cluster file, or shorthand NODESxGPUS:MODEL, e.g. 64x8:H100"
+    )
     parser.add_argument("--queues", help="queues file (default: equal share for every workload queue)")
-    parser.add_argument("--policy", default="corral",
-                        help=f"one policy, or several comma-separated to compare ({', '.join(DEFAULT_POLICIES)})")
+    parser.add_argument(
+        "--policy",
+        default="corral",
+        help=f"one policy, or several comma-separated to compare ({', '.join(DEFAULT_POLICIES)})",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, help="replay only the first N jobs")
     parser.add_argument("--failures-mtbf-hours", type=float, help="enable seeded node failures")
@@ -133,8 +156,15 @@ def sim_main(argv: Sequence[str] | None = None, *, compare_all: bool = False) ->
     if args.failures_mtbf_hours:
         failures = FailureModel(args.failures_mtbf_hours, args.repair_hours)
     try:
-        results = compare(args.trace, args.cluster, policies, queues=args.queues, seed=args.seed,
-                          failures=failures, limit=args.limit)
+        results = compare(
+            args.trace,
+            args.cluster,
+            policies,
+            queues=args.queues,
+            seed=args.seed,
+            failures=failures,
+            limit=args.limit,
+        )
     except ValueError as error:  # bad input: the message names the field and the fix
         print(f"error: {error}", file=sys.stderr)
         return 2

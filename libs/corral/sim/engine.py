@@ -156,8 +156,14 @@ class Simulator:
             raise ValueError("workload job ids must be unique")
         self._records: dict[str, JobRecord] = {
             j.id: JobRecord(
-                id=j.id, queue=j.queue, gpus=j.gpus, replicas=j.replicas, gpus_per_replica=j.gpus_per_replica,
-                priority=j.priority, submit=j.submit, duration=j.duration,
+                id=j.id,
+                queue=j.queue,
+                gpus=j.gpus,
+                replicas=j.replicas,
+                gpus_per_replica=j.gpus_per_replica,
+                priority=j.priority,
+                submit=j.submit,
+                duration=j.duration,
                 topology={"replica": j.topology.replica, "gang": j.topology.gang},
             )
             for j in workload.jobs
@@ -265,8 +271,9 @@ class Simulator:
     def _cycle(self, now: float) -> None:
         if self._track_checkpoints:
             self._advance_checkpoints(now)
-        snapshot = Snapshot(now, self._cluster, self._queues, tuple(self._pending.values()),
-                            tuple(self._running.values()))
+        snapshot = Snapshot(
+            now, self._cluster, self._queues, tuple(self._pending.values()), tuple(self._running.values())
+        )
         self.stats.max_pending = max(self.stats.max_pending, len(self._pending))
         started = time.perf_counter()
         decisions = self._schedule(snapshot, self._config)
@@ -316,7 +323,9 @@ class Simulator:
         run = self._runs.get(victim)
         running = self._running.get(victim)
         if run is None or running is None:
-            raise SimulationError(f"core preempted {victim!r} for {preemptor!r}, but it is not running at t={now}")
+            raise SimulationError(
+                f"core preempted {victim!r} for {preemptor!r}, but it is not running at t={now}"
+            )
         if running.preempting:
             return
         run.preemptor = preemptor
@@ -365,16 +374,21 @@ class Simulator:
         return True
 
     def _set_node_state(self, name: str, state: NodeState) -> None:
-        self._cluster = Cluster(tuple(replace(n, state=state) if n.name == name else n
-                                      for n in self._cluster.nodes))
+        self._cluster = Cluster(
+            tuple(replace(n, state=state) if n.name == name else n for n in self._cluster.nodes)
+        )
 
     def _final_reasons(self) -> dict[str, str]:
         """Why each never-finished job is still waiting: one last cycle's Pending reasons."""
         if not self._pending:
             return {}
-        snapshot = Snapshot(math.inf if not self._records else max(
-            (r.end or 0.0) for r in self._records.values()), self._cluster, self._queues,
-            tuple(self._pending.values()), tuple(self._running.values()))
+        snapshot = Snapshot(
+            math.inf if not self._records else max((r.end or 0.0) for r in self._records.values()),
+            self._cluster,
+            self._queues,
+            tuple(self._pending.values()),
+            tuple(self._running.values()),
+        )
         return {
             d.job_id: f"{d.reason.code}: {d.reason.message}"
             for d in self._schedule(snapshot, self._config)

@@ -131,8 +131,9 @@ def entitlements(names: Sequence[str], queues: Sequence[QueueConfig]) -> dict[st
     }
 
 
-def fair_shares(capacity: float, demand: Sequence[float], guaranteed: Sequence[float],
-                weight: Sequence[float]) -> list[float]:
+def fair_shares(
+    capacity: float, demand: Sequence[float], guaranteed: Sequence[float], weight: Sequence[float]
+) -> list[float]:
     """Water-filling: each queue first gets min(demand, guarantee), the rest is shared by weight
     among queues that still want more, never above a queue's demand."""
     share = [min(d, g) for d, g in zip(demand, guaranteed, strict=True)]
@@ -159,8 +160,9 @@ def fair_shares(capacity: float, demand: Sequence[float], guaranteed: Sequence[f
     return share
 
 
-def fairness(records: Sequence[JobRecord], capacity: int, queues: Sequence[QueueConfig]
-             ) -> tuple[float, float, dict[str, float | None]]:
+def fairness(
+    records: Sequence[JobRecord], capacity: int, queues: Sequence[QueueConfig]
+) -> tuple[float, float, dict[str, float | None]]:
     """(time-averaged Jain's index, seconds with a waiting job, queue -> mean allocation/fair share)."""
     names = sorted({r.queue for r in records})
     index = {n: i for i, n in enumerate(names)}
@@ -218,8 +220,13 @@ def fairness(records: Sequence[JobRecord], capacity: int, queues: Sequence[Queue
     return jain, contended, ratios
 
 
-def _queue_figures(records: Sequence[JobRecord], queues: Sequence[QueueConfig], capacity: int,
-                   ratios: dict[str, float | None], held: float) -> tuple[QueueFigures, ...]:
+def _queue_figures(
+    records: Sequence[JobRecord],
+    queues: Sequence[QueueConfig],
+    capacity: int,
+    ratios: dict[str, float | None],
+    held: float,
+) -> tuple[QueueFigures, ...]:
     names = sorted({r.queue for r in records})
     ent = entitlements(names, queues)
     total_guaranteed = sum(g for g, _ in ent.values())

@@ -25,13 +25,25 @@ def result_document(result: SimResult) -> dict[str, Any]:
         "version": JSON_VERSION,
         "policy": result.policy,
         "seed": result.seed,
-        "workload": {"source": result.workload.source, "jobs": len(result.workload.jobs),
-                     "notes": list(result.workload.notes)},
-        "cluster": {"nodes": len(result.cluster.nodes), "gpus": result.cluster.total_gpus,
-                    "racks": len(result.cluster.racks()), "description": result.cluster_description},
+        "workload": {
+            "source": result.workload.source,
+            "jobs": len(result.workload.jobs),
+            "notes": list(result.workload.notes),
+        },
+        "cluster": {
+            "nodes": len(result.cluster.nodes),
+            "gpus": result.cluster.total_gpus,
+            "racks": len(result.cluster.racks()),
+            "description": result.cluster_description,
+        },
         "queues": [
-            {"name": q.name, "guaranteed_gpus": q.guaranteed_gpus, "max_gpus": q.max_gpus,
-             "lend_limit": q.lend_limit, "weight": q.weight}
+            {
+                "name": q.name,
+                "guaranteed_gpus": q.guaranteed_gpus,
+                "max_gpus": q.max_gpus,
+                "lend_limit": q.lend_limit,
+                "weight": q.weight,
+            }
             for q in result.queues
         ],
         "notes": list(result.notes),
@@ -114,8 +126,11 @@ def render_comparison(results: Sequence[SimResult]) -> str:
         f"({first.cluster.total_gpus} GPUs), seed {first.seed}",
     ]
     for n, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
-                               for i, cell in enumerate(row)))
+        lines.append(
+            "  ".join(
+                cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)
+            )
+        )
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     notes = [*first.workload.notes, *first.notes]
@@ -136,12 +151,19 @@ def render_result(result: SimResult) -> str:
 def _queue_table(summary: Summary) -> str:
     rows = [["queue", "jobs", "GPU-hours", "share", "entitled", "alloc/fair", "avg JCT"]]
     for q in summary.queues:
-        rows.append([
-            q.name, str(q.jobs), f"{q.gpu_seconds / 3600:.0f}", f"{q.share_of_gpu_time * 100:.1f}%",
-            f"{q.entitlement * 100:.1f}%",
-            "-" if q.mean_fair_share_ratio is None else f"{q.mean_fair_share_ratio:.2f}",
-            "-" if q.avg_jct is None else duration(q.avg_jct),
-        ])
+        rows.append(
+            [
+                q.name,
+                str(q.jobs),
+                f"{q.gpu_seconds / 3600:.0f}",
+                f"{q.share_of_gpu_time * 100:.1f}%",
+                f"{q.entitlement * 100:.1f}%",
+                "-" if q.mean_fair_share_ratio is None else f"{q.mean_fair_share_ratio:.2f}",
+                "-" if q.avg_jct is None else duration(q.avg_jct),
+            ]
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row))
-                     for row in rows)
+    return "\n".join(
+        "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row))
+        for row in rows
+    )

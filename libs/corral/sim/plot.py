@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 BINS = 400
 
 
-def _binned_allocation(records: Sequence[JobRecord], horizon: float, by_queue: bool
-                       ) -> tuple[list[float], dict[str, list[float]]]:
+def _binned_allocation(
+    records: Sequence[JobRecord], horizon: float, by_queue: bool
+) -> tuple[list[float], dict[str, list[float]]]:
     """Average allocated GPUs per time bin (per queue when asked), exact by overlap length."""
     width = horizon / BINS if horizon > 0 else 1.0
     edges = [i * width for i in range(BINS)]
@@ -52,8 +53,12 @@ def write_plots(results: Sequence[SimResult], directory: str | Path) -> list[Pat
     for result in results:
         edges, series = _binned_allocation(result.records, horizon, by_queue=False)
         capacity = result.cluster.total_gpus or 1
-        ax.plot([e / days for e in edges], [v / capacity * 100 for v in series.get("all", [0.0] * BINS)],
-                label=result.policy, linewidth=1)
+        ax.plot(
+            [e / days for e in edges],
+            [v / capacity * 100 for v in series.get("all", [0.0] * BINS)],
+            label=result.policy,
+            linewidth=1,
+        )
     ax.set_xlabel("days since first submission")
     ax.set_ylabel("GPUs allocated (% of capacity)")
     ax.set_title("GPU utilisation over time")
@@ -66,8 +71,12 @@ def write_plots(results: Sequence[SimResult], directory: str | Path) -> list[Pat
     for result in results:
         jcts = sorted(r.end - r.submit for r in result.records if r.end is not None)
         if jcts:
-            ax.plot([max(j, 1.0) for j in jcts], [(i + 1) / len(jcts) for i in range(len(jcts))],
-                    label=result.policy, linewidth=1)
+            ax.plot(
+                [max(j, 1.0) for j in jcts],
+                [(i + 1) / len(jcts) for i in range(len(jcts))],
+                label=result.policy,
+                linewidth=1,
+            )
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (s)")
     ax.set_ylabel("fraction of jobs")
@@ -82,8 +91,11 @@ def write_plots(results: Sequence[SimResult], directory: str | Path) -> list[Pat
         fig, ax = plt.subplots(figsize=(10, 4))
         names = sorted(series)
         totals = [sum(series[n][b] for n in names) or 1.0 for b in range(BINS)]
-        ax.stackplot([e / days for e in edges], *[[series[n][b] / totals[b] for b in range(BINS)] for n in names],
-                     labels=names)
+        ax.stackplot(
+            [e / days for e in edges],
+            *[[series[n][b] / totals[b] for b in range(BINS)] for n in names],
+            labels=names,
+        )
         ax.set_xlabel("days since first submission")
         ax.set_ylabel("share of allocated GPUs")
         ax.set_title(f"per-queue share over time ({result.policy})")

@@ -49,8 +49,9 @@ def read_tasks(path: Path) -> list[OpenbTask]:
 
 def load_openb(path: Path) -> Workload:
     """Read an OpenB pod list with timestamps (e.g. `openb_pod_list_default.csv`)."""
-    rows = _rows(path, {"name", "num_gpu", "gpu_milli", "qos", "creation_time", "deletion_time",
-                        "scheduled_time"})
+    rows = _rows(
+        path, {"name", "num_gpu", "gpu_milli", "qos", "creation_time", "deletion_time", "scheduled_time"}
+    )
     jobs: list[SimJob] = []
     cpu_only = never_scheduled = sharing = multi_model = 0
     for line, row in rows:
@@ -89,7 +90,8 @@ def load_openb(path: Path) -> Workload:
         )
     notes = [
         "OpenB: a GPU-sharing task (gpu_milli < 1000) counts as one whole GPU "
-        f"({sharing} tasks); qos -> priority LS/Guaranteed=900 (high), Burstable=500 (normal), BE=100 (low) (BE preemptible); "
+        f"({sharing} tasks); qos -> priority LS/Guaranteed=900 (high), Burstable=500 (normal), "
+        "BE=100 (low) (BE preemptible); "
         "duration = deletion_time - scheduled_time; tasks running when the trace ends run to its end",
         f"OpenB: left out {cpu_only} CPU-only tasks and {never_scheduled} tasks never scheduled in the "
         "trace (no duration)",

@@ -3,6 +3,8 @@
 Mapping (see the traces README): one job per row; queue = `cluster` (the virtual cluster, i.e.
 the tenant); more than 8 GPUs is a gang of whole 8-GPU nodes (replicas = num_gpus / 8, 8 GPUs
 each); up to 8 GPUs is one replica on one node. The trace has no priority, so every job gets 0.
+A gang size that is not a multiple of 8 (12 GPUs, 7 jobs) becomes equal replicas of the largest
+divisor up to 8 (2 x 6).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ GPUS_PER_NODE = 8
 NODE_TOPOLOGY = TopologySpec(replica="node")
 NOTES = (
     "Philly: queue = virtual cluster; jobs above 8 GPUs are gangs of whole 8-GPU nodes "
-    "(replicas = GPUs/8, topology replica=node; a size not a multiple of 8, e.g. 12, is 3 replicas of 4); no priority in the trace (all 0); "
+    "(replicas = GPUs/8, topology replica=node; a size not a multiple of 8, e.g. 12, is 2 replicas "
+    "of 6); no priority in the trace (all 0); "
     "durations are the recorded run times, not known to policies",
 )
 
