@@ -18,7 +18,7 @@ import logging
 import os
 import signal as signal_module
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
@@ -156,6 +156,15 @@ class Supervisor:
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._gangs: dict[str, _Gang] = {}
 
+    @staticmethod
+    async def _emit(call: Awaitable[None]) -> None:
+        """Await one `AgentEvents` call. A failing callback is a bug in the adapter; it is logged
+        and must not stop the supervisor from watching (and eventually killing) the processes."""
+        try:
+            await call
+        except Exception:
+            log.exception("an AgentEvents callback failed")
+
     # --- queries -------------------------------------------------------------------------------
 
     def running_jobs(self) -> list[str]:
@@ -200,12 +209,12 @@ class Supervisor:
                 rank = await self._spawn(assignment, spec, control_dir / f"rank-{spec.rank}.control")
             except OSError as exc:
                 failed[spec.rank] = f"{type(exc).__name__}: {exc}"
-                await self._events.worker_start_failed(assignment.job_id, spec.rank, assignment.attempt,
-                                                       failed[spec.rank])
+                await self._emit(self._events.worker_start_failed(
+                    assignment.job_id, spec.rank, assignment.attempt, failed[spec.rank]))
                 break
             gang.ranks[spec.rank] = rank
-            await self._events.worker_started(assignment.job_id, spec.rank, rank.process.pid,
-                                              assignment.attempt)
+            await self._emit(self._events.worker_started(
+                assignment.job_id, spec.rank, rank.process.pid, assignment.attempt))
         pids = {r.spec.rank: r.process.pid for r in gang.ranks.values()}
         if failed:
             gang.start_failed = True
@@ -252,8 +261,8 @@ class Supervisor:
         _signal_group(rank.process.pid, signal_module.SIGKILL)  # leftovers the rank spawned
         reason = self._classify(gang, rank, code)
         gang.changed.set()
-        await self._events.worker_exited(gang.assignment.job_id, rank.spec.rank, code,
-                                         gang.assignment.attempt, reason)
+        await self._emit(self._events.worker_exited(
+            gang.assignment.job_id, rank.spec.rank, code, gang.assignment.attempt, reason))
         if reason is ExitReason.CRASHED and gang.state is _State.RUNNING:
             gang.state = _State.FAILING
             gang.failed_rank, gang.failed_exit_code = rank.spec.rank, code
@@ -287,8 +296,8 @@ class Supervisor:
                     continue
                 rank.report = report
                 gang.changed.set()
-                await self._events.checkpoint_done(gang.assignment.job_id, report.path, report.step,
-                                                   report.rank, report.attempt)
+                await self._emit(self._events.checkpoint_done(
+                    gang.assignment.job_id, report.path, report.step, report.rank, report.attempt))
 
     async def _finish(self, gang: _Gang) -> None:
         a = gang.assignment
@@ -316,7 +325,7 @@ class Supervisor:
                               resume_from=resume_from, failed_rank=gang.failed_rank,
                               failed_exit_code=gang.failed_exit_code, decision=decision)
         gang.ended.set_result(outcome)
-        await self._events.gang_ended(outcome)
+        await self._emit(self._events.gang_ended(outcome))
 
     # --- preemption and teardown ---------------------------------------------------------------
 

@@ -214,21 +214,27 @@ async def test_a_crashed_rank_takes_the_local_gang_down_and_restarts_from_the_la
 async def test_a_rank_that_cannot_start_stops_the_ranks_that_did(tmp_path: Path) -> None:
     events = Recorder()
     sup = Supervisor(events, tmp_path / "run", kill_grace=2.0)
-    a = assignment(tmp_path, (PY, "-c", "import time; time.sleep(60)"), ranks=2)
-    # rank 1 runs a command that does not exist: give it its own workdir that does not exist
-    result = await sup.start(Assignment(**{**a.__dict__, "workdir": tmp_path / "missing"}))
+    (tmp_path / "logs" / "job-1" / "rank-1.log").mkdir(parents=True)  # rank 1 cannot open its log
+    result = await sup.start(assignment(tmp_path, (PY, "-c", "import time; time.sleep(60)"), ranks=2))
     assert not result.ok
-    assert 0 in result.failed
-    outcome = await asyncio.wait_for(sup.wait("job-1") if sup.running_jobs() else _ended(events), 10)
-    assert outcome.end is GangEnd.FAILED
-    assert isinstance(outcome.decision, FailJob)
-    assert events.of("start_failed")[0]["rank"] == 0
+    assert list(result.pids) == [0] and list(result.failed) == [1]
+    outcome = await asyncio.wait_for(sup.wait("job-1"), 10)
+    assert outcome is not None and outcome.end is GangEnd.FAILED
+    assert (outcome.failed_rank, outcome.failed_exit_code) == (1, None)
+    assert isinstance(outcome.decision, FailJob) and "could not start" in outcome.decision.message
+    assert [c["rank"] for c in events.of("start_failed")] == [1]
+    assert [(c["rank"], c["reason"]) for c in events.of("exited")] == [(0, ExitReason.GANG_KILLED)]
 
 
-async def _ended(events: Recorder) -> GangOutcome:
-    await wait_for(lambda: bool(events.of("ended")))
-    outcome: GangOutcome = events.of("ended")[0]["outcome"]
-    return outcome
+async def test_a_gang_whose_first_rank_cannot_start_ends_at_once(tmp_path: Path) -> None:
+    events = Recorder()
+    sup = Supervisor(events, tmp_path / "run")
+    a = assignment(tmp_path, (PY, "-c", "pass"), ranks=2, workdir=tmp_path / "missing")
+    result = await sup.start(a)
+    assert result.pids == {} and list(result.failed) == [0]
+    assert sup.running_jobs() == []
+    [ended] = events.of("ended")
+    assert ended["outcome"].end is GangEnd.FAILED
 
 
 async def test_a_redelivered_reservation_does_not_start_the_gang_twice(tmp_path: Path) -> None:
@@ -240,3 +246,16 @@ async def test_a_redelivered_reservation_does_not_start_the_gang_twice(tmp_path:
     outcome = await sup.stop("job-1", grace_seconds=2)
     assert outcome is not None and outcome.end is GangEnd.STOPPED
     assert outcome.exits == {0: -15}
+
+
+async def test_a_failing_event_callback_does_not_stop_supervision(tmp_path: Path) -> None:
+    class Broken(Recorder):
+        async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int) -> None:
+            raise RuntimeError("bus is down")
+
+    events = Broken()
+    sup = Supervisor(events, tmp_path / "run")
+    await sup.start(assignment(tmp_path, (PY, "-c", "pass"), ranks=2))
+    outcome = await asyncio.wait_for(sup.wait("job-1"), 10)
+    assert outcome is not None and outcome.end is GangEnd.COMPLETED
+    assert len(events.of("exited")) == 2
