@@ -25,7 +25,9 @@ Policies (`SchedulerConfig.named`): "corral" fair share + EASY backfill + preemp
 + EASY backfill; "las" least attained service first, preemptive (Tiresias-style).
 """
 
+from corral.core.cycle import schedule
 from corral.core.decisions import Decision, Pending, Place, Preempt, Reason, ReasonCode
+from corral.core.gpuset import FreeGpus, Statement
 from corral.core.model import (
     Cluster,
     Gpu,
@@ -44,10 +46,15 @@ from corral.core.model import (
     Topology,
     TopologyLevel,
 )
+from corral.core.ordering import order_pending
+from corral.core.placement import find_placement, static_feasibility
+from corral.core.preemption import select_victims
+from corral.core.quota import QueueTree, QueueUsage, quota_check
 
 __all__ = [
     "Cluster",
     "Decision",
+    "FreeGpus",
     "Gpu",
     "GpuRequest",
     "Job",
@@ -60,12 +67,21 @@ __all__ = [
     "Placement",
     "Preempt",
     "QueueConfig",
+    "QueueTree",
+    "QueueUsage",
     "RankPlacement",
     "Reason",
     "ReasonCode",
     "RunningJob",
     "SchedulerConfig",
     "Snapshot",
+    "Statement",
     "Topology",
     "TopologyLevel",
+    "find_placement",
+    "order_pending",
+    "quota_check",
+    "schedule",
+    "select_victims",
+    "static_feasibility",
 ]

@@ -288,8 +288,10 @@ class RunningJob:
 
     def lost_work(self, now: float) -> float:
         """GPU-seconds of work lost if preempted now: time since the last checkpoint (or the start)."""
-        since = self.start_time if self.last_checkpoint_time is None else max(
-            self.start_time, self.last_checkpoint_time
+        since = (
+            self.start_time
+            if self.last_checkpoint_time is None
+            else max(self.start_time, self.last_checkpoint_time)
         )
         return max(0.0, now - since) * self.job.total_gpus
 

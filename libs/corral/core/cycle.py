@@ -1,0 +1,290 @@
+"""One scheduling cycle: order, allocate (gang, all-or-nothing), backfill, preempt and reclaim.
+
+Like Volcano's session, the cycle works on its own copy of the world (a FreeGpus index and the
+queue usage) and commits each job's outcome before looking at the next, so later jobs see the
+GPUs and quota that earlier decisions took. For each pending job, in order:
+
+1. strict policies (fifo/priority without backfill) stop at the first blocked job: ORDERED_BEHIND;
+2. quota (QUEUE_UNKNOWN / MAX_GPUS_EXCEEDED / QUOTA_EXCEEDED), unless in-queue preemption of
+   lower-priority jobs frees that quota;
+3. placement on free GPUs, avoiding a backfill reservation unless the job ends before it is needed
+   (or is entitled by guarantee and the holder is not) -> Place (PLACED or BACKFILLED);
+4. GPUs already being released by preempted jobs -> Pending(WAITING_FOR_PREEMPTION), and they are
+   held for it;
+5. preemption / reclaim with simulated fit -> Preempt (the victims' GPUs are held for it);
+6. otherwise Pending: RESERVED_FOR, TOPOLOGY_UNSATISFIABLE / NO_MATCHING_GPU (never fits), or
+   GANG_DOES_NOT_FIT, and the first such job gets the EASY backfill reservation.
+"""
+
+from __future__ import annotations
+
+import math
+
+from corral.core.backfill import Release, Reservation, find_placement_avoiding, releases_of, reserve
+from corral.core.decisions import Decision, Pending, Place, Preempt, Reason, ReasonCode
+from corral.core.gpuset import FreeGpus, Statement
+from corral.core.model import (
+    OrderPolicy,
+    PendingJob,
+    Placement,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+)
+from corral.core.ordering import order_pending, tree_for
+from corral.core.placement import find_placement, idle_index, static_feasibility
+from corral.core.preemption import PreemptionPlan, plan_preemption
+from corral.core.quota import QueueUsage, quota_check, within_guarantee
+
+
+def schedule(snapshot: Snapshot, config: SchedulerConfig = SchedulerConfig()) -> list[Decision]:
+    """One decision per pending job, in the order they were considered; pure and deterministic."""
+    return _Cycle(snapshot, config).run()
+
+
+class _Cycle:
+    def __init__(self, snapshot: Snapshot, config: SchedulerConfig):
+        self.snapshot = snapshot
+        self.config = config
+        self.now = snapshot.now
+        self.cluster = snapshot.cluster
+        self.tree = tree_for(snapshot, config)
+        self.usage = QueueUsage.of(self.tree, snapshot.running)
+        self.fi = FreeGpus.from_running(self.cluster, snapshot.running)
+        self.idle: FreeGpus | None = None
+        self.running = sorted(snapshot.running, key=lambda r: r.job.id)
+        self.by_queue: dict[str, list[RunningJob]] = {}
+        for r in self.running:
+            self.by_queue.setdefault(r.job.queue, []).append(r)
+        # GPUs of jobs asked to checkpoint: still taken in the index, free soon, claimable once
+        self.releasing: dict[int, int] = {}
+        for r in self.running:
+            if r.preempting:
+                for i, m in releases_of(r.placement, self.fi):
+                    self.releasing[i] = self.releasing.get(i, 0) | m
+        self.claimed: dict[int, int] = {}
+        self.victims: set[str] = set()
+        self.placed: list[Release] = []
+        self.reservation: Reservation | None = None
+        self.blocker: PendingJob | None = None
+        self.strict = not config.backfill and config.order in (OrderPolicy.FIFO, OrderPolicy.PRIORITY)
+
+    def run(self) -> list[Decision]:
+        return [self.decide(p) for p in order_pending(self.snapshot, self.config, tree=self.tree)]
+
+    # -- one job ----------------------------------------------------------------------------------
+
+    def decide(self, p: PendingJob) -> Decision:
+        job = p.job
+        if self.blocker is not None:
+            b = self.blocker.job
+            return Pending(
+                job.id,
+                Reason(
+                    ReasonCode.ORDERED_BEHIND,
+                    f"behind job {b.id} in {self.config.order.value} order; it needs {b.total_gpus} GPUs "
+                    f"and {self.fi.total_free} are free",
+                    (("blocked_by", b.id), ("needs_gpus", b.total_gpus), ("free_gpus", self.fi.total_free)),
+                ),
+            )
+        quota = quota_check(self.snapshot, job, self.usage, tree=self.tree, quotas=self.config.quotas)
+        if quota is not None:
+            if quota.code is not ReasonCode.QUEUE_UNKNOWN and self.config.preemption:
+                plan = self._plan(p, self.by_queue.get(job.queue, []))
+                if isinstance(plan, PreemptionPlan):
+                    return self._preempt(p, plan)
+            return Pending(job.id, quota)
+
+        avoid = self.reservation is not None and not self._may_use_reserved(p)
+        if avoid:
+            assert self.reservation is not None
+            found: Placement | Reason | None = find_placement_avoiding(self.fi, job, self.reservation)
+        else:
+            found = find_placement(self.cluster, self.fi, job)
+        if isinstance(found, Placement):
+            return self._place(p, found)
+
+        waiting = self._claim_releasing(p)
+        if waiting is not None:
+            return waiting
+
+        if self.config.preemption or self.config.reclaim:
+            plan = self._plan(p, self._candidates(p))
+            if isinstance(plan, PreemptionPlan):
+                return self._preempt(p, plan)
+
+        if avoid:
+            assert self.reservation is not None
+            unmasked = find_placement(self.cluster, self.fi, job)
+            if isinstance(unmasked, Placement):
+                r = self.reservation
+                return Pending(
+                    job.id,
+                    Reason(
+                        ReasonCode.RESERVED_FOR,
+                        r.describe(self.now) + f"; starting {job.id} now would delay it",
+                        (
+                            ("reserved_for", r.holder),
+                            ("reserved_gpus", r.gpus),
+                            ("shadow_time", r.shadow_time),
+                        ),
+                    ),
+                )
+            found = unmasked
+        if self.idle is None:
+            self.idle = idle_index(self.cluster)
+        never = static_feasibility(self.cluster, job, self.idle)
+        if never is not None:
+            return Pending(job.id, never)
+        reason = found if isinstance(found, Reason) else find_placement(self.cluster, self.fi, job)
+        assert isinstance(reason, Reason)
+        if self.config.backfill and self.reservation is None:
+            self.reservation = reserve(
+                self.fi,
+                job,
+                self._releases(),
+                self.claimed,
+                holder_within_guarantee=within_guarantee(self.tree, self.usage, job.queue, job.total_gpus),
+            )
+            if self.reservation is not None:
+                r = self.reservation
+                reason = Reason(
+                    reason.code,
+                    reason.message
+                    + f"; holds a reservation of {r.gpus} GPUs"
+                    + ("" if math.isinf(r.shadow_time) else f" from t={r.shadow_time:.0f}"),
+                    (*reason.details, ("reserved_gpus", r.gpus), ("shadow_time", r.shadow_time)),
+                )
+        elif self.strict:
+            self.blocker = p
+        return Pending(job.id, reason)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _may_use_reserved(self, p: PendingJob) -> bool:
+        r = self.reservation
+        assert r is not None
+        if r.admits(p.job, self.now):
+            return True
+        return not r.holder_within_guarantee and within_guarantee(
+            self.tree, self.usage, p.job.queue, p.job.total_gpus
+        )
+
+    def _take(self, placement: Placement) -> None:
+        for i, m in releases_of(placement, self.fi):
+            self.fi.take(i, m)
+
+    def _place(self, p: PendingJob, placement: Placement) -> Place:
+        job = p.job
+        self._take(placement)
+        self.usage.add(job.queue, job.total_gpus)
+        est = job.estimated_runtime_seconds
+        self.placed.append(
+            Release(math.inf if est is None else self.now + est, job.id, releases_of(placement, self.fi))
+        )
+        nodes = placement.nodes()
+        if self.reservation is not None:
+            code, how = ReasonCode.BACKFILLED, f"backfilled without delaying job {self.reservation.holder}"
+        else:
+            code, how = ReasonCode.PLACED, "placed"
+        return Place(
+            job.id,
+            placement,
+            Reason(
+                code,
+                f"{how}: {job.shape} on {len(nodes)} node(s)",
+                (("gpus", job.total_gpus), ("nodes", len(nodes))),
+            ),
+        )
+
+    def _claim_releasing(self, p: PendingJob) -> Pending | None:
+        """If GPUs being released by preempted jobs make the job fit, hold them for it."""
+        if not self.releasing:
+            return None
+        job = p.job
+        stmt = Statement(self.fi)
+        try:
+            for i, m in self.releasing.items():
+                stmt.give(i, m)
+            found = find_placement(self.cluster, self.fi, job)
+        finally:
+            stmt.rollback()
+        if not isinstance(found, Placement):
+            return None
+        coming = 0
+        for i, m in releases_of(found, self.fi):
+            from_release = m & self.releasing.get(i, 0)
+            if from_release:
+                coming += from_release.bit_count()
+                self.releasing[i] &= ~from_release
+                if not self.releasing[i]:
+                    del self.releasing[i]
+                self.claimed[i] = self.claimed.get(i, 0) | from_release
+            if m & ~from_release:
+                self.fi.take(i, m & ~from_release)
+        self.usage.add(job.queue, job.total_gpus)
+        return Pending(
+            job.id,
+            Reason(
+                ReasonCode.WAITING_FOR_PREEMPTION,
+                f"waiting for {coming} GPUs that preempted jobs are releasing; {job.total_gpus - coming} "
+                "free GPUs are held for it",
+                (("releasing_gpus", coming), ("held_gpus", job.total_gpus - coming)),
+            ),
+        )
+
+    def _candidates(self, p: PendingJob) -> list[RunningJob]:
+        """Running jobs worth examining: everyone when LAS or reclaim may apply, else the queue's."""
+        job = p.job
+        if self.config.order is OrderPolicy.LAS and self.config.preemption:
+            return self.running
+        if (
+            self.config.reclaim
+            and self.config.quotas
+            and self.tree.known(job.queue)
+            and self.usage.active.get(job.queue, 0) + job.total_gpus <= self.tree.guarantee[job.queue]
+        ):
+            return self.running
+        return self.by_queue.get(job.queue, []) if self.config.preemption else []
+
+    def _plan(self, p: PendingJob, candidates: list[RunningJob]) -> PreemptionPlan | Reason | None:
+        if not candidates:
+            return None
+        return plan_preemption(
+            self.snapshot,
+            p,
+            self.config,
+            free=self.fi,
+            tree=self.tree,
+            usage=self.usage,
+            candidates=candidates,
+            taken=self.victims,
+        )
+
+    def _preempt(self, p: PendingJob, plan: PreemptionPlan) -> Preempt:
+        job = p.job
+        for v in plan.victims:
+            self.victims.add(v.job.id)
+            self.usage.deactivate(v.job.queue, v.placement.gpu_count)
+            for i, m in releases_of(v.placement, self.fi):
+                self.claimed[i] = self.claimed.get(i, 0) | m
+        # the free part of the planned placement is held for the preemptor from now on
+        victim_gpus: dict[int, int] = {}
+        for v in plan.victims:
+            for i, m in releases_of(v.placement, self.fi):
+                victim_gpus[i] = victim_gpus.get(i, 0) | m
+        for i, m in releases_of(plan.placement, self.fi):
+            hold = m & ~victim_gpus.get(i, 0)
+            if hold:
+                self.fi.take(i, hold)
+        self.usage.add(job.queue, job.total_gpus)
+        return Preempt(job.id, plan.victim_ids, plan.reason)
+
+    def _releases(self) -> list[Release]:
+        out = list(self.placed)
+        for r in self.running:
+            if r.job.id in self.victims:
+                continue
+            end = self.now if r.preempting else r.expected_end()
+            out.append(Release(math.inf if end is None else end, r.job.id, releases_of(r.placement, self.fi)))
+        return out

@@ -1,0 +1,248 @@
+"""Preemption and reclaim: which running jobs to checkpoint so that a pending job fits.
+
+Rules (the issue's, enforced here and checked by property tests):
+- within a queue, only by strictly higher priority (a tie never preempts);
+- across queues, only to reclaim guarantee: the preemptor stays within its guarantee, and victims
+  come from sibling subtrees that are borrowing (over their own guarantee) at the moment each one
+  is picked;
+- under LAS, a job with much less attained service may preempt one with much more;
+- never a victim: non-preemptible jobs, jobs younger than `min_runtime_seconds`, jobs already
+  preempting, a job already preempted once by this preemptor, or the job that preempted it (no
+  ping-pong);
+- victims minimise lost work (GPU-seconds since their last checkpoint), then their number;
+- never preempt unless the preemptor provably fits once the victims are gone: the placement is
+  simulated on the index (Statement, rolled back) and the quota re-checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from corral.core.decisions import Reason, ReasonCode
+from corral.core.gpuset import FreeGpus, Statement, mask_of
+from corral.core.model import (
+    OrderPolicy,
+    PendingJob,
+    Placement,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+)
+from corral.core.placement import find_placement
+from corral.core.quota import QueueTree, QueueUsage, quota_check, within_guarantee
+
+_SINGLETON_TRIES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPlan:
+    """Victims (sorted by id), where the preemptor will run once they are gone, and why."""
+
+    victims: tuple[RunningJob, ...]
+    placement: Placement
+    reason: Reason
+
+    @property
+    def victim_ids(self) -> tuple[str, ...]:
+        return tuple(v.job.id for v in self.victims)
+
+
+def _lca_children(tree: QueueTree, a: str, b: str) -> tuple[str, str]:
+    """The two children of the lowest common ancestor of queues a and b, on a's and b's side."""
+    pa = tree.path(a)[::-1]
+    pb = tree.path(b)[::-1]
+    n = 0
+    while n < len(pa) and n < len(pb) and pa[n] == pb[n]:
+        n += 1
+    return pa[min(n, len(pa) - 1)], pb[min(n, len(pb) - 1)]
+
+
+def _kind(
+    snapshot: Snapshot,
+    config: SchedulerConfig,
+    tree: QueueTree,
+    usage: QueueUsage,
+    pending: PendingJob,
+    r: RunningJob,
+) -> ReasonCode | None:
+    job = pending.job
+    now = snapshot.now
+    if r.preempting or not r.job.preemptible or now - r.start_time < r.job.min_runtime_seconds:
+        return None
+    if job.id in r.preempted_by or r.job.id in pending.preempted_by or r.job.id == job.id:
+        return None
+    if config.preemption and r.job.queue == job.queue and r.job.priority < job.priority:
+        return ReasonCode.PREEMPTED_FOR_PRIORITY
+    if config.preemption and config.order is OrderPolicy.LAS:
+        theirs, mine = r.attained(now), pending.attained_gpu_seconds
+        if theirs >= config.las_preemption_ratio * mine and theirs - mine >= config.las_min_gap_gpu_seconds:
+            return ReasonCode.PREEMPTED_FOR_LAS
+    if config.reclaim and config.quotas and r.job.queue != job.queue and tree.known(job.queue):
+        mine_side, their_side = _lca_children(tree, job.queue, r.job.queue)
+        if mine_side == their_side:
+            return None  # one queue is the other's ancestor: not a reclaim between siblings
+        if not within_guarantee(tree, usage, job.queue, job.total_gpus, upto=mine_side):
+            return None
+        if usage.active.get(their_side, 0) > tree.guarantee.get(their_side, 0):
+            return ReasonCode.RECLAIMED_FOR_GUARANTEE
+    return None
+
+
+def _release(stmt: Statement, fi: FreeGpus, victims: Iterable[RunningJob]) -> None:
+    for v in victims:
+        for rank in v.placement.ranks:
+            i = fi.index_of.get(rank.node)
+            if i is not None:
+                m = mask_of(rank.gpus) & ~fi.free[i] & fi.all_masks[i]
+                if m:
+                    stmt.give(i, m)
+
+
+def plan_preemption(
+    snapshot: Snapshot,
+    pending: PendingJob,
+    config: SchedulerConfig,
+    *,
+    free: FreeGpus,
+    tree: QueueTree,
+    usage: QueueUsage,
+    candidates: Sequence[RunningJob],
+    taken: set[str] | frozenset[str] = frozenset(),
+) -> PreemptionPlan | Reason | None:
+    """The cheapest victim set among `candidates` after which the job fits, or a Reason, or None
+    when no running job is an eligible victim at all. `free` is left exactly as it was."""
+    job = pending.job
+    now = snapshot.now
+    work = usage.copy()
+    seq: list[tuple[RunningJob, ReasonCode]] = []
+    ordered = sorted(
+        (r for r in candidates if r.job.id not in taken),
+        key=lambda r: (r.lost_work(now), r.job.priority, -r.placement.gpu_count, r.job.id),
+    )
+    for r in ordered:
+        kind = _kind(snapshot, config, tree, work, pending, r)
+        if kind is None:
+            continue
+        seq.append((r, kind))
+        if kind is ReasonCode.RECLAIMED_FOR_GUARANTEE:
+            work.deactivate(r.job.queue, r.placement.gpu_count)
+    if not seq:
+        return None
+    fi = free
+
+    def fits(victims: Sequence[RunningJob]) -> Placement | None:
+        after = usage.copy()
+        for v in victims:
+            after.add(v.job.queue, -v.placement.gpu_count, active=not v.preempting)
+        if quota_check(snapshot, job, after, tree=tree, quotas=config.quotas) is not None:
+            return None
+        stmt = Statement(fi)
+        _release(stmt, fi, victims)
+        try:
+            found = find_placement(fi.cluster, fi, job)
+        finally:
+            stmt.rollback()
+        return found if isinstance(found, Placement) else None
+
+    victims_all = [r for r, _ in seq]
+    freed = sum(r.placement.gpu_count for r in victims_all)
+    if fi.total_free + freed < job.total_gpus or fits(victims_all) is None:
+        return Reason(
+            ReasonCode.GANG_DOES_NOT_FIT,
+            f"needs {job.shape}; even preempting all {len(victims_all)} eligible jobs "
+            f"({freed} GPUs) would not make it fit",
+            (
+                ("needs_gpus", job.total_gpus),
+                ("eligible_victims", len(victims_all)),
+                ("freeable_gpus", freed),
+            ),
+        )
+    # smallest prefix of the cost-ordered sequence that fits (feasibility grows with the prefix)
+    lo, hi = 1, len(victims_all)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(victims_all[:mid]) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    chosen = victims_all[:lo]
+    # prune: drop the most expensive victims that are not needed
+    for v in sorted(chosen, key=lambda r: (-r.lost_work(now), r.job.id)):
+        if len(chosen) > 1:
+            trial = [c for c in chosen if c is not v]
+            if fits(trial) is not None:
+                chosen = trial
+
+    def cost(vs: Sequence[RunningJob]) -> tuple[float, int]:
+        return (sum(v.lost_work(now) for v in vs), len(vs))
+
+    for r in victims_all[:_SINGLETON_TRIES]:
+        if cost([r]) >= cost(chosen):
+            break
+        if fits([r]) is not None:
+            chosen = [r]
+            break
+    placement = fits(chosen)
+    assert placement is not None
+    kinds = {k for r, k in seq if r in chosen}
+    return PreemptionPlan(
+        tuple(sorted(chosen, key=lambda r: r.job.id)),
+        placement,
+        _reason(job_kinds=kinds, victims=chosen, now=now),
+    )
+
+
+def _reason(job_kinds: set[ReasonCode], victims: Sequence[RunningJob], now: float) -> Reason:
+    lost = sum(v.lost_work(now) for v in victims)
+    gpus = sum(v.placement.gpu_count for v in victims)
+    ids = ", ".join(sorted(v.job.id for v in victims))
+    if ReasonCode.RECLAIMED_FOR_GUARANTEE in job_kinds:
+        code = ReasonCode.RECLAIMED_FOR_GUARANTEE
+        why = "reclaiming guaranteed GPUs from borrowing queues"
+    elif ReasonCode.PREEMPTED_FOR_LAS in job_kinds:
+        code = ReasonCode.PREEMPTED_FOR_LAS
+        why = "victims attained far more service"
+    else:
+        code = ReasonCode.PREEMPTED_FOR_PRIORITY
+        why = f"victims have lower priority (max {max(v.job.priority for v in victims)})"
+    return Reason(
+        code,
+        f"preempting {len(victims)} job(s) ({ids}) holding {gpus} GPUs, {why}; "
+        f"{lost:.0f} GPU-seconds since their last checkpoint are lost",
+        (("victims", len(victims)), ("freed_gpus", gpus), ("lost_gpu_seconds", lost)),
+    )
+
+
+def select_victims(
+    snapshot: Snapshot,
+    job: PendingJob,
+    config: SchedulerConfig = SchedulerConfig(),
+    *,
+    free: FreeGpus | None = None,
+) -> tuple[str, ...] | Reason:
+    """Victim ids for `job` on this snapshot (sorted), or a Reason why preemption cannot help.
+
+    `free` defaults to the GPUs left free by every running job in the snapshot.
+    """
+    from corral.core.ordering import tree_for
+
+    tree = tree_for(snapshot, config)
+    usage = QueueUsage.of(tree, snapshot.running)
+    fi = free if free is not None else FreeGpus.from_running(snapshot.cluster, snapshot.running)
+    plan = plan_preemption(
+        snapshot,
+        job,
+        config,
+        free=fi,
+        tree=tree,
+        usage=usage,
+        candidates=sorted(snapshot.running, key=lambda r: r.job.id),
+    )
+    if plan is None:
+        return Reason(
+            ReasonCode.GANG_DOES_NOT_FIT,
+            f"needs {job.job.shape}; no running job may be preempted for it",
+            (("needs_gpus", job.job.total_gpus), ("eligible_victims", 0)),
+        )
+    return plan if isinstance(plan, Reason) else plan.victim_ids
