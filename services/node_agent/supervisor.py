@@ -18,6 +18,7 @@ import logging
 import os
 import signal as signal_module
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ from .control import CheckpointReport, ControlChannel
 from .restart_policy import RestartDecision, decide_restart
 
 log = logging.getLogger(__name__)
+
+_ENDED_KEPT = 4096
 
 
 class ExitReason(enum.StrEnum):
@@ -82,6 +85,7 @@ class GangStart:
     pids: Mapping[int, int]
     failed: Mapping[int, str]
     already_running: bool = False
+    already_ended: bool = False  # a redelivered reservation for an attempt that has ended: not relaunched
 
     @property
     def ok(self) -> bool:
@@ -155,6 +159,7 @@ class Supervisor:
         self._poll_interval = poll_interval
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._gangs: dict[str, _Gang] = {}
+        self._ended: OrderedDict[str, GangOutcome] = OrderedDict()  # newest outcome per job, bounded
 
     @staticmethod
     async def _emit(call: Awaitable[None]) -> None:
@@ -175,11 +180,15 @@ class Supervisor:
         gang = self._gangs.get(job_id)
         return {r.spec.rank: r.process.pid for r in gang.live()} if gang else {}
 
+    def last_outcome(self, job_id: str) -> GangOutcome | None:
+        """How the newest ended attempt of `job_id` ended here (recent jobs only)."""
+        return self._ended.get(job_id)
+
     async def wait(self, job_id: str) -> GangOutcome | None:
-        """Wait for the current attempt of `job_id` to end; None if it does not run here."""
+        """Wait for the current attempt of `job_id` to end; if none runs, its last outcome (or None)."""
         gang = self._gangs.get(job_id)
         if gang is None or gang.ended is None:
-            return None
+            return self._ended.get(job_id)
         return await asyncio.shield(gang.ended)
 
     # --- start ---------------------------------------------------------------------------------
@@ -187,7 +196,8 @@ class Supervisor:
     async def start(self, assignment: Assignment) -> GangStart:
         """Start every local rank of `assignment` as its own process group.
 
-        Idempotent for the same (job, attempt): a redelivered reservation returns the running one.
+        Idempotent for the same (job, attempt): a redelivered reservation returns the running one,
+        and one for an attempt that already ended here is not relaunched (`already_ended`).
         A rank that cannot be spawned makes the whole local gang stop (reported as FAILED with a
         restart decision), since its peers would block forever in their first collective.
         """
@@ -199,6 +209,9 @@ class Supervisor:
             return GangStart(assignment.job_id, assignment.attempt,
                              {r.spec.rank: r.process.pid for r in existing.ranks.values()}, {},
                              already_running=True)
+        previous = self._ended.get(assignment.job_id)
+        if previous is not None and previous.attempt >= assignment.attempt:
+            return GangStart(assignment.job_id, assignment.attempt, {}, {}, already_ended=True)
         gang = _Gang(assignment=assignment, ended=asyncio.get_running_loop().create_future())
         self._gangs[assignment.job_id] = gang
         control_dir = self._run_dir / assignment.job_id / f"attempt-{assignment.attempt}"
@@ -325,6 +338,10 @@ class Supervisor:
                               resume_from=resume_from, failed_rank=gang.failed_rank,
                               failed_exit_code=gang.failed_exit_code, decision=decision)
         gang.ended.set_result(outcome)
+        self._ended.pop(a.job_id, None)
+        self._ended[a.job_id] = outcome
+        while len(self._ended) > _ENDED_KEPT:
+            self._ended.popitem(last=False)
         await self._emit(self._events.gang_ended(outcome))
 
     # --- preemption and teardown ---------------------------------------------------------------
@@ -340,11 +357,13 @@ class Supervisor:
            the deadline;
         4. SIGKILL whatever is left at the deadline.
 
-        Returns the outcome (PREEMPTED, or whatever ended it first), None if the job does not run here.
+        Returns the outcome: PREEMPTED, or whatever ended it first (e.g. CHECKPOINTED when a peer
+        node's signal made these ranks checkpoint and stop before this call); for a job that no
+        longer runs here, its last outcome, or None if it never ran here.
         """
         gang = self._gangs.get(job_id)
         if gang is None or gang.ended is None:
-            return None
+            return self._ended.get(job_id)
         if gang.state is not _State.RUNNING:
             return await asyncio.shield(gang.ended)
         gang.state = _State.PREEMPTING

@@ -246,6 +246,9 @@ async def test_a_redelivered_reservation_does_not_start_the_gang_twice(tmp_path:
     outcome = await sup.stop("job-1", grace_seconds=2)
     assert outcome is not None and outcome.end is GangEnd.STOPPED
     assert outcome.exits == {0: -15}
+    late = await sup.start(a)  # redelivered after the attempt ended: not relaunched
+    assert late.already_ended and sup.running_jobs() == []
+    assert await sup.preempt("job-1", grace_seconds=1) == outcome
 
 
 async def test_a_failing_event_callback_does_not_stop_supervision(tmp_path: Path) -> None:
