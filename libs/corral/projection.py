@@ -1,0 +1,365 @@
+"""The cluster as a fold of the event log: jobs, nodes, GPU allocations and queues.
+
+Why one projection: every service, `corral jobs`, `corral why` and `corral replay --until` need the
+same answer to "what holds which GPU, what waits and why" — computed from events alone, so that a
+service that was killed rebuilds exactly what it had, and a replay up to any moment shows the
+cluster as it was then. Applying an event is idempotent: each stream's version is remembered and
+an event at or below it is ignored (redeliveries, and a service's own appends coming back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum, StrEnum
+from typing import Any
+
+from corral import core
+from corral.contracts import events as ev
+from corral.contracts.cluster import NodeInventory
+from corral.contracts.envelope import Event, Reason
+from corral.contracts.jobspec import JobSpec
+from corral.contracts.queues import QueueSpec
+from corral.translate import job_from_spec, node_from_inventory, queue_from_spec
+
+
+class JobState(StrEnum):
+    SUBMITTED = "SUBMITTED"      # in the log, not yet judged by admission
+    PENDING = "PENDING"          # admitted, waiting for quota and/or GPUs
+    STARTING = "STARTING"        # GPUs reserved, workers starting (gang barrier)
+    RUNNING = "RUNNING"
+    PREEMPTING = "PREEMPTING"    # asked to checkpoint; still holds its GPUs
+    REQUEUING = "REQUEUING"      # GPUs released, about to wait again
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    REJECTED = "REJECTED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED)
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self in (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING)
+
+
+class Applied(Enum):
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"  # at or below the stream's known version: already folded
+    GAP = "gap"              # a version is missing before it: re-read the stream from the log
+
+
+@dataclass
+class JobView:
+    job_id: str
+    spec: JobSpec | None = None
+    user: str | None = None
+    submitted_at: datetime | None = None
+    state: JobState = JobState.SUBMITTED
+    attempt: int = 0
+    quota_gpus: int = 0
+    borrowed: int = 0
+    ranks: list[ev.RankPlacement] = field(default_factory=list)  # current (or last) placement
+    placed_at: datetime | None = None
+    running_since: datetime | None = None
+    ended_at: datetime | None = None
+    reason: Reason | None = None  # the last reason: why pending, rejected, failed, preempted
+    preempt: ev.PreemptRequested | None = None
+    preempted_by: set[str] = field(default_factory=set)
+    started_ranks: set[int] = field(default_factory=set)
+    exited_ranks: dict[int, int | None] = field(default_factory=dict)
+    checkpoint: str | None = None
+    checkpoint_at: datetime | None = None
+    resume_from: str | None = None
+    restarts: int = 0
+    attained_gpu_seconds: float = 0.0
+    cancel_requested: bool = False
+    holding: bool = False  # GPUs reserved and not yet released (also while cancelling)
+    version: int = 0
+
+    @property
+    def queue(self) -> str:
+        return self.spec.queue if self.spec else "?"
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.total_gpus if self.spec else 0
+
+    @property
+    def priority(self) -> int:
+        return int(self.spec.priority) if self.spec else 0
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted({r.node for r in self.ranks})
+
+    def core_job(self) -> core.Job:
+        assert self.spec is not None and self.submitted_at is not None
+        return job_from_spec(self.job_id, self.spec, self.submitted_at.timestamp())
+
+    def core_placement(self) -> core.Placement:
+        return core.Placement(tuple(core.RankPlacement(r.rank, r.node, tuple(r.gpus)) for r in self.ranks))
+
+
+@dataclass
+class NodeView:
+    name: str
+    inventory: NodeInventory
+    lost: bool = False
+    allocations: dict[int, str] = field(default_factory=dict)  # GPU index -> job id
+    registered_at: datetime | None = None
+    version: int = 0
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.inventory.gpus)
+
+    def core_node(self) -> core.Node:
+        return node_from_inventory(self.inventory, core.NodeState.LOST if self.lost else core.NodeState.READY)
+
+
+@dataclass
+class ClusterView:
+    """Everything the log says, folded. Mutated only through `apply`."""
+
+    jobs: dict[str, JobView] = field(default_factory=dict)
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    queues: dict[str, QueueSpec] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+    position: int = 0  # the last global position folded (when known)
+    last_event_at: datetime | None = None
+
+    # ---- folding -----------------------------------------------------------------------------
+    def apply(self, event: Event, version: int | None = None, position: int | None = None) -> Applied:
+        """Fold one event. `version` is its place in its stream (None: trust the caller's order)."""
+        if version is not None:
+            known = self.versions.get(event.stream, 0)
+            if version <= known:
+                return Applied.DUPLICATE
+            if version > known + 1:
+                return Applied.GAP
+            self.versions[event.stream] = version
+        if position is not None:
+            self.position = max(self.position, position)
+        self.last_event_at = event.occurred_at
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+        return Applied.APPLIED
+
+    def job(self, job_id: str) -> JobView:
+        view = self.jobs.get(job_id)
+        if view is None:
+            view = self.jobs[job_id] = JobView(job_id=job_id)
+        return view
+
+    # ---- questions ---------------------------------------------------------------------------
+    def free_gpus(self) -> int:
+        return sum(n.gpu_count - len(n.allocations) for n in self.nodes.values() if not n.lost)
+
+    def capacity(self) -> int:
+        return sum(n.gpu_count for n in self.nodes.values() if not n.lost)
+
+    def queue_usage(self) -> dict[str, int]:
+        """GPUs each queue holds by quota reservation (leaf queues)."""
+        usage: dict[str, int] = {}
+        for j in self.jobs.values():
+            if j.quota_gpus:
+                usage[j.queue] = usage.get(j.queue, 0) + j.quota_gpus
+        return usage
+
+    def cluster(self) -> core.Cluster:
+        return core.Cluster(tuple(self.nodes[n].core_node() for n in sorted(self.nodes)))
+
+    def core_queues(self) -> tuple[core.QueueConfig, ...]:
+        return tuple(queue_from_spec(self.queues[q])
+                     for q in sorted(self.queues, key=lambda n: (n.count("/"), n)))
+
+    def running_jobs(self) -> list[JobView]:
+        return [j for j in self.jobs.values() if j.holding]
+
+    def snapshot(self, now: float, pending: list[JobView] | None = None) -> core.Snapshot:
+        """The core's view: `pending` defaults to every admitted job waiting for GPUs."""
+        waiting = pending if pending is not None else [j for j in self.jobs.values()
+                                                       if j.state is JobState.PENDING]
+        return core.Snapshot(
+            now=now,
+            cluster=self.cluster(),
+            queues=self.core_queues(),
+            pending=tuple(core.PendingJob(j.core_job(), j.attained_gpu_seconds, frozenset(j.preempted_by))
+                          for j in sorted(waiting, key=lambda j: j.job_id)),
+            running=tuple(
+                core.RunningJob(
+                    job=j.core_job(), placement=j.core_placement(),
+                    start_time=(j.running_since or j.placed_at or j.submitted_at or datetime.min).timestamp(),
+                    last_checkpoint_time=j.checkpoint_at.timestamp() if j.checkpoint_at else None,
+                    preempting=j.state is JobState.PREEMPTING,
+                    attained_gpu_seconds=j.attained_gpu_seconds,
+                    preempted_by=frozenset(j.preempted_by),
+                )
+                for j in sorted(self.running_jobs(), key=lambda j: j.job_id)
+            ),
+        )
+
+
+# ---- event handlers (one per event type) ------------------------------------------------------
+
+def _submitted(view: ClusterView, e: ev.JobSubmitted) -> None:
+    j = view.job(e.job_id)
+    j.spec, j.user, j.submitted_at, j.version = e.spec, e.user, e.occurred_at, j.version + 1
+
+
+def _admitted(view: ClusterView, e: ev.JobAdmitted) -> None:
+    j = view.job(e.job_id)
+    if j.state is JobState.SUBMITTED:
+        j.state = JobState.PENDING
+
+
+def _rejected(view: ClusterView, e: ev.JobRejected) -> None:
+    j = view.job(e.job_id)
+    j.state, j.reason, j.ended_at = JobState.REJECTED, e.reason, e.occurred_at
+
+
+def _quota_reserved(view: ClusterView, e: ev.QuotaReserved) -> None:
+    j = view.job(e.job_id)
+    j.quota_gpus, j.borrowed = e.gpus, e.borrowed
+
+
+def _quota_released(view: ClusterView, e: ev.QuotaReleased) -> None:
+    j = view.job(e.job_id)
+    j.quota_gpus, j.borrowed = 0, 0
+
+
+def _gang_reserved(view: ClusterView, e: ev.GangReserved) -> None:
+    j = view.job(e.job_id)
+    j.ranks, j.placed_at, j.attempt = list(e.ranks), e.occurred_at, e.attempt
+    j.state, j.reason, j.holding = JobState.STARTING, None, True
+    j.started_ranks, j.exited_ranks, j.preempt = set(), {}, None
+    j.resume_from = e.resume_from
+    for r in e.ranks:
+        node = view.nodes.get(r.node)
+        if node is not None:
+            for g in r.gpus:
+                node.allocations[g] = e.job_id
+
+
+def _pending(view: ClusterView, e: ev.PlacementPending) -> None:
+    view.job(e.job_id).reason = e.reason
+
+
+def _preempt_requested(view: ClusterView, e: ev.PreemptRequested) -> None:
+    j = view.job(e.victim_job_id)
+    if j.state.holds_gpus:
+        j.state, j.preempt, j.reason = JobState.PREEMPTING, e, e.reason
+        j.preempted_by.add(e.for_job_id)
+
+
+def _checkpoint_done(view: ClusterView, e: ev.CheckpointDone) -> None:
+    j = view.job(e.job_id)
+    j.checkpoint, j.checkpoint_at = e.path, e.occurred_at
+
+
+def _free(view: ClusterView, j: JobView) -> None:
+    for r in j.ranks:
+        node = view.nodes.get(r.node)
+        if node is not None:
+            for g in r.gpus:
+                if node.allocations.get(g) == j.job_id:
+                    del node.allocations[g]
+
+
+def _gang_released(view: ClusterView, e: ev.GangReleased) -> None:
+    j = view.job(e.job_id)
+    if j.running_since is not None:
+        j.attained_gpu_seconds += max(0.0, (e.occurred_at - j.running_since).total_seconds()) * j.gpus
+    _free(view, j)
+    j.running_since, j.holding = None, False
+    if not j.state.terminal:
+        j.state = JobState.REQUEUING
+    j.reason = e.reason
+
+
+def _requeued(view: ClusterView, e: ev.JobRequeued) -> None:
+    j = view.job(e.job_id)
+    if not j.state.terminal:
+        j.state, j.reason, j.attempt, j.resume_from = JobState.PENDING, e.reason, e.attempt, e.resume_from
+        j.ranks, j.preempt = [], None
+        if e.reason.code not in ("PREEMPTED", "RECLAIMED", "NODE_LOST"):
+            j.restarts += 1
+
+
+def _worker_started(view: ClusterView, e: ev.WorkerStarted) -> None:
+    j = view.job(e.job_id)
+    if e.attempt == j.attempt:
+        j.started_ranks.add(e.rank)
+
+
+def _worker_exited(view: ClusterView, e: ev.WorkerExited) -> None:
+    j = view.job(e.job_id)
+    if e.attempt == j.attempt:
+        j.exited_ranks[e.rank] = e.exit_code
+
+
+def _running(view: ClusterView, e: ev.JobRunning) -> None:
+    j = view.job(e.job_id)
+    if j.state is JobState.STARTING:
+        j.state, j.running_since = JobState.RUNNING, e.occurred_at
+
+
+def _ended(state: JobState) -> Callable[[ClusterView, Any], None]:
+    def handler(view: ClusterView, e: ev.JobCompleted | ev.JobFailed | ev.JobCancelled) -> None:
+        j = view.job(e.job_id)
+        j.state, j.ended_at = state, e.occurred_at
+        if not isinstance(e, ev.JobCompleted):
+            j.reason = e.reason
+    return handler
+
+
+def _cancel_requested(view: ClusterView, e: ev.JobCancelRequested) -> None:
+    view.job(e.job_id).cancel_requested = True
+
+
+def _node_registered(view: ClusterView, e: ev.NodeRegistered) -> None:
+    inv = NodeInventory(node=e.node, gpus=e.gpus, nvlink_domains=e.nvlink_domains, rack=e.rack, zone=e.zone)
+    existing = view.nodes.get(e.node)
+    if existing is None:
+        view.nodes[e.node] = NodeView(name=e.node, inventory=inv, registered_at=e.occurred_at)
+    else:
+        existing.inventory, existing.lost, existing.registered_at = inv, False, e.occurred_at
+
+
+def _node_lost(view: ClusterView, e: ev.NodeLost) -> None:
+    node = view.nodes.get(e.node)
+    if node is not None:
+        node.lost = True
+
+
+def _queue_configured(view: ClusterView, e: ev.QueueConfigured) -> None:
+    view.queues[e.queue.name] = e.queue
+
+
+_HANDLERS = {
+    ev.JobSubmitted: _submitted,
+    ev.JobAdmitted: _admitted,
+    ev.JobRejected: _rejected,
+    ev.QuotaReserved: _quota_reserved,
+    ev.QuotaReleased: _quota_released,
+    ev.GangReserved: _gang_reserved,
+    ev.PlacementPending: _pending,
+    ev.PreemptRequested: _preempt_requested,
+    ev.CheckpointDone: _checkpoint_done,
+    ev.GangReleased: _gang_released,
+    ev.JobRequeued: _requeued,
+    ev.WorkerStarted: _worker_started,
+    ev.WorkerExited: _worker_exited,
+    ev.JobRunning: _running,
+    ev.JobCompleted: _ended(JobState.COMPLETED),
+    ev.JobFailed: _ended(JobState.FAILED),
+    ev.JobCancelled: _ended(JobState.CANCELLED),
+    ev.JobCancelRequested: _cancel_requested,
+    ev.NodeRegistered: _node_registered,
+    ev.NodeLost: _node_lost,
+    ev.QueueConfigured: _queue_configured,
+}
