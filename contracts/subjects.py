@@ -6,6 +6,10 @@ unique prefix (e.g. `t3f9a`) isolates them completely. The default prefix is `co
 - `<prefix>.events.<Type>`: every appended event, published by the outbox relay.
 - `<prefix>.inbox.JobSubmitted`, `<prefix>.inbox.JobCancelRequested`: requests from the CLI or
   any pipeline, before anything is in the event log (deduplicated by `Nats-Msg-Id` = event_id).
+- `<prefix>.inbox.QueueConfigured`: `corral apply queues.yaml`; quota records it.
+- `<prefix>.inbox.<NodeRegistered|WorkerStarted|WorkerExited|CheckpointDone>`: node agent reports;
+  placement records them in the log.
+- `<prefix>.heartbeat.<node>`: node heartbeats on core NATS (not JetStream, not the log).
 - `<prefix>.dlq.<consumer>`: what a consumer could never process.
 """
 
@@ -29,7 +33,10 @@ __all__ = [
 ]
 
 DEFAULT_PREFIX = "corral"
-INBOX_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested")
+#: Requests from outside the event log: users and pipelines (jobs, queue configuration) and node
+#: agents (their reports; agents have no database, placement records what they say).
+INBOX_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested", "QueueConfigured",
+                                "NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone")
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
 
@@ -49,6 +56,13 @@ class Subjects(msgspec.Struct, frozen=True):
         if type_name not in INBOX_TYPES:
             raise ValueError(f"{type_name} is not an inbox type; inbox types: {', '.join(INBOX_TYPES)}")
         return f"{self.prefix}.inbox.{type_name}"
+
+    def heartbeat(self, node: str) -> str:
+        return f"{self.prefix}.heartbeat.{node}"
+
+    @property
+    def heartbeat_wildcard(self) -> str:
+        return f"{self.prefix}.heartbeat.*"
 
     def dead_letter(self, consumer: str) -> str:
         return f"{self.prefix}.dlq.{consumer}"

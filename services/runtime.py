@@ -1,0 +1,301 @@
+"""What every Corral service shares: connect, rebuild from the log, consume, decide, append.
+
+Why: each service is only "fold events → call the core → append decisions". The hard parts —
+rebuilding after a crash, idempotent folding, optimistic concurrency, the outbox relay, the
+single-writer lease — live here once, so each service module stays a page of domain logic.
+
+Life of a service process:
+1. connect to Postgres (the event store; migrations applied) and NATS (streams declared);
+2. take its lease if it is a single-writer service (placement), blocking while another holds it;
+3. fold the whole log into a `ClusterView` (`read_all`);
+4. consume its durable JetStream consumers: events (folded; duplicates skipped by stream
+   version, gaps re-read from the log) and inbox requests (handled with a tracking row);
+5. after each batch of changes, and on a tick, `reconcile()`: decide with the core and append.
+Every process also runs the outbox relay under a separate lease, so whichever service survives
+keeps publishing the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import asyncpg
+from corral.bus import Bus, Delivery, OutboxRelay, Poison
+from corral.contracts.envelope import Event
+from corral.contracts.problems import ContractError
+from corral.contracts.registry import decode, encode
+from corral.eventstore import AlreadyProcessed, ConcurrencyError, EventStore, NewEvent, StoredEvent, Tracking
+from corral.projection import Applied, ClusterView
+
+log = logging.getLogger("corral.service")
+
+
+def to_new_event(event: Event) -> NewEvent:
+    """A contract event as the store records it (envelope fields map one to one)."""
+    return NewEvent(event_id=event.event_id, stream=event.stream, type=event.type,
+                    schema_version=event.schema_version, data=encode(event),
+                    correlation_id=event.correlation_id, causation_id=event.causation_id,
+                    occurred_at=event.occurred_at)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where a service finds its infrastructure; read from the environment that `corral up` sets."""
+
+    nats_url: str
+    postgres_dsn: str
+    namespace: str = "corral"
+    log_dir: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        missing = [k for k in ("CORRAL_NATS_URL", "CORRAL_POSTGRES_DSN") if not env.get(k)]
+        if missing:
+            raise SystemExit(f"set {' and '.join(missing)} (or start everything with `corral up`)")
+        return cls(nats_url=env["CORRAL_NATS_URL"], postgres_dsn=env["CORRAL_POSTGRES_DSN"],
+                   namespace=env.get("CORRAL_NAMESPACE", "corral"), log_dir=env.get("CORRAL_LOG_DIR"))
+
+
+class Lease:
+    """A Postgres session advisory lock: held while the connection lives, freed when the holder dies
+    (even by kill -9, when the server notices the closed socket). One writer per resource."""
+
+    def __init__(self, dsn: str, name: str) -> None:
+        self.dsn = dsn
+        self.name = name
+        self.key = zlib.crc32(name.encode()) & 0x7FFFFFFF
+        self._conn: Any = None
+
+    async def try_acquire(self) -> bool:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await asyncpg.connect(self.dsn)
+        got = bool(await self._conn.fetchval("SELECT pg_try_advisory_lock($1)", self.key))
+        return got
+
+    async def acquire(self, poll: float = 0.5) -> None:
+        while not await self.try_acquire():
+            await asyncio.sleep(poll)
+
+    async def release(self) -> None:
+        if self._conn is not None and not self._conn.is_closed():
+            await self._conn.close()
+        self._conn = None
+
+    async def alive(self) -> bool:
+        """Still ours? A lost database connection means the lease may be someone else's now."""
+        if self._conn is None or self._conn.is_closed():
+            return False
+        try:
+            await self._conn.fetchval("SELECT 1")
+            return True
+        except (asyncpg.PostgresError, OSError):
+            return False
+
+
+class Service:
+    """Base of the decision services. Subclasses set the class attributes and override hooks."""
+
+    name: ClassVar[str] = "service"
+    #: Event types whose arrival may change this service's decisions (all are folded anyway).
+    events: ClassVar[tuple[str, ...]] = ()
+    #: Inbox subjects (after `<ns>.inbox.`) this service handles.
+    inbox: ClassVar[tuple[str, ...]] = ()
+    #: Single-writer services take this lease before consuming anything.
+    lease: ClassVar[str | None] = None
+    tick_seconds: ClassVar[float] = 1.0
+
+    def __init__(self, store: EventStore, bus: Bus, *, clock: Callable[[], float] = time.time,
+                 settings: Settings | None = None) -> None:
+        self.store = store
+        self.bus = bus
+        self.clock = clock
+        self.settings = settings
+        self.view = ClusterView()
+        self.changed = asyncio.Event()
+
+    # ---- hooks -------------------------------------------------------------------------------
+    async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
+        """An inbox request; append its effects with `self.append(..., tracking=...)`."""
+
+    async def reconcile(self) -> None:
+        """Decide from `self.view` and append; called after changes and on every tick."""
+
+    def interested(self, event: Event) -> bool:
+        return not self.events or event.type in self.events
+
+    # ---- folding -----------------------------------------------------------------------------
+    async def rebuild(self) -> None:
+        """Fold the whole log: a new process knows everything the log says before it acts."""
+        after = 0
+        while True:
+            batch = await self.store.read_all(after, limit=2000)
+            if not batch:
+                break
+            for stored in batch:
+                self._fold_stored(stored)
+            after = batch[-1].position
+
+    def _fold_stored(self, stored: StoredEvent) -> None:
+        try:
+            event = decode(stored.data)
+        except ContractError as exc:
+            log.error("%s: cannot decode %s v%s at position %s: %s", self.name, stored.type,
+                      stored.schema_version, stored.position, exc)
+            return
+        self.view.apply(event, stored.version, stored.position)
+
+    async def refresh_stream(self, stream: str) -> None:
+        """Catch up one stream from the log (after a lost race or a gap in delivery)."""
+        for stored in await self.store.read_stream(stream, self.view.versions.get(stream, 0) + 1):
+            self._fold_stored(stored)
+
+    async def on_event(self, delivery: Delivery) -> None:
+        try:
+            event = decode(delivery.data)
+        except ContractError as exc:
+            raise Poison(f"undecodable event on {delivery.subject}: {exc}") from exc
+        version = int(delivery.headers.get("Corral-Stream-Version", "0")) or None
+        result = self.view.apply(event, version)
+        if result is Applied.GAP:
+            await self.refresh_stream(event.stream)
+            result = Applied.APPLIED
+        if result is Applied.APPLIED and self.interested(event):
+            self.changed.set()
+
+    async def on_inbox(self, delivery: Delivery) -> None:
+        try:
+            event = decode(delivery.data)
+        except ContractError as exc:
+            raise Poison(f"undecodable request on {delivery.subject}: {exc}") from exc
+        await self.handle_inbox(event, delivery)
+        self.changed.set()
+
+    # ---- appending ---------------------------------------------------------------------------
+    async def append(self, batches: Mapping[str, Sequence[Event]], *,
+                     tracking: Tracking | None = None, expected: Mapping[str, int] | None = None) -> bool:
+        """Append events to their streams guarded by the versions this service has folded.
+
+        On success the events are folded at once (they come back over the bus later and are
+        skipped as duplicates). On a lost race the streams are re-read and False is returned: the
+        next reconcile decides again on fresh state. A tracking row makes the append exactly-once.
+        """
+        plan = {stream: ((expected or {}).get(stream, self.view.versions.get(stream, 0)),
+                         [to_new_event(e) for e in events])
+                for stream, events in batches.items() if events}
+        if not plan:
+            return True
+        try:
+            result = await self.store.append_multi(plan, tracking=tracking)
+        except ConcurrencyError as exc:
+            log.info("%s: lost a race on %s (%s); re-reading", self.name, exc.stream, exc)
+            for stream in plan:
+                await self.refresh_stream(stream)
+            return False
+        if isinstance(result, AlreadyProcessed):
+            return True
+        for stream, events in batches.items():
+            base = plan[stream][0] if stream in plan else 0
+            for i, event in enumerate(events):
+                self.view.apply(event, base + i + 1)
+        return True
+
+
+async def _relay_forever(store: EventStore, bus: Bus, settings: Settings) -> None:
+    """Run the outbox relay whenever this process holds the relay lease."""
+    lease = Lease(settings.postgres_dsn, f"corral:{settings.namespace}:relay")
+    relay = OutboxRelay(store, bus, lambda e: f"{settings.namespace}.events.{e.type}", name="relay")
+    while True:
+        try:
+            await lease.acquire(poll=1.0)
+            task = relay.start()
+            while not task.done() and await lease.alive():
+                await asyncio.sleep(1.0)
+            await relay.stop()
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("relay lease: %s", exc)
+            await relay.stop()
+            await asyncio.sleep(1.0)
+        finally:
+            await lease.release()
+
+
+async def run_service(cls: type[Service], settings: Settings | None = None,
+                      stop: asyncio.Event | None = None, **kwargs: Any) -> None:
+    """Run one service until `stop` is set (or SIGTERM/SIGINT when run as a process)."""
+    settings = settings or Settings.from_env()
+    stop = stop or asyncio.Event()
+    store = await EventStore.open(settings.postgres_dsn)
+    bus = await Bus.connect(settings.nats_url, settings.namespace, name=cls.name)
+    await bus.ensure_streams()
+    service = cls(store, bus, settings=settings, **kwargs)
+    relay = asyncio.create_task(_relay_forever(store, bus, settings), name="relay-lease")
+    lease = Lease(settings.postgres_dsn, f"corral:{settings.namespace}:{cls.lease}") if cls.lease else None
+    consumers = []
+    try:
+        if lease is not None:
+            log.info("%s: waiting for lease %s", cls.name, lease.name)
+            acquire = asyncio.create_task(lease.acquire())
+            stopper = asyncio.create_task(stop.wait())
+            await asyncio.wait({acquire, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if stop.is_set():
+                acquire.cancel()
+                return
+            log.info("%s: holds lease %s", cls.name, lease.name)
+        await service.rebuild()
+        ns = settings.namespace
+        consumers.append(await bus.consume(
+            f"{cls.name}-events", [f"{ns}.events.>"], service.on_event, batch=256, max_deliver=10))
+        if cls.inbox:
+            consumers.append(await bus.consume(
+                f"{cls.name}-inbox", [f"{ns}.inbox.{s}" for s in cls.inbox], service.on_inbox,
+                batch=64, max_deliver=5))
+        service.changed.set()
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(service.changed.wait(), timeout=cls.tick_seconds)
+            service.changed.clear()
+            if lease is not None and not await lease.alive():
+                log.error("%s: lost lease %s; exiting so a standby takes over", cls.name, lease.name)
+                break
+            try:
+                await service.reconcile()
+            except (OSError, asyncpg.PostgresError) as exc:
+                log.warning("%s: reconcile failed (%s); retrying", cls.name, exc)
+                await asyncio.sleep(0.5)
+    finally:
+        for c in consumers:
+            with contextlib.suppress(Exception):
+                await c.stop()
+        relay.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await relay
+        if lease is not None:
+            await lease.release()
+        await bus.close()
+        await store.close()
+
+
+def main(cls: type[Service], **kwargs: Any) -> None:
+    """Entry point of `python -m corral.services.<name>`: run until SIGTERM/SIGINT."""
+    logging.basicConfig(level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_service(cls, stop=stop, **kwargs)
+
+    asyncio.run(_main())
