@@ -1,0 +1,177 @@
+"""The JetStream bus: streams declared in code, deduplicated publishing, durable pull consumers.
+
+Why JetStream's `Nats-Msg-Id`: every publish carries the event's id, and the stream drops a second
+message with the same id within its duplicate window. A publisher that retries after a lost ack,
+or an outbox relay that restarts and republishes, therefore causes no second delivery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, NotFoundError
+
+from corral.bus.consumer import RunningConsumer, dead_letter_publisher
+from corral.bus.delivery import MSG_ID, Handler
+from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace
+
+DUPLICATE_WINDOW = 120.0  # seconds; a republish later than this is a new message to JetStream
+_STREAM_IN_USE = 10058  # JetStream error code: stream name already in use with another config
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """JetStream's acknowledgement: where the message landed, and whether it was a duplicate."""
+
+    stream: str
+    sequence: int
+    duplicate: bool
+
+
+class Bus:
+    """A connection to NATS JetStream scoped to one namespace. Open with `await Bus.connect(url)`."""
+
+    def __init__(self, nc: Any, namespace: Namespace) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.names = namespace
+        self._consumers: list[RunningConsumer] = []
+
+    @classmethod
+    async def connect(cls, url: str, namespace: str = "corral", *, name: str | None = None) -> Bus:
+        names = Namespace(namespace)
+        nc = await nats.connect(url, name=name or f"corral-{namespace}", max_reconnect_attempts=-1)
+        return cls(nc, names)
+
+    @property
+    def namespace(self) -> str:
+        return self.names.name
+
+    async def close(self) -> None:
+        """Stop this bus's consumers, flush pending publishes and disconnect."""
+        for consumer in list(self._consumers):
+            await consumer.stop()
+        self._consumers.clear()
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        if not self.nc.is_closed:
+            await self.nc.close()
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    # -- streams --------------------------------------------------------------------------------
+
+    def stream_configs(self) -> list[StreamConfig]:
+        """The three streams: events (the facts), inbox (requests to services), dlq (failures)."""
+        return [
+            StreamConfig(
+                name=self.names.stream(kind),
+                subjects=[self.names.wildcard(kind)],
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                discard=DiscardPolicy.OLD,
+                duplicate_window=DUPLICATE_WINDOW,
+                max_age=max_age,
+                description=description,
+            )
+            for kind, max_age, description in (
+                (EVENTS, None, "Corral events, published by the outbox relay from the event store"),
+                (INBOX, None, "Requests addressed to Corral services"),
+                (DLQ, None, "Messages a consumer could never process, with the reason in headers"),
+            )
+        ]
+
+    async def ensure_streams(self) -> None:
+        """Create the streams, or bring an existing one to the declared config. Idempotent."""
+        for config in self.stream_configs():
+            try:
+                await self.js.add_stream(config)
+            except BadRequestError as exc:
+                if exc.err_code != _STREAM_IN_USE:
+                    raise
+                await self.js.update_stream(config)
+
+    # -- publishing -----------------------------------------------------------------------------
+
+    async def publish(self, subject: str, data: bytes, msg_id: str,
+                      headers: Mapping[str, str] | None = None, *, timeout: float = 5.0) -> Published:
+        """Publish to JetStream and wait for its ack. A second publish with the same `msg_id`
+        within the duplicate window is acknowledged with `duplicate=True` and not stored again."""
+        if not msg_id:
+            raise ValueError("msg_id must be a non-empty string (the event_id): it deduplicates retries")
+        self.names.kind_of(subject)  # refuse subjects outside our namespace: they would go nowhere
+        all_headers = {**(headers or {}), MSG_ID: msg_id}
+        ack = await self.js.publish(subject, data, timeout=timeout, headers=all_headers)
+        return Published(stream=ack.stream, sequence=int(ack.seq), duplicate=bool(ack.duplicate))
+
+    # -- consuming ------------------------------------------------------------------------------
+
+    async def consume(self, durable: str, subjects: Sequence[str], handler: Handler, *,
+                      max_deliver: int = 5, backoff: Sequence[float] = (0.5, 2.0, 10.0, 30.0),
+                      batch: int = 16, ack_wait: float = 30.0,
+                      deliver_new_only: bool = False) -> RunningConsumer:
+        """Start a durable pull consumer on `subjects` (all in one stream) and return it running.
+
+        The durable is created (or updated) before this returns, so anything published afterwards
+        reaches it. See `corral.bus.consumer` for how results are acknowledged, retried and
+        dead-lettered. `ack_wait` is how long a crashed consumer holds a message before the server
+        redelivers it. Stop with `await consumer.stop()` (or `bus.close()`).
+        """
+        if max_deliver < 1:
+            raise ValueError(f"max_deliver must be >= 1, got {max_deliver}")
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        if any(delay < 0 for delay in backoff):
+            raise ValueError(f"backoff delays must be >= 0 seconds, got {list(backoff)}")
+        dlq_subject = self.names.dlq_subject(durable)
+        stream = self.names.stream_for(subjects)
+        config = ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.NEW if deliver_new_only else DeliverPolicy.ALL,
+            ack_wait=ack_wait,
+            max_deliver=max_deliver + 1,  # one more: see corral.bus.consumer
+            max_ack_pending=max(1000, batch * 4),
+        )
+        if len(subjects) == 1:
+            config.filter_subject = subjects[0]
+        else:
+            config.filter_subjects = list(subjects)
+        await self.js.add_consumer(stream, config)
+        subscription = await self.js.pull_subscribe_bind(durable=durable, stream=stream)
+        consumer = RunningConsumer(
+            subscription, durable, handler,
+            dead_letter_publisher(self.publish, dlq_subject, durable),
+            max_deliver=max_deliver, backoff=backoff, batch=batch,
+        )
+        self._consumers.append(consumer)
+        consumer.task.add_done_callback(lambda _: self._forget(consumer))
+        return consumer
+
+    def _forget(self, consumer: RunningConsumer) -> None:
+        with contextlib.suppress(ValueError):
+            self._consumers.remove(consumer)
+
+    async def delete_consumer(self, durable: str, subjects: Sequence[str]) -> bool:
+        """Remove a durable consumer (its position is lost). False if it did not exist."""
+        try:
+            return bool(await self.js.delete_consumer(self.names.stream_for(subjects), durable))
+        except NotFoundError:
+            return False

@@ -1,0 +1,138 @@
+"""The outbox relay: publishes every event of the log to JetStream, in global-position order.
+
+Why an outbox: a service appends its events to Postgres (the truth) and never publishes directly;
+a crash between "append" and "publish" would otherwise lose the message. The relay reads the log
+after its last saved position, publishes each event with `Nats-Msg-Id` = event_id, and saves the
+new position in Postgres (`relay_positions`) only after JetStream acknowledged the publishes.
+
+A crash before the save makes the next run publish some events again; JetStream drops them as
+duplicates within the stream's duplicate window (2 minutes), and the save happens at the end of
+every batch, so the window is never approached in practice. Consumers are idempotent (tracking)
+for anything beyond. Reading by position is safe because the store hands positions out in commit
+order (see `corral.eventstore.store`): no late-committing event is ever skipped.
+
+Run one relay per installation; two relays with the same name stay correct (duplicates are
+dropped), they only waste work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import asyncpg
+import nats.errors
+
+from corral.bus.bus import Bus
+from corral.eventstore import EventStore, StoredEvent
+
+log = logging.getLogger(__name__)
+
+Fault = Callable[[str, StoredEvent], None]
+"""Test hook called at named points of the relay loop; raising there simulates a crash.
+
+Points: "before_publish", "after_publish_before_save", "after_save"."""
+
+# Failures of the bus or the database that a running relay waits out instead of dying.
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    nats.errors.Error, TimeoutError, OSError, asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
+)
+_RETRY_PAUSE = 1.0
+
+# Headers describing the event, so consumers can route without decoding the payload.
+TYPE = "Corral-Event-Type"
+SCHEMA_VERSION = "Corral-Schema-Version"
+STREAM = "Corral-Stream"
+STREAM_VERSION = "Corral-Stream-Version"
+POSITION = "Corral-Position"
+CORRELATION_ID = "Corral-Correlation-Id"
+CAUSATION_ID = "Corral-Causation-Id"
+OCCURRED_AT = "Corral-Occurred-At"
+
+
+def event_headers(event: StoredEvent) -> dict[str, str]:
+    headers = {
+        TYPE: event.type,
+        SCHEMA_VERSION: str(event.schema_version),
+        STREAM: event.stream,
+        STREAM_VERSION: str(event.version),
+        POSITION: str(event.position),
+        OCCURRED_AT: event.occurred_at.isoformat(),
+    }
+    if event.correlation_id is not None:
+        headers[CORRELATION_ID] = event.correlation_id
+    if event.causation_id is not None:
+        headers[CAUSATION_ID] = event.causation_id
+    return headers
+
+
+class OutboxRelay:
+    """Publishes the event log to the bus. `start()` runs it as a task; `publish_pending()` does
+    one catch-up pass (what `corral up` and tests use to flush deterministically)."""
+
+    def __init__(self, store: EventStore, bus: Bus, subject_for: Callable[[StoredEvent], str],
+                 name: str = "relay", *, fault: Fault | None = None, batch: int = 256) -> None:
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self.store = store
+        self.bus = bus
+        self.subject_for = subject_for
+        self.name = name
+        self._fault = fault
+        self._batch = batch
+        self._task: asyncio.Task[None] | None = None
+
+    async def publish_pending(self) -> int:
+        """Publish everything appended so far that this relay has not published; return how many."""
+        after = await self.store.relay_position(self.name)
+        published = 0
+        while True:
+            events = await self.store.read_all(after, limit=self._batch)
+            if not events:
+                return published
+            after = await self._publish_batch(events)
+            published += len(events)
+
+    async def run(self) -> None:
+        """Relay forever: catch up from the saved position, then follow new appends. Bus or
+        database outages are waited out; anything else (a bug, or a fault hook) ends the run."""
+        while True:
+            try:
+                after = await self.store.relay_position(self.name)
+                batches = self.store.follow_batches(after, limit=self._batch)
+                async with contextlib.aclosing(batches):
+                    async for events in batches:
+                        await self._publish_batch(events)
+            except _TRANSIENT as exc:
+                log.warning("relay %s: %s; retrying in %.0fs", self.name, exc, _RETRY_PAUSE)
+                await asyncio.sleep(_RETRY_PAUSE)
+
+    def start(self) -> asyncio.Task[None]:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.run(), name=f"relay:{self.name}")
+        return self._task
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _publish_batch(self, events: list[StoredEvent]) -> int:
+        for event in events:
+            self._hook("before_publish", event)
+            await self.bus.publish(self.subject_for(event), event.data, event.event_id, event_headers(event))
+            self._hook("after_publish_before_save", event)
+        last = events[-1]
+        await self.store.save_relay_position(self.name, last.position)
+        self._hook("after_save", last)
+        return last.position
+
+    def _hook(self, point: str, event: StoredEvent) -> None:
+        if self._fault is not None:
+            self._fault(point, event)

@@ -1,0 +1,204 @@
+"""The JetStream bus against a real nats-server: streams, dedup, ack/retry/dead-letter, clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from corral.bus import DUPLICATE_WINDOW, Bus, Delivery, Poison, Retry
+from corral.bus.delivery import DLQ_CONSUMER, DLQ_DELIVERIES, DLQ_ERROR, DLQ_SEQUENCE, DLQ_SUBJECT
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+@pytest.fixture
+async def bus(nats_url: str, namespace: str) -> AsyncIterator[Bus]:
+    b = await Bus.connect(nats_url, namespace=namespace)
+    await b.ensure_streams()
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+class Inbox:
+    """Collects what a consumer's handler receives."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[Delivery] = []
+
+    async def __call__(self, delivery: Delivery) -> None:
+        self.deliveries.append(delivery)
+
+    def subjects(self) -> list[str]:
+        return [d.subject for d in self.deliveries]
+
+
+async def test_streams_are_declared_idempotently_under_the_namespace(bus: Bus, namespace: str) -> None:
+    await bus.ensure_streams()  # a second declaration changes nothing and does not fail
+    ns = namespace.upper()
+    for kind in ("events", "inbox", "dlq"):
+        info = await bus.js.stream_info(f"{ns}_{kind.upper()}")
+        assert info.config.subjects == [f"{namespace}.{kind}.>"]
+        assert info.config.duplicate_window == DUPLICATE_WINDOW
+    assert bus.names.events_subject("JobSubmitted") == f"{namespace}.events.JobSubmitted"
+
+
+async def test_publishing_the_same_event_twice_is_delivered_once(bus: Bus) -> None:
+    subject = bus.names.events_subject("JobSubmitted")
+    first = await bus.publish(subject, b'{"n": 1}', msg_id="evt-1")
+    second = await bus.publish(subject, b'{"n": 1}', msg_id="evt-1")
+    assert (first.duplicate, second.duplicate) == (False, True)
+    assert second.sequence == first.sequence
+    inbox = Inbox()
+    await bus.consume("admission", [subject], inbox)
+    await bus.publish(subject, b'{"n": 2}', msg_id="evt-2")  # a marker: after it, nothing else can come
+    await wait_until(lambda: len(inbox.deliveries) >= 2)
+    assert [d.msg_id for d in inbox.deliveries] == ["evt-1", "evt-2"]
+    assert inbox.deliveries[0].delivery_count == 1
+
+
+async def test_a_consumer_reads_several_subjects_of_one_stream(bus: Bus) -> None:
+    submitted, cancelled = bus.names.events_subject("JobSubmitted"), bus.names.events_subject("JobCancelled")
+    inbox = Inbox()
+    await bus.consume("jobs", [submitted, cancelled], inbox)
+    await bus.publish(bus.names.events_subject("NodeHeartbeat"), b"{}", msg_id="h")
+    await bus.publish(cancelled, b"{}", msg_id="c")
+    await bus.publish(submitted, b"{}", msg_id="s")
+    await wait_until(lambda: len(inbox.deliveries) >= 2)
+    assert inbox.subjects() == [cancelled, submitted]
+    with pytest.raises(ValueError, match="several streams"):
+        await bus.consume("mixed", [submitted, bus.names.inbox_subject("x")], inbox)
+
+
+async def test_a_retried_message_is_redelivered_after_backoff_until_it_succeeds(bus: Bus) -> None:
+    subject = bus.names.inbox_subject("quota")
+    counts: list[int] = []
+
+    async def flaky(delivery: Delivery) -> None:
+        counts.append(delivery.delivery_count)
+        if delivery.delivery_count < 3:
+            raise Retry("database busy")
+
+    consumer = await bus.consume("quota", [subject], flaky, backoff=[0.05, 0.1])
+    await bus.publish(subject, b"{}", msg_id="m1")
+    await wait_until(lambda: len(counts) >= 3)
+    await consumer.stop()  # settles the third delivery first
+    assert counts == [1, 2, 3]
+    info = await bus.js.consumer_info(bus.names.stream("inbox"), "quota")
+    assert info.num_ack_pending == 0 and info.num_redelivered == 0
+
+
+async def dead_letters(bus: Bus, durable: str) -> Inbox:
+    inbox = Inbox()
+    await bus.consume(f"dlq-reader-{durable}", [bus.names.dlq_subject(durable)], inbox)
+    return inbox
+
+
+async def test_a_poison_message_is_dead_lettered_at_once(bus: Bus) -> None:
+    subject = bus.names.events_subject("JobSubmitted")
+    calls: list[int] = []
+
+    async def refuse(delivery: Delivery) -> None:
+        calls.append(delivery.delivery_count)
+        raise Poison("gpu count must be > 0")
+
+    dlq = await dead_letters(bus, "admission")
+    await bus.consume("admission", [subject], refuse)
+    published = await bus.publish(subject, b'{"gpus": 0}', msg_id="bad-1", headers={"X-Trace": "t1"})
+    await wait_until(lambda: len(dlq.deliveries) == 1)
+    letter = dlq.deliveries[0]
+    assert letter.data == b'{"gpus": 0}'
+    assert letter.subject == bus.names.dlq_subject("admission")
+    assert letter.headers[DLQ_SUBJECT] == subject
+    assert letter.headers[DLQ_SEQUENCE] == str(published.sequence)
+    assert letter.headers[DLQ_CONSUMER] == "admission"
+    assert "gpu count must be > 0" in letter.headers[DLQ_ERROR]
+    assert letter.headers["X-Trace"] == "t1"
+    assert calls == [1]
+
+
+async def test_a_message_failing_every_delivery_is_dead_lettered_after_max_deliver(bus: Bus) -> None:
+    subject = bus.names.events_subject("JobSubmitted")
+    calls: list[int] = []
+
+    async def broken(delivery: Delivery) -> None:
+        calls.append(delivery.delivery_count)
+        raise KeyError("a bug")
+
+    dlq = await dead_letters(bus, "placement")
+    await bus.consume("placement", [subject], broken, max_deliver=3, backoff=[0.01])
+    await bus.publish(subject, b"{}", msg_id="e1")
+    await wait_until(lambda: len(dlq.deliveries) == 1)
+    assert calls == [1, 2, 3]
+    assert dlq.deliveries[0].headers[DLQ_DELIVERIES] == "3"
+    assert "KeyError" in dlq.deliveries[0].headers[DLQ_ERROR]
+    assert "\n" not in dlq.deliveries[0].headers[DLQ_ERROR]
+
+
+async def test_a_message_whose_handler_never_returned_is_dead_lettered_past_the_limit(bus: Bus) -> None:
+    """A handler that kills its process never gets to dead-letter; the next consumer does."""
+    subject = bus.names.inbox_subject("agent")
+    started = asyncio.Event()
+
+    async def hangs(delivery: Delivery) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    dlq = await dead_letters(bus, "agent")
+    crashed = await bus.consume("agent", [subject], hangs, max_deliver=1, ack_wait=0.5)
+    await bus.publish(subject, b"{}", msg_id="a1")
+    await asyncio.wait_for(started.wait(), 5)
+    crashed.task.cancel()  # the process dies mid-handling: no ack, no nak
+    calls: list[int] = []
+
+    async def records(delivery: Delivery) -> None:
+        calls.append(delivery.delivery_count)
+
+    await bus.consume("agent", [subject], records, max_deliver=1, ack_wait=0.5)
+    await wait_until(lambda: len(dlq.deliveries) == 1)
+    assert calls == []
+    assert "delivery limit 1 exceeded" in dlq.deliveries[0].headers[DLQ_ERROR]
+
+
+async def test_stop_finishes_the_message_in_hand_then_ends(bus: Bus) -> None:
+    subject = bus.names.inbox_subject("slow")
+    release, started, done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def slow(delivery: Delivery) -> None:
+        started.set()
+        await release.wait()
+        done.set()
+
+    consumer = await bus.consume("slow", [subject], slow)
+    await bus.publish(subject, b"{}", msg_id="s1")
+    await asyncio.wait_for(started.wait(), 5)
+    stopping = asyncio.create_task(consumer.stop())
+    await asyncio.sleep(0.05)
+    assert not stopping.done()
+    release.set()
+    await asyncio.wait_for(stopping, 5)
+    assert done.is_set()
+    info = await bus.js.consumer_info(bus.names.stream("inbox"), "slow")
+    assert info.num_ack_pending == 0
+
+
+async def test_an_idle_consumer_stops_at_once(bus: Bus) -> None:
+    consumer = await bus.consume("idle", [bus.names.inbox_subject("idle")], Inbox())
+    await asyncio.sleep(0.1)
+    await asyncio.wait_for(consumer.stop(), 1)
+    assert consumer.task.done()
+
+
+async def test_subjects_outside_the_namespace_are_refused(bus: Bus) -> None:
+    with pytest.raises(ValueError, match="not under namespace"):
+        await bus.publish("other.events.JobSubmitted", b"{}", msg_id="x")
+    with pytest.raises(ValueError, match="msg_id"):
+        await bus.publish(bus.names.events_subject("JobSubmitted"), b"{}", msg_id="")

@@ -1,0 +1,196 @@
+"""The outbox relay and exactly-once effects, with a real Postgres and a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+
+import pytest
+from corral.bus import Bus, Delivery, OutboxRelay, Retry
+from corral.bus.relay import POSITION, TYPE
+from corral.eventstore import ANY, AlreadyProcessed, EventStore, NewEvent, StoredEvent, Tracking
+
+from tests.conftest import Infra
+
+
+class SimulatedCrash(Exception):
+    """Raised by a fault hook: the relay process 'dies' at that point."""
+
+
+def event(stream: str, type: str = "JobSubmitted", **data: object) -> NewEvent:
+    return NewEvent(event_id=str(uuid.uuid4()), stream=stream, type=type, schema_version=1,
+                    data=json.dumps(data).encode(), correlation_id=stream, causation_id=None,
+                    occurred_at=datetime.now(UTC))
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+@pytest.fixture
+async def store(postgres_dsn: str) -> AsyncIterator[EventStore]:
+    s = await EventStore.open(postgres_dsn, poll_interval=0.5)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@pytest.fixture
+async def bus(infra: Infra) -> AsyncIterator[Bus]:
+    b = await Bus.connect(infra.nats_url, namespace=infra.namespace)
+    await b.ensure_streams()
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+def relay(store: EventStore, bus: Bus,
+          fault: Callable[[str, StoredEvent], None] | None = None) -> OutboxRelay:
+    return OutboxRelay(store, bus, lambda e: bus.names.events_subject(e.type), fault=fault)
+
+
+class Received:
+    def __init__(self) -> None:
+        self.msg_ids: list[str | None] = []
+        self.positions: list[int] = []
+
+    async def __call__(self, delivery: Delivery) -> None:
+        self.msg_ids.append(delivery.msg_id)
+        self.positions.append(int(delivery.headers[POSITION]))
+
+
+async def consume_all(bus: Bus, durable: str = "observer") -> Received:
+    received = Received()
+    await bus.consume(durable, [bus.names.wildcard("events")], received)
+    return received
+
+
+async def test_a_relay_killed_between_publish_and_save_delivers_the_event_once(
+        store: EventStore, bus: Bus) -> None:
+    received = await consume_all(bus)
+    first = event("job-1")
+    await store.append("job-1", 0, [first])
+
+    def kill_after_publish(point: str, e: StoredEvent) -> None:
+        if point == "after_publish_before_save":
+            raise SimulatedCrash
+
+    with pytest.raises(SimulatedCrash):
+        await relay(store, bus, kill_after_publish).publish_pending()
+    assert await store.relay_position("relay") == 0  # published, but the position was never saved
+    await wait_until(lambda: len(received.msg_ids) == 1)
+
+    restarted = relay(store, bus)
+    assert await restarted.publish_pending() == 1  # republished: JetStream drops it as a duplicate
+    assert await store.relay_position("relay") == 1
+    marker = event("job-2")
+    await store.append("job-2", 0, [marker])
+    assert await restarted.publish_pending() == 1
+    await wait_until(lambda: marker.event_id in received.msg_ids)
+    assert received.msg_ids == [first.event_id, marker.event_id]
+
+
+async def test_an_event_appended_while_the_relay_is_down_is_published_once_on_restart(
+        store: EventStore, bus: Bus) -> None:
+    received = await consume_all(bus)
+    first = relay(store, bus)
+    first.start()
+    early = event("job-1")
+    await store.append("job-1", 0, [early])
+    await wait_until(lambda: early.event_id in received.msg_ids)
+    await first.stop()
+
+    appended_while_down = event("job-1", "JobAdmitted")
+    await store.append("job-1", 1, [appended_while_down])
+    second = relay(store, bus)
+    second.start()
+    try:
+        await wait_until(lambda: appended_while_down.event_id in received.msg_ids)
+        marker = event("job-2")
+        await store.append("job-2", 0, [marker])
+        await wait_until(lambda: marker.event_id in received.msg_ids)
+    finally:
+        await second.stop()
+    assert received.msg_ids == [early.event_id, appended_while_down.event_id, marker.event_id]
+
+
+async def test_a_relay_killed_before_publishing_loses_nothing(store: EventStore, bus: Bus) -> None:
+    received = await consume_all(bus)
+    events = [event("job-1"), event("job-1", "JobAdmitted"), event("job-1", "JobRunning")]
+    await store.append("job-1", 0, events)
+
+    def kill_at_second(point: str, e: StoredEvent) -> None:
+        if point == "before_publish" and e.version == 2:
+            raise SimulatedCrash
+
+    with pytest.raises(SimulatedCrash):
+        await relay(store, bus, kill_at_second).publish_pending()
+    await relay(store, bus).publish_pending()
+    await wait_until(lambda: len(received.msg_ids) >= 3)
+    assert received.msg_ids == [e.event_id for e in events]
+
+
+async def test_a_running_relay_publishes_concurrent_appends_in_position_order(
+        store: EventStore, bus: Bus) -> None:
+    received = await consume_all(bus)
+    running = relay(store, bus)
+    running.start()
+
+    async def writer(stream: str) -> None:
+        for _ in range(10):
+            await store.append(stream, ANY, [event(stream), event(stream, "JobAdmitted")])
+
+    try:
+        await asyncio.gather(*(writer(f"job-{i}") for i in range(8)))
+        await wait_until(lambda: len(received.positions) >= 160, timeout=20)
+    finally:
+        await running.stop()
+    assert received.positions == list(range(1, 161))
+    assert len(set(received.msg_ids)) == 160
+
+
+async def test_tracking_gives_a_redelivered_message_exactly_one_effect(store: EventStore, bus: Bus) -> None:
+    """The consumer commits its effect, then 'crashes' before acking: the redelivery is a no-op."""
+    subject = bus.names.events_subject("JobSubmitted")
+    outcomes: list[object] = []
+
+    async def admit(delivery: Delivery) -> None:
+        assert delivery.msg_id is not None
+        job = json.loads(delivery.data)["job"]
+        admitted = event(f"job-{job}", "JobAdmitted", job=job)
+        result = await store.append(f"job-{job}", ANY, [admitted],
+                                    tracking=Tracking("admission", delivery.msg_id))
+        outcomes.append(result)
+        if delivery.delivery_count == 1:
+            raise Retry("simulated crash after commit, before ack", delay=0.05)
+
+    await bus.consume("admission", [subject], admit)
+    await bus.publish(subject, b'{"job": 7}', msg_id="submit-7")
+    await wait_until(lambda: len(outcomes) == 2)
+    assert outcomes == [1, AlreadyProcessed("admission", "submit-7")]
+    assert [e.type for e in await store.read_stream("job-7")] == ["JobAdmitted"]
+    assert await store.was_processed("admission", "submit-7")
+
+
+async def test_relay_publishes_event_metadata_in_headers(store: EventStore, bus: Bus) -> None:
+    headers: list[dict[str, str]] = []
+
+    async def keep(delivery: Delivery) -> None:
+        headers.append(dict(delivery.headers))
+
+    await bus.consume("meta", [bus.names.events_subject("JobAdmitted")], keep)
+    await store.append("job-1", 0, [event("job-1", "JobAdmitted")])
+    await relay(store, bus).publish_pending()
+    await wait_until(lambda: len(headers) == 1)
+    assert headers[0][TYPE] == "JobAdmitted"
+    assert headers[0]["Corral-Stream"] == "job-1"
+    assert headers[0]["Corral-Correlation-Id"] == "job-1"
