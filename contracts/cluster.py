@@ -39,7 +39,10 @@ NODES_PER_RACK = 8
 
 NodeName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 Location = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
-GpuIndex = Annotated[int, msgspec.Meta(ge=0)]
+MAX_GPUS_PER_NODE = 1024
+MAX_SHORTHAND_NODES = 100_000
+
+GpuIndex = Annotated[int, msgspec.Meta(ge=0, lt=4096)]
 Model = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 Memory = Annotated[float, msgspec.Meta(gt=0)]
 
@@ -64,7 +67,8 @@ class NodeInventory(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 class NodeSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: NodeName
-    gpus: Annotated[int, msgspec.Meta(ge=0)] | list[GpuDevice]
+    gpus: Annotated[int, msgspec.Meta(ge=0, le=MAX_GPUS_PER_NODE)] | Annotated[
+        list[GpuDevice], msgspec.Meta(max_length=MAX_GPUS_PER_NODE)]
     model: Model
     memory_gib: Memory | None = None
     nvlink_domains: list[list[GpuIndex]] | None = None
@@ -176,11 +180,13 @@ def parse_cluster_shorthand(text: str, *, nodes_per_rack: int = NODES_PER_RACK) 
     nodes: list[NodeSpec] = []
     for g, group in enumerate(part.strip() for part in text.split(",")):
         m = _SHORTHAND.match(group)
-        if m is None or int(m["nodes"]) < 1:
+        if (m is None or not 1 <= int(m["nodes"]) <= MAX_SHORTHAND_NODES
+                or int(m["gpus"]) > MAX_GPUS_PER_NODE):
             problems.append(Problem(path=f"cluster[{g}]" if "," in text else "cluster",
                                     message=f"cannot read cluster shorthand `{group}`",
                                     hint="write NODESxGPUS[:MODEL[:MEMORY_GIB]], e.g. 4x8:H100 or "
-                                         "2x8:A100:40"))
+                                         f"2x8:A100:40 (1-{MAX_SHORTHAND_NODES} nodes, at most "
+                                         f"{MAX_GPUS_PER_NODE} GPUs per node)"))
             continue
         for _ in range(int(m["nodes"])):
             i = len(nodes)

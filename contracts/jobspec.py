@@ -25,6 +25,9 @@ __all__ = [
     "validate_job_spec",
 ]
 
+MAX_REPLICAS = 65_536
+MAX_GPUS_PER_REPLICA = 1024
+
 PriorityClass = Literal["low", "normal", "high", "urgent"]
 PRIORITY_CLASSES: dict[str, int] = {"low": 100, "normal": 500, "high": 900, "urgent": 1000}
 
@@ -101,8 +104,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         priority: int = 500
     else:
         priority: int | PriorityClass = 500
-    replicas: Annotated[int, msgspec.Meta(ge=1, description="gang size")] = 1
-    gpus_per_replica: Annotated[int, msgspec.Meta(ge=1, description="whole GPUs per replica")] = 1
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=MAX_REPLICAS, description="gang size")] = 1
+    gpus_per_replica: Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS_PER_REPLICA,
+                                                  description="whole GPUs per replica")] = 1
     gpu: GpuRequest | None = None
     topology: Topology = msgspec.field(default_factory=Topology)
     preemptible: bool = True
@@ -121,8 +125,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         "queue": "a queue path such as research/nlp (see `corral apply queues.yaml`)",
         "user": "a user name of letters, digits, '.', '_' or '-'",
         "priority": "use an integer or one of low (100), normal (500), high (900), urgent (1000)",
-        "replicas": "the gang size: a whole number >= 1",
-        "gpus_per_replica": "GPUs are whole: use an integer >= 1 (Corral does not share a GPU)",
+        "replicas": f"the gang size: a whole number from 1 to {MAX_REPLICAS}",
+        "gpus_per_replica": f"GPUs are whole: use an integer from 1 to {MAX_GPUS_PER_REPLICA} "
+                            "(Corral does not share a GPU)",
         "topology": "a mapping with replica, gang and/or prefer",
         "preemptible": "true or false",
         "min_runtime_seconds": "seconds after start during which the job is never preempted",
