@@ -24,6 +24,7 @@ from corral.core.backfill import Release, Reservation, find_placement_avoiding, 
 from corral.core.decisions import Decision, Pending, Place, Preempt, Reason, ReasonCode
 from corral.core.gpuset import FreeGpus, Statement
 from corral.core.model import (
+    Job,
     OrderPolicy,
     PendingJob,
     Placement,
@@ -40,6 +41,11 @@ from corral.core.quota import QueueUsage, quota_check, within_guarantee
 def schedule(snapshot: Snapshot, config: SchedulerConfig = SchedulerConfig()) -> list[Decision]:
     """One decision per pending job, in the order they were considered; pure and deterministic."""
     return _Cycle(snapshot, config).run()
+
+
+def _shape(job: Job) -> tuple[object, ...]:
+    """What placement depends on: jobs of equal shape fit (or not) on the same free GPUs."""
+    return (job.replicas, job.gpus_per_replica, job.topology, job.gpu)
 
 
 class _Cycle:
@@ -67,6 +73,13 @@ class _Cycle:
         self.placed: list[Release] = []
         self.reservation: Reservation | None = None
         self.blocker: PendingJob | None = None
+        # negative caches, valid for the whole cycle because free GPUs, releasing GPUs and
+        # preemption candidates only shrink while it runs (see `_preempt_key` for the exception)
+        self.no_fit: set[tuple[object, bool]] = set()
+        self.no_release_fit: set[object] = set()
+        self.no_preempt: set[object] = set()
+        self.never: dict[object, Reason | None] = {}
+        self.borrow_epoch = 0
         self.strict = not config.backfill and config.order in (OrderPolicy.FIFO, OrderPolicy.PRIORITY)
 
     def run(self) -> list[Decision]:
@@ -90,26 +103,31 @@ class _Cycle:
         quota = quota_check(self.snapshot, job, self.usage, tree=self.tree, quotas=self.config.quotas)
         if quota is not None:
             if quota.code is not ReasonCode.QUEUE_UNKNOWN and self.config.preemption:
-                plan = self._plan(p, self.by_queue.get(job.queue, []))
+                plan = self._plan(p, self.by_queue.get(job.queue, []), check_quota=True)
                 if isinstance(plan, PreemptionPlan):
                     return self._preempt(p, plan)
             return Pending(job.id, quota)
 
         avoid = self.reservation is not None and not self._may_use_reserved(p)
-        if avoid:
-            assert self.reservation is not None
-            found: Placement | Reason | None = find_placement_avoiding(self.fi, job, self.reservation)
-        else:
-            found = find_placement(self.cluster, self.fi, job)
-        if isinstance(found, Placement):
-            return self._place(p, found)
+        shape = _shape(job)
+        found: Placement | Reason | None = None
+        if (shape, avoid) not in self.no_fit:
+            if avoid:
+                assert self.reservation is not None
+                found = find_placement_avoiding(self.fi, job, self.reservation)
+            else:
+                found = find_placement(self.cluster, self.fi, job)
+            if isinstance(found, Placement):
+                return self._place(p, found)
+            # free GPUs only shrink during a cycle: the same shape cannot fit later either
+            self.no_fit.add((shape, avoid))
 
         waiting = self._claim_releasing(p)
         if waiting is not None:
             return waiting
 
         if self.config.preemption or self.config.reclaim:
-            plan = self._plan(p, self._candidates(p))
+            plan = self._plan(p, self._candidates(p), check_quota=False)
             if isinstance(plan, PreemptionPlan):
                 return self._preempt(p, plan)
 
@@ -131,9 +149,11 @@ class _Cycle:
                     ),
                 )
             found = unmasked
-        if self.idle is None:
-            self.idle = idle_index(self.cluster)
-        never = static_feasibility(self.cluster, job, self.idle)
+        if shape not in self.never:
+            if self.idle is None:
+                self.idle = idle_index(self.cluster)
+            self.never[shape] = static_feasibility(self.cluster, job, self.idle)
+        never = self.never[shape]
         if never is not None:
             return Pending(job.id, never)
         reason = found if isinstance(found, Reason) else find_placement(self.cluster, self.fi, job)
@@ -178,6 +198,10 @@ class _Cycle:
         job = p.job
         self._take(placement)
         self.usage.add(job.queue, job.total_gpus)
+        if any(
+            self.usage.active.get(q, 0) > self.tree.guarantee.get(q, 0) for q in self.tree.path(job.queue)
+        ):
+            self.borrow_epoch += 1
         est = job.estimated_runtime_seconds
         self.placed.append(
             Release(math.inf if est is None else self.now + est, job.id, releases_of(placement, self.fi))
@@ -202,6 +226,8 @@ class _Cycle:
         if not self.releasing:
             return None
         job = p.job
+        if _shape(job) in self.no_release_fit:
+            return None
         stmt = Statement(self.fi)
         try:
             for i, m in self.releasing.items():
@@ -210,6 +236,7 @@ class _Cycle:
         finally:
             stmt.rollback()
         if not isinstance(found, Placement):
+            self.no_release_fit.add(_shape(job))
             return None
         coming = 0
         for i, m in releases_of(found, self.fi):
@@ -247,10 +274,30 @@ class _Cycle:
             return self.running
         return self.by_queue.get(job.queue, []) if self.config.preemption else []
 
-    def _plan(self, p: PendingJob, candidates: list[RunningJob]) -> PreemptionPlan | Reason | None:
+    def _preempt_key(self, p: PendingJob, check_quota: bool) -> object:
+        """Jobs with equal keys get equal preemption answers until a borrower grows: placing a
+        job in a queue over its guarantee can make that queue's older jobs reclaimable."""
+        job = p.job
+        attained = p.attained_gpu_seconds if self.config.order is OrderPolicy.LAS else 0.0
+        return (
+            _shape(job),
+            job.queue,
+            job.priority,
+            p.preempted_by,
+            attained,
+            check_quota,
+            self.borrow_epoch,
+        )
+
+    def _plan(
+        self, p: PendingJob, candidates: list[RunningJob], *, check_quota: bool
+    ) -> PreemptionPlan | Reason | None:
         if not candidates:
             return None
-        return plan_preemption(
+        key = self._preempt_key(p, check_quota)
+        if key in self.no_preempt:
+            return None
+        plan = plan_preemption(
             self.snapshot,
             p,
             self.config,
@@ -259,7 +306,11 @@ class _Cycle:
             usage=self.usage,
             candidates=candidates,
             taken=self.victims,
+            check_quota=check_quota,
         )
+        if not isinstance(plan, PreemptionPlan):
+            self.no_preempt.add(key)
+        return plan
 
     def _preempt(self, p: PendingJob, plan: PreemptionPlan) -> Preempt:
         job = p.job

@@ -199,13 +199,21 @@ class Statement:
         self.index.give(i, mask)
         self._ops.append((False, i, mask))
 
-    def rollback(self) -> None:
-        for took, i, mask in reversed(self._ops):
+    def mark(self) -> int:
+        """A point to roll back to with `rollback_to`."""
+        return len(self._ops)
+
+    def rollback_to(self, mark: int) -> None:
+        """Undo every operation recorded after `mark`, newest first."""
+        for took, i, mask in reversed(self._ops[mark:]):
             if took:
                 self.index.give(i, mask)
             else:
                 self.index.take(i, mask)
-        self._ops.clear()
+        del self._ops[mark:]
+
+    def rollback(self) -> None:
+        self.rollback_to(0)
 
     def commit(self) -> None:
         self._ops.clear()

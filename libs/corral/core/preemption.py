@@ -89,14 +89,20 @@ def _kind(
     return None
 
 
-def _release(stmt: Statement, fi: FreeGpus, victims: Iterable[RunningJob]) -> None:
-    for v in victims:
-        for rank in v.placement.ranks:
-            i = fi.index_of.get(rank.node)
-            if i is not None:
-                m = mask_of(rank.gpus) & ~fi.free[i] & fi.all_masks[i]
-                if m:
-                    stmt.give(i, m)
+def _masks(fi: FreeGpus, r: RunningJob) -> list[tuple[int, int]]:
+    by_node: dict[int, int] = {}
+    for rank in r.placement.ranks:
+        i = fi.index_of.get(rank.node)
+        if i is not None:
+            by_node[i] = by_node.get(i, 0) | mask_of(rank.gpus)
+    return sorted(by_node.items())
+
+
+def _release(stmt: Statement, fi: FreeGpus, masks: Iterable[tuple[int, int]]) -> None:
+    for i, m in masks:
+        give = m & ~fi.free[i] & fi.all_masks[i]
+        if give:
+            stmt.give(i, give)
 
 
 def plan_preemption(
@@ -109,11 +115,20 @@ def plan_preemption(
     usage: QueueUsage,
     candidates: Sequence[RunningJob],
     taken: set[str] | frozenset[str] = frozenset(),
+    check_quota: bool = True,
 ) -> PreemptionPlan | Reason | None:
     """The cheapest victim set among `candidates` after which the job fits, or a Reason, or None
-    when no running job is an eligible victim at all. `free` is left exactly as it was."""
+    when no running job is an eligible victim at all. `free` is left exactly as it was.
+
+    Search: victims sorted by lost work; the shortest prefix that fits is found by galloping then
+    bisection on one journal (releases are undone with Statement.rollback_to), then victims that
+    are not needed are pruned and a single cheaper victim is preferred when one suffices.
+    `check_quota=False` skips the quota re-check when the job already passes quota without victims
+    (removing victims never makes quota worse).
+    """
     job = pending.job
     now = snapshot.now
+    fi = free
     work = usage.copy()
     seq: list[tuple[RunningJob, ReasonCode]] = []
     ordered = sorted(
@@ -129,63 +144,112 @@ def plan_preemption(
             work.deactivate(r.job.queue, r.placement.gpu_count)
     if not seq:
         return None
-    fi = free
+    victims_all = [r for r, _ in seq]
+    masks = {r.job.id: _masks(fi, r) for r in victims_all}
+    need = job.total_gpus
+    freed = sum(r.placement.gpu_count for r in victims_all)
 
-    def fits(victims: Sequence[RunningJob]) -> Placement | None:
+    def quota_ok(victims: Sequence[RunningJob]) -> bool:
+        if not check_quota:
+            return True
         after = usage.copy()
         for v in victims:
             after.add(v.job.queue, -v.placement.gpu_count, active=not v.preempting)
-        if quota_check(snapshot, job, after, tree=tree, quotas=config.quotas) is not None:
-            return None
-        stmt = Statement(fi)
-        _release(stmt, fi, victims)
-        try:
-            found = find_placement(fi.cluster, fi, job)
-        finally:
-            stmt.rollback()
+        return quota_check(snapshot, job, after, tree=tree, quotas=config.quotas) is None
+
+    def place_now() -> Placement | None:
+        found = find_placement(fi.cluster, fi, job)
         return found if isinstance(found, Placement) else None
 
-    victims_all = [r for r, _ in seq]
-    freed = sum(r.placement.gpu_count for r in victims_all)
-    if fi.total_free + freed < job.total_gpus or fits(victims_all) is None:
-        return Reason(
-            ReasonCode.GANG_DOES_NOT_FIT,
-            f"needs {job.shape}; even preempting all {len(victims_all)} eligible jobs "
-            f"({freed} GPUs) would not make it fit",
-            (
-                ("needs_gpus", job.total_gpus),
-                ("eligible_victims", len(victims_all)),
-                ("freeable_gpus", freed),
-            ),
-        )
-    # smallest prefix of the cost-ordered sequence that fits (feasibility grows with the prefix)
-    lo, hi = 1, len(victims_all)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(victims_all[:mid]) is not None:
-            hi = mid
-        else:
-            lo = mid + 1
-    chosen = victims_all[:lo]
+    def fits(victims: Sequence[RunningJob]) -> Placement | None:
+        if fi.total_free + sum(v.placement.gpu_count for v in victims) < need or not quota_ok(victims):
+            return None
+        stmt = Statement(fi)
+        try:
+            for v in victims:
+                _release(stmt, fi, masks[v.job.id])
+            return place_now()
+        finally:
+            stmt.rollback()
+
+    no_fit = Reason(
+        ReasonCode.GANG_DOES_NOT_FIT,
+        f"needs {job.shape}; even preempting all {len(victims_all)} eligible jobs "
+        f"({freed} GPUs) would not make it fit",
+        (("needs_gpus", need), ("eligible_victims", len(victims_all)), ("freeable_gpus", freed)),
+    )
+    if fi.total_free + freed < need:
+        return no_fit
+    # galloping over prefixes of the cost order on one journal, then bisection
+    stmt = Statement(fi)
+    marks: list[int] = []
+    released = 0
+
+    def to_prefix(k: int) -> None:
+        nonlocal released
+        if k < released:
+            stmt.rollback_to(marks[k])
+            del marks[k:]
+            released = k
+        while released < k:
+            marks.append(stmt.mark())
+            _release(stmt, fi, masks[victims_all[released].job.id])
+            released += 1
+
+    def prefix_fits(k: int) -> bool:
+        to_prefix(k)
+        return quota_ok(victims_all[:k]) and place_now() is not None
+
+    try:
+        k = 0
+        have = fi.total_free
+        while k < len(victims_all) and have < need:
+            have += victims_all[k].placement.gpu_count
+            k += 1
+        lo, step = k - 1, 1  # prefixes of length <= lo are known not to fit
+        hi = -1
+        while True:
+            if prefix_fits(k):
+                hi = k
+                break
+            lo = k
+            if k == len(victims_all):
+                break
+            k = min(len(victims_all), k + step)
+            step *= 2
+        if hi < 0:
+            return no_fit
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if prefix_fits(mid):
+                hi = mid
+            else:
+                lo = mid
+    finally:
+        stmt.rollback()
+    chosen = victims_all[:hi]
     # prune: drop the most expensive victims that are not needed
-    for v in sorted(chosen, key=lambda r: (-r.lost_work(now), r.job.id)):
-        if len(chosen) > 1:
-            trial = [c for c in chosen if c is not v]
-            if fits(trial) is not None:
-                chosen = trial
+    if len(chosen) <= 64:
+        for v in sorted(chosen, key=lambda r: (-r.lost_work(now), r.job.id)):
+            if len(chosen) > 1:
+                trial = [c for c in chosen if c is not v]
+                if fits(trial) is not None:
+                    chosen = trial
 
     def cost(vs: Sequence[RunningJob]) -> tuple[float, int]:
         return (sum(v.lost_work(now) for v in vs), len(vs))
 
+    best = cost(chosen)
     for r in victims_all[:_SINGLETON_TRIES]:
-        if cost([r]) >= cost(chosen):
+        if cost([r]) >= best:
             break
         if fits([r]) is not None:
             chosen = [r]
             break
     placement = fits(chosen)
     assert placement is not None
-    kinds = {k for r, k in seq if r in chosen}
+    chosen_ids = {v.job.id for v in chosen}
+    kinds = {k for r, k in seq if r.job.id in chosen_ids}
     return PreemptionPlan(
         tuple(sorted(chosen, key=lambda r: r.job.id)),
         placement,
