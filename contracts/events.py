@@ -24,6 +24,8 @@ __all__ = [
     "CheckpointDone",
     "GangReleased",
     "GangReserved",
+    "GpusAllocated",
+    "GpusReleased",
     "JobAdmitted",
     "JobCancelRequested",
     "JobCancelled",
@@ -221,6 +223,30 @@ class JobCancelled(Event, frozen=True, kw_only=True):
 # --- nodes ---------------------------------------------------------------------------------
 
 
+class GpusAllocated(Event, frozen=True, kw_only=True):
+    """The node's share of a GangReserved, on stream `node-<name>`: the node's allocation ledger.
+
+    Appended in the same transaction as the GangReserved, with the node stream's expected
+    version, so a decision taken on a stale view of the node is refused; a database trigger
+    mirrors it into the `allocations` table whose unique index refuses a GPU held twice.
+    """
+
+    node: NodeName
+    job_id: JobId
+    gpus: Annotated[list[GpuIndex], msgspec.Meta(min_length=1)]
+    attempt: Attempt = 0
+
+
+class GpusReleased(Event, frozen=True, kw_only=True):
+    """The node's share of a GangReleased, on stream `node-<name>`."""
+
+    node: NodeName
+    job_id: JobId
+    gpus: list[GpuIndex]
+    attempt: Attempt = 0
+
+
+
 class NodeRegistered(Event, frozen=True, kw_only=True):
     """A node agent's inventory: every GPU, NVLink domains covering all GPUs, rack and zone."""
 
@@ -254,7 +280,8 @@ class QueueConfigured(Event, frozen=True, kw_only=True):
 
 ALL_EVENTS: tuple[type[Event], ...] = (
     JobSubmitted, JobCancelRequested, JobAdmitted, JobRejected, QuotaReserved, QuotaReleased,
-    GangReserved, PlacementPending, PreemptRequested, CheckpointDone, GangReleased, JobRequeued,
+    GangReserved, GpusAllocated, GpusReleased, PlacementPending, PreemptRequested, CheckpointDone,
+    GangReleased, JobRequeued,
     WorkerStarted, WorkerExited, JobRunning, JobCompleted, JobFailed, JobCancelled,
     NodeRegistered, NodeHeartbeat, NodeLost, QueueConfigured,
 )

@@ -1,0 +1,4 @@
+from corral.services.admission.service import Admission
+from corral.services.runtime import main
+
+main(Admission)

@@ -1,0 +1,113 @@
+"""Admission: the front door. Every submission is judged once, with a reason naming the field.
+
+Consumes JobSubmitted and JobCancelRequested from the inbox (published by `corral submit` or by any
+pipeline, deduplicated by `Nats-Msg-Id`). Appends the submission and the verdict to `job-<id>`
+with expected version 0, so a duplicate submission (same job id) is a no-op, never a second job.
+Checks beyond the schema (which decoding already enforced): the queue exists, and the request
+could ever fit this cluster's shape (the core's `static_feasibility`) — a job that can never be
+scheduled is rejected now instead of pending forever.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+from corral import core
+from corral.bus import Delivery, Retry
+from corral.contracts import events as ev
+from corral.contracts.envelope import Event, Reason, job_stream
+from corral.contracts.problems import Problem
+from corral.eventstore import Tracking
+from corral.services.runtime import Service
+
+log = logging.getLogger("corral.admission")
+
+
+class Admission(Service):
+    name = "admission"
+    inbox = ("JobSubmitted", "JobCancelRequested")
+    events = ("NodeRegistered", "QueueConfigured")
+
+    async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
+        tracking = Tracking("admission", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
+        if isinstance(event, ev.JobSubmitted):
+            await self._admit(event, tracking)
+        elif isinstance(event, ev.JobCancelRequested):
+            await self._cancel(event, tracking)
+
+    async def _admit(self, submitted: ev.JobSubmitted, tracking: Tracking) -> None:
+        stream = job_stream(submitted.job_id)
+        if submitted.stream != stream:
+            submitted = msgspec.structs.replace(submitted, stream=stream)
+        if self.view.versions.get(stream, 0) > 0:
+            log.info("job %s already submitted; duplicate ignored", submitted.job_id)
+            return
+        verdict = self.judge(submitted)
+        appended = await self.append({stream: [submitted, verdict]}, tracking=tracking, expected={stream: 0})
+        if not appended:
+            log.info("job %s: submitted concurrently; duplicate ignored", submitted.job_id)
+
+    def judge(self, submitted: ev.JobSubmitted) -> Event:
+        spec = submitted.spec
+        common = {"stream": submitted.stream, "actor": "admission", "causation": submitted,
+                  "job_id": submitted.job_id}
+        problems: list[Problem] = []
+        reason: Reason | None = None
+        if spec.queue not in self.view.queues:
+            known = ", ".join(sorted(self.view.queues)) or "none yet"
+            problems.append(Problem(path="queue", message=f"queue `{spec.queue}` does not exist",
+                                    hint=f"use one of: {known} (or create it with `corral apply queues.yaml`)"))
+            reason = Reason(code="QUEUE_UNKNOWN", message=f"queue `{spec.queue}` does not exist; known: {known}",
+                            details={"queue": spec.queue})
+        elif spec.queue in _non_leaf(self.view.queues):
+            child = _first_child(self.view.queues, spec.queue)
+            problems.append(Problem(path="queue", message=f"queue `{spec.queue}` has child queues",
+                                    hint=f"submit to a leaf queue such as {child}"))
+            reason = Reason(code="QUEUE_NOT_LEAF", message=f"queue `{spec.queue}` is not a leaf queue")
+        if reason is None and self.view.nodes:
+            job = _core_job(submitted)
+            blocked = core.static_feasibility(self.view.cluster(), job) if job else None
+            if blocked is not None:
+                field = "topology" if blocked.code is core.ReasonCode.TOPOLOGY_UNSATISFIABLE else "gpu"
+                if blocked.code is core.ReasonCode.GANG_DOES_NOT_FIT:
+                    field = "replicas"
+                problems.append(Problem(path=field, message=blocked.message,
+                                        hint="ask for a shape this cluster has (see `corral nodes`)"))
+                reason = Reason(code=str(blocked.code), message=f"can never be scheduled: {blocked.message}",
+                                details=dict(blocked.details))
+        if reason is not None:
+            return ev.JobRejected.new(reason=reason, problems=problems, **common)
+        return ev.JobAdmitted.new(queue=spec.queue, priority=int(spec.priority), replicas=spec.replicas,
+                                  gpus_per_replica=spec.gpus_per_replica, **common)
+
+    async def _cancel(self, request: ev.JobCancelRequested, tracking: Tracking) -> None:
+        job = self.view.jobs.get(request.job_id)
+        if job is None or job.state.terminal:
+            await self.append({}, tracking=tracking)
+            return
+        stream = job_stream(request.job_id)
+        cancelled = ev.JobCancelled.new(
+            stream=stream, actor=f"user/{request.user}" if request.user else "admission", causation=request,
+            correlation_id=request.job_id, job_id=request.job_id,
+            reason=Reason(code="CANCELLED_BY_USER", message=request.message or "cancelled by request",
+                          details={"user": request.user or "unknown"}))
+        if not await self.append({stream: [request, cancelled]}, tracking=tracking):
+            raise Retry("job stream moved on; retrying the cancellation", delay=0.05)
+
+
+def _non_leaf(queues: dict[str, object]) -> set[str]:
+    return {q.rsplit("/", 1)[0] for q in queues if "/" in q}
+
+
+def _first_child(queues: dict[str, object], parent: str) -> str:
+    return next(q for q in sorted(queues) if q.startswith(parent + "/"))
+
+
+def _core_job(submitted: ev.JobSubmitted) -> core.Job | None:
+    from corral.translate import job_from_spec
+
+    try:
+        return job_from_spec(submitted.job_id, submitted.spec, submitted.occurred_at.timestamp())
+    except ValueError:
+        return None
