@@ -130,6 +130,9 @@ class Service:
     async def reconcile(self) -> None:
         """Decide from `self.view` and append; called after changes and on every tick."""
 
+    async def started(self) -> None:
+        """Called once the log is folded and before consuming: extra subscriptions, timers."""
+
     def interested(self, event: Event) -> bool:
         return not self.events or event.type in self.events
 
@@ -253,6 +256,7 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
                 return
             log.info("%s: holds lease %s", cls.name, lease.name)
         await service.rebuild()
+        await service.started()
         ns = settings.namespace
         consumers.append(await bus.consume(
             f"{cls.name}-events", [f"{ns}.events.>"], service.on_event, batch=256, max_deliver=10))

@@ -61,6 +61,7 @@ class JobView:
     attempt: int = 0
     quota_gpus: int = 0
     borrowed: int = 0
+    quota_stale: bool = False  # quota held from an attempt whose GPUs were released: give it back
     ranks: list[ev.RankPlacement] = field(default_factory=list)  # current (or last) placement
     placed_at: datetime | None = None
     running_since: datetime | None = None
@@ -224,12 +225,12 @@ def _rejected(view: ClusterView, e: ev.JobRejected) -> None:
 
 def _quota_reserved(view: ClusterView, e: ev.QuotaReserved) -> None:
     j = view.job(e.job_id)
-    j.quota_gpus, j.borrowed = e.gpus, e.borrowed
+    j.quota_gpus, j.borrowed, j.quota_stale = e.gpus, e.borrowed, False
 
 
 def _quota_released(view: ClusterView, e: ev.QuotaReleased) -> None:
     j = view.job(e.job_id)
-    j.quota_gpus, j.borrowed = 0, 0
+    j.quota_gpus, j.borrowed, j.quota_stale = 0, 0, False
 
 
 def _gang_reserved(view: ClusterView, e: ev.GangReserved) -> None:
@@ -276,6 +277,7 @@ def _gang_released(view: ClusterView, e: ev.GangReleased) -> None:
         j.attained_gpu_seconds += max(0.0, (e.occurred_at - j.running_since).total_seconds()) * j.gpus
     _free(view, j)
     j.running_since, j.holding = None, False
+    j.quota_stale = j.quota_gpus > 0
     if not j.state.terminal:
         j.state = JobState.REQUEUING
     j.reason = e.reason
@@ -286,7 +288,7 @@ def _requeued(view: ClusterView, e: ev.JobRequeued) -> None:
     if not j.state.terminal:
         j.state, j.reason, j.attempt, j.resume_from = JobState.PENDING, e.reason, e.attempt, e.resume_from
         j.ranks, j.preempt = [], None
-        if e.reason.code not in ("PREEMPTED", "RECLAIMED", "NODE_LOST"):
+        if e.reason.code == "RESTARTING":
             j.restarts += 1
 
 

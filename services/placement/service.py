@@ -1,0 +1,237 @@
+"""Placement: the only writer of GPU allocations, and the keeper of node and gang lifecycles.
+
+Exactly one instance is active: it holds the `placement` lease (a Postgres advisory lock); a
+standby blocks on it and takes over, rebuilding from the log, when the holder dies.
+
+Each reconcile:
+1. nodes: a node whose heartbeats stopped for `lost_after` seconds is lost; its gangs are
+   released and requeued from their last checkpoint;
+2. gangs: all ranks started → JobRunning; the start barrier expired → release and requeue;
+   every rank exited 0 → JobCompleted; a rank crashed → restart from the checkpoint or fail;
+   a preempted gang fully stopped → GangReleased (preemption then requeues it);
+3. placement: the core's `schedule` over jobs holding quota → GangReserved, written together
+   with a GpusAllocated per node (node streams at their expected versions; the allocations
+   table's unique index refuses a GPU held twice), or PlacementPending when the reason changes.
+
+Node agents have no database: placement records their reports (NodeRegistered, WorkerStarted,
+WorkerExited, CheckpointDone) from the inbox, each exactly once (tracking rows).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+import msgspec
+from corral import core
+from corral.bus import Delivery, Retry
+from corral.contracts import events as ev
+from corral.contracts.envelope import Event, Reason, job_stream, node_stream
+from corral.contracts.subjects import Subjects
+from corral.eventstore import Tracking
+from corral.projection import JobState, JobView
+from corral.services.runtime import Service
+from corral.translate import wire_reason
+
+log = logging.getLogger("corral.placement")
+
+CHECKPOINTED_EXIT = 85  # corral.worker's "stopped after a checkpoint" exit code
+
+
+class Placement(Service):
+    name = "placement"
+    lease = "placement"
+    inbox = ("NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone")
+    config = core.SchedulerConfig(preemption=False, reclaim=False, quotas=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lost_after = float(os.environ.get("CORRAL_NODE_LOST_SECONDS", "10"))
+        self.start_timeout = float(os.environ.get("CORRAL_START_TIMEOUT_SECONDS", "120"))
+        self.master_addr = os.environ.get("CORRAL_MASTER_ADDR", "127.0.0.1")
+        self.heartbeats: dict[str, float] = {}
+        self.started_at = self.clock()
+
+    # ---- inputs ------------------------------------------------------------------------------
+    async def started(self) -> None:
+        self.started_at = self.clock()
+        ns = self.settings.namespace if self.settings else "corral"
+
+        async def on_heartbeat(msg: Any) -> None:
+            node = msg.subject.rsplit(".", 1)[-1]
+            self.heartbeats[node] = self.clock()
+
+        await self.bus.nc.subscribe(Subjects(ns).heartbeat_wildcard, cb=on_heartbeat)
+
+    async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
+        tracking = Tracking("placement", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
+        if isinstance(event, ev.NodeRegistered):
+            stream = node_stream(event.node)
+            known = self.view.nodes.get(event.node)
+            self.heartbeats[event.node] = self.clock()
+            if known is not None and not known.lost and _same_inventory(known.inventory, event):
+                await self.append({}, tracking=tracking)
+                return
+            event = msgspec.structs.replace(event, stream=stream)
+        elif isinstance(event, ev.WorkerStarted | ev.WorkerExited | ev.CheckpointDone):
+            if event.job_id not in self.view.jobs:
+                await self.append({}, tracking=tracking)
+                return
+            event = msgspec.structs.replace(event, stream=job_stream(event.job_id))
+        else:
+            return
+        if not await self.append({event.stream: [event]}, tracking=tracking):
+            raise Retry("stream moved on; recording the report again", delay=0.02)
+
+    # ---- decisions ---------------------------------------------------------------------------
+    async def reconcile(self) -> None:
+        now = self.clock()
+        await self._nodes(now)
+        for job in sorted(self.view.running_jobs(), key=lambda j: j.job_id):
+            await self._lifecycle(job, now)
+        await self._place(now)
+
+    async def _nodes(self, now: float) -> None:
+        for node in sorted(self.view.nodes.values(), key=lambda n: n.name):
+            if node.lost:
+                continue
+            last = self.heartbeats.get(node.name, self.started_at)
+            if now - last <= self.lost_after:
+                continue
+            log.warning("node %s lost: no heartbeat for %.1fs", node.name, now - last)
+            lost = ev.NodeLost.new(stream=node_stream(node.name), actor="placement", correlation_id=node.name,
+                                   node=node.name, reason=Reason(
+                                       code="HEARTBEAT_MISSED",
+                                       message=f"no heartbeat from {node.name} for {now - last:.0f}s "
+                                               f"(limit {self.lost_after:.0f}s)",
+                                       details={"seconds": round(now - last, 1)}))
+            if not await self.append({lost.stream: [lost]}):
+                continue
+            for job in sorted(self.view.running_jobs(), key=lambda j: j.job_id):
+                if node.name in job.nodes:
+                    await self._release(job, "NODE_LOST", f"node {node.name} was lost", requeue=True)
+
+    async def _lifecycle(self, job: JobView, now: float) -> None:
+        ranks = {r.rank for r in job.ranks}
+        exits = job.exited_ranks
+        if job.state is JobState.CANCELLED:
+            if not (job.started_ranks - set(exits)) or _age(job.ended_at, now) > 60:
+                await self._release(job, "CANCELLED", "the job was cancelled")
+            return
+        if job.state is JobState.STARTING:
+            if ranks <= job.started_ranks:
+                running = ev.JobRunning.new(stream=job_stream(job.job_id), actor="placement",
+                                            correlation_id=job.job_id, job_id=job.job_id, attempt=job.attempt)
+                if not await self.append({running.stream: [running]}):
+                    return
+            elif _age(job.placed_at, now) > self.start_timeout:
+                missing = sorted(ranks - job.started_ranks)
+                await self._release(job, "START_TIMEOUT", f"ranks {missing} did not start within "
+                                    f"{self.start_timeout:.0f}s; the whole gang is released", requeue=True)
+                return
+        if not exits:
+            return
+        crashed = {r: c for r, c in exits.items() if c not in (0, CHECKPOINTED_EXIT)}
+        if job.state is JobState.PREEMPTING:
+            if ranks <= set(exits):
+                await self._release(job, "PREEMPTED", f"checkpointed and stopped for {_preemptor(job)}")
+        elif crashed:
+            rank, code = min(crashed.items())
+            restart = job.spec is not None and job.restarts < job.spec.restart.max_restarts
+            await self._release(job, "WORKER_FAILED", f"rank {rank} exited with {code}", requeue=restart,
+                                fail=not restart, requeue_code="RESTARTING")
+        elif ranks <= set(exits):
+            if all(c == 0 for c in exits.values()):
+                await self._release(job, "COMPLETED", "every rank exited 0", complete=True)
+            else:
+                await self._release(job, "CHECKPOINTED", "every rank stopped after a checkpoint", requeue=True)
+
+    async def _release(self, job: JobView, code: str, message: str, *, requeue: bool = False,
+                       fail: bool = False, complete: bool = False, requeue_code: str | None = None) -> bool:
+        stream = job_stream(job.job_id)
+        common = {"stream": stream, "actor": "placement", "correlation_id": job.job_id, "job_id": job.job_id}
+        reason = Reason(code=code, message=message, details={"attempt": job.attempt})
+        job_events: list[Event] = []
+        if complete and job.state is JobState.STARTING:
+            job_events.append(ev.JobRunning.new(attempt=job.attempt, **common))
+        released = ev.GangReleased.new(reason=reason, attempt=job.attempt, **common)
+        job_events.append(released)
+        if complete:
+            job_events.append(ev.JobCompleted.new(attempt=job.attempt, causation=released,
+                                                  **common))
+        if fail:
+            job_events.append(ev.JobFailed.new(
+                reason=Reason(code=code, message=f"{message}; no restarts left "
+                              f"({job.restarts} of {job.spec.restart.max_restarts if job.spec else 0} used)"),
+                attempt=job.attempt, causation=released, **common))
+        if requeue:
+            job_events.append(ev.JobRequeued.new(
+                reason=Reason(code=requeue_code or code, message=message), attempt=job.attempt + 1,
+                resume_from=job.checkpoint, causation=released, **common))
+        batches: dict[str, Sequence[Event]] = {stream: job_events}
+        for node, gpus in job.core_placement().gpus_by_node().items():
+            batches[node_stream(node)] = [ev.GpusReleased.new(
+                stream=node_stream(node), actor="placement", correlation_id=job.job_id, causation=released,
+                node=node, job_id=job.job_id, gpus=list(gpus), attempt=job.attempt)]
+        return await self.append(batches)
+
+    async def _place(self, now: float) -> None:
+        waiting = [j for j in self.view.jobs.values()
+                   if j.state is JobState.PENDING and j.quota_gpus and not j.quota_stale and j.spec is not None]
+        if not waiting or not self.view.nodes:
+            return
+        snapshot = self.view.snapshot(now, pending=waiting)
+        for decision in core.schedule(snapshot, self.config):
+            job = self.view.jobs[decision.job_id]
+            if isinstance(decision, core.Place):
+                await self._reserve(job, decision)
+            elif isinstance(decision, core.Pending) and _changed(job, decision.reason):
+                pending = ev.PlacementPending.new(stream=job_stream(job.job_id), actor="placement",
+                                                  correlation_id=job.job_id, job_id=job.job_id,
+                                                  reason=wire_reason(decision.reason))
+                await self.append({pending.stream: [pending]})
+
+    async def _reserve(self, job: JobView, decision: core.Place) -> None:
+        stream = job_stream(job.job_id)
+        port = 29500 + zlib.crc32(f"{job.job_id}:{job.attempt}".encode()) % 20000
+        gang = ev.GangReserved.new(
+            stream=stream, actor="placement", correlation_id=job.job_id, job_id=job.job_id,
+            ranks=[ev.RankPlacement(rank=r.rank, node=r.node, gpus=list(r.gpus)) for r in decision.placement.ranks],
+            world_size=len(decision.placement.ranks), master_addr=self.master_addr, master_port=port,
+            attempt=job.attempt, resume_from=job.resume_from)
+        batches: dict[str, Sequence[Event]] = {stream: [gang]}
+        for node, gpus in decision.placement.gpus_by_node().items():
+            batches[node_stream(node)] = [ev.GpusAllocated.new(
+                stream=node_stream(node), actor="placement", correlation_id=job.job_id, causation=gang,
+                node=node, job_id=job.job_id, gpus=list(gpus), attempt=job.attempt)]
+        try:
+            await self.append(batches)
+        except asyncpg.UniqueViolationError as exc:
+            # The last line of defence fired: our view was wrong. Nothing was written; re-read.
+            log.error("allocation of %s refused by the database (a GPU is held already): %s", job.job_id, exc)
+            for s in batches:
+                await self.refresh_stream(s)
+
+
+def _same_inventory(inventory: Any, event: ev.NodeRegistered) -> bool:
+    return bool(inventory.gpus == event.gpus and inventory.nvlink_domains == event.nvlink_domains
+                and inventory.rack == event.rack and inventory.zone == event.zone)
+
+
+def _changed(job: JobView, reason: core.Reason) -> bool:
+    return job.reason is None or job.reason.code != str(reason.code) or job.reason.message != reason.message
+
+
+def _age(at: Any, now: float) -> float:
+    return now - at.timestamp() if at is not None else 0.0
+
+
+def _preemptor(job: JobView) -> str:
+    return f"job {job.preempt.for_job_id}" if job.preempt is not None else "another job"
+
+
+__all__ = ["Placement"]

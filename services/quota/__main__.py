@@ -1,0 +1,4 @@
+from corral.services.quota.service import Quota
+from corral.services.runtime import main
+
+main(Quota)

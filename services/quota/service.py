@@ -1,0 +1,104 @@
+"""Quota: the queue tree and the usage ledger; who may take GPUs next, in fair-share order.
+
+Owns QueueConfigured (from `corral apply`, via the inbox) and QuotaReserved / QuotaReleased on job
+streams. Each reconcile asks the core for the fair-share order of waiting jobs and checks each
+against the tree (guarantee, borrowing, lend limits, max_gpus) with the usage of everything
+already reserved: a job that passes gets QuotaReserved and placement may now place it; one that
+does not gets a PlacementPending with the quota reason, only when that reason changes.
+Quota is given back when a job ends or its GPUs are released (preemption, node loss, restart).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+from corral import core
+from corral.bus import Delivery, Retry
+from corral.contracts import events as ev
+from corral.contracts.envelope import Event, Reason, job_stream, queue_stream
+from corral.core.ordering import order_pending, tree_for
+from corral.core.quota import QueueTree, QueueUsage, quota_check
+from corral.eventstore import Tracking
+from corral.projection import JobState, JobView
+from corral.services.runtime import Service
+from corral.translate import wire_reason
+
+log = logging.getLogger("corral.quota")
+
+
+class Quota(Service):
+    name = "quota"
+    inbox = ("QueueConfigured",)
+    events = ("JobAdmitted", "JobRequeued", "GangReleased", "JobCompleted", "JobFailed", "JobCancelled",
+              "QueueConfigured", "NodeRegistered", "NodeLost", "QuotaReserved", "QuotaReleased", "GangReserved")
+    config = core.SchedulerConfig()
+
+    async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
+        if not isinstance(event, ev.QueueConfigured):
+            return
+        tracking = Tracking("quota", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
+        stream = queue_stream(event.queue.name)
+        current = self.view.queues.get(event.queue.name)
+        if current == event.queue:
+            await self.append({}, tracking=tracking)  # unchanged: nothing to record
+            return
+        event = msgspec.structs.replace(event, stream=stream)
+        if not await self.append({stream: [event]}, tracking=tracking):
+            raise Retry("queue stream moved on; retrying", delay=0.05)
+
+    async def reconcile(self) -> None:
+        await self._release()
+        await self._reserve()
+
+    async def _release(self) -> None:
+        for job in sorted(self.view.jobs.values(), key=lambda j: j.job_id):
+            if job.quota_gpus and (job.state.terminal or job.quota_stale):
+                why = (job.reason.code if job.reason else job.state.value)
+                released = ev.QuotaReleased.new(
+                    stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
+                    queue=job.queue, gpus=job.quota_gpus,
+                    reason=Reason(code="QUOTA_RELEASED", message=f"{job.quota_gpus} GPUs of queue {job.queue} "
+                                  f"given back ({why})", details={"gpus": job.quota_gpus}))
+                await self.append({released.stream: [released]})
+
+    async def _reserve(self) -> None:
+        waiting = [j for j in self.view.jobs.values()
+                   if j.state is JobState.PENDING and not j.quota_gpus and j.spec is not None]
+        if not waiting or not self.view.queues:
+            return
+        now = self.clock()
+        snapshot = self.view.snapshot(now, pending=waiting)
+        tree = tree_for(snapshot, self.config)
+        usage = QueueUsage.of(tree, snapshot.running)
+        for held in self.view.jobs.values():  # reserved but not yet placed counts too
+            if held.quota_gpus and not held.holding and tree.known(held.queue):
+                usage.add(held.queue, held.quota_gpus)
+        by_id = {j.job_id: j for j in waiting}
+        for pending in order_pending(snapshot, self.config, tree=tree):
+            job = by_id[pending.job.id]
+            blocked = quota_check(snapshot, pending.job, usage, tree=tree)
+            if blocked is None:
+                borrowed = _borrowed(tree, usage, job)
+                usage.add(job.queue, job.gpus)
+                await self._emit(job, ev.QuotaReserved.new(
+                    stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
+                    queue=job.queue, gpus=job.gpus, borrowed=borrowed))
+            elif _changed(job, blocked):
+                await self._emit(job, ev.PlacementPending.new(
+                    stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
+                    reason=wire_reason(blocked)))
+
+    async def _emit(self, job: JobView, event: Event) -> None:
+        await self.append({event.stream: [event]})
+
+
+def _borrowed(tree: QueueTree, usage: QueueUsage, job: JobView) -> int:
+    """GPUs of this reservation above the queue's own guarantee (what a reclaim may take back)."""
+    guarantee = tree.guarantee.get(job.queue, 0)
+    used = usage.held.get(job.queue, 0)
+    return max(0, min(job.gpus, used + job.gpus - guarantee))
+
+
+def _changed(job: JobView, reason: core.Reason) -> bool:
+    return job.reason is None or job.reason.code != str(reason.code) or job.reason.message != reason.message
