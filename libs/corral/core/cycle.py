@@ -80,6 +80,7 @@ class _Cycle:
         self.no_preempt: set[object] = set()
         self.never: dict[object, Reason | None] = {}
         self.borrow_epoch = 0
+        self.release_epoch = 0
         self.strict = not config.backfill and config.order in (OrderPolicy.FIFO, OrderPolicy.PRIORITY)
 
     def run(self) -> list[Decision]:
@@ -186,9 +187,7 @@ class _Cycle:
         assert r is not None
         if r.admits(p.job, self.now):
             return True
-        return not r.holder_within_guarantee and within_guarantee(
-            self.tree, self.usage, p.job.queue, p.job.total_gpus
-        )
+        return not r.holder_within_guarantee and within_guarantee(self.tree, self.usage, p.job.queue, p.job.total_gpus)
 
     def _take(self, placement: Placement) -> None:
         for i, m in releases_of(placement, self.fi):
@@ -198,9 +197,7 @@ class _Cycle:
         job = p.job
         self._take(placement)
         self.usage.add(job.queue, job.total_gpus)
-        if any(
-            self.usage.active.get(q, 0) > self.tree.guarantee.get(q, 0) for q in self.tree.path(job.queue)
-        ):
+        if any(self.usage.active.get(q, 0) > self.tree.guarantee.get(q, 0) for q in self.tree.path(job.queue)):
             self.borrow_epoch += 1
         est = job.estimated_runtime_seconds
         self.placed.append(
@@ -287,6 +284,7 @@ class _Cycle:
             attained,
             check_quota,
             self.borrow_epoch,
+            self.release_epoch,
         )
 
     def _plan(
@@ -307,27 +305,42 @@ class _Cycle:
             candidates=candidates,
             taken=self.victims,
             check_quota=check_quota,
+            releasing=self.releasing,
         )
         if not isinstance(plan, PreemptionPlan):
             self.no_preempt.add(key)
         return plan
 
     def _preempt(self, p: PendingJob, plan: PreemptionPlan) -> Preempt:
+        """Commit a plan: the placement's GPUs are held for the preemptor (free ones taken now,
+        releasing ones claimed); victims' GPUs it does not need join the releasing pool."""
         job = p.job
+        victim_gpus: dict[int, int] = {}
         for v in plan.victims:
             self.victims.add(v.job.id)
             self.usage.deactivate(v.job.queue, v.placement.gpu_count)
             for i, m in releases_of(v.placement, self.fi):
-                self.claimed[i] = self.claimed.get(i, 0) | m
-        # the free part of the planned placement is held for the preemptor from now on
-        victim_gpus: dict[int, int] = {}
-        for v in plan.victims:
-            for i, m in releases_of(v.placement, self.fi):
                 victim_gpus[i] = victim_gpus.get(i, 0) | m
         for i, m in releases_of(plan.placement, self.fi):
-            hold = m & ~victim_gpus.get(i, 0)
+            from_victims = m & victim_gpus.get(i, 0)
+            from_release = m & self.releasing.get(i, 0)
+            if from_victims:
+                victim_gpus[i] &= ~from_victims
+            if from_victims | from_release:
+                self.claimed[i] = self.claimed.get(i, 0) | from_victims | from_release
+            if from_release:
+                self.releasing[i] &= ~from_release
+                if not self.releasing[i]:
+                    del self.releasing[i]
+            hold = m & ~from_victims & ~from_release
             if hold:
                 self.fi.take(i, hold)
+        spare = {i: m for i, m in victim_gpus.items() if m}
+        if spare:
+            for i, m in spare.items():
+                self.releasing[i] = self.releasing.get(i, 0) | m
+            self.release_epoch += 1
+            self.no_release_fit.clear()
         self.usage.add(job.queue, job.total_gpus)
         return Preempt(job.id, plan.victim_ids, plan.reason)
 
@@ -338,4 +351,6 @@ class _Cycle:
                 continue
             end = self.now if r.preempting else r.expected_end()
             out.append(Release(math.inf if end is None else end, r.job.id, releases_of(r.placement, self.fi)))
+        if self.releasing:
+            out.append(Release(self.now, "", tuple(sorted(self.releasing.items()))))
         return out

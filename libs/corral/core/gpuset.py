@@ -64,9 +64,7 @@ class FreeGpus:
         "zones",
     )
 
-    def __init__(
-        self, cluster: Cluster, eligible_states: frozenset[NodeState] = frozenset({NodeState.READY})
-    ):
+    def __init__(self, cluster: Cluster, eligible_states: frozenset[NodeState] = frozenset({NodeState.READY})):
         self.cluster = cluster
         nodes = cluster.nodes
         self.names = [n.name for n in nodes]

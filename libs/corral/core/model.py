@@ -169,8 +169,7 @@ class Topology:
     def __post_init__(self) -> None:
         if self.replica not in (None, TopologyLevel.NVLINK, TopologyLevel.NODE):
             raise ValueError(
-                f"Topology.replica must be 'nvlink' or 'node' (a rank always lives on one node), "
-                f"got {self.replica!r}"
+                f"Topology.replica must be 'nvlink' or 'node' (a rank always lives on one node), got {self.replica!r}"
             )
 
 
@@ -222,9 +221,7 @@ class Job:
         if self.gpus_per_replica < 1:
             raise ValueError(f"Job {self.id!r}: gpus_per_replica must be >= 1, got {self.gpus_per_replica}")
         if self.checkpoint_grace_seconds < 0 or self.min_runtime_seconds < 0:
-            raise ValueError(
-                f"Job {self.id!r}: checkpoint_grace_seconds and min_runtime_seconds must be >= 0"
-            )
+            raise ValueError(f"Job {self.id!r}: checkpoint_grace_seconds and min_runtime_seconds must be >= 0")
         if self.estimated_runtime_seconds is not None and self.estimated_runtime_seconds < 0:
             raise ValueError(f"Job {self.id!r}: estimated_runtime_seconds must be >= 0 or omitted")
 
@@ -289,9 +286,7 @@ class RunningJob:
     def lost_work(self, now: float) -> float:
         """GPU-seconds of work lost if preempted now: time since the last checkpoint (or the start)."""
         since = (
-            self.start_time
-            if self.last_checkpoint_time is None
-            else max(self.start_time, self.last_checkpoint_time)
+            self.start_time if self.last_checkpoint_time is None else max(self.start_time, self.last_checkpoint_time)
         )
         return max(0.0, now - since) * self.job.total_gpus
 

@@ -46,16 +46,12 @@ def order_pending(
 
 def _fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list[PendingJob]) -> list[PendingJob]:
     usage = usage.copy()
-    unknown = sorted(
-        (p for p in pending if not tree.known(p.job.queue)), key=lambda p: (p.job.submit_time, p.job.id)
-    )
+    unknown = sorted((p for p in pending if not tree.known(p.job.queue)), key=lambda p: (p.job.submit_time, p.job.id))
     by_queue: dict[str, list[PendingJob]] = {}
     for p in pending:
         if tree.known(p.job.queue):
             by_queue.setdefault(p.job.queue, []).append(p)
-    heads: dict[str, deque[PendingJob]] = {
-        q: deque(sorted(js, key=_in_queue_key)) for q, js in by_queue.items()
-    }
+    heads: dict[str, deque[PendingJob]] = {q: deque(sorted(js, key=_in_queue_key)) for q, js in by_queue.items()}
     waiting: dict[str, int] = {}
     for q, js in heads.items():
         for a in tree.path(q):

@@ -116,6 +116,7 @@ def plan_preemption(
     candidates: Sequence[RunningJob],
     taken: set[str] | frozenset[str] = frozenset(),
     check_quota: bool = True,
+    releasing: dict[int, int] | None = None,
 ) -> PreemptionPlan | Reason | None:
     """The cheapest victim set among `candidates` after which the job fits, or a Reason, or None
     when no running job is an eligible victim at all. `free` is left exactly as it was.
@@ -126,7 +127,6 @@ def plan_preemption(
     `check_quota=False` skips the quota re-check when the job already passes quota without victims
     (removing victims never makes quota worse).
     """
-    job = pending.job
     now = snapshot.now
     fi = free
     work = usage.copy()
@@ -144,6 +144,30 @@ def plan_preemption(
             work.deactivate(r.job.queue, r.placement.gpu_count)
     if not seq:
         return None
+    base = Statement(fi)
+    try:
+        # GPUs already being released by earlier preemptions count as free for this plan
+        for i, m in (releasing or {}).items():
+            give = m & ~fi.free[i] & fi.all_masks[i]
+            if give:
+                base.give(i, give)
+        return _search(snapshot, pending, config, fi, tree, usage, seq, check_quota)
+    finally:
+        base.rollback()
+
+
+def _search(
+    snapshot: Snapshot,
+    pending: PendingJob,
+    config: SchedulerConfig,
+    fi: FreeGpus,
+    tree: QueueTree,
+    usage: QueueUsage,
+    seq: list[tuple[RunningJob, ReasonCode]],
+    check_quota: bool,
+) -> PreemptionPlan | Reason:
+    job = pending.job
+    now = snapshot.now
     victims_all = [r for r, _ in seq]
     masks = {r.job.id: _masks(fi, r) for r in victims_all}
     need = job.total_gpus
@@ -174,8 +198,7 @@ def plan_preemption(
 
     no_fit = Reason(
         ReasonCode.GANG_DOES_NOT_FIT,
-        f"needs {job.shape}; even preempting all {len(victims_all)} eligible jobs "
-        f"({freed} GPUs) would not make it fit",
+        f"needs {job.shape}; even preempting all {len(victims_all)} eligible jobs ({freed} GPUs) would not make it fit",
         (("needs_gpus", need), ("eligible_victims", len(victims_all)), ("freeable_gpus", freed)),
     )
     if fi.total_free + freed < need:

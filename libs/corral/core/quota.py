@@ -8,7 +8,9 @@ Semantics (Kueue-like cohorts, generalised to a tree):
 - usage above the guarantee is borrowed, at each level, from what siblings lend (their unused
   guarantee, capped by `lend_limit`), from the parent's guarantee not assigned to any child, and
   from whatever the parent itself may borrow one level up (checked there). At the top level the
-  parent is the cluster: GPUs not guaranteed to any top-level queue are free for all.
+  parent is the cluster: GPUs not guaranteed to any top-level queue are free for all. When no
+  sibling sets a `lend_limit`, a level does not limit borrowing at all: free capacity (placement)
+  does, and a shortage is reported as GANG_DOES_NOT_FIT rather than as a quota problem.
 Queues named by jobs but not configured are unknown (QUEUE_UNKNOWN); ancestors that are not
 configured are implicit, with a guarantee equal to the sum of their children's.
 """
@@ -49,9 +51,7 @@ class QueueTree:
         for name in sorted(names, key=lambda n: -n.count("/")):
             cfg = self.configs.get(name)
             self.guarantee[name] = (
-                cfg.guaranteed_gpus
-                if cfg is not None
-                else sum(self.guarantee[c] for c in self.children[name])
+                cfg.guaranteed_gpus if cfg is not None else sum(self.guarantee[c] for c in self.children[name])
             )
         self.guarantee[ROOT] = capacity
         self.paths: dict[str, tuple[str, ...]] = {}
@@ -129,9 +129,7 @@ class QueueUsage:
         return u
 
 
-def within_guarantee(
-    tree: QueueTree, usage: QueueUsage, queue: str, gpus: int, upto: str | None = None
-) -> bool:
+def within_guarantee(tree: QueueTree, usage: QueueUsage, queue: str, gpus: int, upto: str | None = None) -> bool:
     """Whether adding `gpus` keeps `queue` (and its ancestors, up to and including `upto`) within
     their guarantees, counting only active usage: such a request is entitled to reclaim."""
     if not tree.known(queue):
@@ -163,8 +161,7 @@ def quota_check(
         known = ", ".join(sorted(tree.configs)) or "none"
         return Reason(
             ReasonCode.QUEUE_UNKNOWN,
-            f"queue {job.queue} is not configured (configured queues: {known}); "
-            "create it or fix the job's queue",
+            f"queue {job.queue} is not configured (configured queues: {known}); create it or fix the job's queue",
             (("queue", job.queue),),
         )
     path = tree.path(job.queue)
@@ -187,6 +184,8 @@ def quota_check(
         if over_after == over_before:
             continue
         parent = tree.parent(q)
+        if not any(tree.lend_limit(s) != math.inf for s in tree.children[parent] if s != q):
+            continue  # siblings lend all they do not use: only capacity (placement) limits borrowing
         lends = 0.0
         borrowed = 0
         for s in tree.children[parent]:
@@ -202,8 +201,7 @@ def quota_check(
             cohort_lends = int(max(0, available - over_before))
             return Reason(
                 ReasonCode.QUOTA_EXCEEDED,
-                f"queue {q} uses {used} of {guar} guaranteed GPUs, job needs {g} more, "
-                f"cohort lends {cohort_lends}",
+                f"queue {q} uses {used} of {guar} guaranteed GPUs, job needs {g} more, cohort lends {cohort_lends}",
                 (
                     ("queue", q),
                     ("used", used),
