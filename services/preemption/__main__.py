@@ -1,0 +1,4 @@
+from corral.services.preemption.service import Preemption
+from corral.services.runtime import main
+
+main(Preemption)
