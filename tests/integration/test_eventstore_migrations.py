@@ -27,9 +27,9 @@ async def test_a_new_numbered_file_is_applied_after_the_existing_ones(postgres_d
     conn = await asyncpg.connect(postgres_dsn)
     try:
         await apply_migrations(conn)
-        extra = Migration("900_allocations.sql", "CREATE TABLE allocations (id text PRIMARY KEY);")
-        assert await apply_migrations(conn, [*bundled_migrations(), extra]) == ["900_allocations.sql"]
-        assert await conn.fetchval("SELECT count(*) FROM allocations") == 0
+        extra = Migration("900_placement_extra.sql", "CREATE TABLE placement_extra (id text PRIMARY KEY);")
+        assert await apply_migrations(conn, [*bundled_migrations(), extra]) == ["900_placement_extra.sql"]
+        assert await conn.fetchval("SELECT count(*) FROM placement_extra") == 0
     finally:
         await conn.close()
 
