@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Self
+from typing import Annotated, Any, Self
 
 import msgspec
 
@@ -98,9 +98,6 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     causation_id: EventId | None = None
     actor: NonEmpty
 
-    #: Marks events a producer outside Corral may publish to the inbox (see subjects.py).
-    INBOX: ClassVar[bool] = False
-
     def __post_init__(self) -> None:
         version = type(self).version()
         if self.schema_version != version:
@@ -138,12 +135,15 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         """Create a validated event, filling the envelope.
 
         `correlation_id` defaults to the causing event's, else to this event's own id (a root).
+        `now` defaults to the wall clock (a naive datetime is taken as UTC); `event_id` to a new ULID.
         The result is checked against the contract (a round trip), so a bad payload fails here,
         at the producer, with a ContractError naming the field, instead of at every consumer.
         """
         from corral.contracts.registry import validated  # registry imports the events
 
-        at = (now or datetime.now(UTC)).astimezone(UTC)
+        at = now or datetime.now(UTC)
+        # a naive `now` is taken as UTC (never as the machine's local time)
+        at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
         eid = event_id or new_event_id(at)
         if correlation_id is None:
             correlation_id = causation.correlation_id if causation is not None else eid

@@ -3,14 +3,16 @@
 Flow (see docs/architecture.md): JobSubmitted -> JobAdmitted | JobRejected -> QuotaReserved ->
 GangReserved | PlacementPending -> WorkerStarted x N -> JobRunning -> WorkerExited ->
 JobCompleted | JobFailed. Preemption: PreemptRequested -> CheckpointDone -> GangReleased ->
-JobRequeued. Nodes: NodeRegistered, NodeHeartbeat, NodeLost. Queues: QueueConfigured.
+JobRequeued. Nodes: NodeRegistered, NodeHeartbeat, NodeLost; GpusAllocated / GpusReleased are
+each node's allocation ledger. Queues: QueueConfigured. Which types arrive through the inbox is
+listed in `subjects.INBOX_TYPES`.
 
 Expected outcomes that are not successes carry a `Reason` (code, message with numbers, details).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Annotated
 
 import msgspec
 from corral.contracts.cluster import GpuDevice, GpuIndex, Location, NodeName
@@ -70,8 +72,6 @@ class RankPlacement(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 class JobSubmitted(Event, frozen=True, kw_only=True):
     """A user or pipeline asks for a job; published to the inbox, appended by admission."""
 
-    INBOX: ClassVar[bool] = True
-
     job_id: JobId
     spec: JobSpec
     submission_id: str | None = None
@@ -80,8 +80,6 @@ class JobSubmitted(Event, frozen=True, kw_only=True):
 
 class JobCancelRequested(Event, frozen=True, kw_only=True):
     """A user asks to cancel a job; published to the inbox."""
-
-    INBOX: ClassVar[bool] = True
 
     job_id: JobId
     user: str | None = None
@@ -246,7 +244,6 @@ class GpusReleased(Event, frozen=True, kw_only=True):
     attempt: Attempt = 0
 
 
-
 class NodeRegistered(Event, frozen=True, kw_only=True):
     """A node agent's inventory: every GPU, NVLink domains covering all GPUs, rack and zone."""
 
@@ -281,8 +278,7 @@ class QueueConfigured(Event, frozen=True, kw_only=True):
 ALL_EVENTS: tuple[type[Event], ...] = (
     JobSubmitted, JobCancelRequested, JobAdmitted, JobRejected, QuotaReserved, QuotaReleased,
     GangReserved, GpusAllocated, GpusReleased, PlacementPending, PreemptRequested, CheckpointDone,
-    GangReleased, JobRequeued,
-    WorkerStarted, WorkerExited, JobRunning, JobCompleted, JobFailed, JobCancelled,
+    GangReleased, JobRequeued, WorkerStarted, WorkerExited, JobRunning, JobCompleted, JobFailed, JobCancelled,
     NodeRegistered, NodeHeartbeat, NodeLost, QueueConfigured,
 )
 

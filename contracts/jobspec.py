@@ -38,6 +38,8 @@ TOPOLOGY_LEVELS: tuple[str, ...] = ("nvlink", "node", "rack", "zone")
 
 Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
                                    description="1-63 letters, digits, '.', '_' or '-'")]
+UserName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$",
+                                       description="user name or e-mail address")]
 QueuePath = Annotated[str, msgspec.Meta(
     pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*(/[A-Za-z0-9][A-Za-z0-9_-]*)*$",
     description="queue path in the queue tree, e.g. research/nlp")]
@@ -99,7 +101,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
     name: Name
     queue: QueuePath
-    user: Name | None = None
+    user: UserName | None = None
     if TYPE_CHECKING:  # after __post_init__ the value is always an int
         priority: int = 500
     else:
@@ -123,7 +125,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     FIELD_HINTS: ClassVar[dict[str, str]] = {
         "name": "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
         "queue": "a queue path such as research/nlp (see `corral apply queues.yaml`)",
-        "user": "a user name of letters, digits, '.', '_' or '-'",
+        "user": "a user name of letters, digits, '.', '_', '@', '+' or '-'",
         "priority": "use an integer or one of low (100), normal (500), high (900), urgent (1000)",
         "replicas": f"the gang size: a whole number from 1 to {MAX_REPLICAS}",
         "gpus_per_replica": f"GPUs are whole: use an integer from 1 to {MAX_GPUS_PER_REPLICA} "

@@ -23,7 +23,8 @@ from corral.contracts.queues import QueuesFile
 from corral.contracts.registry import REGISTRY
 from corral.contracts.subjects import DEFAULT_PREFIX, INBOX_TYPES, Subjects
 
-__all__ = ["asyncapi_document", "event_schema", "export_schemas", "json_schema"]
+__all__ = ["asyncapi_document", "event_schema", "export_schemas", "json_schema", "json_schema_documents",
+           "render"]
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SPEC_TYPES: tuple[type[msgspec.Struct], ...] = (JobSpec, ClusterSpec, QueuesFile)
@@ -103,24 +104,42 @@ def _describe_inbox(broker: Any, subject: str, cls: type[Event], doc: str) -> No
 
     accept.__annotations__ = {"message": payload, "return": None}  # real type, not a string
     accept.__name__ = f"accept_{cls.type_name()}"
-    broker.subscriber(subject, title=subject, description=f"{doc} Consumed by admission.")(accept)
+    broker.subscriber(subject, title=subject,
+                      description=f"{doc} Sent to the inbox; the owning service records it in the log.")(accept)
 
 
-def export_schemas(out_dir: str | Path, *, prefix: str = DEFAULT_PREFIX) -> list[Path]:
-    """Write `<Type>.v<N>.schema.json` per event, `<Spec>.schema.json` per file format, and
-    `asyncapi.json`; returns the paths written (sorted)."""
+def json_schema_documents() -> dict[str, dict[str, Any]]:
+    """File name -> JSON Schema: `<Type>.v<N>.schema.json` per event, `<Spec>.schema.json` per format."""
+    documents = {f"{cls.type_name()}.v{cls.version()}.schema.json": event_schema(cls)
+                 for cls in REGISTRY.classes()}
+    documents.update({f"{spec.__name__}.schema.json": json_schema(spec) for spec in SPEC_TYPES})
+    return documents
+
+
+def render(document: dict[str, Any]) -> str:
+    """The exact text written for a document (stable, so committed copies can be compared)."""
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+def export_schemas(out_dir: str | Path, *, prefix: str = DEFAULT_PREFIX,
+                   asyncapi: bool = True) -> list[Path]:
+    """Write every JSON Schema (see `json_schema_documents`) and, unless `asyncapi=False`,
+    `asyncapi.json` into `out_dir`; returns the paths written (sorted)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-
-    def write(name: str, document: dict[str, Any]) -> None:
+    documents = json_schema_documents()
+    if asyncapi:
+        documents["asyncapi.json"] = asyncapi_document(prefix)
+    written = []
+    for name, document in documents.items():
         path = out / name
-        path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        path.write_text(render(document), encoding="utf-8")
         written.append(path)
-
-    for cls in REGISTRY.classes():
-        write(f"{cls.type_name()}.v{cls.version()}.schema.json", event_schema(cls))
-    for spec in SPEC_TYPES:
-        write(f"{spec.__name__}.schema.json", json_schema(spec))
-    write("asyncapi.json", asyncapi_document(prefix))
     return sorted(written)
+
+
+if __name__ == "__main__":  # refresh the committed copies: python -m corral.contracts.schema contracts/schemas
+    import sys
+
+    for written_path in export_schemas(sys.argv[1] if len(sys.argv) > 1 else "contracts/schemas", asyncapi=False):
+        print(written_path)

@@ -110,3 +110,16 @@ def test_asyncapi_document_lists_event_and_inbox_channels(exported: Path) -> Non
     assert document["operations"]["corral.inbox.JobSubmitted"]["action"] == "receive"
     payload = document["components"]["schemas"]["corral.inbox.JobSubmitted:Message:Payload"]
     assert payload["properties"]["spec"]["properties"]["gpus_per_replica"]["type"] == "integer"
+
+
+def test_committed_schemas_match_the_contracts() -> None:
+    # contracts/schemas/ is what other-language pipelines read; refresh it after a contract change with
+    # `python -m corral.contracts.schema contracts/schemas`.
+    from corral.contracts.schema import json_schema_documents, render
+
+    committed = Path(__file__).resolve().parents[3] / "contracts" / "schemas"
+    documents = json_schema_documents()
+    assert {p.name for p in committed.glob("*.schema.json")} == set(documents)
+    for name, document in documents.items():
+        assert (committed / name).read_text() == render(document), (
+            f"{name} is stale: run python -m corral.contracts.schema contracts/schemas")
