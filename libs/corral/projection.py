@@ -128,6 +128,7 @@ class ClusterView:
     jobs: dict[str, JobView] = field(default_factory=dict)
     nodes: dict[str, NodeView] = field(default_factory=dict)
     queues: dict[str, QueueSpec] = field(default_factory=dict)
+    submissions: dict[str, str] = field(default_factory=dict)  # submission id -> job id
     versions: dict[str, int] = field(default_factory=dict)
     position: int = 0  # the last global position folded (when known)
     last_event_at: datetime | None = None
@@ -210,6 +211,9 @@ class ClusterView:
 def _submitted(view: ClusterView, e: ev.JobSubmitted) -> None:
     j = view.job(e.job_id)
     j.spec, j.user, j.submitted_at, j.version = e.spec, e.user, e.occurred_at, j.version + 1
+    submission = e.submission_id or e.spec.submission_id
+    if submission:
+        view.submissions.setdefault(submission, e.job_id)
 
 
 def _admitted(view: ClusterView, e: ev.JobAdmitted) -> None:

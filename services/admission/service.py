@@ -40,8 +40,10 @@ class Admission(Service):
         stream = job_stream(submitted.job_id)
         if submitted.stream != stream:
             submitted = msgspec.structs.replace(submitted, stream=stream)
-        if self.view.versions.get(stream, 0) > 0:
+        submission = submitted.submission_id or submitted.spec.submission_id
+        if self.view.versions.get(stream, 0) > 0 or (submission and submission in self.view.submissions):
             log.info("job %s already submitted; duplicate ignored", submitted.job_id)
+            await self.append({}, tracking=tracking)
             return
         verdict = self.judge(submitted)
         appended = await self.append({stream: [submitted, verdict]}, tracking=tracking, expected={stream: 0})
