@@ -80,6 +80,8 @@ class _Cycle:
         self.no_preempt: set[object] = set()
         self.never: dict[object, Reason | None] = {}
         self.borrow_epoch = 0
+        self.starved = 0
+        self.starved_for: Job | None = None
         self.release_epoch = 0
         self.strict = not config.backfill and config.order in (OrderPolicy.FIFO, OrderPolicy.PRIORITY)
 
@@ -119,7 +121,8 @@ class _Cycle:
             else:
                 found = find_placement(self.cluster, self.fi, job)
             if isinstance(found, Placement):
-                return self._place(p, found)
+                held = self._held_for_guarantee(p)
+                return held if held is not None else self._place(p, found)
             # free GPUs only shrink during a cycle: the same shape cannot fit later either
             self.no_fit.add((shape, avoid))
 
@@ -159,6 +162,11 @@ class _Cycle:
             return Pending(job.id, never)
         reason = found if isinstance(found, Reason) else find_placement(self.cluster, self.fi, job)
         assert isinstance(reason, Reason)
+        if self.config.quotas and within_guarantee(self.tree, self.usage, job.queue, job.total_gpus):
+            # a guaranteed job is starved: borrowers may not take the free GPUs it is owed
+            self.starved += job.total_gpus
+            if self.starved_for is None:
+                self.starved_for = job
         if self.config.backfill and self.reservation is None:
             self.reservation = reserve(
                 self.fi,
@@ -188,6 +196,24 @@ class _Cycle:
         if r.admits(p.job, self.now):
             return True
         return not r.holder_within_guarantee and within_guarantee(self.tree, self.usage, p.job.queue, p.job.total_gpus)
+
+    def _held_for_guarantee(self, p: PendingJob) -> Pending | None:
+        """A borrowing job may not take free GPUs that a starved guaranteed job is owed."""
+        if not self.starved or within_guarantee(self.tree, self.usage, p.job.queue, p.job.total_gpus):
+            return None
+        if self.fi.total_free - p.job.total_gpus >= self.starved:
+            return None
+        s = self.starved_for
+        assert s is not None
+        return Pending(
+            p.job.id,
+            Reason(
+                ReasonCode.RESERVED_FOR,
+                f"{min(self.starved, self.fi.total_free)} free GPUs are held for guaranteed jobs "
+                f"(first: {s.id} of queue {s.queue}); queue {p.job.queue} would borrow them",
+                (("reserved_for", s.id), ("reserved_gpus", self.starved)),
+            ),
+        )
 
     def _take(self, placement: Placement) -> None:
         for i, m in releases_of(placement, self.fi):
