@@ -84,9 +84,7 @@ def run_simulation(
             f"repair {failures.repair_hours} h, seed {seed}"
         )
     chosen_config = config or SchedulerConfig.named(policy)
-    outcome = Simulator(
-        loaded, built, chosen, chosen_config, seed=seed, failures=failures, scheduler=scheduler
-    ).run()
+    outcome = Simulator(loaded, built, chosen, chosen_config, seed=seed, failures=failures, scheduler=scheduler).run()
     summary = summarize(outcome.records, built, chosen)
     return SimResult(
         policy,
@@ -122,13 +120,9 @@ def compare(
 
 
 def build_parser(prog: str = "corral sim") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Replay a workload through Corral's scheduling core."
-    )
+    parser = argparse.ArgumentParser(prog=prog, description="Replay a workload through Corral's scheduling core.")
     parser.add_argument("--trace", required=True, help="philly:FILE, openb:FILE or a Corral JSONL workload")
-    parser.add_argument(
-        "--cluster", required=True, help="cluster file, or shorthand NODESxGPUS:MODEL, e.g. 64x8:H100"
-    )
+    parser.add_argument("--cluster", required=True, help="cluster file, or shorthand NODESxGPUS:MODEL, e.g. 64x8:H100")
     parser.add_argument("--queues", help="queues file (default: equal share for every workload queue)")
     parser.add_argument(
         "--policy",

@@ -31,9 +31,7 @@ class Violation:
         return f"{self.job_id}: {self.code}: {self.message}"
 
 
-def check_schedule(
-    jobs_json: Sequence[Mapping[str, Any]] | Mapping[str, Any], cluster: Cluster
-) -> list[Violation]:
+def check_schedule(jobs_json: Sequence[Mapping[str, Any]] | Mapping[str, Any], cluster: Cluster) -> list[Violation]:
     """Every violation in the schedule (empty when valid). `jobs_json` is the `jobs` list of the
     simulator's JSON output, or the whole output document."""
     jobs = jobs_json["jobs"] if isinstance(jobs_json, Mapping) else jobs_json
@@ -74,9 +72,7 @@ def check_schedule(
             ranks = p.get("ranks") or []
             if len(ranks) != replicas:
                 violations.append(
-                    Violation(
-                        job_id, "MISSING_RANKS", f"{where} has {len(ranks)} ranks, the gang has {replicas}"
-                    )
+                    Violation(job_id, "MISSING_RANKS", f"{where} has {len(ranks)} ranks, the gang has {replicas}")
                 )
             seen: set[tuple[str, int]] = set()
             for r, rank in enumerate(ranks):
@@ -84,21 +80,15 @@ def check_schedule(
                 gpus = [int(g) for g in rank["gpus"]]
                 if len(gpus) != per_replica:
                     violations.append(
-                        Violation(
-                            job_id, "RANK_GPUS", f"{where} rank {r} has {len(gpus)} GPUs, asked {per_replica}"
-                        )
+                        Violation(job_id, "RANK_GPUS", f"{where} rank {r} has {len(gpus)} GPUs, asked {per_replica}")
                     )
                 for g in gpus:
                     key = (node, g)
                     if key not in domain:
-                        violations.append(
-                            Violation(job_id, "NO_SUCH_GPU", f"{where} rank {r} uses {node} GPU {g}")
-                        )
+                        violations.append(Violation(job_id, "NO_SUCH_GPU", f"{where} rank {r} uses {node} GPU {g}"))
                         continue
                     if key in seen:
-                        violations.append(
-                            Violation(job_id, "GPU_TWICE_IN_JOB", f"{where} uses {node} GPU {g} twice")
-                        )
+                        violations.append(Violation(job_id, "GPU_TWICE_IN_JOB", f"{where} uses {node} GPU {g} twice"))
                     seen.add(key)
                     if end > start:
                         holders.setdefault(key, []).append((start, end, job_id))
@@ -114,19 +104,13 @@ def check_schedule(
             if gang and ranks:
                 spread = _spread(ranks, domain, rack, zone)
                 if spread > LEVEL_NAMES.index(gang):
-                    violations.append(
-                        Violation(job_id, "TOPOLOGY", f"{where} spans beyond one {gang} (gang={gang})")
-                    )
+                    violations.append(Violation(job_id, "TOPOLOGY", f"{where} spans beyond one {gang} (gang={gang})"))
         if placements:
             first, last = float(placements[0]["start"]), float(placements[-1]["end"])
             if job.get("start") is not None and float(job["start"]) != first:
-                violations.append(
-                    Violation(job_id, "TIME_ORDER", f"start {job['start']} != first placement {first}")
-                )
+                violations.append(Violation(job_id, "TIME_ORDER", f"start {job['start']} != first placement {first}"))
             if job.get("end") is not None and float(job["end"]) != last:
-                violations.append(
-                    Violation(job_id, "TIME_ORDER", f"end {job['end']} != last placement end {last}")
-                )
+                violations.append(Violation(job_id, "TIME_ORDER", f"end {job['end']} != last placement end {last}"))
         elif job.get("start") is not None:
             violations.append(Violation(job_id, "MISSING_RANKS", "has a start but no placement"))
     for (host, g), spans in holders.items():

@@ -77,6 +77,7 @@ class EngineStats:
     wall_seconds: float = 0.0
     max_pending: int = 0
     node_failures: int = 0
+    skipped_cycles: int = 0
 
 
 @dataclass(slots=True)
@@ -150,7 +151,8 @@ class Simulator:
         self._config = config
         self._seed = seed
         self._failures = failures
-        self._track_checkpoints = config.preemption or config.reclaim
+        self._can_preempt = config.preemption or config.reclaim
+        self._track_checkpoints = self._can_preempt
         self._sim: dict[str, SimJob] = {j.id: j for j in workload.jobs}
         if len(self._sim) != len(workload.jobs):
             raise ValueError("workload job ids must be unique")
@@ -176,6 +178,10 @@ class Simulator:
         self._running: dict[str, RunningJob] = {}
         self._runs: dict[str, _Run] = {}
         self._held: dict[tuple[str, int], str] = {}
+        self._held_on: dict[str, int] = {n.name: 0 for n in cluster.nodes}
+        self._free_ready = 0
+        self._recount_free()
+        self._pending_sizes: dict[int, int] = {}
         self._events: list[tuple[float, int, int, str, int]] = []
         self._checkpoints: list[tuple[float, int, str, int]] = []
         self._seq = 0
@@ -204,10 +210,40 @@ class Simulator:
                 self.stats.events += 1
                 changed = True
             if changed and self._pending:
-                self._cycle(now)
+                if self._futile():
+                    self.stats.skipped_cycles += 1
+                else:
+                    self._cycle(now)
         self.stats.wall_seconds = time.perf_counter() - wall
         reasons = self._final_reasons()
         return SimOutcome([self._records[j.id] for j in jobs], self.stats, reasons)
+
+    def _futile(self) -> bool:
+        """True when no decision can come out of a cycle: the policy never preempts and no pending
+        job is small enough for the free GPUs of ready nodes. Skipping it changes nothing, because
+        the core keeps no state between cycles."""
+        return not self._can_preempt and self._free_ready < min(self._pending_sizes)
+
+    def _recount_free(self) -> None:
+        self._free_ready = sum(
+            n.gpu_count - self._held_on[n.name] for n in self._cluster.nodes if n.state is NodeState.READY
+        )
+
+    def _add_pending(self, pending: PendingJob) -> None:
+        self._pending[pending.job.id] = pending
+        size = pending.job.total_gpus
+        self._pending_sizes[size] = self._pending_sizes.get(size, 0) + 1
+
+    def _pop_pending(self, job_id: str) -> PendingJob | None:
+        pending = self._pending.pop(job_id, None)
+        if pending is not None:
+            size = pending.job.total_gpus
+            left = self._pending_sizes[size] - 1
+            if left:
+                self._pending_sizes[size] = left
+            else:
+                del self._pending_sizes[size]
+        return pending
 
     # -- events -----------------------------------------------------------------------------
     def _push(self, at: float, kind: int, job_id: str, epoch: int) -> None:
@@ -217,7 +253,7 @@ class Simulator:
     def _arrive(self, sim: SimJob) -> None:
         job = core_job(sim)
         self._jobs[sim.id] = job
-        self._pending[sim.id] = PendingJob(job)
+        self._add_pending(PendingJob(job))
 
     def _apply_event(self, now: float, kind: int, job_id: str, epoch: int) -> bool:
         if kind == _COMPLETE:
@@ -247,6 +283,9 @@ class Simulator:
         running = self._running.pop(job_id)
         for key in run.gpus:
             del self._held[key]
+            self._held_on[key[0]] -= 1
+            if self._cluster.node(key[0]).state is NodeState.READY:
+                self._free_ready += 1
         record = self._records[job_id]
         record.placements.append(Interval(run.start, now, run.ranks))
         elapsed = now - run.start
@@ -263,9 +302,7 @@ class Simulator:
         record.lost_gpu_seconds += (elapsed - saved) * gpus
         if run.preemptor is not None:
             self._preempted_by[job_id] = self._preempted_by.get(job_id, frozenset()) | {run.preemptor}
-        self._pending[job_id] = PendingJob(
-            running.job, self._attained[job_id], self._preempted_by.get(job_id, frozenset())
-        )
+        self._add_pending(PendingJob(running.job, self._attained[job_id], self._preempted_by.get(job_id, frozenset())))
 
     # -- one cycle ------------------------------------------------------------------------------
     def _cycle(self, now: float) -> None:
@@ -289,7 +326,7 @@ class Simulator:
                     self._preempt(now, victim, decision.job_id)
 
     def _place(self, now: float, job_id: str, placement: Placement) -> None:
-        pending = self._pending.pop(job_id, None)
+        pending = self._pop_pending(job_id)
         if pending is None:
             raise SimulationError(f"core placed {job_id!r}, which is not pending at t={now}")
         job = pending.job
@@ -297,12 +334,16 @@ class Simulator:
         if len(placement.ranks) != job.replicas or len(gpus) != job.total_gpus:
             raise SimulationError(f"core placed {job_id!r} as {placement} but it asks {job.shape}")
         for key in gpus:
+            if not self._cluster.has_node(key[0]) or self._cluster.node(key[0]).state is not NodeState.READY:
+                raise SimulationError(f"core placed {job_id!r} on {key[0]!r}, which is not a ready node")
             holder = self._held.get(key)
             if holder is not None:
                 raise SimulationError(
                     f"core placed {job_id!r} on {key[0]} GPU {key[1]}, still held by {holder!r} at t={now}"
                 )
             self._held[key] = job_id
+            self._held_on[key[0]] += 1
+        self._free_ready -= len(gpus)
         self._epoch += 1
         sim = self._sim[job_id]
         ranks = tuple(RankRecord(r.node, tuple(r.gpus)) for r in placement.ranks)
@@ -323,13 +364,19 @@ class Simulator:
         run = self._runs.get(victim)
         running = self._running.get(victim)
         if run is None or running is None:
-            raise SimulationError(
-                f"core preempted {victim!r} for {preemptor!r}, but it is not running at t={now}"
-            )
+            raise SimulationError(f"core preempted {victim!r} for {preemptor!r}, but it is not running at t={now}")
         if running.preempting:
             return
         run.preemptor = preemptor
-        self._running[victim] = replace(running, preempting=True)
+        self._running[victim] = RunningJob(
+            running.job,
+            running.placement,
+            running.start_time,
+            running.last_checkpoint_time,
+            True,
+            running.attained_gpu_seconds,
+            running.preempted_by,
+        )
         grace = running.job.checkpoint_grace_seconds
         self._push(now + grace, _RELEASE, victim, run.epoch)
 
@@ -343,8 +390,10 @@ class Simulator:
                 continue
             interval = self._sim[job_id].checkpoint_interval_seconds
             last = run.start + math.floor((now - run.start) / interval) * interval
-            running = self._running[job_id]
-            self._running[job_id] = replace(running, last_checkpoint_time=last)
+            r = self._running[job_id]
+            self._running[job_id] = RunningJob(
+                r.job, r.placement, r.start_time, last, r.preempting, r.attained_gpu_seconds, r.preempted_by
+            )
             run.next_checkpoint = last + interval
             heapq.heappush(heap, (run.next_checkpoint, epoch, job_id, epoch))
 
@@ -374,9 +423,8 @@ class Simulator:
         return True
 
     def _set_node_state(self, name: str, state: NodeState) -> None:
-        self._cluster = Cluster(
-            tuple(replace(n, state=state) if n.name == name else n for n in self._cluster.nodes)
-        )
+        self._cluster = Cluster(tuple(replace(n, state=state) if n.name == name else n for n in self._cluster.nodes))
+        self._recount_free()
 
     def _final_reasons(self) -> dict[str, str]:
         """Why each never-finished job is still waiting: one last cycle's Pending reasons."""

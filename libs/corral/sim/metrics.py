@@ -125,10 +125,7 @@ def _mean(values: Sequence[float]) -> float:
 def entitlements(names: Sequence[str], queues: Sequence[QueueConfig]) -> dict[str, tuple[float, float]]:
     """Queue -> (guaranteed GPUs, weight); a queue missing from the config has no guarantee, weight 1."""
     by_name = {q.name: q for q in queues}
-    return {
-        n: (float(by_name[n].guaranteed_gpus), by_name[n].weight) if n in by_name else (0.0, 1.0)
-        for n in names
-    }
+    return {n: (float(by_name[n].guaranteed_gpus), by_name[n].weight) if n in by_name else (0.0, 1.0) for n in names}
 
 
 def fair_shares(

@@ -127,9 +127,7 @@ def render_comparison(results: Sequence[SimResult]) -> str:
     ]
     for n, row in enumerate(rows):
         lines.append(
-            "  ".join(
-                cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)
-            )
+            "  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
         )
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
@@ -164,6 +162,5 @@ def _queue_table(summary: Summary) -> str:
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
-        "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row))
-        for row in rows
+        "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row)) for row in rows
     )

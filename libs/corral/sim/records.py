@@ -112,9 +112,7 @@ def records_from_json(jobs: Sequence[dict[str, Any]]) -> list[JobRecord]:
                     Interval(
                         float(p["start"]),
                         float(p["end"]),
-                        tuple(
-                            RankRecord(str(r["node"]), tuple(int(g) for g in r["gpus"])) for r in p["ranks"]
-                        ),
+                        tuple(RankRecord(str(r["node"]), tuple(int(g) for g in r["gpus"])) for r in p["ranks"]),
                     )
                     for p in raw.get("placements", ())
                 ],

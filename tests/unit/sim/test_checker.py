@@ -56,9 +56,7 @@ def test_missing_rank_and_wrong_gpu_count_are_caught() -> None:
 
 
 def test_hard_gang_topology_is_checked() -> None:
-    jobs = [
-        _job("a", [_at(0, 10, ("n000", [0, 1]), ("n001", [0, 1]))], replicas=2, topology={"gang": "rack"})
-    ]
+    jobs = [_job("a", [_at(0, 10, ("n000", [0, 1]), ("n001", [0, 1]))], replicas=2, topology={"gang": "rack"})]
     assert [v.code for v in check_schedule(jobs, CLUSTER)] == ["TOPOLOGY"]
 
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from corral.sim.importers import load_workload
 from corral.sim.workload import WorkloadError
 

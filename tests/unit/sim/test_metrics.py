@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from corral.core import Cluster, QueueConfig
 from corral.sim.metrics import fair_shares, percentile, summarize
 from corral.sim.records import Interval, JobRecord, RankRecord

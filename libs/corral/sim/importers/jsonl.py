@@ -42,14 +42,10 @@ def load_jsonl(path: Path) -> Workload:
             try:
                 spec = json.loads(stripped)
             except json.JSONDecodeError as error:
-                raise WorkloadError(
-                    f"{where}: not valid JSON ({error.msg}); write one JSON object per line"
-                ) from error
+                raise WorkloadError(f"{where}: not valid JSON ({error.msg}); write one JSON object per line") from error
             job = job_from_line(spec, where)
             if job.id in seen:
-                raise WorkloadError(
-                    f"{where}: field 'name': {job.id!r} repeats an earlier job; names must be unique"
-                )
+                raise WorkloadError(f"{where}: field 'name': {job.id!r} repeats an earlier job; names must be unique")
             seen.add(job.id)
             jobs.append(job)
     return normalised(jobs, f"jsonl:{path.name}", [])
@@ -72,9 +68,7 @@ def job_from_line(line: Any, where: str) -> SimJob:
             f"{where}: field 'checkpoint_interval_seconds' must be a number of seconds > 0, got {interval!r}"
         )
     if fields.get("duration_seconds") is None:
-        raise WorkloadError(
-            f"{where}: field 'duration_seconds' is missing; add how long the job runs, e.g. 3600"
-        )
+        raise WorkloadError(f"{where}: field 'duration_seconds' is missing; add how long the job runs, e.g. 3600")
     try:
         spec = validate_job_spec(fields)
     except SpecError as error:

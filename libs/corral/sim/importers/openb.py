@@ -49,9 +49,7 @@ def read_tasks(path: Path) -> list[OpenbTask]:
 
 def load_openb(path: Path) -> Workload:
     """Read an OpenB pod list with timestamps (e.g. `openb_pod_list_default.csv`)."""
-    rows = _rows(
-        path, {"name", "num_gpu", "gpu_milli", "qos", "creation_time", "deletion_time", "scheduled_time"}
-    )
+    rows = _rows(path, {"name", "num_gpu", "gpu_milli", "qos", "creation_time", "deletion_time", "scheduled_time"})
     jobs: list[SimJob] = []
     cpu_only = never_scheduled = sharing = multi_model = 0
     for line, row in rows:
@@ -67,8 +65,7 @@ def load_openb(path: Path) -> Workload:
         qos = row["qos"]
         if qos not in QOS_PRIORITY:
             raise WorkloadError(
-                f"openb trace {str(path)!r} line {line}: field 'qos' is {qos!r}; "
-                f"expected one of {sorted(QOS_PRIORITY)}"
+                f"openb trace {str(path)!r} line {line}: field 'qos' is {qos!r}; expected one of {sorted(QOS_PRIORITY)}"
             )
         models = [m for m in (row.get("gpu_spec") or "").split("|") if m]
         if len(models) > 1:
