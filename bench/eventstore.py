@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
+
 from corral.bus import Bus, OutboxRelay
 from corral.eventstore import ANY, EventStore, NewEvent
 from corral.stack.servers import NatsServer, PostgresServer

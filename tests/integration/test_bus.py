@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from corral.bus import DUPLICATE_WINDOW, Bus, Delivery, Poison, Retry
+
+from corral.bus import DUPLICATE_WINDOW, Bus, Delivery, Outgoing, Poison, Retry
 from corral.bus.delivery import DLQ_CONSUMER, DLQ_DELIVERIES, DLQ_ERROR, DLQ_SEQUENCE, DLQ_SUBJECT
 
 
@@ -202,3 +203,12 @@ async def test_subjects_outside_the_namespace_are_refused(bus: Bus) -> None:
         await bus.publish("other.events.JobSubmitted", b"{}", msg_id="x")
     with pytest.raises(ValueError, match="msg_id"):
         await bus.publish(bus.names.events_subject("JobSubmitted"), b"{}", msg_id="")
+
+
+async def test_a_pipelined_batch_is_stored_in_order_and_deduplicated(bus: Bus) -> None:
+    subject = bus.names.events_subject("NodeRegistered")
+    batch = [Outgoing(subject, f'{{"n": {i}}}'.encode(), msg_id=f"n{i}") for i in range(50)]
+    first = await bus.publish_many(batch)
+    again = await bus.publish_many(batch[40:])
+    assert [p.sequence for p in first] == list(range(1, 51))
+    assert all(p.duplicate for p in again) and not any(p.duplicate for p in first)

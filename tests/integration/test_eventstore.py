@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 import pytest
+
 from corral.eventstore import (
     ANY,
     AlreadyProcessed,

@@ -6,6 +6,7 @@ import asyncio
 
 import asyncpg
 import pytest
+
 from corral.eventstore import EventStore, MigrationError
 from corral.eventstore.migrate import Migration, apply_migrations, bundled_migrations
 

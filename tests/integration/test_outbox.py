@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 import pytest
+
 from corral.bus import Bus, Delivery, OutboxRelay, Retry
 from corral.bus.relay import POSITION, TYPE
 from corral.eventstore import ANY, AlreadyProcessed, EventStore, NewEvent, StoredEvent, Tracking
-
 from tests.conftest import Infra
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from corral.bus import Delivery, Namespace
 from corral.bus.delivery import (
     DLQ_ERROR,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+
 from corral.eventstore import MigrationError, NewEvent, Tracking
 from corral.eventstore.migrate import Migration, bundled_migrations, ordered
 

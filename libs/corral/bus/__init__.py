@@ -1,7 +1,7 @@
 """The NATS JetStream bus: streams, deduplicated publishing, durable pull consumers with retry and
 dead-lettering, and the outbox relay from the event store."""
 
-from corral.bus.bus import DUPLICATE_WINDOW, Bus, Published
+from corral.bus.bus import DUPLICATE_WINDOW, Bus, Outgoing, Published
 from corral.bus.consumer import RunningConsumer
 from corral.bus.delivery import Delivery, Handler, Poison, Retry
 from corral.bus.naming import Namespace
@@ -14,6 +14,7 @@ __all__ = [
     "Handler",
     "Namespace",
     "OutboxRelay",
+    "Outgoing",
     "Poison",
     "Published",
     "Retry",

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import asyncpg
 import nats.errors
 
-from corral.bus.bus import Bus
+from corral.bus.bus import Bus, Outgoing
 from corral.eventstore import EventStore, StoredEvent
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 Fault = Callable[[str, StoredEvent], None]
 """Test hook called at named points of the relay loop; raising there simulates a crash.
 
-Points: "before_publish", "after_publish_before_save", "after_save"."""
+Points, per batch read from the log: "before_publish" for each event before the batch is sent,
+"after_publish_before_save" for each event once JetStream acknowledged the whole batch, and
+"after_save" (with the batch's last event) once the position is saved."""
 
 # Failures of the bus or the database that a running relay waits out instead of dying.
 _TRANSIENT: tuple[type[BaseException], ...] = (
@@ -124,9 +126,12 @@ class OutboxRelay:
             await task
 
     async def _publish_batch(self, events: list[StoredEvent]) -> int:
+        messages = []
         for event in events:
             self._hook("before_publish", event)
-            await self.bus.publish(self.subject_for(event), event.data, event.event_id, event_headers(event))
+            messages.append(Outgoing(self.subject_for(event), event.data, event.event_id, event_headers(event)))
+        await self.bus.publish_many(messages)
+        for event in events:
             self._hook("after_publish_before_save", event)
         last = events[-1]
         await self.store.save_relay_position(self.name, last.position)
