@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
+
 from corral.contracts.problems import Problem, SpecError
 from corral.contracts.validation import convert_collecting, parse_document
 

@@ -74,6 +74,9 @@ def new_event_id(now: datetime | float, rand: bytes | None = None) -> str:
     return "".join(reversed(chars))
 
 
+_VERSIONS: dict[type, int] = {}
+
+
 class Reason(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Why something happened or is waiting: a stable `code`, a human message with numbers, details."""
 
@@ -115,10 +118,12 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
     @classmethod
     def version(cls) -> int:
-        for field in msgspec.structs.fields(cls):
-            if field.name == "schema_version":
-                return int(field.default)
-        raise AssertionError("Event subclasses keep the schema_version field")
+        """The class's schema_version (its default), cached: every decode checks it."""
+        version = _VERSIONS.get(cls)
+        if version is None:
+            (field,) = [f for f in msgspec.structs.fields(cls) if f.name == "schema_version"]
+            version = _VERSIONS[cls] = int(field.default)
+        return version
 
     @classmethod
     def new(

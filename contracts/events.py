@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
+
 from corral.contracts.cluster import GpuDevice, GpuIndex, Location, NodeName
 from corral.contracts.envelope import Event, Reason, UtcDatetime
 from corral.contracts.jobspec import JobSpec, QueuePath, Signal

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
+
 from corral.contracts.jobspec import QueuePath
 from corral.contracts.problems import Problem, SpecError
 from corral.contracts.validation import convert_collecting, parse_document

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import msgspec
+
 from corral.contracts.envelope import Event
 from corral.contracts.events import ALL_EVENTS
 from corral.contracts.problems import ContractError, problem_from_validation_error

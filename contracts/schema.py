@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
+
 from corral.contracts.cluster import ClusterSpec
 from corral.contracts.envelope import Event
 from corral.contracts.jobspec import JobSpec

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 import msgspec
+
 from corral.contracts.envelope import Event
 
 __all__ = [

@@ -12,8 +12,9 @@ from typing import Any
 
 import msgspec
 import msgspec.inspect as mi
-from corral.contracts.envelope import Event
 from hypothesis import strategies as st
+
+from corral.contracts.envelope import Event
 
 _INT_BOUND = 2**53
 _MAX_ITEMS = 3

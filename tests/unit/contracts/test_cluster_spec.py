@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from corral.contracts import SpecError, load_cluster_file, parse_cluster_shorthand, validate_cluster_spec
 
 

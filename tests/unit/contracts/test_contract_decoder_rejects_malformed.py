@@ -10,11 +10,12 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from corral.contracts import ContractError, decode, encode
 from corral.contracts.envelope import Event
 from corral.contracts.events import ALL_EVENTS
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from .strategies import json_values, struct_strategy
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from corral.contracts import ClusterSpec, JobSpec, QueueSpec, decode, encode
 from corral.contracts.envelope import Event
 from corral.contracts.events import ALL_EVENTS
 from corral.contracts.registry import REGISTRY
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from .strategies import struct_strategy
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 import pytest
+
 from corral.contracts import ContractError, EventRegistry, JobSubmitted, new_event_id
 from corral.contracts.events import ALL_EVENTS
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from corral.contracts import JobSpec, SpecError, load_job_spec, validate_job_spec
 
 MINIMAL = {"name": "train", "queue": "research/nlp", "command": ["python", "train.py"]}

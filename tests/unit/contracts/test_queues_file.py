@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from corral.contracts import QueueSpec, SpecError, load_queues_file, load_queues_text, validate_queues
 
 QUEUES_YAML = """

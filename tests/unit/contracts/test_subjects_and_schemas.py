@@ -8,13 +8,14 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from corral.contracts import JobSubmitted, Subjects, encode, inbox_subject_for, subject_for, validate_job_spec
 from corral.contracts.envelope import Event
 from corral.contracts.events import ALL_EVENTS
 from corral.contracts.schema import export_schemas
 from corral.contracts.subjects import INBOX_JOB_CANCEL_REQUESTED, INBOX_JOB_SUBMITTED
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from .strategies import struct_strategy
 
