@@ -14,8 +14,10 @@ import contextlib
 import logging
 import signal as signal_module
 from pathlib import Path
+from typing import TypeVar
 
 import nats.errors
+
 from corral.bus import Bus
 from corral.contracts.envelope import Event, Reason, job_stream
 from corral.contracts.events import CheckpointDone, GangReserved, WorkerExited, WorkerStarted
@@ -26,6 +28,8 @@ from .reservation import contract_attempt
 from .supervisor import ExitReason, GangOutcome
 
 log = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=Event)
 
 _RETRY_PAUSE = 0.5
 START_FAILED = "START_FAILED"
@@ -119,7 +123,7 @@ class NodeReports:
     def forget(self, job_id: str) -> None:
         self._causes.pop(job_id, None)
 
-    def _job_event[E: Event](self, cls: type[E], job_id: str, **payload: object) -> E:
+    def _job_event(self, cls: type[E], job_id: str, **payload: object) -> E:
         return cls.new(stream=job_stream(job_id), actor=self.actor, causation=self._causes.get(job_id),
                        correlation_id=job_id, job_id=job_id, **payload)
 

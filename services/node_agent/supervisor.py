@@ -175,6 +175,11 @@ class Supervisor:
     def running_jobs(self) -> list[str]:
         return sorted(self._gangs)
 
+    def running_attempt(self, job_id: str) -> int | None:
+        """The attempt of `job_id` that runs here now, or None."""
+        gang = self._gangs.get(job_id)
+        return gang.assignment.attempt if gang else None
+
     def pids(self, job_id: str) -> dict[int, int]:
         """Global rank -> pid of the live ranks of a job (empty if it does not run here)."""
         gang = self._gangs.get(job_id)

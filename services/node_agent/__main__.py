@@ -1,0 +1,172 @@
+"""`python -m corral.services.node_agent`: run node agents until SIGTERM/SIGINT.
+
+Fake nodes (what `corral up` runs):
+    --cluster-file F --runtime sim|process --work-dir D
+F is a cluster file (YAML/JSON) or a file holding a shorthand such as `4x8:H100`; one agent runs
+per node of F (or per `--node` chosen from it).
+
+One real node:
+    --node NAME --inventory nvml [--rack R --zone Z --model M] --work-dir D
+discovers the GPUs with NVML; exits with status 2 and a clear message where NVML is absent.
+
+Environment: CORRAL_NATS_URL (required), CORRAL_NAMESPACE (default corral), CORRAL_LOG_DIR (rank
+logs go to `$CORRAL_LOG_DIR/jobs/<job>/rank-<N>.log`, else `<work-dir>/logs/...`), CORRAL_LOG_LEVEL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from corral.contracts.cluster import (
+    GPU_MEMORY_GIB,
+    ClusterSpec,
+    GpuDevice,
+    NodeInventory,
+    load_cluster_file,
+    parse_cluster_shorthand,
+)
+from corral.contracts.problems import SpecError
+
+from .inventory import NvmlUnavailable, discover
+from .service import AgentOptions, run_agents
+
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """A bad flag, file or environment: printed without a traceback, exit status 2."""
+
+
+def read_cluster(path: Path) -> ClusterSpec:
+    """A cluster file, or a file whose whole content is a shorthand like `4x8:H100`."""
+    if not path.is_file():
+        raise UsageError(f"--cluster-file {path}: no such file")
+    text = path.read_text(encoding="utf-8").strip()
+    try:
+        if path.suffix.lower() not in (".json", ".yaml", ".yml") and "\n" not in text and ":" in text \
+                and ": " not in text:
+            return parse_cluster_shorthand(text)
+        return load_cluster_file(path)
+    except SpecError as exc:
+        raise UsageError(f"--cluster-file {path}: {exc}") from None
+
+
+def model_name(nvml_name: str) -> str:
+    """A contract model name from NVML's marketing name: `NVIDIA H100 80GB HBM3` -> `H100`.
+
+    A known model among the words wins (so `gpu.model: H100` in a job spec matches); otherwise the
+    words joined by '-', e.g. `GeForce-RTX-4090`.
+    """
+    words = [w for w in nvml_name.replace("NVIDIA", " ").split() if w]
+    known = {m.upper(): m for m in GPU_MEMORY_GIB}
+    for word in words:
+        base = word.split("-")[0].upper()
+        if base in known:
+            return known[base]
+    joined = "-".join(words) or "GPU"
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in joined)
+
+
+def nvml_inventory(node: str, rack: str, zone: str, model: str | None) -> NodeInventory:
+    found = discover(node, rack=rack, zone=zone)
+    if isinstance(found, NvmlUnavailable):
+        raise UsageError(f"--inventory nvml: {found.message}. On a machine without GPUs run fake nodes "
+                         "with --cluster-file (e.g. a file containing 2x8:H100)")
+    gpus = [GpuDevice(index=g.index, model=model or model_name(g.model),
+                      memory_gib=g.memory_gib if g.memory_gib > 0 else None) for g in found.gpus]
+    return NodeInventory(node=node, gpus=gpus, nvlink_domains=[list(d) for d in found.nvlink_domains],
+                         rack=rack, zone=zone)
+
+
+def inventories(args: argparse.Namespace) -> list[NodeInventory]:
+    if args.inventory == "nvml":
+        if not args.node or len(args.node) != 1:
+            raise UsageError("--inventory nvml needs exactly one --node NAME (the machine this agent runs on)")
+        if args.cluster_file is not None:
+            raise UsageError("--inventory nvml discovers the GPUs itself; drop --cluster-file")
+        return [nvml_inventory(args.node[0], args.rack, args.zone, args.model)]
+    if args.cluster_file is None:
+        raise UsageError("give --cluster-file F (fake nodes) or --node NAME --inventory nvml (a real node)")
+    declared = {inv.node: inv for inv in read_cluster(args.cluster_file).inventories()}
+    if not args.node:
+        return list(declared.values())
+    unknown = [n for n in args.node if n not in declared]
+    if unknown:
+        raise UsageError(f"--node {', '.join(unknown)}: not in {args.cluster_file} "
+                         f"(its nodes: {', '.join(declared)})")
+    return [declared[n] for n in args.node]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m corral.services.node_agent",
+                                description="Run Corral node agents (one per node).")
+    p.add_argument("--cluster-file", type=Path, help="cluster file (YAML/JSON) or a file holding a "
+                   "shorthand such as 4x8:H100; one agent per node")
+    p.add_argument("--node", action="append", help="run only this node (repeatable); required with nvml")
+    p.add_argument("--inventory", choices=("declared", "nvml"), default="declared",
+                   help="declared: from --cluster-file (default); nvml: discover this machine's GPUs")
+    p.add_argument("--rack", default="rack-0", help="rack of an nvml node (default rack-0)")
+    p.add_argument("--zone", default="zone-0", help="zone of an nvml node (default zone-0)")
+    p.add_argument("--model", help="model name to report for an nvml node's GPUs (default: from NVML)")
+    p.add_argument("--runtime", choices=("sim", "process"), default="process",
+                   help="process: run each job as its spec says (default); sim: simulate every job")
+    p.add_argument("--work-dir", type=Path, default=Path(".corral/nodes"),
+                   help="control files and, by default, checkpoints and logs (default .corral/nodes)")
+    p.add_argument("--checkpoint-dir", type=Path, help="root of CORRAL_CHECKPOINT_DIR (default "
+                   "<work-dir>/checkpoints; use shared storage across machines)")
+    p.add_argument("--log-dir", type=Path, help="rank logs root (default $CORRAL_LOG_DIR/jobs, else "
+                   "<work-dir>/logs)")
+    p.add_argument("--heartbeat-seconds", type=float, default=2.0, help="heartbeat period (default 2)")
+    p.add_argument("--stop-grace", type=float, default=10.0,
+                   help="seconds between SIGTERM and SIGKILL when a gang is stopped (default 10)")
+    return p
+
+
+def options(args: argparse.Namespace, environ: os._Environ[str] | dict[str, str]) -> AgentOptions:
+    log_dir = args.log_dir
+    if log_dir is None and environ.get("CORRAL_LOG_DIR"):
+        log_dir = Path(environ["CORRAL_LOG_DIR"]) / "jobs"
+    try:
+        return AgentOptions(work_dir=args.work_dir.resolve(), runtime=args.runtime,
+                            job_log_dir=log_dir.resolve() if log_dir else None,
+                            checkpoint_root=args.checkpoint_dir.resolve() if args.checkpoint_dir else None,
+                            heartbeat_seconds=args.heartbeat_seconds, stop_grace_seconds=args.stop_grace)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        url = os.environ.get("CORRAL_NATS_URL")
+        if not url:
+            raise UsageError("set CORRAL_NATS_URL (or start everything with `corral up`)")
+        nodes = inventories(args)
+        opts = options(args, os.environ)
+    except UsageError as exc:
+        print(f"node agent: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    namespace = os.environ.get("CORRAL_NAMESPACE", "corral")
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_agents(url, namespace, nodes, opts, stop)
+
+    asyncio.run(_main())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

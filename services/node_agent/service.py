@@ -1,0 +1,380 @@
+"""The node-agent service: one process hosting one agent per node, wired to NATS JetStream.
+
+Why one process for many nodes: `corral up` simulates a whole cluster on one machine; each node
+still has its own `Supervisor`, inventory, registration and heartbeat, exactly as one agent per
+real machine would. On a real cluster run one process per machine (`--node NAME --inventory nvml`).
+
+What an agent does:
+- at start: publish NodeRegistered (its inventory) to `<ns>.inbox.NodeRegistered`;
+- every `heartbeat_seconds`: a NodeHeartbeat on core NATS `<ns>.heartbeat.<node>` (not the log);
+- consume events with ONE durable consumer per process (`durable_name(nodes)`):
+  JobSubmitted (spec cache), GangReserved (start this node's ranks), PreemptRequested (checkpoint
+  signal, then SIGTERM/SIGKILL at the deadline), GangReleased / JobCancelled / JobRequeued (stop
+  an attempt still running here), JobCompleted / JobFailed / JobRejected (forget the spec);
+- report WorkerStarted / WorkerExited / CheckpointDone to the inbox (see `reports`).
+
+The durable delivers only events published after it was first created (DeliverPolicy.NEW), and a
+restarted process resumes from its acknowledged position: an agent never replays history and
+relaunches long-finished gangs. The job specs it needs from before that point are read once at
+start from the events stream (JobSubmitted minus ended jobs), before any event is handled.
+
+Shutdown (SIGTERM/SIGINT, or `stop` set): stop consuming, stop every local gang (SIGTERM, SIGKILL
+after `stop_grace_seconds`; their WorkerExited carry STOPPED), publish the pending reports, exit.
+A `kill -9` of the agent leaves its workers running as orphans (each rank is its own session);
+placement notices the missing heartbeats and releases the node's jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from corral.bus import Bus, Delivery, Poison
+from corral.bus.naming import EVENTS
+from corral.contracts.cluster import NodeInventory
+from corral.contracts.envelope import Event, node_stream
+from corral.contracts.events import (
+    GangReleased,
+    GangReserved,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobRejected,
+    JobRequeued,
+    JobSubmitted,
+    NodeHeartbeat,
+    NodeRegistered,
+    PreemptRequested,
+)
+from corral.contracts.jobspec import JobSpec
+from corral.contracts.problems import ContractError
+from corral.contracts.registry import decode, encode
+from corral.contracts.subjects import Subjects
+
+from .reports import START_FAILED, NodeReports, ReportPublisher
+from .reservation import AgentRuntime, build_assignment, contract_attempt, local_ranks
+from .supervisor import Supervisor
+
+log = logging.getLogger("corral.node_agent")
+
+CONSUMED_TYPES: tuple[str, ...] = (
+    "JobSubmitted", "GangReserved", "PreemptRequested", "GangReleased", "JobCancelled", "JobRequeued",
+    "JobCompleted", "JobFailed", "JobRejected",
+)
+"""Event types the agents' durable consumer reads from `<ns>.events.<Type>`."""
+
+_SPEC_HISTORY_TYPES = ("JobSubmitted", "JobCompleted", "JobFailed", "JobCancelled", "JobRejected")
+_ENDED = (JobCompleted, JobFailed, JobCancelled, JobRejected)
+_NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
+_HISTORY_FETCH = 512
+
+
+def durable_name(nodes: Sequence[str]) -> str:
+    """The durable consumer of a process hosting `nodes`.
+
+    One node: `node-agent-<node>` ('.' becomes '_'). Several: `node-agents-<10 hex of sha1 of the
+    sorted names>`, stable across restarts of the same node set. Two live processes must never
+    host the same node set: they would share the durable and split its messages.
+    """
+    names = sorted(set(nodes))
+    if not names:
+        raise ValueError("a node-agent process hosts at least one node")
+    if len(names) == 1:
+        return f"node-agent-{_NOT_TOKEN.sub('_', names[0])}"
+    digest = hashlib.sha1("\n".join(names).encode()).hexdigest()[:10]
+    return f"node-agents-{digest}"
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """How the agents run workers; paths are created on demand.
+
+    `job_log_dir`: rank logs go to `<job_log_dir>/<job>/rank-<N>.log`. `checkpoint_root`: a job's
+    `CORRAL_CHECKPOINT_DIR` is `<checkpoint_root>/<job>`; it must be shared storage when a job can
+    resume on another machine (on one machine hosting fake nodes it is simply shared).
+    """
+
+    work_dir: Path
+    runtime: AgentRuntime = "process"
+    job_log_dir: Path | None = None
+    checkpoint_root: Path | None = None
+    heartbeat_seconds: float = 2.0
+    stop_grace_seconds: float = 10.0
+    kill_grace_seconds: float = 5.0
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        if self.runtime not in ("sim", "process"):
+            raise ValueError(f"runtime must be sim or process, got {self.runtime!r}")
+        if self.heartbeat_seconds <= 0:
+            raise ValueError(f"heartbeat_seconds must be > 0, got {self.heartbeat_seconds}")
+        if self.stop_grace_seconds < 0 or self.kill_grace_seconds < 0:
+            raise ValueError("stop_grace_seconds and kill_grace_seconds must be >= 0")
+
+    @property
+    def logs(self) -> Path:
+        return self.job_log_dir or self.work_dir / "logs"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.checkpoint_root or self.work_dir / "checkpoints"
+
+
+class NodeAgent:
+    """One node: its inventory, its supervisor, and what it does with each event."""
+
+    def __init__(self, inventory: NodeInventory, options: AgentOptions, publisher: ReportPublisher) -> None:
+        self.inventory = inventory
+        self.node = inventory.node
+        self.actor = f"node-agent/{self.node}"
+        self.options = options
+        self.reports = NodeReports(self.node, publisher)
+        self.supervisor = Supervisor(self.reports, options.work_dir / self.node / "run",
+                                     kill_grace=options.kill_grace_seconds)
+        self._heartbeats = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # --- what the node says about itself --------------------------------------------------------
+
+    def registration(self) -> NodeRegistered:
+        inv = self.inventory
+        return NodeRegistered.new(stream=node_stream(self.node), actor=self.actor, correlation_id=self.node,
+                                  node=self.node, gpus=list(inv.gpus),
+                                  nvlink_domains=[list(d) for d in inv.nvlink_domains],
+                                  rack=inv.rack, zone=inv.zone)
+
+    def heartbeat(self) -> NodeHeartbeat:
+        self._heartbeats += 1
+        return NodeHeartbeat.new(stream=node_stream(self.node), actor=self.actor, correlation_id=self.node,
+                                 node=self.node, sequence=self._heartbeats,
+                                 running_job_ids=self.supervisor.running_jobs())
+
+    # --- events ---------------------------------------------------------------------------------
+
+    async def on_gang_reserved(self, event: GangReserved, spec: JobSpec | None) -> None:
+        """Start this node's ranks of the gang (idempotent per job and attempt)."""
+        share = local_ranks(event, self.node)
+        if share is None:
+            return
+        job, attempt = event.job_id, event.attempt + 1
+        current = self.supervisor.running_attempt(job)
+        if current is not None and current > attempt:
+            log.info("%s: ignoring GangReserved of %s attempt %d: attempt %d already runs", self.node, job,
+                     event.attempt, contract_attempt(current))
+            return
+        if current is not None and current < attempt:
+            log.warning("%s: %s attempt %d still runs when attempt %d is reserved; stopping it", self.node,
+                        job, contract_attempt(current), event.attempt)
+            await self.supervisor.stop(job, self.options.stop_grace_seconds)
+        if spec is None:
+            self._not_started(event, [r.rank for r in share.ranks],
+                              "the node agent never saw this job's JobSubmitted, so it has no command")
+            return
+        try:
+            assignment = build_assignment(event, self.node, spec, runtime=self.options.runtime,
+                                          python=self.options.python,
+                                          checkpoint_root=self.options.checkpoints, log_dir=self.options.logs)
+        except ValueError as exc:
+            self._not_started(event, [r.rank for r in share.ranks], str(exc))
+            return
+        if assignment is None:
+            return
+        self.reports.caused_by(job, event)
+        started = await self.supervisor.start(assignment)
+        if started.failed:
+            failed_rank = next(iter(started.failed))
+            skipped = [r.rank for r in share.ranks if r.rank not in started.pids and r.rank not in started.failed]
+            for rank in skipped:
+                self.reports.rank_not_started(job, rank, event.attempt, "GANG_KILLED",
+                                              f"not started: rank {failed_rank} on {self.node} could not start")
+
+    def _not_started(self, event: GangReserved, ranks: list[int], message: str) -> None:
+        log.error("%s: cannot start %s attempt %d: %s", self.node, event.job_id, event.attempt, message)
+        self.reports.caused_by(event.job_id, event)
+        for rank in ranks:
+            self.reports.rank_not_started(event.job_id, rank, event.attempt, START_FAILED, message)
+
+    def on_preempt(self, event: PreemptRequested) -> None:
+        """Checkpoint signal now; SIGTERM, then SIGKILL at the event's deadline (in the background)."""
+        job = event.victim_job_id
+        if self.supervisor.running_attempt(job) is None:
+            return
+        grace = max(0.0, (event.deadline - datetime.now(UTC)).total_seconds())
+        self.reports.caused_by(job, event)
+        log.info("%s: preempting %s for %s (signal %s, %.1fs grace)", self.node, job, event.for_job_id,
+                 event.signal, grace)
+        self._background(self.supervisor.preempt(job, grace, event.signal))
+
+    def on_stop(self, job_id: str, *, up_to_attempt: int | None, cause: Event) -> None:
+        """Stop `job_id` here if its running attempt is <= `up_to_attempt` (contract numbering;
+        None: any attempt). SIGTERM, SIGKILL after the stop grace, in the background."""
+        current = self.supervisor.running_attempt(job_id)
+        if current is None:
+            return
+        if up_to_attempt is not None and contract_attempt(current) > up_to_attempt:
+            return
+        self.reports.caused_by(job_id, cause)
+        log.info("%s: stopping %s attempt %d (%s)", self.node, job_id, contract_attempt(current), cause.type)
+        self._background(self.supervisor.stop(job_id, self.options.stop_grace_seconds))
+
+    def _background(self, work: Awaitable[object]) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except Exception:
+                log.exception("%s: background supervisor call failed", self.node)
+
+        task = asyncio.create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Stop every gang on this node and wait for the background calls to finish."""
+        await self.supervisor.close(self.options.stop_grace_seconds)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class AgentHost:
+    """The process: its agents, the job-spec cache, and the dispatch of consumed events."""
+
+    def __init__(self, bus: Bus, agents: Sequence[NodeAgent]) -> None:
+        self.bus = bus
+        self.agents = {agent.node: agent for agent in agents}
+        self.specs: dict[str, JobSpec] = {}
+        self.ready = asyncio.Event()
+
+    def remember(self, event: Event) -> None:
+        """Keep the spec of every job that may still be placed; forget jobs that ended."""
+        if isinstance(event, JobSubmitted):
+            self.specs[event.job_id] = event.spec
+        elif isinstance(event, _ENDED):
+            self.specs.pop(event.job_id, None)
+            for agent in self.agents.values():
+                agent.reports.forget(event.job_id)
+
+    async def load_history(self) -> int:
+        """Read the specs of jobs submitted before this process's consumer existed (JobSubmitted
+        minus ended jobs) with a throwaway consumer; returns how many events were read."""
+        names = self.bus.names
+        subjects = [names.events_subject(t) for t in _SPEC_HISTORY_TYPES]
+        config = ConsumerConfig(filter_subjects=subjects, deliver_policy=DeliverPolicy.ALL,
+                                ack_policy=AckPolicy.NONE, inactive_threshold=60.0, mem_storage=True)
+        stream = names.stream(EVENTS)
+        sub = await self.bus.js.pull_subscribe(subjects[0], stream=stream, config=config)
+        read = 0
+        try:
+            remaining = int((await sub.consumer_info()).num_pending)
+            while remaining > 0:
+                for msg in await sub.fetch(min(remaining, _HISTORY_FETCH), timeout=5.0):
+                    read += 1
+                    remaining = int(msg.metadata.num_pending)
+                    with contextlib.suppress(ContractError):
+                        self.remember(decode(msg.data))
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return read
+
+    async def on_event(self, delivery: Delivery) -> None:
+        await self.ready.wait()  # specs from before the consumer existed are loaded first
+        try:
+            event = decode(delivery.data)
+        except ContractError as exc:
+            raise Poison(f"undecodable event on {delivery.subject}: {exc}") from exc
+        self.remember(event)
+        agents = list(self.agents.values())
+        if isinstance(event, GangReserved):
+            spec = self.specs.get(event.job_id)
+            nodes = {r.node for r in event.ranks}
+            for agent in agents:
+                if agent.node in nodes:
+                    await agent.on_gang_reserved(event, spec)
+        elif isinstance(event, PreemptRequested):
+            for agent in agents:
+                agent.on_preempt(event)
+        elif isinstance(event, GangReleased):
+            for agent in agents:
+                agent.on_stop(event.job_id, up_to_attempt=event.attempt, cause=event)
+        elif isinstance(event, JobRequeued):
+            for agent in agents:
+                agent.on_stop(event.job_id, up_to_attempt=event.attempt - 1, cause=event)
+        elif isinstance(event, JobCancelled):
+            for agent in agents:
+                agent.on_stop(event.job_id, up_to_attempt=None, cause=event)
+
+
+async def _heartbeats(bus: Bus, subjects: Subjects, agents: Sequence[NodeAgent], every: float) -> None:
+    while True:
+        for agent in agents:
+            try:
+                await bus.nc.publish(subjects.heartbeat(agent.node), encode(agent.heartbeat()))
+            except (nats.errors.Error, OSError) as exc:
+                log.warning("%s: heartbeat not sent: %s", agent.node, exc)
+        await asyncio.sleep(every)
+
+
+async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeInventory],
+                     options: AgentOptions, stop: asyncio.Event, *,
+                     on_ready: Callable[[AgentHost], None] | None = None) -> None:
+    """Run one agent per inventory until `stop` is set, then shut down cleanly (see module doc).
+
+    `on_ready` is called once the agents consume events and have queued their registrations.
+    """
+    if not inventories:
+        raise ValueError("run_agents: no nodes to run; declare at least one node")
+    names = [inv.node for inv in inventories]
+    if len(set(names)) != len(names):
+        raise ValueError(f"run_agents: node names repeat: {sorted(names)}")
+    subjects = Subjects(namespace)
+    bus = await Bus.connect(nats_url, namespace, name=f"corral-node-agents-{namespace}")
+    publisher = ReportPublisher(bus, subjects)
+    agents = [NodeAgent(inv, options, publisher) for inv in inventories]
+    host = AgentHost(bus, agents)
+    consumer = None
+    beats: asyncio.Task[None] | None = None
+    try:
+        await bus.ensure_streams()
+        publisher.start()
+        durable = durable_name(names)
+        consumer = await bus.consume(durable, [subjects.event(t) for t in CONSUMED_TYPES], host.on_event,
+                                     deliver_new_only=True, batch=64, max_deliver=5)
+        try:
+            read = await host.load_history()
+            log.info("node agents %s: consumer %s; %d job spec(s) known from %d past event(s)",
+                     ", ".join(names), durable, len(host.specs), read)
+        except Exception:
+            log.exception("node agents: could not read past job specs; continuing with new ones only")
+        finally:
+            host.ready.set()
+        for agent in agents:
+            publisher.send(agent.registration())
+        beats = asyncio.create_task(_heartbeats(bus, subjects, agents, options.heartbeat_seconds),
+                                    name="node-agent-heartbeats")
+        if on_ready is not None:
+            on_ready(host)
+        await stop.wait()
+    finally:
+        host.ready.set()
+        if consumer is not None:
+            await consumer.stop()
+        await asyncio.gather(*(agent.close() for agent in agents), return_exceptions=True)
+        if beats is not None:
+            beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
+        await publisher.flush(timeout=5.0)
+        await publisher.stop()
+        await bus.close()

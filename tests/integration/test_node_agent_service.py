@@ -1,0 +1,335 @@
+"""The node-agent service against a real nats-server: registration, heartbeats, gangs across two
+fake nodes, preemption with checkpoint and resume, the rank environment, stop and start failures.
+
+Events are published as the outbox relay would publish them; the agents' reports are read from
+the inbox subjects with a plain NATS subscription.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from corral.bus import Bus
+from corral.contracts.cluster import parse_cluster_shorthand
+from corral.contracts.envelope import Event, Reason, job_stream
+from corral.contracts.events import (
+    CheckpointDone,
+    GangReleased,
+    GangReserved,
+    JobCompleted,
+    JobSubmitted,
+    NodeHeartbeat,
+    NodeRegistered,
+    PreemptRequested,
+    RankPlacement,
+    WorkerExited,
+    WorkerStarted,
+)
+from corral.contracts.jobspec import JobSpec
+from corral.contracts.registry import decode, encode
+from corral.services.node_agent.service import AgentHost, AgentOptions, durable_name, run_agents
+from corral.worker import CHECKPOINTED_EXIT_CODE
+
+PY = sys.executable
+E = TypeVar("E", bound=Event)
+
+
+@dataclass
+class Seen:
+    """Every decoded message on the inbox and heartbeat subjects of the test's namespace."""
+
+    events: list[Event] = field(default_factory=list)
+
+    def of(self, cls: type[E], job_id: str | None = None) -> list[E]:
+        return [e for e in self.events if isinstance(e, cls)
+                and (job_id is None or getattr(e, "job_id", None) == job_id)]
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    async def loop() -> None:
+        while not condition():
+            await asyncio.sleep(0.02)
+    await asyncio.wait_for(loop(), timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    bus: Bus
+    seen: Seen
+    options: AgentOptions
+    host: AgentHost | None = None
+    version: int = 0
+
+    async def publish(self, event: Event) -> None:
+        """As the outbox relay does: `<ns>.events.<Type>`, msg id = event id, stream version header."""
+        self.version += 1
+        await self.bus.publish(f"{self.bus.namespace}.events.{event.type}", encode(event), event.event_id,
+                               headers={"Corral-Stream-Version": str(self.version)})
+
+
+async def _subscribe(bus: Bus, seen: Seen) -> None:
+    async def record(msg: Any) -> None:
+        seen.events.append(decode(msg.data))
+
+    ns = bus.namespace
+    await bus.nc.subscribe(f"{ns}.inbox.>", cb=record)
+    await bus.nc.subscribe(f"{ns}.heartbeat.*", cb=record)
+    await bus.nc.flush()
+
+
+@pytest.fixture
+async def cluster(nats_url: str, namespace: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    """Two fake nodes (node-0, node-1; 4 GPUs each) in one agent process."""
+    bus = await Bus.connect(nats_url, namespace)
+    await bus.ensure_streams()
+    seen = Seen()
+    await _subscribe(bus, seen)
+    options = AgentOptions(work_dir=tmp_path / "nodes", heartbeat_seconds=0.2, stop_grace_seconds=3.0)
+    c = Cluster(bus, seen, options)
+    ready = asyncio.Event()
+
+    def on_ready(host: AgentHost) -> None:
+        c.host = host
+        ready.set()
+
+    stop = asyncio.Event()
+    inventories = parse_cluster_shorthand("2x4:H100").inventories()
+    task = asyncio.create_task(run_agents(nats_url, namespace, inventories, options, stop, on_ready=on_ready))
+    await asyncio.wait_for(ready.wait(), 15)
+    try:
+        yield c
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await bus.close()
+
+
+def submitted(job_id: str, **spec: Any) -> JobSubmitted:
+    fields: dict[str, Any] = {"name": job_id, "queue": "team-a", "runtime": "sim", **spec}
+    return JobSubmitted.new(stream=job_stream(job_id), actor="admission", job_id=job_id, spec=JobSpec(**fields))
+
+
+def reserved(job_id: str, placement: list[tuple[int, str, list[int]]], attempt: int = 0,
+             resume_from: str | None = None) -> GangReserved:
+    return GangReserved.new(stream=job_stream(job_id), actor="placement", correlation_id=job_id, job_id=job_id,
+                            ranks=[RankPlacement(rank=r, node=n, gpus=g) for r, n, g in placement],
+                            world_size=len(placement), master_addr="127.0.0.1", master_port=free_port(),
+                            attempt=attempt, resume_from=resume_from)
+
+
+FOUR_RANKS = [(0, "node-0", [0]), (1, "node-0", [1]), (2, "node-1", [0]), (3, "node-1", [1])]
+
+
+async def test_each_node_registers_its_inventory_and_heartbeats(cluster: Cluster) -> None:
+    seen = cluster.seen
+    await wait_for(lambda: len(seen.of(NodeRegistered)) == 2
+                   and {h.node for h in seen.of(NodeHeartbeat)} == {"node-0", "node-1"})
+    registered = {e.node: e for e in seen.of(NodeRegistered)}
+    assert set(registered) == {"node-0", "node-1"}
+    node0 = registered["node-0"]
+    assert [(g.index, g.model, g.memory_gib) for g in node0.gpus] == [(i, "H100", 80.0) for i in range(4)]
+    assert node0.nvlink_domains == [[0, 1, 2, 3]] and node0.rack == "rack-0" and node0.zone == "zone-0"
+    assert node0.stream == "node-node-0" and node0.actor == "node-agent/node-0"
+    assert node0.correlation_id == "node-0"
+    beats = [h for h in seen.of(NodeHeartbeat) if h.node == "node-0"]
+    await wait_for(lambda: len([h for h in seen.of(NodeHeartbeat) if h.node == "node-0"]) >= 3)
+    beats = [h for h in seen.of(NodeHeartbeat) if h.node == "node-0"]
+    assert [h.sequence for h in beats] == sorted(h.sequence for h in beats)
+
+
+async def test_gang_across_two_nodes_starts_every_rank_once_and_reports_completion(cluster: Cluster) -> None:
+    seen = cluster.seen
+    await cluster.publish(submitted("job-a", replicas=4, duration_seconds=1.0))
+    gang = reserved("job-a", FOUR_RANKS)
+    await cluster.publish(gang)
+    await wait_for(lambda: len(seen.of(WorkerStarted, "job-a")) == 4)
+    started = seen.of(WorkerStarted, "job-a")
+    assert sorted((e.rank, e.node) for e in started) == [(0, "node-0"), (1, "node-0"), (2, "node-1"),
+                                                          (3, "node-1")]
+    assert all(e.attempt == 0 and e.stream == "job-job-a" and e.correlation_id == "job-a"
+               and e.causation_id == gang.event_id for e in started)
+    assert {e.actor for e in started} == {"node-agent/node-0", "node-agent/node-1"}
+    # A redelivered reservation (same event, new message) must not start anything twice.
+    await cluster.bus.publish(f"{cluster.bus.namespace}.events.GangReserved", encode(gang), "redelivery-1")
+    await wait_for(lambda: len(seen.of(WorkerExited, "job-a")) == 4)
+    exited = seen.of(WorkerExited, "job-a")
+    assert sorted(e.rank for e in exited) == [0, 1, 2, 3]
+    assert all(e.exit_code == 0 and e.reason.code == "COMPLETED" for e in exited)
+    await cluster.bus.publish(f"{cluster.bus.namespace}.events.GangReserved", encode(gang), "redelivery-2")
+    await cluster.publish(submitted("job-marker", duration_seconds=0.1))  # consumed after the redeliveries
+    await cluster.publish(reserved("job-marker", [(0, "node-1", [3])]))
+    await wait_for(lambda: len(seen.of(WorkerExited, "job-marker")) == 1)
+    assert len(seen.of(WorkerStarted, "job-a")) == 4
+
+
+async def test_preempted_gang_checkpoints_stops_and_resumes_from_its_step(cluster: Cluster) -> None:
+    seen = cluster.seen
+    await cluster.publish(submitted("job-p", replicas=4, duration_seconds=120.0))
+    await cluster.publish(reserved("job-p", FOUR_RANKS))
+    await wait_for(lambda: len(seen.of(WorkerStarted, "job-p")) == 4)
+    log0 = cluster.options.logs / "job-p" / "rank-0.log"
+    await wait_for(lambda: log0.exists() and "step=5\n" in log0.read_text())
+    preempt = PreemptRequested.new(stream=job_stream("job-p"), actor="preemption", correlation_id="job-p",
+                                   victim_job_id="job-p", for_job_id="job-urgent",
+                                   deadline=datetime.now(UTC) + timedelta(seconds=20),
+                                   reason=Reason(code="PREEMPTED_FOR_PRIORITY", message="job-urgent waits"))
+    await cluster.publish(preempt)
+    await wait_for(lambda: len(seen.of(CheckpointDone, "job-p")) == 1 and len(seen.of(WorkerExited, "job-p")) == 4)
+    done = seen.of(CheckpointDone, "job-p")[0]
+    assert done.rank == 0 and done.attempt == 0 and done.step is not None and done.step >= 5
+    assert done.causation_id == preempt.event_id
+    assert json.loads(Path(done.path).read_text()) == {"step": done.step}
+    assert Path(done.path).parent == cluster.options.checkpoints / "job-p"
+    exited = seen.of(WorkerExited, "job-p")
+    assert all(e.exit_code == CHECKPOINTED_EXIT_CODE and e.reason.code == "CHECKPOINTED" for e in exited)
+
+    # Requeued and placed again (on other GPUs): every rank resumes from the checkpointed step.
+    await cluster.publish(reserved("job-p", [(0, "node-1", [2]), (1, "node-1", [3]), (2, "node-0", [2]),
+                                             (3, "node-0", [3])], attempt=1, resume_from=done.path))
+    await wait_for(lambda: len([e for e in seen.of(WorkerStarted, "job-p") if e.attempt == 1]) == 4)
+    await wait_for(lambda: f"attempt=2 start step={done.step} " in log0.read_text())
+
+
+async def test_process_rank_gets_the_torch_distributed_environment(cluster: Cluster, tmp_path: Path) -> None:
+    dump = tmp_path / "dump.py"
+    dump.write_text(textwrap.dedent("""
+        import json, os
+        out = os.path.join(os.environ["CORRAL_CHECKPOINT_DIR"], "env-" + os.environ["RANK"] + ".json")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        json.dump(dict(os.environ), open(out, "w"))
+    """))
+    seen = cluster.seen
+    await cluster.publish(submitted("job-env", runtime="process", replicas=3, command=[PY, str(dump)],
+                                    env={"LR": "0.5"}))
+    gang = reserved("job-env", [(0, "node-1", [2, 3]), (1, "node-0", [0, 1]), (2, "node-1", [0, 1])],
+                    attempt=2, resume_from="/ckpt/step-7.pt")
+    await cluster.publish(gang)
+    await wait_for(lambda: len(seen.of(WorkerExited, "job-env")) == 3)
+    assert all(e.exit_code == 0 for e in seen.of(WorkerExited, "job-env"))
+    ckpt = cluster.options.checkpoints / "job-env"
+    envs = {r: json.loads((ckpt / f"env-{r}.json").read_text()) for r in range(3)}
+    wanted = {  # rank: CUDA_VISIBLE_DEVICES, LOCAL_RANK, NODE_RANK (node-1 holds rank 0: NODE_RANK 0)
+        0: ("2,3", "0", "0"), 1: ("0,1", "0", "1"), 2: ("0,1", "1", "0")}
+    for rank, (gpus, local, node_rank) in wanted.items():
+        env = envs[rank]
+        assert (env["CUDA_VISIBLE_DEVICES"], env["LOCAL_RANK"], env["NODE_RANK"]) == (gpus, local, node_rank)
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "3"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(gang.master_port)
+        assert env["CORRAL_JOB_ID"] == "job-env" and env["CORRAL_CHECKPOINT_DIR"] == str(ckpt)
+        assert env["CORRAL_RESUME_FROM"] == "/ckpt/step-7.pt" and env["CORRAL_ATTEMPT"] == "3"
+        assert env["LR"] == "0.5" and env["CORRAL_CHECKPOINT_SIGNAL"] == "SIGUSR1"
+    assert envs[0]["LOCAL_WORLD_SIZE"] == "2" and envs[1]["LOCAL_WORLD_SIZE"] == "1"
+    assert all(e.attempt == 2 for e in seen.of(WorkerStarted, "job-env"))
+
+
+async def test_released_gang_is_stopped_and_reported_with_the_signal(cluster: Cluster) -> None:
+    seen = cluster.seen
+    await cluster.publish(submitted("job-r", replicas=2, duration_seconds=120.0))
+    await cluster.publish(reserved("job-r", [(0, "node-0", [3]), (1, "node-1", [3])]))
+    await wait_for(lambda: len(seen.of(WorkerStarted, "job-r")) == 2)
+    await cluster.publish(GangReleased.new(stream=job_stream("job-r"), actor="placement", correlation_id="job-r",
+                                           job_id="job-r", reason=Reason(code="START_TIMEOUT", message="x")))
+    await wait_for(lambda: len(seen.of(WorkerExited, "job-r")) == 2)
+    for e in seen.of(WorkerExited, "job-r"):
+        assert e.reason.code == "STOPPED" and e.exit_code is None
+        assert e.reason.details == {"signal": "SIGTERM"}
+    await wait_for(lambda: all("job-r" not in h.running_job_ids for h in seen.of(NodeHeartbeat)[-2:]))
+
+
+async def test_reservation_of_an_unknown_job_reports_every_local_rank_as_not_started(cluster: Cluster) -> None:
+    seen = cluster.seen
+    await cluster.publish(reserved("job-ghost", [(0, "node-0", [0]), (1, "node-0", [1])]))
+    await wait_for(lambda: len(seen.of(WorkerExited, "job-ghost")) == 2)
+    for e in seen.of(WorkerExited, "job-ghost"):
+        assert e.exit_code is None and e.reason.code == "START_FAILED" and "JobSubmitted" in e.reason.message
+    assert seen.of(WorkerStarted, "job-ghost") == []
+
+
+async def test_agent_started_after_the_submission_knows_the_spec_from_the_stream(
+        nats_url: str, namespace: str, tmp_path: Path) -> None:
+    bus = await Bus.connect(nats_url, namespace)
+    await bus.ensure_streams()
+    seen = Seen()
+    await _subscribe(bus, seen)
+    early = Cluster(bus, seen, AgentOptions(work_dir=tmp_path / "nodes"))
+    await early.publish(submitted("job-early", duration_seconds=0.2))
+    await early.publish(submitted("job-over", duration_seconds=0.2))
+    await early.publish(JobCompleted.new(stream=job_stream("job-over"), actor="placement", job_id="job-over"))
+    ready = asyncio.Event()
+    hosts: list[AgentHost] = []
+    stop = asyncio.Event()
+    inventories = parse_cluster_shorthand("1x2:A100").inventories()
+
+    def on_ready(host: AgentHost) -> None:
+        hosts.append(host)
+        ready.set()
+
+    task = asyncio.create_task(run_agents(nats_url, namespace, inventories, early.options, stop,
+                                          on_ready=on_ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 15)
+        assert set(hosts[0].specs) == {"job-early"}  # an ended job's spec is not kept
+        await early.publish(reserved("job-early", [(0, "node-0", [0])]))
+        await wait_for(lambda: [e.exit_code for e in seen.of(WorkerExited, "job-early")] == [0])
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await bus.close()
+
+
+def test_durable_name_is_stable_per_node_set() -> None:
+    assert durable_name(["gpu.1"]) == "node-agent-gpu_1"
+    assert durable_name(["b", "a"]) == durable_name(["a", "b"]) != durable_name(["a", "c"])
+    assert durable_name(["a", "b"]).startswith("node-agents-")
+
+
+async def test_service_process_registers_and_stops_its_workers_on_sigterm(
+        nats_url: str, namespace: str, tmp_path: Path) -> None:
+    bus = await Bus.connect(nats_url, namespace)
+    await bus.ensure_streams()
+    seen = Seen()
+    await _subscribe(bus, seen)
+    shorthand = tmp_path / "cluster.shorthand"
+    shorthand.write_text("1x2:H100\n")
+    env = {**os.environ, "CORRAL_NATS_URL": nats_url, "CORRAL_NAMESPACE": namespace,
+           "CORRAL_LOG_DIR": str(tmp_path / "logs")}
+    proc = await asyncio.create_subprocess_exec(
+        PY, "-m", "corral.services.node_agent", "--cluster-file", str(shorthand), "--runtime", "sim",
+        "--work-dir", str(tmp_path / "nodes"), "--heartbeat-seconds", "0.3", "--stop-grace", "3", env=env)
+    try:
+        await wait_for(lambda: len(seen.of(NodeRegistered)) == 1)
+        c = Cluster(bus, seen, AgentOptions(work_dir=tmp_path))
+        # A `process` job under --runtime sim is simulated: its command never runs.
+        await c.publish(submitted("job-sig", runtime="process", command=["/nonexistent"],
+                                  estimated_runtime_seconds=120.0))
+        await c.publish(reserved("job-sig", [(0, "node-0", [0])]))
+        await wait_for(lambda: len(seen.of(WorkerStarted, "job-sig")) == 1)
+        assert (tmp_path / "logs" / "jobs" / "job-sig" / "rank-0.log").exists()
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+        await wait_for(lambda: len(seen.of(WorkerExited, "job-sig")) == 1)
+        assert seen.of(WorkerExited, "job-sig")[0].reason.code == "STOPPED"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await bus.close()
