@@ -10,7 +10,8 @@ What an agent does:
 - consume events with ONE durable consumer per process (`durable_name(nodes)`):
   JobSubmitted (spec cache), GangReserved (start this node's ranks), PreemptRequested (checkpoint
   signal, then SIGTERM/SIGKILL at the deadline), GangReleased / JobCancelled / JobRequeued (stop
-  an attempt still running here), JobCompleted / JobFailed / JobRejected (forget the spec);
+  an attempt still running here), JobCompleted / JobFailed / JobRejected (forget the spec),
+  NodeLost of one of its nodes (register again: the node is alive, placement may use it again);
 - report WorkerStarted / WorkerExited / CheckpointDone to the inbox (see `reports`).
 
 The durable delivers only events published after it was first created (DeliverPolicy.NEW), and a
@@ -55,6 +56,7 @@ from corral.contracts.events import (
     JobRequeued,
     JobSubmitted,
     NodeHeartbeat,
+    NodeLost,
     NodeRegistered,
     PreemptRequested,
 )
@@ -71,7 +73,7 @@ log = logging.getLogger("corral.node_agent")
 
 CONSUMED_TYPES: tuple[str, ...] = (
     "JobSubmitted", "GangReserved", "PreemptRequested", "GangReleased", "JobCancelled", "JobRequeued",
-    "JobCompleted", "JobFailed", "JobRejected",
+    "JobCompleted", "JobFailed", "JobRejected", "NodeLost",
 )
 """Event types the agents' durable consumer reads from `<ns>.events.<Type>`."""
 
@@ -250,9 +252,10 @@ class NodeAgent:
 class AgentHost:
     """The process: its agents, the job-spec cache, and the dispatch of consumed events."""
 
-    def __init__(self, bus: Bus, agents: Sequence[NodeAgent]) -> None:
+    def __init__(self, bus: Bus, agents: Sequence[NodeAgent], publisher: ReportPublisher) -> None:
         self.bus = bus
         self.agents = {agent.node: agent for agent in agents}
+        self.publisher = publisher
         self.specs: dict[str, JobSpec] = {}
         self.ready = asyncio.Event()
 
@@ -314,6 +317,11 @@ class AgentHost:
         elif isinstance(event, JobCancelled):
             for agent in agents:
                 agent.on_stop(event.job_id, up_to_attempt=None, cause=event)
+        elif isinstance(event, NodeLost) and event.node in self.agents:
+            # Placement stopped hearing us (a partition, a stalled loop) and released our jobs
+            # (their GangReleased stops them here); we are alive, so offer the node again.
+            log.warning("%s: marked lost (%s); registering again", event.node, event.reason.message)
+            self.publisher.send(self.agents[event.node].registration())
 
 
 async def _heartbeats(bus: Bus, subjects: Subjects, agents: Sequence[NodeAgent], every: float) -> None:
@@ -342,7 +350,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
     bus = await Bus.connect(nats_url, namespace, name=f"corral-node-agents-{namespace}")
     publisher = ReportPublisher(bus, subjects)
     agents = [NodeAgent(inv, options, publisher) for inv in inventories]
-    host = AgentHost(bus, agents)
+    host = AgentHost(bus, agents, publisher)
     consumer = None
     beats: asyncio.Task[None] | None = None
     try:

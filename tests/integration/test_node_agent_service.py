@@ -32,6 +32,7 @@ from corral.contracts.events import (
     JobCompleted,
     JobSubmitted,
     NodeHeartbeat,
+    NodeLost,
     NodeRegistered,
     PreemptRequested,
     RankPlacement,
@@ -253,6 +254,15 @@ async def test_released_gang_is_stopped_and_reported_with_the_signal(cluster: Cl
         assert e.reason.code == "STOPPED" and e.exit_code is None
         assert e.reason.details == {"signal": "SIGTERM"}
     await wait_for(lambda: all("job-r" not in h.running_job_ids for h in seen.of(NodeHeartbeat)[-2:]))
+
+
+async def test_node_marked_lost_while_alive_registers_again(cluster: Cluster) -> None:
+    seen = cluster.seen
+    await wait_for(lambda: len(seen.of(NodeRegistered)) == 2)
+    await cluster.publish(NodeLost.new(stream="node-node-1", actor="placement", correlation_id="node-1",
+                                       node="node-1", reason=Reason(code="HEARTBEAT_MISSED", message="x")))
+    await wait_for(lambda: [e.node for e in seen.of(NodeRegistered)].count("node-1") == 2)
+    assert [e.node for e in seen.of(NodeRegistered)].count("node-0") == 1
 
 
 async def test_reservation_of_an_unknown_job_reports_every_local_rank_as_not_started(cluster: Cluster) -> None:
