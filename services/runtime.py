@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import asyncpg
+
 from corral.bus import Bus, Delivery, OutboxRelay, Poison
 from corral.contracts.envelope import Event
 from corral.contracts.problems import ContractError

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+
 from corral.stack.servers import NatsServer, PostgresServer
 
 

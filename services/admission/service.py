@@ -11,8 +11,10 @@ scheduled is rejected now instead of pending forever.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import msgspec
+
 from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
@@ -52,7 +54,7 @@ class Admission(Service):
 
     def judge(self, submitted: ev.JobSubmitted) -> Event:
         spec = submitted.spec
-        common = {"stream": submitted.stream, "actor": "admission", "causation": submitted,
+        common: dict[str, Any] = {"stream": submitted.stream, "actor": "admission", "causation": submitted,
                   "job_id": submitted.job_id}
         problems: list[Problem] = []
         reason: Reason | None = None

@@ -27,6 +27,7 @@ from typing import Any
 
 import asyncpg
 import msgspec
+
 from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 import msgspec
+
 from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev

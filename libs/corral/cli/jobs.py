@@ -1,0 +1,255 @@
+"""Job commands: submit, jobs, show, cancel, why, logs (sbatch / squeue / scontrol / scancel)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from corral.cli.output import console, err_console, print_json, print_table
+from corral.cli.present import JOB_COLUMNS, job_detail, job_row, unblock_hint
+from corral.cli.session import EXIT_FAILURE, context, with_client
+from corral.client import Client
+from corral.contracts.jobspec import JobSpec, load_job_spec
+from corral.contracts.problems import SpecError
+from corral.projection import JobState
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def read_spec(file: str) -> JobSpec:
+    """Load a spec from FILE or '-' (stdin); print every problem with its field and hint, exit 1."""
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text()
+    except OSError as exc:
+        err_console.print(f"[red]error:[/red] cannot read {file}: {exc.strerror}", highlight=False)
+        raise SystemExit(EXIT_FAILURE) from None
+    fmt = "json" if file.endswith(".json") else ("yaml" if file.endswith((".yaml", ".yml")) else None)
+    try:
+        return load_job_spec(text, fmt)
+    except SpecError as exc:
+        err_console.print(f"[red]error:[/red] {file} is not a valid job spec:", highlight=False)
+        for p in exc.problems:
+            err_console.print(f"  [bold]{p.path or '(top)'}[/bold]: {p.message}" + (f"\n    hint: {p.hint}" if p.hint
+                                                                                     else ""), highlight=False)
+        raise SystemExit(EXIT_FAILURE) from None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def submit(
+        file: Annotated[str, typer.Argument(help="Job spec (YAML or JSON), or - for stdin.")],
+        wait: Annotated[bool, typer.Option("--wait", help="Follow the job until it runs (or ends).")] = False,
+        until_done: Annotated[bool, typer.Option("--until-done", help="With --wait: follow to the end.")] = False,
+        timeout: Annotated[float, typer.Option(help="Seconds --wait follows before giving up.")] = 600.0,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Submit a job (like sbatch). A bad spec lists each problem; nothing is published."""
+        spec = read_spec(file)
+
+        async def go(c: Client) -> dict[str, Any]:
+            job_id = await c.submit(spec)
+            if not wait:
+                return {"id": job_id, "state": "SUBMITTED"}
+            done = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED}
+            goal = done if until_done else done | {JobState.RUNNING}
+            seen: set[str] = set()
+
+            def progressed(v: Any) -> bool:
+                j = v.jobs.get(job_id)
+                if j is None:
+                    return False
+                if j.state.value not in seen and not json_out:
+                    seen.add(j.state.value)
+                    shown = j.reason is not None and j.state is not JobState.RUNNING
+                    reason = f"  ({j.reason.code}: {j.reason.message})" if shown and j.reason else ""
+                    console.print(f"{job_id}: {j.state.value}{reason}", highlight=False)
+                return j.state in goal
+
+            view = await c.wait_for(progressed, timeout)
+            return job_row(view.jobs[job_id])
+
+        try:
+            result = with_client(go)
+        except TimeoutError:
+            err_console.print(f"[red]error:[/red] the job did not get there within {timeout:.0f}s; "
+                              "see `corral why`", highlight=False)
+            raise SystemExit(EXIT_FAILURE) from None
+        if json_out:
+            print_json(result)
+        elif not wait:
+            console.print(f"Submitted job [bold]{result['id']}[/bold]", highlight=False)
+        if result.get("state") in ("FAILED", "REJECTED", "CANCELLED"):
+            raise SystemExit(EXIT_FAILURE)
+
+    @app.command()
+    def jobs(
+        queue: Annotated[str | None, typer.Option(help="Only this queue (and its children).")] = None,
+        state: Annotated[str | None, typer.Option(help="Only these states, comma-separated: PENDING,RUNNING.")] = None,
+        user: Annotated[str | None, typer.Option(help="Only this user's jobs.")] = None,
+        all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """List jobs (like squeue): ID, NAME, QUEUE, PRIO, STATE, GPUS, NODES, AGE, REASON."""
+        states = {s.strip().upper() for s in state.split(",")} if state else None
+
+        async def go(c: Client) -> list[dict[str, Any]]:
+            view = await c.view()
+            now = datetime.now(UTC)
+            rows = []
+            for j in sorted(view.jobs.values(), key=lambda j: (j.submitted_at or now, j.job_id)):
+                if queue and not (j.queue == queue or j.queue.startswith(queue + "/")):
+                    continue
+                if user and j.user != user:
+                    continue
+                if states is not None:
+                    if j.state.value not in states:
+                        continue
+                elif not all_jobs and j.state.terminal:
+                    continue
+                rows.append(job_row(j, now))
+            return rows
+
+        rows = with_client(go, bus=False)
+        if json_out:
+            print_json(rows)
+        else:
+            print_table(None, JOB_COLUMNS, [[r[c.lower()] for c in JOB_COLUMNS] for r in rows])
+
+    @app.command()
+    def show(job: str, json_out: JsonOpt = False) -> None:
+        """Everything about one job: spec, state, placement (rank -> node, GPUs), checkpoint."""
+
+        async def go(c: Client) -> dict[str, Any] | None:
+            view = await c.view()
+            j = view.jobs.get(job)
+            return job_detail(j) if j is not None and j.spec is not None else None
+
+        detail = with_client(go, bus=False)
+        if detail is None:
+            err_console.print(f"[red]error:[/red] no job {job!r} (see `corral jobs --all`)", highlight=False)
+            raise SystemExit(EXIT_FAILURE)
+        if json_out:
+            print_json(detail)
+            return
+        for key in ("id", "name", "queue", "user", "prio", "state", "gpus", "attempt", "restarts", "quota_gpus",
+                    "borrowed", "checkpoint", "resume_from", "submitted_at", "running_since", "ended_at"):
+            console.print(f"[bold]{key:>13}[/bold]  {detail[key]}", highlight=False)
+        if detail["reason_code"]:
+            console.print(f"[bold]{'reason':>13}[/bold]  {detail['reason_code']}: {detail['reason_message']}",
+                          highlight=False)
+        if detail["ranks"]:
+            print_table("placement", ["RANK", "NODE", "GPUS"],
+                        [(r["rank"], r["node"], ",".join(map(str, r["gpus"]))) for r in detail["ranks"]])
+
+    @app.command()
+    def cancel(job: str, json_out: JsonOpt = False) -> None:
+        """Cancel a job (like scancel): its workers are stopped and its GPUs released."""
+
+        async def go(c: Client) -> bool:
+            view = await c.view()
+            j = view.jobs.get(job)
+            if j is None:
+                return False
+            await c.cancel(job)
+            return True
+
+        if not with_client(go):
+            err_console.print(f"[red]error:[/red] no job {job!r}", highlight=False)
+            raise SystemExit(EXIT_FAILURE)
+        if json_out:
+            print_json({"id": job, "cancel_requested": True})
+        else:
+            console.print(f"Cancellation of {job} requested", highlight=False)
+
+    @app.command()
+    def why(job: str, json_out: JsonOpt = False) -> None:
+        """The decision trail of a job: every event, who decided, why; for a pending job, what blocks it."""
+
+        async def go(c: Client) -> dict[str, Any] | None:
+            trail = await c.job_events(job)
+            if not trail:
+                return None
+            view = await c.view()
+            j = view.jobs[job]
+            steps = []
+            for stored, event in trail:
+                reason = getattr(event, "reason", None)
+                steps.append({
+                    "at": stored.occurred_at.isoformat(), "version": stored.version, "event": stored.type,
+                    "actor": event.actor, "code": reason.code if reason is not None else None,
+                    "message": reason.message if reason is not None else _summary(event),
+                    "details": dict(reason.details) if reason is not None else {},
+                })
+            blocker = None
+            if j.state is JobState.PENDING:
+                blocker = {"code": j.reason.code if j.reason else "WAITING",
+                           "message": j.reason.message if j.reason else "waiting for the next scheduling cycle",
+                           "unblock": unblock_hint(view, j, time.time())}
+            return {"id": job, "state": j.state.value, "trail": steps, "blocker": blocker}
+
+        result = with_client(go, bus=False)
+        if result is None:
+            err_console.print(f"[red]error:[/red] no job {job!r}", highlight=False)
+            raise SystemExit(EXIT_FAILURE)
+        if json_out:
+            print_json(result)
+            return
+        print_table(f"job {job}: {result['state']}", ["AT", "EVENT", "BY", "WHY"],
+                    [(s["at"][11:23], s["event"], s["actor"],
+                      (f"{s['code']}: " if s["code"] else "") + (s["message"] or "")) for s in result["trail"]])
+        if result["blocker"]:
+            b = result["blocker"]
+            console.print(f"[bold yellow]Pending[/bold yellow] — {b['code']}: {b['message']}", highlight=False)
+            if b["unblock"]:
+                console.print(f"[bold]Would unblock:[/bold] {b['unblock']}", highlight=False)
+
+    @app.command()
+    def logs(job: str, rank: Annotated[int | None, typer.Option(help="Only this rank.")] = None,
+             json_out: JsonOpt = False) -> None:
+        """Worker output captured by the node agents (all ranks, or one)."""
+        ctx = context()
+        base = Path(ctx.log_dir or ".corral/logs") / "workers" / job
+        if not base.exists():
+            base = Path(ctx.log_dir or ".corral/logs") / job
+        files = sorted(base.glob("rank-*.log")) if base.exists() else []
+        if rank is not None:
+            files = [f for f in files if f.name == f"rank-{rank}.log"]
+        if not files:
+            err_console.print(f"[red]error:[/red] no logs for job {job!r}"
+                              + (f" rank {rank}" if rank is not None else "") + f" under {base}", highlight=False)
+            raise SystemExit(EXIT_FAILURE)
+        if json_out:
+            print_json({f.stem: f.read_text(errors="replace") for f in files})
+            return
+        for f in files:
+            console.rule(f.stem)
+            sys.stdout.write(f.read_text(errors="replace"))
+            sys.stdout.flush()
+
+
+def _summary(event: Any) -> str:
+    name = type(event).__name__
+    if name == "GangReserved":
+        return "; ".join(f"rank {r.rank} -> {r.node} GPUs {','.join(map(str, r.gpus))}" for r in event.ranks)
+    if name == "QuotaReserved":
+        return f"{event.gpus} GPUs of queue {event.queue}" + (f" ({event.borrowed} borrowed)" if event.borrowed else "")
+    if name in ("WorkerStarted",):
+        return f"rank {event.rank} on {event.node} (pid {event.pid}, attempt {event.attempt})"
+    if name == "WorkerExited":
+        return f"rank {event.rank} on {event.node} exited {event.exit_code}"
+    if name == "CheckpointDone":
+        return f"checkpoint {event.path}" + (f" at step {event.step}" if event.step is not None else "")
+    if name == "JobSubmitted":
+        return f"{event.spec.replicas}x{event.spec.gpus_per_replica} GPUs in queue {event.spec.queue} by {event.user}"
+    if name == "JobAdmitted":
+        return f"queue {event.queue}, priority {event.priority}"
+    if name == "JobRunning":
+        return f"every rank started (attempt {event.attempt})"
+    if name == "JobCompleted":
+        return "every rank exited 0"
+    return ""

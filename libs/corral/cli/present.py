@@ -1,0 +1,173 @@
+"""Rows for people and scripts, computed from the folded log (one function per listing).
+
+Why separate from the commands: the table and the `--json` form of a listing come from the same
+row dictionaries, so they can never disagree, and tests check the rows directly.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from corral import core
+from corral.core.gpuset import FreeGpus
+from corral.core.placement import find_placement
+from corral.projection import ClusterView, JobState, JobView
+
+
+def age(at: datetime | None, now: datetime | None = None) -> str:
+    if at is None:
+        return ""
+    seconds = int(((now or datetime.now(UTC)) - at).total_seconds())
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+
+
+def job_row(j: JobView, now: datetime | None = None) -> dict[str, Any]:
+    return {
+        "id": j.job_id,
+        "name": j.spec.name if j.spec else "",
+        "queue": j.queue,
+        "user": j.user or "",
+        "prio": j.priority,
+        "state": j.state.value,
+        "gpus": j.gpus,
+        "nodes": ",".join(j.nodes) if j.holding else "",
+        "age": age(j.submitted_at, now),
+        "reason": "" if j.state in (JobState.RUNNING, JobState.COMPLETED) or j.reason is None
+        else f"{j.reason.code}: {j.reason.message}",
+        "attempt": j.attempt,
+        "submitted_at": j.submitted_at.isoformat() if j.submitted_at else None,
+    }
+
+
+JOB_COLUMNS = ["ID", "NAME", "QUEUE", "PRIO", "STATE", "GPUS", "NODES", "AGE", "REASON"]
+
+
+def job_detail(j: JobView) -> dict[str, Any]:
+    row = job_row(j)
+    row.update({
+        "spec": None if j.spec is None else _spec_dict(j.spec),
+        "ranks": [{"rank": r.rank, "node": r.node, "gpus": list(r.gpus)} for r in j.ranks],
+        "quota_gpus": j.quota_gpus,
+        "borrowed": j.borrowed,
+        "checkpoint": j.checkpoint,
+        "resume_from": j.resume_from,
+        "restarts": j.restarts,
+        "preempted_by": sorted(j.preempted_by),
+        "running_since": j.running_since.isoformat() if j.running_since else None,
+        "ended_at": j.ended_at.isoformat() if j.ended_at else None,
+        "reason_code": j.reason.code if j.reason else None,
+        "reason_message": j.reason.message if j.reason else None,
+    })
+    return row
+
+
+def _spec_dict(spec: Any) -> dict[str, Any]:
+    import msgspec
+
+    built: dict[str, Any] = msgspec.to_builtins(spec)
+    return built
+
+
+def node_rows(view: ClusterView) -> list[dict[str, Any]]:
+    rows = []
+    for n in sorted(view.nodes.values(), key=lambda n: n.name):
+        domains = n.inventory.nvlink_domains
+        gpu_map = []
+        for d in domains:
+            cells = []
+            for g in d:
+                holder = n.allocations.get(g)
+                cells.append(holder[-6:] if holder else ".")
+            gpu_map.append(cells)
+        rows.append({
+            "node": n.name, "state": "lost" if n.lost else "ready", "rack": n.inventory.rack, "zone": n.inventory.zone,
+            "model": n.inventory.gpus[0].model if n.inventory.gpus else "", "gpus": n.gpu_count,
+            "used": len(n.allocations), "free": n.gpu_count - len(n.allocations) if not n.lost else 0,
+            "nvlink_domains": [list(d) for d in domains],
+            "allocations": {str(g): job for g, job in sorted(n.allocations.items())},
+            "map": " | ".join(" ".join(cells) for cells in gpu_map),
+        })
+    return rows
+
+
+def queue_rows(view: ClusterView) -> list[dict[str, Any]]:
+    usage = view.queue_usage()
+    pending: dict[str, int] = {}
+    for j in view.jobs.values():
+        if j.state is JobState.PENDING:
+            pending[j.queue] = pending.get(j.queue, 0) + 1
+    capacity = view.capacity()
+    names = sorted(view.queues, key=lambda n: (n.split("/"), n))
+    rows = []
+    for name in names:
+        q = view.queues[name]
+        used = sum(v for k, v in usage.items() if k == name or k.startswith(name + "/"))
+        borrowed = max(0, used - q.guaranteed_gpus)
+        lent = max(0, q.guaranteed_gpus - used) if used < q.guaranteed_gpus else 0
+        rows.append({
+            "queue": name, "guaranteed": q.guaranteed_gpus, "max": q.max_gpus, "weight": q.weight,
+            "in_use": used, "borrowed": borrowed,
+            "lendable": min(lent, q.lend_limit if q.lend_limit is not None else lent),
+            "pending": sum(v for k, v in pending.items() if k == name or k.startswith(name + "/")),
+            "share": round(used / capacity, 3) if capacity else 0.0,
+        })
+    return rows
+
+
+def unblock_hint(view: ClusterView, job: JobView, now: float) -> str | None:
+    """What would let a pending job start: the fewest running jobs whose end frees room for it.
+
+    A what-if on the core: release running jobs one at a time (soonest expected end first, then
+    oldest) until `find_placement` succeeds, and name them with the nodes they free.
+    """
+    if job.state is not JobState.PENDING or job.spec is None:
+        return None
+    reason = job.reason.code if job.reason else ""
+    snapshot = view.snapshot(now, pending=[job])
+    target = job.core_job()
+    if reason in ("QUOTA_EXCEEDED", "MAX_GPUS_EXCEEDED"):
+        same = sorted((r for r in snapshot.running if r.job.queue == job.queue), key=_end_key)
+        if same:
+            first = same[0]
+            return (f"queue {job.queue} regains {first.job.total_gpus} GPUs when job {first.job.id} ends"
+                    + _eta(first, now))
+        return f"raise the quota of {job.queue} (`corral apply`), or wait for other queues to give back borrowed GPUs"
+    running = sorted(snapshot.running, key=_end_key)
+    free = FreeGpus.from_running(snapshot.cluster, running)
+    if isinstance(find_placement(snapshot.cluster, free, target), core.Placement):
+        return "it fits now: it starts at the next scheduling cycle"
+    released: list[core.RunningJob] = []
+    for r in running:
+        released.append(r)
+        rest = [x for x in running if x not in released]
+        free = FreeGpus.from_running(snapshot.cluster, rest)
+        if isinstance(find_placement(snapshot.cluster, free, target), core.Placement):
+            parts = []
+            for x in released:
+                nodes = ", ".join(f"{n} frees {len(g)}" for n, g in x.placement.gpus_by_node().items())
+                parts.append(f"{nodes} when job {x.job.id} ends{_eta(x, now)}")
+            return f"needs {target.shape}" + _topology(target) + "; " + "; ".join(parts)
+    return f"needs {target.shape}{_topology(target)}: not even an empty cluster of this shape fits it"
+
+
+def _end_key(r: core.RunningJob) -> tuple[float, float, str]:
+    end = r.expected_end()
+    return (end if end is not None else float("inf"), r.start_time, r.job.id)
+
+
+def _eta(r: core.RunningJob, now: float) -> str:
+    end = r.expected_end()
+    return f" (in ~{max(0, int(end - now))}s)" if end is not None else ""
+
+
+def _topology(job: core.Job) -> str:
+    if job.topology.gang is not None:
+        return f" inside one {job.topology.gang.value}" + (" domain" if job.topology.gang.value == "nvlink" else "")
+    return ""

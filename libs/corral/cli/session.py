@@ -1,0 +1,69 @@
+"""How a command reaches the cluster, and how failures to reach it are reported.
+
+Why: "a dead cluster gives one clear line, not a trace". Every command that talks to Corral goes
+through `with_client`, which resolves the context, connects with a short timeout and turns the
+expected failures into one line and a documented exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from corral.cli.output import err_console
+from corral.client import Client
+from corral.stack.context import Context, NoClusterError, resolve
+
+T = TypeVar("T")
+
+EXIT_FAILURE = 1
+EXIT_NO_CLUSTER = 3
+
+
+class ConnectionOptions:
+    """Filled by the top-level callback from --nats/--postgres/--namespace (or the environment)."""
+
+    nats: str | None = None
+    postgres: str | None = None
+    namespace: str | None = None
+
+
+def context() -> Context:
+    try:
+        return resolve(ConnectionOptions.nats, ConnectionOptions.postgres, ConnectionOptions.namespace)
+    except NoClusterError as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise SystemExit(EXIT_NO_CLUSTER) from None
+
+
+def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True) -> T:
+    """Run `fn` with a connected client; a cluster that does not answer is one line, exit 3."""
+    ctx = context()
+
+    async def run() -> T:
+        try:
+            client = await Client.connect(ctx, bus=bus, timeout=5.0)
+        except (TimeoutError, OSError, ConnectionError) as exc:
+            where = ctx.postgres_dsn if not bus else f"{ctx.nats_url} / {ctx.postgres_dsn}"
+            raise _Unreachable(f"cannot reach the Corral cluster at {where} ({type(exc).__name__}: {exc}); "
+                               "is `corral up` running?") from exc
+        except Exception as exc:
+            if type(exc).__module__.startswith(("nats", "asyncpg")):
+                raise _Unreachable(f"cannot reach the Corral cluster ({type(exc).__name__}: {exc}); "
+                                   "is `corral up` running?") from exc
+            raise
+        try:
+            return await fn(client)
+        finally:
+            await client.close()
+
+    try:
+        return asyncio.run(run())
+    except _Unreachable as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise SystemExit(EXIT_NO_CLUSTER) from None
+
+
+class _Unreachable(Exception):
+    pass
