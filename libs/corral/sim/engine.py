@@ -141,7 +141,7 @@ class Simulator:
         scheduler: Scheduler | None = None,
     ) -> None:
         if scheduler is None:
-            from corral.core import schedule as core_schedule  # type: ignore[attr-defined]
+            from corral.core import schedule as core_schedule
 
             scheduler = core_schedule
         self._schedule: Scheduler = scheduler
