@@ -70,6 +70,8 @@ class _Cycle:
                     self.releasing[i] = self.releasing.get(i, 0) | m
         self.claimed: dict[int, int] = {}
         self.victims: set[str] = set()
+        # jobs that already preempted someone still running: their answers are their own
+        self.preemptors: set[str] = {x for r in self.running for x in r.preempted_by}
         self.placed: list[Release] = []
         self.reservation: Reservation | None = None
         self.blocker: PendingJob | None = None
@@ -307,6 +309,7 @@ class _Cycle:
             job.queue,
             job.priority,
             p.preempted_by,
+            job.id if job.id in self.preemptors else "",
             attained,
             check_quota,
             self.borrow_epoch,

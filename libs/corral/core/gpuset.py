@@ -118,6 +118,7 @@ class FreeGpus:
                 i = fi.index_of.get(rank.node)
                 if i is not None:
                     fi.take(i, mask_of(rank.gpus) & fi.free[i])
+        fi.canonicalize()
         return fi
 
     @classmethod
@@ -127,7 +128,22 @@ class FreeGpus:
         for i, name in enumerate(fi.names):
             keep = mask_of(free.get(name, ())) & fi.all_masks[i]
             fi.take(i, fi.all_masks[i] & ~keep)
+        fi.canonicalize()
         return fi
+
+    def canonicalize(self) -> None:
+        """Reorder the buckets by node order, so that the index depends only on which GPUs are
+        free and not on the order they were taken in (the snapshot's list order is irrelevant)."""
+        for b in self.node_buckets:
+            b.clear()
+        for db in self.dom_buckets:
+            db.clear()
+        for i in range(len(self.names)):
+            if self.eligible[i]:
+                f = self.free[i]
+                self.node_buckets[f.bit_count()][i] = None
+                for d, dm in enumerate(self.domains[i]):
+                    self.dom_buckets[(f & dm).bit_count()][(i, d)] = None
 
     def as_mapping(self) -> dict[str, tuple[int, ...]]:
         return {n: indices_of(self.free[i]) for i, n in enumerate(self.names) if self.free[i]}

@@ -250,6 +250,12 @@ def _search(
                 lo = mid
     finally:
         stmt.rollback()
+    if hi == 0:
+        return Reason(
+            ReasonCode.GANG_DOES_NOT_FIT,
+            f"needs {job.shape}; it fits without preemption, on GPUs held for another job",
+            (("needs_gpus", need), ("eligible_victims", 0)),
+        )
     chosen = victims_all[:hi]
     # prune: drop the most expensive victims that are not needed
     if len(chosen) <= 64:
