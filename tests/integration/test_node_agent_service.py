@@ -343,3 +343,15 @@ async def test_service_process_registers_and_stops_its_workers_on_sigterm(
             proc.kill()
             await proc.wait()
         await bus.close()
+
+
+def test_nvml_inventory_without_nvml_exits_2_with_a_clear_error(tmp_path: Path) -> None:
+    from corral.services.node_agent.inventory import NvmlUnavailable, discover
+    if not isinstance(discover("probe"), NvmlUnavailable):
+        pytest.skip("this machine has NVML")
+    import subprocess
+    done = subprocess.run([PY, "-m", "corral.services.node_agent", "--node", "gpu-1", "--inventory", "nvml",
+                           "--work-dir", str(tmp_path)], env={**os.environ, "CORRAL_NATS_URL": "nats://127.0.0.1:1"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--inventory nvml" in done.stderr and "--cluster-file" in done.stderr
