@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from corral.bus import DUPLICATE_WINDOW, Bus, Delivery, Outgoing, Poison, Retry
+from corral.bus import DUPLICATE_WINDOW, Bus, Delivery, Outgoing, Poison, Retry, StreamMissing
 from corral.bus.delivery import DLQ_CONSUMER, DLQ_DELIVERIES, DLQ_ERROR, DLQ_SEQUENCE, DLQ_SUBJECT
 
 
@@ -212,3 +212,12 @@ async def test_a_pipelined_batch_is_stored_in_order_and_deduplicated(bus: Bus) -
     again = await bus.publish_many(batch[40:])
     assert [p.sequence for p in first] == list(range(1, 51))
     assert all(p.duplicate for p in again) and not any(p.duplicate for p in first)
+
+
+async def test_publishing_before_the_streams_exist_says_how_to_fix_it(nats_url: str, namespace: str) -> None:
+    async with await Bus.connect(nats_url, namespace=namespace) as fresh:
+        subject = fresh.names.inbox_subject("JobSubmitted")
+        with pytest.raises(StreamMissing, match="ensure_streams"):
+            await fresh.publish(subject, b"{}", msg_id="x")
+        with pytest.raises(StreamMissing, match="ensure_streams"):
+            await fresh.publish_many([Outgoing(subject, b"{}", "y")])

@@ -1,7 +1,7 @@
 """The NATS JetStream bus: streams, deduplicated publishing, durable pull consumers with retry and
 dead-lettering, and the outbox relay from the event store."""
 
-from corral.bus.bus import DUPLICATE_WINDOW, Bus, Outgoing, Published
+from corral.bus.bus import DUPLICATE_WINDOW, Bus, Outgoing, Published, StreamMissing
 from corral.bus.consumer import RunningConsumer
 from corral.bus.delivery import Delivery, Handler, Poison, Retry
 from corral.bus.naming import Namespace
@@ -19,4 +19,5 @@ __all__ = [
     "Published",
     "Retry",
     "RunningConsumer",
+    "StreamMissing",
 ]

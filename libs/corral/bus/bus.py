@@ -23,7 +23,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
 
 from corral.bus.consumer import RunningConsumer, dead_letter_publisher
 from corral.bus.delivery import MSG_ID, Handler
@@ -31,6 +31,18 @@ from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace
 
 DUPLICATE_WINDOW = 120.0  # seconds; a republish later than this is a new message to JetStream
 _STREAM_IN_USE = 10058  # JetStream error code: stream name already in use with another config
+
+
+class StreamMissing(NoStreamResponseError):
+    """No JetStream stream takes the subject: the streams were not declared on this server yet."""
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(subject)
+        self.subject = subject
+
+    def __str__(self) -> str:
+        return (f"no JetStream stream takes {self.subject!r}: declare the streams first with "
+                "`await bus.ensure_streams()` (idempotent; every service and client may call it)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +141,10 @@ class Bus:
             raise ValueError("msg_id must be a non-empty string (the event_id): it deduplicates retries")
         self.names.kind_of(subject)  # refuse subjects outside our namespace: they would go nowhere
         all_headers = {**(headers or {}), MSG_ID: msg_id}
-        ack = await self.js.publish(subject, data, timeout=timeout, headers=all_headers)
+        try:
+            ack = await self.js.publish(subject, data, timeout=timeout, headers=all_headers)
+        except NoStreamResponseError as exc:
+            raise StreamMissing(subject) from exc
         return Published(stream=ack.stream, sequence=int(ack.seq), duplicate=bool(ack.duplicate))
 
     async def publish_many(self, messages: Sequence[Outgoing], *, timeout: float = 10.0) -> list[Published]:
@@ -146,6 +161,13 @@ class Bus:
                 futures.append(await self.js.publish_async(message.subject, message.data,
                                                            headers=headers, wait_stall=timeout))
             acks = await asyncio.wait_for(asyncio.gather(*futures), timeout)
+        except NoStreamResponseError as exc:
+            failed = next((m.subject for m, f in zip(messages, futures, strict=False)
+                           if f.done() and not f.cancelled() and f.exception() is not None),
+                          messages[0].subject)
+            for future in futures:
+                future.cancel()
+            raise StreamMissing(failed) from exc
         except BaseException:
             for future in futures:
                 future.cancel()
