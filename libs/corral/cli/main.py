@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli import cluster, jobs, tools
+from corral.cli import cluster, demo, jobs, tools
 from corral.cli.output import console, fail, print_json, print_table
 from corral.cli.session import ConnectionOptions
 
@@ -109,6 +109,7 @@ def _run_until_interrupted(stack: object) -> None:
 jobs.register(app)
 cluster.register(app)
 tools.register(app)
+demo.register(app)
 
 
 def main() -> None:

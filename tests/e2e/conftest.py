@@ -1,0 +1,88 @@
+"""End-to-end fixtures: the whole system as separate processes, on the test's own servers.
+
+Each test gets `corral up`'s stack (admission, quota, placement + standby, preemption, node
+agents) as real OS processes against a fresh database and NATS namespace, and a `Client` to drive
+it the way a pipeline or the CLI does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from corral.client import Client
+from corral.contracts.queues import validate_queues
+from corral.stack.context import Context
+from corral.stack.up import Stack, StackOptions
+
+
+@dataclass
+class Cluster:
+    stack: Stack
+    client: Client
+    data_dir: Path
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+StackFactory = Callable[..., Stack]
+
+
+@pytest.fixture
+def make_stack(tmp_path: Path, nats_url: str, postgres_dsn: str, namespace: str) -> Iterator[StackFactory]:
+    stacks: list[Stack] = []
+
+    def make(cluster: str = "4x8:H100", runtime: str = "sim", env: dict[str, str] | None = None,
+             cluster_file: Path | None = None) -> Stack:
+        stack = Stack(StackOptions(
+            data_dir=tmp_path / f"stack{len(stacks)}", cluster=cluster, cluster_file=cluster_file,
+            nats_url=nats_url, postgres_dsn=postgres_dsn, namespace=namespace, runtime=runtime,
+            write_user_context=False,
+            extra_env={"CORRAL_NODE_LOST_SECONDS": "6", "CORRAL_LOG_LEVEL": "INFO", **(env or {})}))
+        stack.start()
+        stacks.append(stack)
+        return stack
+
+    yield make
+    for s in stacks:
+        s.stop()
+
+
+async def connect(stack: Stack) -> Client:
+    assert stack.context is not None
+    return await Client.connect(stack.context)
+
+
+async def with_queues(client: Client, queues: list[dict[str, object]], nodes: int) -> None:
+    await client.apply_queues(validate_queues({"queues": queues}))
+    names = {str(q["name"]) for q in queues}
+    await client.wait_for(lambda v: names <= set(v.queues) and
+                          sum(1 for n in v.nodes.values() if not n.lost) >= nodes, 30)
+
+
+@pytest.fixture
+async def cluster(make_stack: StackFactory) -> AsyncIterator[Cluster]:
+    """The default stack: 4 nodes x 8 GPUs, sim runtime, queues team-a and team-b (16 each)."""
+    stack = make_stack()
+    client = await connect(stack)
+    try:
+        await with_queues(client, [{"name": "team-a", "guaranteed_gpus": 16, "max_gpus": 32},
+                                   {"name": "team-b", "guaranteed_gpus": 16, "max_gpus": 32}], nodes=4)
+        yield Cluster(stack=stack, client=client, data_dir=stack.options.data_dir)
+    finally:
+        await client.close()
+
+
+def dump_logs(stack: Stack) -> str:
+    out = []
+    for p in stack.processes:
+        try:
+            out.append(f"==== {p.name}\n" + "\n".join(p.log_path.read_text().splitlines()[-40:]))
+        except OSError:
+            pass
+    return "\n".join(out)
+
+
+__all__ = ["Cluster", "Context", "connect", "dump_logs", "with_queues"]
