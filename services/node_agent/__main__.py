@@ -10,7 +10,7 @@ One real node:
 discovers the GPUs with NVML; exits with status 2 and a clear message where NVML is absent.
 
 Environment: CORRAL_NATS_URL (required), CORRAL_NAMESPACE (default corral), CORRAL_LOG_DIR (rank
-logs go to `$CORRAL_LOG_DIR/jobs/<job>/rank-<N>.log`, else `<work-dir>/logs/...`), CORRAL_LOG_LEVEL.
+logs go to `$CORRAL_LOG_DIR/workers/<job>/rank-<N>.log`, else `<work-dir>/logs/...`), CORRAL_LOG_LEVEL.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def parser() -> argparse.ArgumentParser:
                    help="control files and, by default, checkpoints and logs (default .corral/nodes)")
     p.add_argument("--checkpoint-dir", type=Path, help="root of CORRAL_CHECKPOINT_DIR (default "
                    "<work-dir>/checkpoints; use shared storage across machines)")
-    p.add_argument("--log-dir", type=Path, help="rank logs root (default $CORRAL_LOG_DIR/jobs, else "
+    p.add_argument("--log-dir", type=Path, help="rank logs root (default $CORRAL_LOG_DIR/workers, else "
                    "<work-dir>/logs)")
     p.add_argument("--heartbeat-seconds", type=float, default=2.0, help="heartbeat period (default 2)")
     p.add_argument("--stop-grace", type=float, default=10.0,
@@ -132,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
 def options(args: argparse.Namespace, environ: os._Environ[str] | dict[str, str]) -> AgentOptions:
     log_dir = args.log_dir
     if log_dir is None and environ.get("CORRAL_LOG_DIR"):
-        log_dir = Path(environ["CORRAL_LOG_DIR"]) / "jobs"
+        log_dir = Path(environ["CORRAL_LOG_DIR"]) / "workers"
     try:
         return AgentOptions(work_dir=args.work_dir.resolve(), runtime=args.runtime,
                             job_log_dir=log_dir.resolve() if log_dir else None,

@@ -333,7 +333,7 @@ async def test_service_process_registers_and_stops_its_workers_on_sigterm(
                                   estimated_runtime_seconds=120.0))
         await c.publish(reserved("job-sig", [(0, "node-0", [0])]))
         await wait_for(lambda: len(seen.of(WorkerStarted, "job-sig")) == 1)
-        assert (tmp_path / "logs" / "jobs" / "job-sig" / "rank-0.log").exists()
+        assert (tmp_path / "logs" / "workers" / "job-sig" / "rank-0.log").exists()
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0
         await wait_for(lambda: len(seen.of(WorkerExited, "job-sig")) == 1)
