@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from corral.services.node_agent.assignment import Assignment, RankAssignment
 from corral.services.node_agent.supervisor import GangEnd, GangOutcome, Supervisor
 from corral.worker import CHECKPOINTED_EXIT_CODE

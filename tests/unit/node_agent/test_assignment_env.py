@@ -4,6 +4,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+
 from corral.services.node_agent.assignment import (
     Assignment,
     RankAssignment,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from corral.services.node_agent.barrier import GangRunning, GangStartBarrier, ReleaseGang, Waiting
 
 

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from corral.services.node_agent.inventory import (
     NodeInventory,
     NvmlUnavailable,

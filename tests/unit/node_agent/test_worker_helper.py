@@ -5,6 +5,7 @@ import signal
 from pathlib import Path
 
 import pytest
+
 from corral import worker
 from corral.services.node_agent.control import CheckpointReport, ControlChannel
 
