@@ -79,6 +79,7 @@ class NatsServer:
 
     def start(self, timeout: float = 15.0) -> NatsServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = self.data_dir.resolve()
         if not self.port:
             self.port = free_port(self.host)
         store = self.data_dir / "jetstream"
@@ -182,8 +183,9 @@ class PostgresServer:
 
     def start(self, timeout: float = 30.0) -> PostgresServer:
         bin_dir = _pg_bin()
-        pgdata = self.data_dir / "pgdata"
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = self.data_dir.resolve()
+        pgdata = self.data_dir / "pgdata"
         ids = _run_as()
         if ids is not None:
             _open_path_for(bin_dir)

@@ -97,6 +97,7 @@ class Stack:
     def start(self) -> Context:
         opts = self.options
         opts.data_dir.mkdir(parents=True, exist_ok=True)
+        opts.data_dir = opts.data_dir.resolve()
         previous = self._previous_ports()
         nats_url = opts.nats_url
         if not nats_url:
