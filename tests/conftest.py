@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,11 +66,15 @@ def postgres_server_dsn(tmp_path_factory: pytest.TempPathFactory, _docker: dict[
     if external:
         yield external
         return
-    server = PostgresServer(tmp_path_factory.mktemp("pg")).start()
+    # Not under pytest's basetemp: pytest prunes old basetemps, which would delete the data
+    # directory of a Postgres still serving a concurrent session.
+    data = Path(tempfile.mkdtemp(prefix="corral-test-pg-"))
+    server = PostgresServer(data).start()
     try:
         yield server.dsn
     finally:
         server.stop()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def _with_database(dsn: str, database: str) -> str:
@@ -100,11 +106,13 @@ def nats_url(tmp_path: Path, _docker: dict[str, str]) -> Iterator[str]:
     if external:
         yield external
         return
-    server = NatsServer(tmp_path / "nats").start()
+    data = Path(tempfile.mkdtemp(prefix="corral-test-nats-"))
+    server = NatsServer(data).start()
     try:
         yield server.url
     finally:
         server.stop()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture

@@ -56,9 +56,7 @@ def test_32_gpu_gang_starts_all_ranks_in_one_decision():
 def test_nvlink_gang_of_8_single_gpu_ranks_lands_in_one_domain_despite_fragmented_option():
     # four PCIe boxes with NVLink pairs (domains of 2), each with 4 GPUs free (fragmented
     # placement across nodes exists), and one DGX-like node whose 8 GPUs form one domain
-    pcie = [
-        Node(f"p{i}", tuple(Gpu(g, "H100", 80, g // 2) for g in range(8)), rack="r0", zone="z0") for i in range(4)
-    ]
+    pcie = [Node(f"p{i}", tuple(Gpu(g, "H100", 80, g // 2) for g in range(8)), rack="r0", zone="z0") for i in range(4)]
     dgx = Node("dgx", tuple(Gpu(g, "H100", 80, 0) for g in range(8)), rack="r1", zone="z0")
     cluster = Cluster((*pcie, dgx))
     busy = [running(job(f"b{i}", gpus=4), [(f"p{i}", (0, 2, 4, 6))]) for i in range(4)]
