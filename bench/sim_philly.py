@@ -26,6 +26,7 @@ from pathlib import Path
 
 from corral.sim import DEFAULT_POLICIES, load_workload, render_comparison, run_simulation, write_json
 from corral.sim.api import SimResult
+from corral.sim.engine import EngineStats
 
 TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "philly_2017_sep_oct.csv"
 
@@ -58,7 +59,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[SimResult] = []
     for policy in (p.strip() for p in args.policies.split(",") if p.strip()):
         t0 = time.perf_counter()
-        result = run_simulation(workload, args.cluster, policy=policy, seed=args.seed)
+
+        def progress(now: float, stats: EngineStats, policy: str = policy) -> None:
+            print(
+                f"  {policy}: day {now / 86400:5.1f}, {stats.cycles} cycles, {stats.wall_seconds:6.0f}s wall, "
+                f"{stats.schedule_seconds / max(stats.cycles, 1) * 1e3:.2f} ms/cycle",
+                flush=True,
+            )
+
+        try:
+            result = run_simulation(workload, args.cluster, policy=policy, seed=args.seed, progress=progress)
+        except Exception as error:  # report and go on with the other policies
+            print(
+                f"{policy:<9} FAILED after {time.perf_counter() - t0:.0f}s: {type(error).__name__}: {error}", flush=True
+            )
+            continue
         total = time.perf_counter() - t0
         s = result.stats
         print(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +55,7 @@ def run_simulation(
     failures: FailureModel | None = None,
     limit: int | None = None,
     scheduler: Scheduler | None = None,
+    progress: Callable[[float, EngineStats], None] | None = None,
 ) -> SimResult:
     """Replay `workload` on `cluster` under `policy` (or an explicit `config`).
 
@@ -84,7 +85,9 @@ def run_simulation(
             f"repair {failures.repair_hours} h, seed {seed}"
         )
     chosen_config = config or SchedulerConfig.named(policy)
-    outcome = Simulator(loaded, built, chosen, chosen_config, seed=seed, failures=failures, scheduler=scheduler).run()
+    outcome = Simulator(
+        loaded, built, chosen, chosen_config, seed=seed, failures=failures, scheduler=scheduler, progress=progress
+    ).run()
     summary = summarize(outcome.records, built, chosen)
     return SimResult(
         policy,

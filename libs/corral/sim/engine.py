@@ -139,7 +139,12 @@ class Simulator:
         seed: int = 0,
         failures: FailureModel | None = None,
         scheduler: Scheduler | None = None,
+        progress: Callable[[float, EngineStats], None] | None = None,
+        progress_every: int = 5000,
     ) -> None:
+        """`progress(now, stats)` is called every `progress_every` cycles (for long replays)."""
+        self._progress = progress
+        self._progress_every = progress_every
         if scheduler is None:
             from corral.core import schedule as core_schedule
 
@@ -186,11 +191,12 @@ class Simulator:
         self._checkpoints: list[tuple[float, int, str, int]] = []
         self._seq = 0
         self._epoch = 0
+        self._started = 0.0
         self.stats = EngineStats()
 
     # -- public -----------------------------------------------------------------------------
     def run(self) -> SimOutcome:
-        wall = time.perf_counter()
+        wall = self._started = time.perf_counter()
         jobs = self._workload.jobs
         arrival = 0
         if self._failures is not None:
@@ -316,6 +322,9 @@ class Simulator:
         decisions = self._schedule(snapshot, self._config)
         self.stats.schedule_seconds += time.perf_counter() - started
         self.stats.cycles += 1
+        if self._progress is not None and self.stats.cycles % self._progress_every == 0:
+            self.stats.wall_seconds = time.perf_counter() - self._started
+            self._progress(now, self.stats)
         for decision in decisions:
             if isinstance(decision, Place):
                 self.stats.decisions += 1
