@@ -51,3 +51,23 @@ def test_compare_prints_policies_side_by_side(tmp_path: Path, capsys: pytest.Cap
 def test_bad_cluster_shorthand_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert sim_main(["--trace", str(_workload(tmp_path)), "--cluster", "lots"]) == 2
     assert "NODESxGPUS" in capsys.readouterr().err
+
+
+def test_cluster_and_queues_files_are_read_like_corral_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        "nodes:\n"
+        "  - {name: a0, gpus: 8, model: H100, rack: r0}\n"
+        "  - {name: a1, gpus: 8, model: H100, rack: r0, nvlink_domains: [[0, 1, 2, 3], [4, 5, 6, 7]]}\n"
+    )
+    queues = tmp_path / "queues.yaml"
+    queues.write_text("queues:\n  - {name: team-a, guaranteed_gpus: 12}\n  - {name: team-b, guaranteed_gpus: 4}\n")
+    out = tmp_path / "run.json"
+    code = sim_main(
+        ["--trace", str(_workload(tmp_path)), "--cluster", str(cluster), "--queues", str(queues), "--json", str(out)]
+    )
+    assert code == 0
+    document = json.loads(out.read_text())
+    assert document["cluster"]["gpus"] == 16
+    assert {q["name"]: q["guaranteed_gpus"] for q in document["queues"]} == {"team-a": 12, "team-b": 4}
+    assert {r["node"] for j in document["jobs"] for p in j["placements"] for r in p["ranks"]} <= {"a0", "a1"}
