@@ -64,5 +64,7 @@ def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
             "no Corral cluster found: start one with `corral up`, or pass --nats URL and --postgres DSN "
             "(or set CORRAL_NATS_URL and CORRAL_POSTGRES_DSN)"
         )
+    same = saved is not None and saved.nats_url == nats and saved.postgres_dsn == dsn
     return Context(nats_url=nats, postgres_dsn=dsn, namespace=ns,
-                   data_dir=saved.data_dir if saved else None, log_dir=saved.log_dir if saved else None)
+                   data_dir=saved.data_dir if same and saved else None,
+                   log_dir=os.environ.get("CORRAL_LOG_DIR") or (saved.log_dir if same and saved else None))
