@@ -133,7 +133,7 @@ class _Cycle:
             return waiting
 
         if self.config.preemption or self.config.reclaim:
-            plan = self._plan(p, self._candidates(p), check_quota=False)
+            plan = self._plan(p, self._candidates(p), check_quota=False, avoid=avoid)
             if isinstance(plan, PreemptionPlan):
                 return self._preempt(p, plan)
 
@@ -217,6 +217,13 @@ class _Cycle:
             ),
         )
 
+    def _use(self, job: Job) -> None:
+        """Count the job's GPUs in its queues; a queue that now borrows may hold reclaimable jobs,
+        so cached 'cannot preempt' answers are no longer valid."""
+        self.usage.add(job.queue, job.total_gpus)
+        if any(self.usage.active.get(q, 0) > self.tree.guarantee.get(q, 0) for q in self.tree.path(job.queue)):
+            self.borrow_epoch += 1
+
     def _take(self, placement: Placement) -> None:
         for i, m in releases_of(placement, self.fi):
             self.fi.take(i, m)
@@ -224,9 +231,7 @@ class _Cycle:
     def _place(self, p: PendingJob, placement: Placement) -> Place:
         job = p.job
         self._take(placement)
-        self.usage.add(job.queue, job.total_gpus)
-        if any(self.usage.active.get(q, 0) > self.tree.guarantee.get(q, 0) for q in self.tree.path(job.queue)):
-            self.borrow_epoch += 1
+        self._use(job)
         est = job.estimated_runtime_seconds
         self.placed.append(
             Release(math.inf if est is None else self.now + est, job.id, releases_of(placement, self.fi))
@@ -274,7 +279,7 @@ class _Cycle:
                 self.claimed[i] = self.claimed.get(i, 0) | from_release
             if m & ~from_release:
                 self.fi.take(i, m & ~from_release)
-        self.usage.add(job.queue, job.total_gpus)
+        self._use(job)
         return Pending(
             job.id,
             Reason(
@@ -317,14 +322,31 @@ class _Cycle:
         )
 
     def _plan(
-        self, p: PendingJob, candidates: list[RunningJob], *, check_quota: bool
+        self, p: PendingJob, candidates: list[RunningJob], *, check_quota: bool, avoid: bool = False
     ) -> PreemptionPlan | Reason | None:
         if not candidates:
             return None
-        key = self._preempt_key(p, check_quota)
+        key = (self._preempt_key(p, check_quota), avoid)
         if key in self.no_preempt:
             return None
-        plan = plan_preemption(
+        hold = Statement(self.fi)
+        if avoid:  # preempting must not take the reserved GPUs either
+            assert self.reservation is not None
+            for i, m in self.reservation.masks:
+                if m & self.fi.free[i]:
+                    hold.take(i, m & self.fi.free[i])
+        try:
+            plan = self._plan_on_index(p, candidates, check_quota)
+        finally:
+            hold.rollback()
+        if not isinstance(plan, PreemptionPlan):
+            self.no_preempt.add(key)
+        return plan
+
+    def _plan_on_index(
+        self, p: PendingJob, candidates: list[RunningJob], check_quota: bool
+    ) -> PreemptionPlan | Reason | None:
+        return plan_preemption(
             self.snapshot,
             p,
             self.config,
@@ -336,9 +358,6 @@ class _Cycle:
             check_quota=check_quota,
             releasing=self.releasing,
         )
-        if not isinstance(plan, PreemptionPlan):
-            self.no_preempt.add(key)
-        return plan
 
     def _preempt(self, p: PendingJob, plan: PreemptionPlan) -> Preempt:
         """Commit a plan: the placement's GPUs are held for the preemptor (free ones taken now,
@@ -370,7 +389,7 @@ class _Cycle:
                 self.releasing[i] = self.releasing.get(i, 0) | m
             self.release_epoch += 1
             self.no_release_fit.clear()
-        self.usage.add(job.queue, job.total_gpus)
+        self._use(job)
         return Preempt(job.id, plan.victim_ids, plan.reason)
 
     def _releases(self) -> list[Release]:

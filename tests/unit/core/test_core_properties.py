@@ -268,14 +268,19 @@ def check_guarantee(snap: Snapshot, config: SchedulerConfig, decisions) -> None:
     guar = {q.name: q.guaranteed_gpus for q in snap.queues}
     pend = {p.job.id: p for p in snap.pending}
     victims = {v for d in decisions if isinstance(d, Preempt) for v in d.victims}
+    # bounds that hold at every job's turn in the cycle: `usage` is an upper bound of what each
+    # queue held or was promised, `lasting` a lower bound of what borrowers held (non-victims)
     usage: dict[str, int] = {}
+    lasting: dict[str, int] = {}
     free = snap.cluster.usable_gpus
     for r in snap.running:
         free -= r.job.total_gpus
+        usage[r.job.queue] = usage.get(r.job.queue, 0) + r.job.total_gpus
         if r.job.id not in victims:
-            usage[r.job.queue] = usage.get(r.job.queue, 0) + r.job.total_gpus
+            lasting[r.job.queue] = lasting.get(r.job.queue, 0) + r.job.total_gpus
     for d in decisions:
-        if isinstance(d, Place | Preempt):
+        holds = isinstance(d, Place | Preempt) or d.reason.code is ReasonCode.WAITING_FOR_PREEMPTION
+        if holds:  # GPUs placed, or promised to a preemptor or to a job waiting for released GPUs
             j = pend[d.job_id].job
             usage[j.queue] = usage.get(j.queue, 0) + j.total_gpus
         if isinstance(d, Place):
@@ -295,7 +300,7 @@ def check_guarantee(snap: Snapshot, config: SchedulerConfig, decisions) -> None:
             continue
         reclaimable = 0
         for w in guar:
-            over = usage.get(w, 0) - guar[w]
+            over = lasting.get(w, 0) - guar[w]
             if w == j.queue or over <= 0:
                 continue
             eligible = sum(
@@ -310,11 +315,23 @@ def check_guarantee(snap: Snapshot, config: SchedulerConfig, decisions) -> None:
                 and r.job.id not in p.preempted_by
             )
             reclaimable += min(eligible, over)
+        if reclaimable == 0:
+            continue  # no borrower holds reclaimable GPUs: waiting is not this invariant's concern
         if max(free, 0) + reclaimable >= j.total_gpus and __import__("os").environ.get("CORE_DUMP"):
             print("NOW", snap.now, [(q.name, q.guaranteed_gpus, q.max_gpus) for q in snap.queues])
             for r in snap.running:
-                print("  R", r.job.id, r.job.queue, r.job.priority, r.placement.gpus_by_node(), r.start_time,
-                      r.preempting, r.preempted_by, r.job.preemptible, r.job.min_runtime_seconds)
+                print(
+                    "  R",
+                    r.job.id,
+                    r.job.queue,
+                    r.job.priority,
+                    r.placement.gpus_by_node(),
+                    r.start_time,
+                    r.preempting,
+                    r.preempted_by,
+                    r.job.preemptible,
+                    r.job.min_runtime_seconds,
+                )
             for pp in snap.pending:
                 print("  P", pp.job.id, pp.job.queue, pp.job.priority, pp.job.total_gpus, pp.preempted_by)
             for dd in decisions:
