@@ -34,7 +34,7 @@ from corral.core.model import (
 )
 from corral.core.ordering import order_pending, tree_for
 from corral.core.placement import find_placement, idle_index, static_feasibility
-from corral.core.preemption import PreemptionPlan, plan_preemption
+from corral.core.preemption import PreemptionPlan, plan_preemption, statically_eligible, victim_cost_key
 from corral.core.quota import QueueUsage, quota_check, within_guarantee
 
 
@@ -59,8 +59,13 @@ class _Cycle:
         self.fi = FreeGpus.from_running(self.cluster, snapshot.running)
         self.idle: FreeGpus | None = None
         self.running = sorted(snapshot.running, key=lambda r: r.job.id)
+        # possible victims, cheapest first, overall and per queue (costs are fixed for the cycle)
+        self.eligible = sorted(
+            (r for r in self.running if statically_eligible(r, self.now)),
+            key=lambda r: victim_cost_key(r, self.now),
+        )
         self.by_queue: dict[str, list[RunningJob]] = {}
-        for r in self.running:
+        for r in self.eligible:
             self.by_queue.setdefault(r.job.queue, []).append(r)
         # GPUs of jobs asked to checkpoint: still taken in the index, free soon, claimable once
         self.releasing: dict[int, int] = {}
@@ -258,6 +263,8 @@ class _Cycle:
         job = p.job
         if _shape(job) in self.no_release_fit:
             return None
+        if self.fi.total_free + sum(m.bit_count() for m in self.releasing.values()) < job.total_gpus:
+            return None
         stmt = Statement(self.fi)
         try:
             for i, m in self.releasing.items():
@@ -294,14 +301,14 @@ class _Cycle:
         """Running jobs worth examining: everyone when LAS or reclaim may apply, else the queue's."""
         job = p.job
         if self.config.order is OrderPolicy.LAS and self.config.preemption:
-            return self.running
+            return self.eligible
         if (
             self.config.reclaim
             and self.config.quotas
             and self.tree.known(job.queue)
             and self.usage.active.get(job.queue, 0) + job.total_gpus <= self.tree.guarantee[job.queue]
         ):
-            return self.running
+            return self.eligible
         return self.by_queue.get(job.queue, []) if self.config.preemption else []
 
     def _preempt_key(self, p: PendingJob, check_quota: bool) -> object:
@@ -357,6 +364,7 @@ class _Cycle:
             taken=self.victims,
             check_quota=check_quota,
             releasing=self.releasing,
+            presorted=True,
         )
 
     def _preempt(self, p: PendingJob, plan: PreemptionPlan) -> Preempt:

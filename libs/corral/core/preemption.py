@@ -48,6 +48,16 @@ class PreemptionPlan:
         return tuple(v.job.id for v in self.victims)
 
 
+def victim_cost_key(r: RunningJob, now: float) -> tuple[float, int, int, str]:
+    """Cheapest victims first: least work lost, then lowest priority, then most GPUs freed."""
+    return (r.lost_work(now), r.job.priority, -r.placement.gpu_count, r.job.id)
+
+
+def statically_eligible(r: RunningJob, now: float) -> bool:
+    """Whether a running job may ever be a victim this cycle, whoever the preemptor."""
+    return not r.preempting and r.job.preemptible and now - r.start_time >= r.job.min_runtime_seconds
+
+
 def _lca_children(tree: QueueTree, a: str, b: str) -> tuple[str, str]:
     """The two children of the lowest common ancestor of queues a and b, on a's and b's side."""
     pa = tree.path(a)[::-1]
@@ -117,6 +127,7 @@ def plan_preemption(
     taken: set[str] | frozenset[str] = frozenset(),
     check_quota: bool = True,
     releasing: dict[int, int] | None = None,
+    presorted: bool = False,
 ) -> PreemptionPlan | Reason | None:
     """The cheapest victim set among `candidates` after which the job fits, or a Reason, or None
     when no running job is an eligible victim at all. `free` is left exactly as it was.
@@ -124,6 +135,7 @@ def plan_preemption(
     Search: victims sorted by lost work; the shortest prefix that fits is found by galloping then
     bisection on one journal (releases are undone with Statement.rollback_to), then victims that
     are not needed are pruned and a single cheaper victim is preferred when one suffices.
+    `presorted=True` promises `candidates` are already in `victim_cost_key` order.
     `check_quota=False` skips the quota re-check when the job already passes quota without victims
     (removing victims never makes quota worse).
     """
@@ -131,10 +143,9 @@ def plan_preemption(
     fi = free
     work = usage.copy()
     seq: list[tuple[RunningJob, ReasonCode]] = []
-    ordered = sorted(
-        (r for r in candidates if r.job.id not in taken),
-        key=lambda r: (r.lost_work(now), r.job.priority, -r.placement.gpu_count, r.job.id),
-    )
+    ordered = [r for r in candidates if r.job.id not in taken]
+    if not presorted:
+        ordered.sort(key=lambda r: victim_cost_key(r, now))
     for r in ordered:
         kind = _kind(snapshot, config, tree, work, pending, r)
         if kind is None:
