@@ -8,16 +8,20 @@ Entry point:
     schedule(snapshot, config=SchedulerConfig()) -> list[Decision]
 
 Phases, callable on their own because the live services split the work:
-    order_pending(snapshot, config) -> list[PendingJob]
+    order_pending(snapshot, config=SchedulerConfig(), *, tree=None) -> list[PendingJob]
         quota service: fair share across the queue tree (or fifo / priority / LAS order).
-    quota_check(snapshot, job, usage=None) -> Reason | None
+    quota_check(snapshot, job, usage=None, *, tree=None, quotas=True) -> Reason | None
         quota service: None when the queue tree admits `job` now (guarantee, borrowing, lend
-        limits, max_gpus); otherwise QUEUE_UNKNOWN / MAX_GPUS_EXCEEDED / QUOTA_EXCEEDED.
+        limits, max_gpus); else QUEUE_UNKNOWN / MAX_GPUS_EXCEEDED / QUOTA_EXCEEDED. `usage` is a
+        `QueueUsage` (QueueUsage.of(QueueTree.of(snapshot), snapshot.running) by default).
     find_placement(cluster, free, job) -> Placement | Reason
-        placement service: `free` is a `FreeGpus` index (FreeGpus.from_running(cluster, running)).
-    select_victims(snapshot, job, config) -> tuple[str, ...] | Reason
+        placement service: `free` is a `FreeGpus` index, built with
+        FreeGpus.from_running(cluster, running) or FreeGpus.from_mapping(cluster, {node: [gpu]}).
+        The index is not modified; commit with free.take(...) or a `Statement`.
+    select_victims(snapshot, pending_job, config=SchedulerConfig(), *, free=None)
+            -> tuple[str, ...] | Reason
         preemption service: the cheapest victims after which the job provably fits.
-    static_feasibility(cluster, job) -> Reason | None
+    static_feasibility(cluster, job, idle=None) -> Reason | None
         admission: TOPOLOGY_UNSATISFIABLE / NO_MATCHING_GPU when the request can never fit.
 
 Policies (`SchedulerConfig.named`): "corral" fair share + EASY backfill + preemption + reclaim;

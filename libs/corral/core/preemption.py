@@ -29,6 +29,7 @@ from corral.core.model import (
     SchedulerConfig,
     Snapshot,
 )
+from corral.core.ordering import tree_for
 from corral.core.placement import find_placement
 from corral.core.quota import QueueTree, QueueUsage, quota_check, within_guarantee
 
@@ -329,8 +330,6 @@ def select_victims(
 
     `free` defaults to the GPUs left free by every running job in the snapshot.
     """
-    from corral.core.ordering import tree_for
-
     tree = tree_for(snapshot, config)
     usage = QueueUsage.of(tree, snapshot.running)
     fi = free if free is not None else FreeGpus.from_running(snapshot.cluster, snapshot.running)

@@ -317,29 +317,23 @@ def check_guarantee(snap: Snapshot, config: SchedulerConfig, decisions) -> None:
             reclaimable += min(eligible, over)
         if reclaimable == 0:
             continue  # no borrower holds reclaimable GPUs: waiting is not this invariant's concern
-        if max(free, 0) + reclaimable >= j.total_gpus and __import__("os").environ.get("CORE_DUMP"):
-            print("NOW", snap.now, [(q.name, q.guaranteed_gpus, q.max_gpus) for q in snap.queues])
-            for r in snap.running:
-                print(
-                    "  R",
-                    r.job.id,
-                    r.job.queue,
-                    r.job.priority,
-                    r.placement.gpus_by_node(),
-                    r.start_time,
-                    r.preempting,
-                    r.preempted_by,
-                    r.job.preemptible,
-                    r.job.min_runtime_seconds,
-                )
-            for pp in snap.pending:
-                print("  P", pp.job.id, pp.job.queue, pp.job.priority, pp.job.total_gpus, pp.preempted_by)
-            for dd in decisions:
-                print("  D", dd)
+        if max(free, 0) + reclaimable >= j.total_gpus:
+            _dump(snap, decisions)
         assert max(free, 0) + reclaimable < j.total_gpus, (
             f"{j.id} in {j.queue} is within its guarantee and could reclaim "
             f"{reclaimable} GPUs ({free} free) but got {d.reason}"
         )
+
+
+def _dump(snap: Snapshot, decisions) -> None:
+    """Print the failing cycle (pytest shows it with the failure)."""
+    print("now", snap.now, [(q.name, q.guaranteed_gpus, q.max_gpus) for q in snap.queues])
+    for r in snap.running:
+        print("  running", r.job.id, r.job.queue, r.job.priority, r.placement.gpus_by_node(), r.preempted_by)
+    for p in snap.pending:
+        print("  pending", p.job.id, p.job.queue, p.job.priority, p.job.total_gpus, p.preempted_by)
+    for d in decisions:
+        print("  decision", d)
 
 
 # -- the properties --------------------------------------------------------------------------------
