@@ -36,6 +36,7 @@ class _Request:
     nvlink_replica: bool
     all_match: bool
     match: list[int]
+    only: tuple[int, int] | None = None  # (node, domain mask) once a whole-gang domain is chosen
 
     @property
     def total(self) -> int:
@@ -124,6 +125,8 @@ def _pick_gpus(req: _Request, i: int, n: int) -> list[tuple[int, ...]]:
     """GPUs for `n` ranks on node i: each rank best-fit into one NVLink domain when it can."""
     fi = req.fi
     usable = fi.free[i] & req.match[i]
+    if req.only is not None and req.only[0] == i:
+        usable &= req.only[1]
     doms = fi.domains[i]
     ranks: list[tuple[int, ...]] = []
     for _ in range(n):
@@ -158,18 +161,22 @@ def _in_one_domain(req: _Request) -> list[tuple[int, int]] | None:
     fi, total = req.fi, req.total
     if req.all_match:
         for c in range(total, fi.max_domain + 1):
-            for i, _d in fi.dom_buckets[c]:
+            for i, d in fi.dom_buckets[c]:
+                req.only = (i, fi.domains[i][d])
                 return [(i, req.replicas)]
         return None
-    best: tuple[int, int] | None = None
+    best: tuple[int, int, int] | None = None
     for i in range(len(fi.names)):
         if fi.eligible[i]:
             usable = fi.free[i] & req.match[i]
             for dm in fi.domains[i]:
                 c = (usable & dm).bit_count()
                 if c >= total and (best is None or c < best[0]):
-                    best = (c, i)
-    return None if best is None else [(best[1], req.replicas)]
+                    best = (c, i, dm)
+    if best is None:
+        return None
+    req.only = (best[1], best[2])
+    return [(best[1], req.replicas)]
 
 
 def _in_one_node(req: _Request) -> list[tuple[int, int]] | None:

@@ -9,6 +9,7 @@ out. After every cycle the decisions are checked against the issue's invariants.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 
 from hypothesis import HealthCheck, given, settings
@@ -38,7 +39,12 @@ from corral.core import (
     schedule,
 )
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# CORE_PROPERTY_EXAMPLES=2000 for a longer hunt; the default keeps the suite fast
+SETTINGS = settings(
+    max_examples=int(os.environ.get("CORE_PROPERTY_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 POLICIES = ["corral", "fifo", "priority", "backfill", "las"]
 
 
