@@ -231,5 +231,12 @@ async def test_replay_until_a_moment_matches_the_state_seen_live_then(make_stack
         now = as_json(corral(stack, "replay", "--until", "now", "--json"))
         assert now["jobs"] == state_of(await c.view())["jobs"]
         assert "Cluster as of" in corral(stack, "replay", "--until", "now").stdout
+
+        # What-if on this history: the recorded submissions replayed by the simulator.
+        out = Path(stack.options.data_dir) / "whatif.json"
+        table = corral(stack, "sim", "--from-log", "--policy", "fifo", "--json", str(out)).stdout
+        assert "avg JCT" in table
+        replayed_jobs = json.loads(out.read_text())["jobs"]
+        assert sorted(j["id"] for j in replayed_jobs) == sorted([j1, j2])
     finally:
         await c.close()

@@ -109,6 +109,7 @@ def _run_until_interrupted(stack: object) -> None:
 jobs.register(app)
 cluster.register(app)
 tools.register(app)
+tools.register_sim(app)
 demo.register(app)
 
 
