@@ -33,7 +33,8 @@ def test_submissions_become_jobs_with_their_real_durations_and_relative_submit_t
                            reason=Reason(code="QUEUE_UNKNOWN", message="no")),
     ]
     lines, cluster, queues = workload_from_events(events)
-    assert [(j["name"], j["submit_at"], j["duration_seconds"]) for j in lines] == [("j1", 0.0, 60.0), ("j2", 10.0, 60.0)]
+    got = [(j["name"], j["submit_at"], j["duration_seconds"]) for j in lines]
+    assert got == [("j1", 0.0, 60.0), ("j2", 10.0, 60.0)]
     assert all(j["runtime"] == "sim" and "command" not in j for j in lines)
     assert cluster["nodes"][0]["name"] == "n0" and len(cluster["nodes"][0]["gpus"]) == 8
     assert queues["queues"][0]["name"] == "a"
