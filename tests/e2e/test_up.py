@@ -1,0 +1,84 @@
+"""`corral up` as a newcomer runs it: from nothing, with its own servers, and again on the same data."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from corral.client import Client
+from corral.contracts.jobspec import validate_job_spec
+from corral.stack.context import Context
+
+
+def start_up(data_dir: Path, home: Path, *extra: str) -> tuple[subprocess.Popen[str], dict[str, Any], float]:
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home), "COLUMNS": "200"}
+    for var in ("CORRAL_NATS_URL", "CORRAL_POSTGRES_DSN", "CORRAL_NAMESPACE", "CORRAL_CONTEXT"):
+        env.pop(var, None)
+    began = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "corral.cli.main", "up", "--data-dir", str(data_dir), "--json",
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=home)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.rstrip() == "}":
+            break
+    if not lines or lines[-1].rstrip() != "}":
+        proc.kill()
+        errors = proc.stderr.read() if proc.stderr else ""
+        raise AssertionError(f"corral up printed no status:\n{''.join(lines)}\n{errors}")
+    return proc, json.loads("".join(lines)), time.monotonic() - began
+
+
+def stop(proc: subprocess.Popen[str]) -> int:
+    proc.send_signal(signal.SIGINT)
+    return proc.wait(60)
+
+
+def test_up_starts_from_nothing_registers_nodes_and_a_restart_keeps_state(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc, status, seconds = start_up(data, tmp_path)
+    try:
+        print(f"corral up on a fresh data dir was ready in {seconds:.1f}s (reported {status['started_in_seconds']}s)")
+        assert [n["name"] for n in status["nodes"]] == ["node-0", "node-1", "node-2", "node-3"]
+        assert all(n["gpus"] == 8 and n["model"] == "H100" for n in status["nodes"])
+        assert {p["name"] for p in status["processes"]} >= {"admission", "quota", "placement", "preemption",
+                                                             "node-agents"}
+        saved = json.loads((tmp_path / "corral" / "context.json").read_text())
+        assert saved["nats_url"] == status["nats"]
+        ctx = Context(nats_url=status["nats"], postgres_dsn=status["postgres"], namespace=status["namespace"])
+
+        async def submit() -> str:
+            async with await Client.connect(ctx) as c:
+                job = await c.submit(validate_job_spec({"name": "keep", "queue": "default", "runtime": "sim",
+                                                        "duration_seconds": 1, "gpus_per_replica": 2}))
+                await c.wait_for(lambda v: job in v.jobs and v.jobs[job].state.terminal, 60)
+                return job
+
+        job = asyncio.run(submit())
+    finally:
+        assert stop(proc) == 0
+
+    proc, status, _ = start_up(data, tmp_path)
+    try:
+        assert len(status["nodes"]) == 4
+        ctx = Context(nats_url=status["nats"], postgres_dsn=status["postgres"], namespace=status["namespace"])
+
+        async def check() -> None:
+            async with await Client.connect(ctx) as c:
+                view = await c.view()
+                assert view.jobs[job].state.value == "COMPLETED"
+                registrations = await c.events(types=["NodeRegistered"])
+                assert len(registrations) == 4, "a restart re-registers nothing that did not change"
+
+        asyncio.run(check())
+    finally:
+        assert stop(proc) == 0
