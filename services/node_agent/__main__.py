@@ -1,7 +1,7 @@
 """`python -m corral.services.node_agent`: run node agents until SIGTERM/SIGINT.
 
 Fake nodes (what `corral up` runs):
-    --cluster-file F --runtime sim|process --work-dir D
+    --cluster-file F --runtime sim|sim-timer|process --work-dir D
 F is a cluster file (YAML/JSON) or a file holding a shorthand such as `4x8:H100`; one agent runs
 per node of F (or per `--node` chosen from it).
 
@@ -115,8 +115,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rack", default="rack-0", help="rack of an nvml node (default rack-0)")
     p.add_argument("--zone", default="zone-0", help="zone of an nvml node (default zone-0)")
     p.add_argument("--model", help="model name to report for an nvml node's GPUs (default: from NVML)")
-    p.add_argument("--runtime", choices=("sim", "process"), default="process",
-                   help="process: run each job as its spec says (default); sim: simulate every job")
+    p.add_argument("--runtime", choices=("sim", "sim-timer", "process"), default="process",
+                   help="process: run each job as its spec says (default); sim: simulate every job; "
+                   "sim-timer: simulate every job as a timer inside the agent (no process per rank)")
     p.add_argument("--work-dir", type=Path, default=Path(".corral/nodes"),
                    help="control files and, by default, checkpoints and logs (default .corral/nodes)")
     p.add_argument("--checkpoint-dir", type=Path, help="root of CORRAL_CHECKPOINT_DIR (default "

@@ -20,9 +20,11 @@ from corral.contracts.jobspec import JobSpec
 
 from .assignment import Assignment, RankAssignment, sim_command
 
-AgentRuntime = Literal["sim", "process"]
+AgentRuntime = Literal["sim", "sim-timer", "process"]
 """`process`: each job runs as its spec says (spec.runtime). `sim`: every job is simulated, even a
-`process` job (its command is never run), so a laptop can host a cluster running anyone's specs."""
+`process` job (its command is never run), so a laptop can host a cluster running anyone's specs.
+`sim-timer`: simulated like `sim`, but each gang is a timer inside the agent instead of one
+process per rank (see `timer_supervisor`): for benchmarks that place hundreds of gangs a second."""
 
 SIM_ARGS_ENV = "CORRAL_SIM_ARGS"
 """A job's env may set this to extra `corral.worker sim` options, e.g. "--fail-at-step 5"."""

@@ -68,6 +68,7 @@ from corral.contracts.subjects import Subjects
 from .reports import START_FAILED, NodeReports, ReportPublisher
 from .reservation import AgentRuntime, build_assignment, contract_attempt, local_ranks
 from .supervisor import Supervisor
+from .timer_supervisor import TimerSupervisor
 
 log = logging.getLogger("corral.node_agent")
 
@@ -118,8 +119,8 @@ class AgentOptions:
     python: str = sys.executable
 
     def __post_init__(self) -> None:
-        if self.runtime not in ("sim", "process"):
-            raise ValueError(f"runtime must be sim or process, got {self.runtime!r}")
+        if self.runtime not in ("sim", "sim-timer", "process"):
+            raise ValueError(f"runtime must be sim, sim-timer or process, got {self.runtime!r}")
         if self.heartbeat_seconds <= 0:
             raise ValueError(f"heartbeat_seconds must be > 0, got {self.heartbeat_seconds}")
         if self.stop_grace_seconds < 0 or self.kill_grace_seconds < 0:
@@ -143,8 +144,9 @@ class NodeAgent:
         self.actor = f"node-agent/{self.node}"
         self.options = options
         self.reports = NodeReports(self.node, publisher)
-        self.supervisor = Supervisor(self.reports, options.work_dir / self.node / "run",
-                                     kill_grace=options.kill_grace_seconds)
+        self.supervisor: Supervisor | TimerSupervisor = (
+            TimerSupervisor(self.reports) if options.runtime == "sim-timer" else
+            Supervisor(self.reports, options.work_dir / self.node / "run", kill_grace=options.kill_grace_seconds))
         self._heartbeats = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 

@@ -1,0 +1,190 @@
+"""End-to-end throughput and latency of the live system under a stream of submissions.
+
+The whole of `corral up` runs as separate processes on this machine: embedded nats-server and
+Postgres, admission, quota, placement (+ standby), preemption, and one node-agents process hosting
+64 simulated nodes x 8 H100 (runtime `sim-timer`: each gang a timer inside the agent, so the
+figures are the scheduler's, not Python start-up's; `--runtime sim` for a process per rank). The benchmark publishes JobSubmitted to the JetStream
+inbox at a fixed rate (open loop) — single-node jobs of 1, 2, 4 or 8 GPUs that run for a short
+simulated time — and reads every timing back from the event log afterwards.
+
+Prints: placements per second in steady state (GangReserved events per second over the middle
+80% of them), p50 / p99 latency submit -> GangReserved and submit -> JobRunning, the machine and
+the exact command. Targets (issue "Trace simulator and benchmarks"): >= 500 placements/s
+sustained on a 2-core machine; p99 submit-to-placed < 250 ms at 200 jobs/s. For reference: Slurm
+~500 jobs/s (high-throughput guide); Kueue ~43 admissions/s (baseline performance test);
+kube-scheduler 180 pods/s with extended resources (GPUs).
+
+Each `--rate` value is one phase on the same stack; the cluster drains between phases.
+
+Run: .venv/bin/python bench/e2e.py [--rate 200[,600]] [--seconds 10] [--cluster 64x8:H100]
+     [--duration 1.0] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from live import (
+    LiveStack,
+    collect,
+    latency_ms,
+    log_position,
+    machine,
+    machine_line,
+    start_stack,
+    steady_rate,
+    submit_paced,
+    wait_placed,
+)
+
+from corral.client import Client, new_job_id
+from corral.contracts.jobspec import JobSpec, validate_job_spec
+from corral.contracts.queues import validate_queues
+
+GPU_MIX = ((1, 0.4), (2, 0.3), (4, 0.2), (8, 0.1))  # mean 2.6 GPUs per job
+TARGET_PLACEMENTS = 500.0
+TARGET_P99_MS = 250.0
+
+
+def job_stream(count: int, duration: float, seed: int) -> list[tuple[str, JobSpec]]:
+    rng = random.Random(seed)
+    sizes, weights = zip(*GPU_MIX, strict=True)
+    out = []
+    base = new_job_id()  # one time-sortable prefix per phase; the index keeps ids unique
+    for i in range(count):
+        gpus = rng.choices(sizes, weights)[0]
+        spec = validate_job_spec({"name": f"e2e-{i}", "queue": "bench", "gpus_per_replica": gpus,
+                                  "runtime": "sim", "duration_seconds": duration})
+        out.append((f"{base}-{i:05d}", spec))
+    return out
+
+
+async def phase(client: Client, rate: float, seconds: float, duration: float, seed: int,
+                timeout: float) -> dict[str, Any]:
+    jobs = job_stream(round(rate * seconds), duration, seed)
+    after = await log_position(client)
+    print(f"  phase {rate:g} jobs/s x {seconds:g}s: {len(jobs)} jobs ...", flush=True)
+    submit_seconds = await submit_paced(client, jobs, rate)
+    ids = [j for j, _ in jobs]
+    _, complete = await wait_placed(client, ids, after, timeout)
+    times = await collect(client, ids, after)
+    placed = [t.placed for t in times.values() if t.placed is not None]
+    result = {
+        "rate": rate, "seconds": seconds, "jobs": len(jobs), "duration_seconds": duration,
+        "submitted_per_s": len(jobs) / submit_seconds, "all_placed": complete,
+        "placed": len(placed), "rejected": sum(t.rejected for t in times.values()),
+        "placements": steady_rate(placed),
+        "submit_to_admitted_ms": latency_ms(times.values(), "admitted"),
+        "submit_to_quota_ms": latency_ms(times.values(), "quota"),
+        "submit_to_placed_ms": latency_ms(times.values(), "placed"),
+        "submit_to_running_ms": latency_ms(times.values(), "running"),
+    }
+    await drain(client, ids, timeout)
+    return result
+
+
+async def drain(client: Client, ids: Sequence[str], timeout: float) -> None:
+    """Wait until the phase's jobs have ended, so the next phase starts on an empty cluster."""
+    wanted = set(ids)
+    try:
+        await client.wait_for(lambda v: all(v.jobs[j].state.terminal for j in wanted if j in v.jobs),
+                              timeout, interval=1.0)
+    except TimeoutError:
+        print("  (cluster did not drain in time; next phase starts on a busy cluster)", flush=True)
+
+
+def fmt(d: dict[str, float], key: str) -> str:
+    return f"{d[key]:8.0f}" if key in d else "       -"
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [
+        f"machine: {machine_line()}",
+        f"cluster: {result['cluster']} ({result['gpus']} GPUs), {result['runtime']} runtime, jobs of 1-8 GPUs "
+        f"running {result['duration']:g}s",
+        f"command: {result['command']}",
+        f"date:    {result['date']}",
+        "",
+        "  rate  jobs  placed  placements/s (steady / best 1s)   submit->admitted  ->quota  "
+        "->placed p50 / p99 ms   ->running p50 / p99 ms",
+    ]
+    for p in result["phases"]:
+        pl, ad, qu = p["placements"], p["submit_to_admitted_ms"], p["submit_to_quota_ms"]
+        pd, ru = p["submit_to_placed_ms"], p["submit_to_running_ms"]
+        lines.append(
+            f"{p['rate']:6.0f} {p['jobs']:5d} {p['placed']:7d}   {pl.get('steady_per_s', 0):8.1f} / "
+            f"{pl.get('best_second', 0):5.0f}              {fmt(ad, 'p50')}  {fmt(qu, 'p50')}  "
+            f"{fmt(pd, 'p50')} / {fmt(pd, 'p99')}      {fmt(ru, 'p50')} / {fmt(ru, 'p99')}")
+    best = max((p["placements"].get("steady_per_s", 0.0) for p in result["phases"]), default=0.0)
+    lines.append("")
+    lines.append(f"target: >= {TARGET_PLACEMENTS:.0f} placements/s sustained -> "
+                 f"{'MET' if best >= TARGET_PLACEMENTS else 'MISSED'} (best steady {best:.1f}/s)")
+    at200 = [p for p in result["phases"] if abs(p["rate"] - 200) < 1e-9]
+    if at200:
+        p99 = at200[0]["submit_to_placed_ms"].get("p99", float("inf"))
+        lines.append(f"target: p99 submit->placed < {TARGET_P99_MS:.0f} ms at 200 jobs/s -> "
+                     f"{'MET' if p99 < TARGET_P99_MS else 'MISSED'} (p99 {p99:.0f} ms)")
+    lines.append("reference: Slurm ~500 jobs/s; Kueue ~43 admissions/s; kube-scheduler 180 pods/s with GPUs")
+    return "\n".join(lines)
+
+
+async def run(args: argparse.Namespace, live: LiveStack) -> dict[str, Any]:
+    client = await Client.connect(live.context)
+    try:
+        await client.apply_queues(validate_queues({"queues": [{"name": "bench", "guaranteed_gpus": 0}]}))
+        view = await client.wait_for(lambda v: "bench" in v.queues, 30)
+        gpus = view.capacity()
+        phases = []
+        for i, rate in enumerate(args.rate):
+            phases.append(await phase(client, rate, args.seconds, args.duration, args.seed + i, args.timeout))
+        return {"cluster": args.cluster, "gpus": gpus, "duration": args.duration, "runtime": args.runtime,
+                "phases": phases}
+    finally:
+        await client.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=lambda s: [float(x) for x in s.split(",")], default=[200.0],
+                        help="submissions per second; a comma list runs one phase per rate (default 200)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="seconds of submissions per phase")
+    parser.add_argument("--duration", type=float, default=1.0, help="simulated run time of each job (s)")
+    parser.add_argument("--cluster", default="64x8:H100")
+    parser.add_argument("--runtime", choices=("sim-timer", "sim"), default="sim-timer",
+                        help="node agents' runtime: sim-timer (a timer per gang, default) or sim "
+                        "(a process per rank)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=180.0, help="per phase, after the last submission")
+    parser.add_argument("--data-dir", type=Path, help="keep the stack's data and logs here")
+    parser.add_argument("--json", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "bench/e2e.py", *sys.argv[1:]])
+    t0 = time.monotonic()
+    print(f"starting the stack ({args.cluster}) ...", flush=True)
+    live = start_stack(args.cluster, runtime=args.runtime, data_dir=args.data_dir)
+    print(f"  up in {time.monotonic() - t0:.1f}s", flush=True)
+    try:
+        result = asyncio.run(run(args, live))
+    finally:
+        live.stop()
+    result.update(command=command, date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), machine=machine())
+    print()
+    print(render(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

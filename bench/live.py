@@ -1,0 +1,253 @@
+"""The live system as the benchmarks drive it: start the stack, pace submissions, read timings back.
+
+Why a module of its own: `bench/e2e.py` and `bench/kueue_baseline.py` measure the same thing — the
+real services as separate processes on real nats-server and Postgres — under different workloads.
+Starting the stack, submitting at a rate and turning the event log into per-job timings is the
+same for both, and it must be done the same way for their figures to be comparable.
+
+Timings come from the event log only, never from the benchmark's own clock (except to pace):
+- submitted: `JobSubmitted.occurred_at`, stamped by the client when it publishes to the inbox;
+- admitted / placed / running: `recorded_at` of `QuotaReserved`, `GangReserved`, `JobRunning`,
+  i.e. when the decision was durable in the log (Postgres `now()` of the appending statement, a
+  little after the service's own `occurred_at`). Same host, same clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from corral.client import Client
+from corral.contracts import events as ev
+from corral.contracts.jobspec import JobSpec
+from corral.contracts.registry import decode
+from corral.stack.context import Context
+from corral.stack.ready import wait_for_nodes
+from corral.stack.up import Stack, StackOptions
+
+TRACKED = ("JobSubmitted", "JobAdmitted", "JobRejected", "QuotaReserved", "GangReserved", "JobRunning",
+           "JobCompleted", "JobFailed")
+
+
+def machine() -> dict[str, object]:
+    """The machine the figures were measured on: cores and CPU model from /proc/cpuinfo."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            mem = f"{int(f.readline().split()[1]) / 1024 / 1024:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"cores": os.cpu_count(), "cpu": model, "memory": mem, "python": platform.python_version(),
+            "platform": platform.platform(), "host": platform.node()}
+
+
+def machine_line() -> str:
+    m = machine()
+    return f"{m['cores']} cores, {m['cpu']}, {m['memory']} RAM, Python {m['python']}, {m['platform']}"
+
+
+@dataclass
+class LiveStack:
+    """A started stack and where it keeps its data (removed on stop unless kept)."""
+
+    stack: Stack
+    context: Context
+    data_dir: Path
+    keep: bool = False
+
+    def stop(self) -> None:
+        self.stack.stop()
+        if not self.keep:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def start_stack(cluster: str, *, runtime: str = "sim-timer", data_dir: Path | None = None,
+                env: dict[str, str] | None = None, standby: bool = True, timeout: float = 120.0) -> LiveStack:
+    """`corral up` in a fresh directory: embedded servers, the services, the simulated nodes.
+
+    `runtime` is the node agents': `sim-timer` (default) simulates each gang as a timer inside the
+    agent; `sim` starts one `corral.worker sim` process per rank (tens of ms of CPU per start).
+    """
+    keep = data_dir is not None
+    root = data_dir or Path(tempfile.mkdtemp(prefix="corral-bench-"))
+    stack = Stack(StackOptions(data_dir=root, cluster=cluster, runtime=runtime, namespace="bench",
+                               placement_standby=standby, write_user_context=False,
+                               extra_env={"CORRAL_LOG_LEVEL": "WARNING", **(env or {})}))
+    try:
+        ctx = stack.start()
+        wait_for_nodes(ctx, stack, timeout)
+    except BaseException:
+        stack.stop()
+        raise
+    return LiveStack(stack, ctx, root, keep)
+
+
+async def log_position(client: Client) -> int:
+    """The last global position in the log: a run's events are the ones after it."""
+    after = 0
+    while True:
+        batch = await client.store.read_all(after, limit=10000)
+        if not batch:
+            return after
+        after = batch[-1].position
+
+
+async def submit_paced(client: Client, jobs: Sequence[tuple[str, JobSpec]], rate: float,
+                       max_in_flight: int = 256) -> float:
+    """Publish `jobs` to the inbox at `rate` per second (open loop); return the seconds it took.
+
+    Open loop: the schedule does not slow down when the system does, so queueing shows up as
+    latency. Publishes overlap (each waits for JetStream's ack) up to `max_in_flight`.
+    """
+    gate = asyncio.Semaphore(max_in_flight)
+    tasks: list[asyncio.Task[str]] = []
+
+    async def one(job_id: str, spec: JobSpec) -> str:
+        try:
+            return await client.submit(spec, job_id=job_id, user="bench")
+        finally:
+            gate.release()
+
+    start = time.monotonic()
+    for i, (job_id, spec) in enumerate(jobs):
+        due = start + i / rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await gate.acquire()
+        tasks.append(asyncio.create_task(one(job_id, spec)))
+    await asyncio.gather(*tasks)
+    return time.monotonic() - start
+
+
+async def wait_placed(client: Client, job_ids: Iterable[str], after: int, timeout: float,
+                      progress: bool = True) -> tuple[int, bool]:
+    """Tail the log (types and streams only, no decoding) until every job is placed or rejected.
+
+    Returns (the position reached, whether all were placed in time).
+    """
+    want = {f"job-{j}" for j in job_ids}
+    done: set[str] = set()
+    deadline = time.monotonic() + timeout
+    last_print = time.monotonic()
+    position = after
+    while True:
+        batch = await client.store.read_all(position, limit=10000)
+        for stored in batch:
+            if stored.type in ("GangReserved", "JobRejected") and stored.stream in want:
+                done.add(stored.stream)
+        if batch:
+            position = batch[-1].position
+            continue
+        if len(done) >= len(want):
+            return position, True
+        now = time.monotonic()
+        if now > deadline:
+            return position, False
+        if progress and now - last_print > 5:
+            print(f"    ... {len(done)}/{len(want)} placed", flush=True)
+            last_print = now
+        await asyncio.sleep(0.25)
+
+
+@dataclass
+class JobTimes:
+    job_id: str
+    gpus: int = 0
+    queue: str = ""
+    submitted: datetime | None = None
+    admitted: datetime | None = None
+    quota: datetime | None = None
+    placed: datetime | None = None
+    running: datetime | None = None
+    ended: datetime | None = None
+    rejected: bool = False
+    gpus_by_node: dict[str, int] = field(default_factory=dict)
+
+
+async def collect(client: Client, job_ids: Iterable[str], after: int) -> dict[str, JobTimes]:
+    """Per-job timings from the log after `after` (first occurrence of each event)."""
+    wanted = {f"job-{j}": j for j in job_ids}
+    times = {j: JobTimes(j) for j in wanted.values()}
+    position = after
+    while True:
+        batch = await client.store.read_all(position, limit=10000)
+        if not batch:
+            return times
+        position = batch[-1].position
+        for stored in batch:
+            job_id = wanted.get(stored.stream)
+            if job_id is None or stored.type not in TRACKED:
+                continue
+            t = times[job_id]
+            if stored.type == "JobSubmitted":
+                event = decode(stored.data)
+                assert isinstance(event, ev.JobSubmitted)
+                t.submitted, t.gpus, t.queue = event.occurred_at, event.spec.total_gpus, event.spec.queue
+            elif stored.type == "JobAdmitted" and t.admitted is None:
+                t.admitted = stored.recorded_at
+            elif stored.type == "JobRejected":
+                t.rejected = True
+            elif stored.type == "QuotaReserved" and t.quota is None:
+                t.quota = stored.recorded_at
+            elif stored.type == "GangReserved" and t.placed is None:
+                t.placed = stored.recorded_at
+            elif stored.type == "JobRunning" and t.running is None:
+                t.running = stored.recorded_at
+            elif stored.type in ("JobCompleted", "JobFailed") and t.ended is None:
+                t.ended = stored.recorded_at
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def latency_ms(times: Iterable[JobTimes], end: str) -> dict[str, float]:
+    """p50 / p99 / mean / max of submit -> `end` in milliseconds, over jobs that reached it."""
+    values = [(getattr(t, end) - t.submitted).total_seconds() * 1e3 for t in times
+              if t.submitted is not None and getattr(t, end) is not None]
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "p50": percentile(values, 50), "p99": percentile(values, 99),
+            "mean": statistics.fmean(values), "max": max(values)}
+
+
+def steady_rate(moments: Sequence[datetime], trim: float = 0.1) -> dict[str, float]:
+    """Events per second in steady state: the middle (1 - 2*trim) of the events over their span.
+
+    Also the best and the median whole second, to show whether the rate was flat.
+    """
+    if len(moments) < 10:
+        return {"n": len(moments)}
+    ordered = sorted(m.timestamp() for m in moments)
+    lo, hi = int(len(ordered) * trim), int(len(ordered) * (1 - trim)) - 1
+    span = ordered[hi] - ordered[lo]
+    buckets: dict[int, int] = {}
+    for m in ordered:
+        buckets[int(m)] = buckets.get(int(m), 0) + 1
+    full = [buckets.get(s, 0) for s in range(int(ordered[0]) + 1, int(ordered[-1]))]  # whole seconds only
+    return {"n": len(ordered), "steady_per_s": (hi - lo) / span if span > 0 else float("inf"),
+            "overall_per_s": (len(ordered) - 1) / max(ordered[-1] - ordered[0], 1e-9),
+            "best_second": max(full) if full else len(ordered),
+            "median_second": statistics.median(full) if full else len(ordered)}
