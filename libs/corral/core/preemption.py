@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from corral.core.decisions import Reason, ReasonCode
 from corral.core.gpuset import FreeGpus, Statement, mask_of
 from corral.core.model import (
+    Job,
     OrderPolicy,
     PendingJob,
     Placement,
@@ -76,6 +77,7 @@ def _kind(
     usage: QueueUsage,
     pending: PendingJob,
     r: RunningJob,
+    cache: _ReclaimCache | None = None,
 ) -> ReasonCode | None:
     job = pending.job
     now = snapshot.now
@@ -90,14 +92,48 @@ def _kind(
         if theirs >= config.las_preemption_ratio * mine and theirs - mine >= config.las_min_gap_gpu_seconds:
             return ReasonCode.PREEMPTED_FOR_LAS
     if config.reclaim and config.quotas and r.job.queue != job.queue and tree.known(job.queue):
-        mine_side, their_side = _lca_children(tree, job.queue, r.job.queue)
+        sides = _lca_children(tree, job.queue, r.job.queue) if cache is None else cache.sides(r.job.queue)
+        mine_side, their_side = sides
         if mine_side == their_side:
             return None  # one queue is the other's ancestor: not a reclaim between siblings
-        if not within_guarantee(tree, usage, job.queue, job.total_gpus, upto=mine_side):
+        entitled = (
+            within_guarantee(tree, usage, job.queue, job.total_gpus, upto=mine_side)
+            if cache is None
+            else cache.entitled(mine_side)
+        )
+        if not entitled:
             return None
         if usage.active.get(their_side, 0) > tree.guarantee.get(their_side, 0):
             return ReasonCode.RECLAIMED_FOR_GUARANTEE
     return None
+
+
+class _ReclaimCache:
+    """Per-plan answers that do not change while victims are picked: which sibling subtrees a
+    victim's queue and the preemptor's meet at, and whether the preemptor is entitled there
+    (victims only leave other subtrees, so the preemptor's own usage is fixed)."""
+
+    def __init__(self, tree: QueueTree, usage: QueueUsage, job: Job):
+        self.tree, self.usage, self.job = tree, usage, job
+        self._sides: dict[str, tuple[str, str]] = {}
+        self._entitled: dict[str, bool] = {}
+
+    def sides(self, queue: str) -> tuple[str, str]:
+        s = self._sides.get(queue)
+        if s is None:
+            s = self._sides[queue] = _lca_children(self.tree, self.job.queue, queue)
+        return s
+
+    def forget_entitlement(self) -> None:
+        self._entitled.clear()
+
+    def entitled(self, mine_side: str) -> bool:
+        e = self._entitled.get(mine_side)
+        if e is None:
+            e = self._entitled[mine_side] = within_guarantee(
+                self.tree, self.usage, self.job.queue, self.job.total_gpus, upto=mine_side
+            )
+        return e
 
 
 def _masks(fi: FreeGpus, r: RunningJob) -> list[tuple[int, int]]:
@@ -141,31 +177,67 @@ def plan_preemption(
     (removing victims never makes quota worse).
     """
     now = snapshot.now
-    fi = free
-    work = usage.copy()
-    seq: list[tuple[RunningJob, ReasonCode]] = []
     ordered = [r for r in candidates if r.job.id not in taken]
     if not presorted:
         ordered.sort(key=lambda r: victim_cost_key(r, now))
-    for r in ordered:
-        kind = _kind(snapshot, config, tree, work, pending, r)
-        if kind is None:
-            continue
-        seq.append((r, kind))
-        if kind is ReasonCode.RECLAIMED_FOR_GUARANTEE:
-            work.deactivate(r.job.queue, r.placement.gpu_count)
-    if not seq:
+    seq = _VictimSequence(snapshot, config, tree, usage, pending, ordered)
+    if not seq.extend(1):
         return None
-    base = Statement(fi)
+    base = Statement(free)
     try:
         # GPUs already being released by earlier preemptions count as free for this plan
         for i, m in (releasing or {}).items():
-            give = m & ~fi.free[i] & fi.all_masks[i]
+            give = m & ~free.free[i] & free.all_masks[i]
             if give:
                 base.give(i, give)
-        return _search(snapshot, pending, config, fi, tree, usage, seq, check_quota)
+        return _search(snapshot, pending, config, free, tree, usage, seq, check_quota)
     finally:
         base.rollback()
+
+
+class _VictimSequence:
+    """Eligible victims in cost order, built lazily: most plans need only the first few, and
+    eligibility of a reclaim victim depends on the ones before it (its queue must still borrow)."""
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        config: SchedulerConfig,
+        tree: QueueTree,
+        usage: QueueUsage,
+        pending: PendingJob,
+        ordered: list[RunningJob],
+    ):
+        self.args = (snapshot, config, tree)
+        self.work = usage.copy()
+        self.pending = pending
+        self.ordered = ordered
+        self.pos = 0
+        self.items: list[RunningJob] = []
+        self.kinds: dict[str, ReasonCode] = {}
+        self.gpus = 0
+        self.cache = _ReclaimCache(tree, self.work, pending.job)
+
+    def extend(self, k: int) -> bool:
+        """Grow to at least k victims; False when fewer exist."""
+        snapshot, config, tree = self.args
+        while len(self.items) < k and self.pos < len(self.ordered):
+            r = self.ordered[self.pos]
+            self.pos += 1
+            kind = _kind(snapshot, config, tree, self.work, self.pending, r, self.cache)
+            if kind is None:
+                continue
+            self.items.append(r)
+            self.kinds[r.job.id] = kind
+            self.gpus += r.placement.gpu_count
+            if kind is ReasonCode.RECLAIMED_FOR_GUARANTEE:
+                self.work.deactivate(r.job.queue, r.placement.gpu_count)
+                self.cache.forget_entitlement()  # a shared ancestor's usage may have dropped
+        return len(self.items) >= k
+
+    @property
+    def exhausted(self) -> bool:
+        return self.pos >= len(self.ordered)
 
 
 def _search(
@@ -175,15 +247,19 @@ def _search(
     fi: FreeGpus,
     tree: QueueTree,
     usage: QueueUsage,
-    seq: list[tuple[RunningJob, ReasonCode]],
+    seq: _VictimSequence,
     check_quota: bool,
 ) -> PreemptionPlan | Reason:
     job = pending.job
     now = snapshot.now
-    victims_all = [r for r, _ in seq]
-    masks = {r.job.id: _masks(fi, r) for r in victims_all}
     need = job.total_gpus
-    freed = sum(r.placement.gpu_count for r in victims_all)
+    mask_cache: dict[str, list[tuple[int, int]]] = {}
+
+    def masks(r: RunningJob) -> list[tuple[int, int]]:
+        m = mask_cache.get(r.job.id)
+        if m is None:
+            m = mask_cache[r.job.id] = _masks(fi, r)
+        return m
 
     def quota_ok(victims: Sequence[RunningJob]) -> bool:
         if not check_quota:
@@ -203,18 +279,20 @@ def _search(
         stmt = Statement(fi)
         try:
             for v in victims:
-                _release(stmt, fi, masks[v.job.id])
+                _release(stmt, fi, masks(v))
             return place_now()
         finally:
             stmt.rollback()
 
-    no_fit = Reason(
-        ReasonCode.GANG_DOES_NOT_FIT,
-        f"needs {job.shape}; even preempting all {len(victims_all)} eligible jobs ({freed} GPUs) would not make it fit",
-        (("needs_gpus", need), ("eligible_victims", len(victims_all)), ("freeable_gpus", freed)),
-    )
-    if fi.total_free + freed < need:
-        return no_fit
+    def no_fit() -> Reason:
+        seq.extend(len(seq.ordered))
+        return Reason(
+            ReasonCode.GANG_DOES_NOT_FIT,
+            f"needs {job.shape}; even preempting all {len(seq.items)} eligible jobs "
+            f"({seq.gpus} GPUs) would not make it fit",
+            (("needs_gpus", need), ("eligible_victims", len(seq.items)), ("freeable_gpus", seq.gpus)),
+        )
+
     # galloping over prefixes of the cost order on one journal, then bisection
     stmt = Statement(fi)
     marks: list[int] = []
@@ -228,18 +306,20 @@ def _search(
             released = k
         while released < k:
             marks.append(stmt.mark())
-            _release(stmt, fi, masks[victims_all[released].job.id])
+            _release(stmt, fi, masks(seq.items[released]))
             released += 1
 
     def prefix_fits(k: int) -> bool:
         to_prefix(k)
-        return quota_ok(victims_all[:k]) and place_now() is not None
+        return quota_ok(seq.items[:k]) and place_now() is not None
 
     try:
         k = 0
         have = fi.total_free
-        while k < len(victims_all) and have < need:
-            have += victims_all[k].placement.gpu_count
+        while have < need:
+            if not seq.extend(k + 1):
+                return no_fit()
+            have += seq.items[k].placement.gpu_count
             k += 1
         lo, step = k - 1, 1  # prefixes of length <= lo are known not to fit
         hi = -1
@@ -248,12 +328,13 @@ def _search(
                 hi = k
                 break
             lo = k
-            if k == len(victims_all):
+            seq.extend(k + step)
+            if k >= len(seq.items):
                 break
-            k = min(len(victims_all), k + step)
+            k = min(len(seq.items), k + step)
             step *= 2
         if hi < 0:
-            return no_fit
+            return no_fit()
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if prefix_fits(mid):
@@ -268,7 +349,7 @@ def _search(
             f"needs {job.shape}; it fits without preemption, on GPUs held for another job",
             (("needs_gpus", need), ("eligible_victims", 0)),
         )
-    chosen = victims_all[:hi]
+    chosen = seq.items[:hi]
     # prune: drop the most expensive victims that are not needed
     if len(chosen) <= 64:
         for v in sorted(chosen, key=lambda r: (-r.lost_work(now), r.job.id)):
@@ -281,7 +362,8 @@ def _search(
         return (sum(v.lost_work(now) for v in vs), len(vs))
 
     best = cost(chosen)
-    for r in victims_all[:_SINGLETON_TRIES]:
+    seq.extend(_SINGLETON_TRIES)
+    for r in seq.items[:_SINGLETON_TRIES]:
         if cost([r]) >= best:
             break
         if fits([r]) is not None:
@@ -289,8 +371,7 @@ def _search(
             break
     placement = fits(chosen)
     assert placement is not None
-    chosen_ids = {v.job.id for v in chosen}
-    kinds = {k for r, k in seq if r.job.id in chosen_ids}
+    kinds = {seq.kinds[v.job.id] for v in chosen}
     return PreemptionPlan(
         tuple(sorted(chosen, key=lambda r: r.job.id)),
         placement,
