@@ -199,3 +199,20 @@ def test_las_lets_a_fresh_job_preempt_one_with_far_more_attained_service():
     run2 = [running(job("fresh", gpus=8), [("n000", tuple(range(8)))], start=0.0)]
     [d2] = schedule(snapshot(cluster, [back], run2, now=100_000.0), SchedulerConfig.named("las"))
     assert isinstance(d2, Pending)
+
+
+def test_backfilled_jobs_do_not_delay_the_reserved_gang():
+    cluster = Cluster.uniform(2, 8, "H100")
+    r = running(job("r", gpus=8, estimated_runtime_seconds=100.0), [("n000", tuple(range(8)))], start=950.0)
+    head = job("head", replicas=2, gpus=8, submit_time=1.0)
+    fillers = [job(f"f{i}", gpus=2, submit_time=2.0 + i, estimated_runtime_seconds=40.0) for i in range(6)]
+    decisions = schedule(snapshot(cluster, [head, *fillers], [r], now=1000.0), SchedulerConfig.named("backfill"))
+    placed = [d for d in decisions if isinstance(d, Place)]
+    assert placed and all(d.reason.code is ReasonCode.BACKFILLED for d in placed)
+    # at the shadow time (t=1050) the running job and every backfilled job (ends by 1040) are gone
+    [d] = schedule(snapshot(cluster, [head], [], now=1050.0), SchedulerConfig.named("backfill"))
+    assert isinstance(d, Place)
+    # a filler whose estimate runs past the shadow time may not use the reserved GPUs
+    late = job("late", gpus=2, submit_time=9.0, estimated_runtime_seconds=500.0)
+    ds = schedule(snapshot(cluster, [head, late], [r], now=1000.0), SchedulerConfig.named("backfill"))
+    assert isinstance(ds[1], Pending) and ds[1].reason.code is ReasonCode.RESERVED_FOR
