@@ -145,10 +145,11 @@ def machine() -> str:
     )
 
 
-def run_once(snapshot: Snapshot, config: SchedulerConfig) -> tuple[float, list[float], int, int, float]:
+def run_once(snapshot: Snapshot, config: SchedulerConfig) -> tuple[float, list[float], int, int, float, float]:
     from corral.core.ordering import order_pending
 
     t0 = time.perf_counter()
+    c0 = time.process_time()
     cycle = _Cycle(snapshot, config)
     order = order_pending(snapshot, config, tree=cycle.tree)
     per_job = []
@@ -163,7 +164,7 @@ def run_once(snapshot: Snapshot, config: SchedulerConfig) -> tuple[float, list[f
             placed += 1
             place_time += dt
         preempted += isinstance(d, Preempt)
-    return time.perf_counter() - t0, per_job, placed, preempted, place_time
+    return time.perf_counter() - t0, per_job, placed, preempted, place_time, time.process_time() - c0
 
 
 def main() -> None:
@@ -173,17 +174,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--policy", default="corral")
-    ap.add_argument(
-        "--busy", type=float, default=0.0, help="fraction of GPUs held by fragmented running jobs"
-    )
+    ap.add_argument("--busy", type=float, default=0.0, help="fraction of GPUs held by fragmented running jobs")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     cluster = Cluster.uniform(args.nodes, 8, "H100", nodes_per_rack=8)
     queues, pending = workload(args.jobs, args.seed)
     running = fragmented(cluster, args.seed, args.busy) if args.busy > 0 else ()
-    snapshot = Snapshot(
-        now=float(args.jobs), cluster=cluster, queues=queues, pending=pending, running=running
-    )
+    snapshot = Snapshot(now=float(args.jobs), cluster=cluster, queues=queues, pending=pending, running=running)
     config = SchedulerConfig.named(args.policy)
     if args.profile:
         prof = cProfile.Profile()
@@ -198,10 +195,10 @@ def main() -> None:
         if best is None or result[0] < best[0]:
             best = result
     assert best is not None
-    total, per_job, placed, preempted, place_time = best
+    total, per_job, placed, preempted, place_time, cpu = best
     per_job_sorted = sorted(per_job)
     p99 = per_job_sorted[int(0.99 * (len(per_job_sorted) - 1))]
-    print(f"machine: {machine()}")
+    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f} (other work shares the CPUs)")
     print(
         f"cluster: {args.nodes} nodes x 8 GPUs = {cluster.total_gpus} GPUs, {len(cluster.racks())} racks; "
         f"{len(pending)} pending jobs (1-64 GPUs), {len(running)} running "
@@ -211,6 +208,7 @@ def main() -> None:
         f"cycle: {total:.3f} s (best of {args.repeat}); {placed} placed, {preempted} preempt, "
         f"{len(pending) - placed - preempted} pending"
     )
+    print(f"cycle CPU time: {cpu:.3f} s -> {len(pending) / cpu:,.0f} decisions per CPU-second")
     print(
         f"decisions/s (every job decided, whole cycle): {len(pending) / total:,.0f}; "
         f"successful placements/s (time inside Place decisions): {placed / max(place_time, 1e-9):,.0f}"
