@@ -41,9 +41,14 @@ def workload_from_events(events: Sequence[Event]) -> tuple[list[dict[str, Any]],
             ran.setdefault(e.job_id, e.occurred_at.timestamp() - started[e.job_id])
         elif isinstance(e, ev.NodeRegistered):
             model = e.gpus[0].model if e.gpus else "GPU"
-            nodes[e.node] = {"name": e.node, "model": model or "GPU",
-                             "gpus": [msgspec.to_builtins(g) for g in e.gpus],
-                             "nvlink_domains": e.nvlink_domains, "rack": e.rack, "zone": e.zone}
+            nodes[e.node] = {
+                "name": e.node,
+                "model": model or "GPU",
+                "gpus": [msgspec.to_builtins(g) for g in e.gpus],
+                "nvlink_domains": e.nvlink_domains,
+                "rack": e.rack,
+                "zone": e.zone,
+            }
         elif isinstance(e, ev.QueueConfigured):
             queues[e.queue.name] = msgspec.to_builtins(e.queue)
     jobs = [s for j, s in submitted.items() if j not in rejected]
@@ -52,8 +57,14 @@ def workload_from_events(events: Sequence[Event]) -> tuple[list[dict[str, Any]],
     for s in jobs:
         spec = msgspec.to_builtins(s.spec)
         duration = ran.get(s.job_id) or s.spec.duration_seconds or s.spec.estimated_runtime_seconds or 60.0
-        spec.update({"name": s.job_id, "runtime": "sim", "duration_seconds": round(float(duration), 3),
-                     "submit_at": round(s.occurred_at.timestamp() - t0, 3)})
+        spec.update(
+            {
+                "name": s.job_id,
+                "runtime": "sim",
+                "duration_seconds": round(float(duration), 3),
+                "submit_at": round(s.occurred_at.timestamp() - t0, 3),
+            }
+        )
         spec.pop("command", None)
         spec.pop("submission_id", None)
         lines.append(spec)

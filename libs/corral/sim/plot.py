@@ -7,13 +7,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from corral.sim.records import JobRecord, records_from_json
+
 if TYPE_CHECKING:
     from corral.sim.api import SimResult
-    from corral.sim.records import JobRecord
 
 BINS = 400
 
@@ -37,7 +40,39 @@ def _binned_allocation(
     return edges, series
 
 
+@dataclass(frozen=True, slots=True)
+class PlotRun:
+    """What the plots need from one run, whether it comes from a SimResult or a --json document."""
+
+    policy: str
+    records: Sequence[JobRecord]
+    capacity: int
+    makespan: float
+
+
 def write_plots(results: Sequence[SimResult], directory: str | Path) -> list[Path]:
+    """Plots of results computed in this process."""
+    runs = [PlotRun(r.policy, r.records, r.cluster.total_gpus, r.summary.makespan) for r in results]
+    return write_run_plots(runs, directory)
+
+
+def write_plots_from_json(paths: Sequence[str | Path], directory: str | Path) -> list[Path]:
+    """Plots of runs saved with --json (one document per policy), e.g. by separate processes."""
+    runs = []
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        runs.append(
+            PlotRun(
+                doc["policy"],
+                records_from_json(doc["jobs"]),
+                int(doc["cluster"]["gpus"]),
+                float(doc["summary"]["makespan"]),
+            )
+        )
+    return write_run_plots(runs, directory)
+
+
+def write_run_plots(results: Sequence[PlotRun], directory: str | Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,13 +81,13 @@ def write_plots(results: Sequence[SimResult], directory: str | Path) -> list[Pat
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    horizon = max((r.summary.makespan for r in results), default=0.0)
+    horizon = max((r.makespan for r in results), default=0.0)
     days = 86400.0
 
     fig, ax = plt.subplots(figsize=(10, 4))
     for result in results:
         edges, series = _binned_allocation(result.records, horizon, by_queue=False)
-        capacity = result.cluster.total_gpus or 1
+        capacity = result.capacity or 1
         ax.plot(
             [e / days for e in edges],
             [v / capacity * 100 for v in series.get("all", [0.0] * BINS)],
