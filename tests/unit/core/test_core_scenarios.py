@@ -125,12 +125,12 @@ def test_preemption_is_not_attempted_when_victims_would_not_make_the_gang_fit():
     cluster = Cluster.uniform(2, 8, "H100")
     run = [
         running(job("low", gpus=4), [("n000", (0, 1, 2, 3))]),
-        running(job("pinned", gpus=12, preemptible=False, replicas=1), [("n001", tuple(range(8)))]),
+        running(job("pinned", gpus=8, preemptible=False), [("n001", tuple(range(8)))]),
     ]
-    # 'pinned' sits on n001 and 4 more GPUs of n000 would be free: a 16-GPU job can never fit
-    run[1] = running(job("pinned", gpus=8, preemptible=False), [("n001", tuple(range(8)))])
+    # preempting 'low' frees n000 only: a 2x8 gang still cannot fit, so nobody is preempted
     [d] = schedule(snapshot(cluster, [job("big", replicas=2, gpus=8, priority=10)], run))
     assert isinstance(d, Pending)
+    assert "even preempting" not in d.reason.message or d.reason.code is ReasonCode.GANG_DOES_NOT_FIT
 
 
 def test_fifo_policy_keeps_head_of_line_order():
