@@ -50,6 +50,10 @@ def _shape(job: Job) -> tuple[object, ...]:
 
 class _Cycle:
     def __init__(self, snapshot: Snapshot, config: SchedulerConfig):
+        ids = [p.job.id for p in snapshot.pending] + [r.job.id for r in snapshot.running]
+        if len(set(ids)) != len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"Snapshot: job ids must be unique across pending and running, repeated: {dup}")
         self.snapshot = snapshot
         self.config = config
         self.now = snapshot.now

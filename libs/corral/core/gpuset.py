@@ -116,8 +116,23 @@ class FreeGpus:
                 continue
             for rank in r.placement.ranks:
                 i = fi.index_of.get(rank.node)
-                if i is not None:
-                    fi.take(i, mask_of(rank.gpus) & fi.free[i])
+                if i is None:
+                    raise ValueError(
+                        f"running job {r.job.id!r} holds GPUs on node {rank.node!r}, which is not in the "
+                        "cluster; keep lost nodes in Cluster.nodes with state 'lost' until their jobs end"
+                    )
+                m = mask_of(rank.gpus)
+                if m & ~fi.all_masks[i]:
+                    raise ValueError(
+                        f"running job {r.job.id!r} holds GPUs {indices_of(m & ~fi.all_masks[i])} that node "
+                        f"{rank.node!r} does not have"
+                    )
+                if m & ~fi.free[i]:
+                    raise ValueError(
+                        f"running job {r.job.id!r} holds GPUs {indices_of(m & ~fi.free[i])} of node "
+                        f"{rank.node!r} that another running job also holds; a GPU has one holder"
+                    )
+                fi.take(i, m)
         fi.canonicalize()
         return fi
 

@@ -151,3 +151,16 @@ def test_nvlink_gang_of_single_gpu_ranks_never_straddles_two_domains():
     found = find_placement(cluster, fi, job("j", replicas=2, gpus=1, topology=Topology(gang=TopologyLevel.NVLINK)))
     assert isinstance(found, Placement)
     assert found.gpus_by_node() == {"n000": (2, 3)}
+
+
+def test_a_snapshot_with_a_gpu_held_twice_is_rejected_with_a_clear_error():
+    import pytest
+
+    cluster = Cluster.uniform(1, 8, "H100")
+    run = [running(job("a", gpus=2), [("n000", (0, 1))]), running(job("b", gpus=2), [("n000", (1, 2))])]
+    with pytest.raises(ValueError, match=r"'b' holds GPUs \(1,\) of node 'n000'"):
+        schedule(snapshot(cluster, [job("p")], run))
+    with pytest.raises(ValueError, match="not in the cluster"):
+        schedule(snapshot(cluster, [job("p")], [running(job("c"), [("gone", (0,))])]))
+    with pytest.raises(ValueError, match="unique"):
+        schedule(snapshot(cluster, [job("a")], [running(job("a"), [("n000", (0,))])]))
