@@ -79,6 +79,7 @@ class JobView:
     cancel_requested: bool = False
     holding: bool = False  # GPUs reserved and not yet released (also while cancelling)
     version: int = 0
+    _core_job: tuple[JobSpec, datetime, core.Job] | None = field(default=None, repr=False, compare=False)
 
     @property
     def queue(self) -> str:
@@ -98,7 +99,14 @@ class JobView:
 
     def core_job(self) -> core.Job:
         assert self.spec is not None and self.submitted_at is not None
-        return job_from_spec(self.job_id, self.spec, self.submitted_at.timestamp())
+        # Every reconcile translates every waiting and running job: remember the translation for
+        # as long as the spec and submit time are the very objects it was made from.
+        cached = self._core_job
+        if cached is not None and cached[0] is self.spec and cached[1] is self.submitted_at:
+            return cached[2]
+        job = job_from_spec(self.job_id, self.spec, self.submitted_at.timestamp())
+        self._core_job = (self.spec, self.submitted_at, job)
+        return job
 
     def core_placement(self) -> core.Placement:
         return core.Placement(tuple(core.RankPlacement(r.rank, r.node, tuple(r.gpus)) for r in self.ranks))
@@ -112,13 +120,19 @@ class NodeView:
     allocations: dict[int, str] = field(default_factory=dict)  # GPU index -> job id
     registered_at: datetime | None = None
     version: int = 0
+    _core_node: tuple[NodeInventory, bool, core.Node] | None = field(default=None, repr=False, compare=False)
 
     @property
     def gpu_count(self) -> int:
         return len(self.inventory.gpus)
 
     def core_node(self) -> core.Node:
-        return node_from_inventory(self.inventory, core.NodeState.LOST if self.lost else core.NodeState.READY)
+        cached = self._core_node
+        if cached is not None and cached[0] is self.inventory and cached[1] == self.lost:
+            return cached[2]
+        node = node_from_inventory(self.inventory, core.NodeState.LOST if self.lost else core.NodeState.READY)
+        self._core_node = (self.inventory, self.lost, node)
+        return node
 
 
 @dataclass
@@ -132,6 +146,7 @@ class ClusterView:
     versions: dict[str, int] = field(default_factory=dict)
     position: int = 0  # the last global position folded (when known)
     last_event_at: datetime | None = None
+    _cluster: tuple[tuple[core.Node, ...], core.Cluster] | None = field(default=None, repr=False, compare=False)
 
     # ---- folding -----------------------------------------------------------------------------
     def apply(self, event: Event, version: int | None = None, position: int | None = None) -> Applied:
@@ -173,7 +188,15 @@ class ClusterView:
         return usage
 
     def cluster(self) -> core.Cluster:
-        return core.Cluster(tuple(self.nodes[n].core_node() for n in sorted(self.nodes)))
+        nodes = tuple(self.nodes[n].core_node() for n in sorted(self.nodes))
+        # The same nodes give the same Cluster object, so the core's per-cluster caches keep working.
+        cached = self._cluster
+        if cached is not None and len(cached[0]) == len(nodes) \
+                and all(a is b for a, b in zip(cached[0], nodes, strict=True)):
+            return cached[1]
+        cluster = core.Cluster(nodes)
+        self._cluster = (nodes, cluster)
+        return cluster
 
     def core_queues(self) -> tuple[core.QueueConfig, ...]:
         return tuple(queue_from_spec(self.queues[q])

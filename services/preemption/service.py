@@ -28,6 +28,7 @@ log = logging.getLogger("corral.preemption")
 class Preemption(Service):
     name = "preemption"
     config = core.SchedulerConfig()
+    min_reconcile_seconds = 0.5  # a full cycle per reconcile; checkpoint graces are tens of seconds
 
     async def reconcile(self) -> None:
         await self._requeue()
