@@ -152,7 +152,8 @@ async def test_why_names_the_blocker_with_numbers(make_stack: StackFactory, tmp_
     c = await connect(stack)
     try:
         await with_queues(c, [{"name": "team-a", "guaranteed_gpus": 16}, {"name": "team-b", "guaranteed_gpus": 16},
-                              {"name": "small", "guaranteed_gpus": 0, "max_gpus": 8}], nodes=4)
+                              {"name": "small", "guaranteed_gpus": 0, "max_gpus": 8},
+                              {"name": "batch", "guaranteed_gpus": 0}], nodes=4)
 
         def submit(name: str, queue: str, replicas: int, gpus: int, extra: str = "") -> str:
             path = write(tmp_path, f"{name}.yaml", job_yaml(name, queue, replicas, gpus, 600, extra))
@@ -177,21 +178,23 @@ async def test_why_names_the_blocker_with_numbers(make_stack: StackFactory, tmp_
         assert "32" in why["blocker"]["message"] or "4x8" in why["blocker"]["message"]
         assert "frees" in why["blocker"]["unblock"]
 
-        # Reservation: the gang at the head holds a reservation; a small job that would delay it waits.
-        small = submit("tiny", "team-b", 1, 4)
+        # Reservation: the gang at the head holds a reservation; a small job that would borrow the
+        # reserved GPUs (its queue `batch` guarantees nothing) and has no estimate waits behind it.
+        small = submit("tiny", "batch", 1, 4)
         await wait_reason(c, small, "RESERVED_FOR")
         why = as_json(corral(stack, "why", small, "--json"))
         assert gang in why["blocker"]["message"]
 
-        # Topology: 8 ranks inside one NVLink domain, while every node has a GPU taken.
+        # Topology: 8 ranks inside one NVLink domain, while every node has a GPU taken (same queue as
+        # `tiny` and the same priority: nothing to reclaim, no preemption on a tie).
         corral(stack, "cancel", gang)
         await wait_state(c, gang, JobState.CANCELLED)
         await wait_state(c, small, JobState.RUNNING)
-        nv = submit("nv", "team-b", 8, 1, "topology: {replica: nvlink, gang: nvlink}\n")
+        nv = submit("nv", "batch", 8, 1, "topology: {replica: nvlink, gang: nvlink}\n")
         await c.wait_for(lambda v: nv in v.jobs and v.jobs[nv].reason is not None
                          and v.jobs[nv].state is JobState.PENDING, 60)
         why = as_json(corral(stack, "why", nv, "--json"))
-        assert "nvlink" in (why["blocker"]["message"] + why["blocker"]["unblock"]).lower()
+        assert "nvlink" in (why["blocker"]["message"] + (why["blocker"]["unblock"] or "")).lower(), why["blocker"]
     finally:
         await c.close()
 
