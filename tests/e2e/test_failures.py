@@ -1,0 +1,68 @@
+"""Failures end to end: a crashed rank restarts the gang from its checkpoint; a silent node is lost."""
+
+from __future__ import annotations
+
+import signal
+
+from corral.contracts import events as ev
+from corral.contracts.jobspec import validate_job_spec
+from corral.projection import JobState
+from tests.e2e.conftest import Cluster, StackFactory, connect, dump_logs, with_queues
+
+
+def crashing(max_restarts: int, fail_on_attempt: int = 1) -> object:
+    return validate_job_spec({
+        "name": "crashy", "queue": "team-a", "replicas": 2, "gpus_per_replica": 4, "runtime": "sim",
+        "duration_seconds": 3, "restart": {"max_restarts": max_restarts},
+        "env": {"CORRAL_SIM_ARGS": f"--fail-at-step 10 --fail-rank 1 --fail-on-attempt {fail_on_attempt} "
+                                   "--checkpoint-every 5"}})
+
+
+async def test_a_crashed_rank_restarts_the_gang_from_its_checkpoint_then_completes(cluster: Cluster) -> None:
+    c = cluster.client
+    job = await c.submit(crashing(max_restarts=1))  # type: ignore[arg-type]
+    view = await c.wait_for(lambda v: job in v.jobs and v.jobs[job].state.terminal, 90)
+    assert view.jobs[job].state is JobState.COMPLETED, dump_logs(cluster.stack)
+    trail = [e for _, e in await c.job_events(job)]
+    released = [e for e in trail if isinstance(e, ev.GangReleased)]
+    assert released[0].reason.code == "WORKER_FAILED" and "rank 1" in released[0].reason.message
+    requeued = [e for e in trail if isinstance(e, ev.JobRequeued)]
+    assert requeued and requeued[0].reason.code == "RESTARTING" and requeued[0].attempt == 1
+    assert requeued[0].resume_from is not None, "the gang restarts from its last checkpoint"
+    gangs = [e for e in trail if isinstance(e, ev.GangReserved)]
+    assert [g.attempt for g in gangs] == [0, 1] and gangs[1].resume_from == requeued[0].resume_from
+
+
+async def test_a_job_out_of_restarts_fails_with_the_reason(cluster: Cluster) -> None:
+    c = cluster.client
+    job = await c.submit(crashing(max_restarts=0))  # type: ignore[arg-type]
+    view = await c.wait_for(lambda v: job in v.jobs and v.jobs[job].state.terminal, 90)
+    assert view.jobs[job].state is JobState.FAILED
+    failed = [e for _, e in await c.job_events(job) if isinstance(e, ev.JobFailed)]
+    assert failed and failed[0].reason.code == "WORKER_FAILED" and "no restarts left" in failed[0].reason.message
+    assert not view.jobs[job].holding
+
+
+async def test_a_node_that_stops_heartbeating_is_lost_and_its_jobs_requeued(make_stack: StackFactory) -> None:
+    stack = make_stack(cluster="2x8:H100")
+    c = await connect(stack)
+    try:
+        await with_queues(c, [{"name": "team-a", "guaranteed_gpus": 16}], nodes=2)
+        job = await c.submit(validate_job_spec({"name": "long", "queue": "team-a", "gpus_per_replica": 8,
+                                                "runtime": "sim", "duration_seconds": 600}))
+        await c.wait_for(lambda v: job in v.jobs and v.jobs[job].state is JobState.RUNNING, 60)
+        stack.process("node-agents").kill(signal.SIGKILL)  # every simulated node goes silent
+        view = await c.wait_for(lambda v: all(n.lost for n in v.nodes.values()), 60)
+        lost = [e for _, e in await c.events(types=["NodeLost"])]
+        assert lost and lost[0].reason.code == "HEARTBEAT_MISSED"
+        view = await c.wait_for(lambda v: v.jobs[job].state is JobState.PENDING, 30)
+        assert view.jobs[job].attempt == 1 and not view.jobs[job].holding
+        requeued = [e for _, e in await c.job_events(job) if isinstance(e, ev.JobRequeued)]
+        assert requeued[0].reason.code == "NODE_LOST"
+        stack.process("node-agents").start()  # the nodes come back and register again
+        await c.wait_for(lambda v: v.jobs[job].state is JobState.RUNNING and v.jobs[job].attempt == 1, 60)
+    except BaseException:
+        print(dump_logs(stack))
+        raise
+    finally:
+        await c.close()
