@@ -31,6 +31,7 @@ from corral.core import (
     GpuRequest,
     Job,
     NodeState,
+    OrderPolicy,
     Pending,
     PendingJob,
     Place,
@@ -141,8 +142,10 @@ class Simulator:
         scheduler: Scheduler | None = None,
         progress: Callable[[float, EngineStats], None] | None = None,
         progress_every: int = 5000,
+        skip_futile_cycles: bool = True,
     ) -> None:
-        """`progress(now, stats)` is called every `progress_every` cycles (for long replays)."""
+        """`progress(now, stats)` is called every `progress_every` cycles (for long replays);
+        `skip_futile_cycles=False` runs every cycle (to prove that skipping changes nothing)."""
         self._progress = progress
         self._progress_every = progress_every
         if scheduler is None:
@@ -157,6 +160,10 @@ class Simulator:
         self._seed = seed
         self._failures = failures
         self._can_preempt = config.preemption or config.reclaim
+        # strict FIFO: only the oldest pending job can start first, so its size alone decides
+        self._strict_fifo = config.order is OrderPolicy.FIFO and not config.backfill and not self._can_preempt
+        self._fifo_heads: list[tuple[float, str]] = []
+        self._skip_futile = skip_futile_cycles
         self._track_checkpoints = self._can_preempt
         self._sim: dict[str, SimJob] = {j.id: j for j in workload.jobs}
         if len(self._sim) != len(workload.jobs):
@@ -227,8 +234,18 @@ class Simulator:
     def _futile(self) -> bool:
         """True when no decision can come out of a cycle: the policy never preempts and no pending
         job is small enough for the free GPUs of ready nodes. Skipping it changes nothing, because
-        the core keeps no state between cycles."""
-        return not self._can_preempt and self._free_ready < min(self._pending_sizes)
+        the core keeps no state between cycles. Under strict FIFO it is enough that the oldest
+        pending job is larger than the free GPUs: nothing may start before it."""
+        if not self._skip_futile or self._can_preempt:
+            return False
+        if self._free_ready < min(self._pending_sizes):
+            return True
+        if self._strict_fifo:
+            heads = self._fifo_heads
+            while heads[0][1] not in self._pending:
+                heapq.heappop(heads)
+            return self._free_ready < self._pending[heads[0][1]].job.total_gpus
+        return False
 
     def _recount_free(self) -> None:
         self._free_ready = sum(
@@ -237,6 +254,8 @@ class Simulator:
 
     def _add_pending(self, pending: PendingJob) -> None:
         self._pending[pending.job.id] = pending
+        if self._strict_fifo:
+            heapq.heappush(self._fifo_heads, (pending.job.submit_time, pending.job.id))
         size = pending.job.total_gpus
         self._pending_sizes[size] = self._pending_sizes.get(size, 0) + 1
 

@@ -127,3 +127,35 @@ def test_every_policy_finishes_every_job_of_a_small_mix(policy: str) -> None:
     ]
     result = _run(jobs, Cluster.uniform(4, 8, "H100"), policy)
     assert result.summary.finished == 60
+
+
+@pytest.mark.parametrize("policy", ["fifo", "backfill"])
+def test_skipping_futile_cycles_does_not_change_the_schedule(policy: str) -> None:
+    from corral.core import SchedulerConfig
+    from corral.sim.engine import Simulator
+    from corral.sim.inputs import equal_share_queues
+
+    jobs = tuple(
+        SimJob(
+            f"j{i}",
+            f"q{i % 3}",
+            i * 5.0,
+            40 + (i * 53) % 300,
+            1 + (i % 5 == 0),
+            1 + (i * 3) % 8,
+            topology=NODE,
+            estimated_runtime_seconds=60 + (i * 53) % 300,
+        )
+        for i in range(80)
+    )
+    workload = Workload(jobs, "mix")
+    cluster = Cluster.uniform(3, 8, "H100")
+    queues = equal_share_queues(workload.queues, cluster.total_gpus)
+    runs = []
+    for skip in (True, False):
+        sim = Simulator(workload, cluster, queues, SchedulerConfig.named(policy), skip_futile_cycles=skip)
+        outcome = sim.run()
+        runs.append(([r.to_json() for r in outcome.records], sim.stats))
+    (skipped, with_skip), (full, without_skip) = runs
+    assert skipped == full
+    assert with_skip.skipped_cycles > 0 and with_skip.cycles < without_skip.cycles

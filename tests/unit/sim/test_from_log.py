@@ -16,21 +16,35 @@ def at(seconds: float) -> datetime:
 
 
 def test_submissions_become_jobs_with_their_real_durations_and_relative_submit_times() -> None:
-    spec = validate_job_spec({"name": "x", "queue": "a", "runtime": "process", "command": ["python"],
-                              "replicas": 2, "gpus_per_replica": 4})
+    spec = validate_job_spec(
+        {"name": "x", "queue": "a", "runtime": "process", "command": ["python"], "replicas": 2, "gpus_per_replica": 4}
+    )
     common = {"actor": "t", "correlation_id": "j1"}
     events = [
-        ev.NodeRegistered.new(stream="node-n0", actor="agent", node="n0", now=at(0),
-                              gpus=[{"index": i, "model": "H100", "memory_gib": 80} for i in range(8)],  # type: ignore[misc]
-                              nvlink_domains=[list(range(8))], rack="r0", zone="z0"),
+        ev.NodeRegistered.new(
+            stream="node-n0",
+            actor="agent",
+            node="n0",
+            now=at(0),
+            gpus=[{"index": i, "model": "H100", "memory_gib": 80} for i in range(8)],  # type: ignore[misc]
+            nvlink_domains=[list(range(8))],
+            rack="r0",
+            zone="z0",
+        ),
         ev.QueueConfigured.new(stream="queue-a", actor="u", queue=QueueSpec(name="a", guaranteed_gpus=8), now=at(0)),
         ev.JobSubmitted.new(stream="job-j1", job_id="j1", spec=spec, now=at(10), **common),
         ev.JobRunning.new(stream="job-j1", job_id="j1", now=at(15), **common),
         ev.JobCompleted.new(stream="job-j1", job_id="j1", now=at(75), **common),
         ev.JobSubmitted.new(stream="job-j2", job_id="j2", spec=spec, now=at(20), actor="t", correlation_id="j2"),
         ev.JobSubmitted.new(stream="job-j3", job_id="j3", spec=spec, now=at(30), actor="t", correlation_id="j3"),
-        ev.JobRejected.new(stream="job-j3", job_id="j3", now=at(30), actor="t", correlation_id="j3",
-                           reason=Reason(code="QUEUE_UNKNOWN", message="no")),
+        ev.JobRejected.new(
+            stream="job-j3",
+            job_id="j3",
+            now=at(30),
+            actor="t",
+            correlation_id="j3",
+            reason=Reason(code="QUEUE_UNKNOWN", message="no"),
+        ),
     ]
     lines, cluster, queues = workload_from_events(events)
     got = [(j["name"], j["submit_at"], j["duration_seconds"]) for j in lines]
