@@ -27,6 +27,16 @@ from corral.projection import ClusterView
 from corral.stack.context import Context
 
 
+def _user() -> str:
+    """Who is asking: $USER, else the login name of this process."""
+    import getpass
+
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
 def new_job_id(now: datetime | None = None) -> str:
     """Short, time-sortable, unique enough to type: 'j' + 10 time chars + 4 random chars, lower case."""
     ulid = new_event_id(now or datetime.now(UTC)).lower()
@@ -78,20 +88,20 @@ class Client:
 
     async def submit(self, spec: JobSpec, *, job_id: str | None = None, user: str | None = None) -> str:
         job_id = job_id or new_job_id()
-        user = user or spec.user or os.environ.get("USER") or "unknown"
+        user = user or spec.user or _user()
         submitted = ev.JobSubmitted.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,
                                         job_id=job_id, spec=spec, submission_id=spec.submission_id, user=user)
         await self.publish_request(submitted, spec.submission_id or submitted.event_id)
         return job_id
 
     async def cancel(self, job_id: str, *, user: str | None = None, message: str = "") -> None:
-        user = user or os.environ.get("USER") or "unknown"
+        user = user or _user()
         request = ev.JobCancelRequested.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,
                                             job_id=job_id, user=user, message=message or f"cancelled by {user}")
         await self.publish_request(request)
 
     async def apply_queues(self, queues: QueuesFile, *, user: str | None = None) -> list[str]:
-        user = user or os.environ.get("USER") or "unknown"
+        user = user or _user()
         names = []
         for spec in queues.resolved():
             configured = ev.QueueConfigured.new(stream=queue_stream(spec.name), actor=f"user/{user}",
