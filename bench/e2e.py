@@ -2,8 +2,9 @@
 
 The whole of `corral up` runs as separate processes on this machine: embedded nats-server and
 Postgres, admission, quota, placement (+ standby), preemption, and one node-agents process hosting
-64 simulated nodes x 8 H100 (runtime `sim-timer`: each gang a timer inside the agent, so the
-figures are the scheduler's, not Python start-up's; `--runtime sim` for a process per rank). The benchmark publishes JobSubmitted to the JetStream
+64 simulated nodes x 8 H100 (runtime `sim-timer`: each gang a timer inside the
+agent, so the figures are the scheduler's, not Python start-up's; `--runtime sim` for a process
+per rank). The benchmark publishes JobSubmitted to the JetStream
 inbox at a fixed rate (open loop) — single-node jobs of 1, 2, 4 or 8 GPUs that run for a short
 simulated time — and reads every timing back from the event log afterwards.
 

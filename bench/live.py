@@ -138,13 +138,17 @@ async def submit_paced(client: Client, jobs: Sequence[tuple[str, JobSpec]], rate
     return time.monotonic() - start
 
 
-async def wait_placed(client: Client, job_ids: Iterable[str], after: int, timeout: float,
-                      progress: bool = True) -> tuple[int, bool]:
-    """Tail the log (types and streams only, no decoding) until every job is placed or rejected.
+PLACED = ("GangReserved", "JobRejected")
+ENDED = ("JobCompleted", "JobFailed", "JobCancelled", "JobRejected")
 
-    Returns (the position reached, whether all were placed in time).
+
+async def wait_placed(client: Client, job_ids: Iterable[str], after: int, timeout: float,
+                      progress: bool = True, until: Sequence[str] = PLACED) -> tuple[int, bool]:
+    """Tail the log (types and streams only, no decoding) until every job has one of `until`
+    (default: placed or rejected). Returns (the position reached, whether all got there in time).
     """
     want = {f"job-{j}" for j in job_ids}
+    what = "placed" if tuple(until) == PLACED else "done"
     done: set[str] = set()
     deadline = time.monotonic() + timeout
     last_print = time.monotonic()
@@ -152,7 +156,7 @@ async def wait_placed(client: Client, job_ids: Iterable[str], after: int, timeou
     while True:
         batch = await client.store.read_all(position, limit=10000)
         for stored in batch:
-            if stored.type in ("GangReserved", "JobRejected") and stored.stream in want:
+            if stored.type in until and stored.stream in want:
                 done.add(stored.stream)
         if batch:
             position = batch[-1].position
@@ -163,7 +167,7 @@ async def wait_placed(client: Client, job_ids: Iterable[str], after: int, timeou
         if now > deadline:
             return position, False
         if progress and now - last_print > 5:
-            print(f"    ... {len(done)}/{len(want)} placed", flush=True)
+            print(f"    ... {len(done)}/{len(want)} {what}", flush=True)
             last_print = now
         await asyncio.sleep(0.25)
 
@@ -173,6 +177,7 @@ class JobTimes:
     job_id: str
     gpus: int = 0
     queue: str = ""
+    name: str = ""
     submitted: datetime | None = None
     admitted: datetime | None = None
     quota: datetime | None = None
@@ -202,6 +207,7 @@ async def collect(client: Client, job_ids: Iterable[str], after: int) -> dict[st
                 event = decode(stored.data)
                 assert isinstance(event, ev.JobSubmitted)
                 t.submitted, t.gpus, t.queue = event.occurred_at, event.spec.total_gpus, event.spec.queue
+                t.name = event.spec.name
             elif stored.type == "JobAdmitted" and t.admitted is None:
                 t.admitted = stored.recorded_at
             elif stored.type == "JobRejected":

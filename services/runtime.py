@@ -114,10 +114,6 @@ class Service:
     #: Single-writer services take this lease before consuming anything.
     lease: ClassVar[str | None] = None
     tick_seconds: ClassVar[float] = 1.0
-    #: At least this long between two reconciles. A service whose reconcile is a whole scheduling
-    #: cycle (preemption) would otherwise run it after every event batch and starve the others of
-    #: CPU under a stream of submissions; its decisions are the same, only batched.
-    min_reconcile_seconds: ClassVar[float] = 0.0
 
     def __init__(self, store: EventStore, bus: Bus, *, clock: Callable[[], float] = time.time,
                  settings: Settings | None = None) -> None:
@@ -270,17 +266,9 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
                 f"{cls.name}-inbox", [f"{ns}.inbox.{s}" for s in cls.inbox], service.on_inbox,
                 batch=64, max_deliver=5))
         service.changed.set()
-        last_reconcile = 0.0
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(service.changed.wait(), timeout=cls.tick_seconds)
-            pause = last_reconcile + cls.min_reconcile_seconds - time.monotonic()
-            if pause > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=pause)
-                if stop.is_set():
-                    break
-            last_reconcile = time.monotonic()
             service.changed.clear()
             if lease is not None and not await lease.alive():
                 log.error("%s: lost lease %s; exiting so a standby takes over", cls.name, lease.name)

@@ -186,17 +186,32 @@ class Placement(Service):
         if not waiting or not self.view.nodes:
             return
         snapshot = self.view.snapshot(now, pending=waiting)
+        # One append for every gang of this cycle (decided together on one snapshot, so they never
+        # overlap), and one for the reasons: a commit per event was the log's limit under load.
+        gangs: dict[str, list[Event]] = {}
+        reasons: dict[str, list[Event]] = {}
         for decision in core.schedule(snapshot, self.config):
             job = self.view.jobs[decision.job_id]
             if isinstance(decision, core.Place):
-                await self._reserve(job, decision)
+                for stream, events in self._reserve(job, decision).items():
+                    gangs.setdefault(stream, []).extend(events)
             elif isinstance(decision, core.Pending) and _changed(job, decision.reason):
                 pending = ev.PlacementPending.new(stream=job_stream(job.job_id), actor="placement",
                                                   correlation_id=job.job_id, job_id=job.job_id,
                                                   reason=wire_reason(decision.reason))
-                await self.append({pending.stream: [pending]})
+                reasons[pending.stream] = [pending]
+        if gangs:
+            try:
+                await self.append(gangs)
+            except asyncpg.UniqueViolationError as exc:
+                # The last line of defence fired: our view was wrong. Nothing was written; re-read.
+                log.error("allocations refused by the database (a GPU is held already): %s", exc)
+                for stream in gangs:
+                    await self.refresh_stream(stream)
+        await self.append(reasons)
 
-    async def _reserve(self, job: JobView, decision: core.Place) -> None:
+    def _reserve(self, job: JobView, decision: core.Place) -> dict[str, list[Event]]:
+        """GangReserved on the job's stream and a GpusAllocated on each node stream it touches."""
         stream = job_stream(job.job_id)
         port = 29500 + zlib.crc32(f"{job.job_id}:{job.attempt}".encode()) % 20000
         gang = ev.GangReserved.new(
@@ -204,18 +219,12 @@ class Placement(Service):
             ranks=[ev.RankPlacement(rank=r.rank, node=r.node, gpus=list(r.gpus)) for r in decision.placement.ranks],
             world_size=len(decision.placement.ranks), master_addr=self.master_addr, master_port=port,
             attempt=job.attempt, resume_from=job.resume_from)
-        batches: dict[str, Sequence[Event]] = {stream: [gang]}
+        batches: dict[str, list[Event]] = {stream: [gang]}
         for node, gpus in decision.placement.gpus_by_node().items():
             batches[node_stream(node)] = [ev.GpusAllocated.new(
                 stream=node_stream(node), actor="placement", correlation_id=job.job_id, causation=gang,
                 node=node, job_id=job.job_id, gpus=list(gpus), attempt=job.attempt)]
-        try:
-            await self.append(batches)
-        except asyncpg.UniqueViolationError as exc:
-            # The last line of defence fired: our view was wrong. Nothing was written; re-read.
-            log.error("allocation of %s refused by the database (a GPU is held already): %s", job.job_id, exc)
-            for s in batches:
-                await self.refresh_stream(s)
+        return batches
 
 
 def _same_inventory(inventory: Any, event: ev.NodeRegistered) -> bool:

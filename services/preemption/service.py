@@ -12,7 +12,9 @@ same preemptor hit a job twice.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 
 from corral import core
@@ -28,10 +30,19 @@ log = logging.getLogger("corral.preemption")
 class Preemption(Service):
     name = "preemption"
     config = core.SchedulerConfig()
-    min_reconcile_seconds = 0.5  # a full cycle per reconcile; checkpoint graces are tens of seconds
+    #: At least this long between two victim searches. Each is a whole scheduling cycle over every
+    #: waiting job; run after every event batch it starved the other services of CPU under a stream
+    #: of submissions. Checkpoint graces are tens of seconds; requeues are not delayed.
+    preempt_interval_seconds = 0.5
+    _last_preempt = float("-inf")
 
     async def reconcile(self) -> None:
         await self._requeue()
+        wait = self._last_preempt + self.preempt_interval_seconds - time.monotonic()
+        if wait > 0:
+            asyncio.get_running_loop().call_later(wait, self.changed.set)
+            return
+        self._last_preempt = time.monotonic()
         await self._preempt()
 
     async def _requeue(self) -> None:

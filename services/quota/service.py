@@ -53,6 +53,8 @@ class Quota(Service):
         await self._reserve()
 
     async def _release(self) -> None:
+        # One append for all of this reconcile's decisions: a commit per event was the log's limit.
+        batches: dict[str, list[Event]] = {}
         for job in sorted(self.view.jobs.values(), key=lambda j: j.job_id):
             if job.quota_gpus and (job.state.terminal or job.quota_stale):
                 why = (job.reason.code if job.reason else job.state.value)
@@ -61,7 +63,8 @@ class Quota(Service):
                     queue=job.queue, gpus=job.quota_gpus,
                     reason=Reason(code="QUOTA_RELEASED", message=f"{job.quota_gpus} GPUs of queue {job.queue} "
                                   f"given back ({why})", details={"gpus": job.quota_gpus}))
-                await self.append({released.stream: [released]})
+                batches[released.stream] = [released]
+        await self.append(batches)
 
     async def _reserve(self) -> None:
         waiting = [j for j in self.view.jobs.values()
@@ -76,22 +79,25 @@ class Quota(Service):
             if held.quota_gpus and not held.holding and tree.known(held.queue):
                 usage.add(held.queue, held.quota_gpus)
         by_id = {j.job_id: j for j in waiting}
+        batches: dict[str, list[Event]] = {}
         for pending in order_pending(snapshot, self.config, tree=tree):
             job = by_id[pending.job.id]
             blocked = quota_check(snapshot, pending.job, usage, tree=tree)
             if blocked is None:
                 borrowed = _borrowed(tree, usage, job)
                 usage.add(job.queue, job.gpus)
-                await self._emit(job, ev.QuotaReserved.new(
+                self._emit(batches, ev.QuotaReserved.new(
                     stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
                     queue=job.queue, gpus=job.gpus, borrowed=borrowed))
             elif _changed(job, blocked):
-                await self._emit(job, ev.PlacementPending.new(
+                self._emit(batches, ev.PlacementPending.new(
                     stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
                     reason=wire_reason(blocked)))
+        await self.append(batches)  # all or nothing: after a lost race the next reconcile decides again
 
-    async def _emit(self, job: JobView, event: Event) -> None:
-        await self.append({event.stream: [event]})
+    @staticmethod
+    def _emit(batches: dict[str, list[Event]], event: Event) -> None:
+        batches.setdefault(event.stream, []).append(event)
 
 
 def _borrowed(tree: QueueTree, usage: QueueUsage, job: JobView) -> int:

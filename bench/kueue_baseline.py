@@ -1,0 +1,231 @@
+"""Kueue's baseline scheduler performance test, reshaped for Corral and run through the live system.
+
+The shape (kubernetes-sigs/kueue, test/performance/scheduler/configs/baseline/generator.yaml):
+5 cohorts x 6 ClusterQueues = 30 queues, each with a nominal quota of 20 and a borrowing limit of
+100 (preemption: reclaim within the cohort, lower priority within the queue). Each queue receives
+  small:  350 workloads, 1 unit,   200 ms run time, priority  50, one every  100 ms;
+  medium: 100 workloads, 5 units,  500 ms run time, priority 100, one every  500 ms;
+  large:   50 workloads, 20 units, 1000 ms run time, priority 200, one every 1200 ms;
+15,000 workloads in all. Kueue's published figures (rangespec.yaml, the mean of 5 runs): wall time
+351 s (about 43 admissions/s), average time to admission small 215 s, medium 77 s, large 6.7 s.
+
+In Corral a unit is a GPU: the cluster is 15 nodes x 8 GPUs = 120 GPUs per cohort. Each cohort is
+a parent queue guaranteed 120 GPUs and capped at 120 (cohorts do not lend to one another); each of
+its 6 queues is guaranteed 20 and capped at 120 (20 + borrowing limit 100). small = 1 x 1 GPU,
+medium = 1 x 5 GPUs, large = a gang of 5 x 4 GPUs. "Admitted" is Kueue's notion: quota reserved
+(QuotaReserved); the time to placement on GPUs (GangReserved) is printed too. Wall time runs from
+the first submission to the last workload's completion, as Kueue's does.
+
+`--workloads N` (a multiple of 3,000) runs N / 3,000 cohorts on as many 15-node slices: cohorts
+never lend to one another, so one cohort is exactly a fifth of the test, with the same queues,
+arrival intervals and contention. The default 3,000 (one cohort) finishes in a few minutes here;
+`--workloads 15000` is the full test.
+
+Run: .venv/bin/python bench/kueue_baseline.py [--workloads 3000] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from live import ENDED, JobTimes, collect, log_position, machine, machine_line, start_stack, wait_placed
+
+from corral.client import Client, new_job_id
+from corral.contracts.jobspec import JobSpec, validate_job_spec
+from corral.contracts.queues import validate_queues
+
+QUEUES_PER_COHORT, NOMINAL, BORROWING_LIMIT = 6, 20, 100
+FULL_WORKLOADS, PER_COHORT, NODES_PER_COHORT = 15_000, 3_000, 15
+KUEUE: dict[str, Any] = {"wall_s": 351.1, "per_s": 15_000 / 351.1,
+                         "avg_admission_s": {"small": 215.5, "medium": 76.8, "large": 6.7}}
+
+
+@dataclass(frozen=True)
+class WorkloadClass:
+    name: str
+    count: int  # per queue
+    interval_s: float
+    runtime_s: float
+    priority: int
+    replicas: int
+    gpus_per_replica: int
+
+
+CLASSES = (
+    WorkloadClass("small", 350, 0.1, 0.2, 50, 1, 1),
+    WorkloadClass("medium", 100, 0.5, 0.5, 100, 1, 5),
+    WorkloadClass("large", 50, 1.2, 1.0, 200, 5, 4),
+)
+
+
+def queues(cohorts: int) -> dict[str, Any]:
+    out: list[dict[str, Any]] = []
+    for c in range(cohorts):
+        cohort = f"cohort-{c}"
+        out.append({"name": cohort, "guaranteed_gpus": NOMINAL * QUEUES_PER_COHORT,
+                    "max_gpus": NOMINAL * QUEUES_PER_COHORT})
+        out += [{"name": f"{cohort}/cq-{q}", "guaranteed_gpus": NOMINAL, "max_gpus": NOMINAL + BORROWING_LIMIT}
+                for q in range(QUEUES_PER_COHORT)]
+    return {"queues": out}
+
+
+def leaf_queues(cohorts: int) -> list[str]:
+    return [f"cohort-{c}/cq-{q}" for c in range(cohorts) for q in range(QUEUES_PER_COHORT)]
+
+
+def schedule(cohorts: int) -> list[tuple[float, str, JobSpec]]:
+    """(offset in seconds, job id, spec) for every workload, in submission order."""
+    base = new_job_id()
+    timed: list[tuple[float, str, JobSpec]] = []
+    for q, queue in enumerate(leaf_queues(cohorts)):
+        for wc in CLASSES:
+            for i in range(wc.count):
+                spec = validate_job_spec({
+                    "name": f"{wc.name}-{q}-{i}", "queue": queue, "priority": wc.priority,
+                    "replicas": wc.replicas, "gpus_per_replica": wc.gpus_per_replica,
+                    "runtime": "sim", "duration_seconds": wc.runtime_s})
+                timed.append((i * wc.interval_s, f"{base}-{q:02d}-{wc.name[0]}{i:03d}", spec))
+    timed.sort(key=lambda t: (t[0], t[1]))
+    return timed
+
+
+async def submit_on_schedule(client: Client, timed: Sequence[tuple[float, str, JobSpec]],
+                             max_in_flight: int = 256) -> float:
+    gate = asyncio.Semaphore(max_in_flight)
+    tasks = []
+
+    async def one(job_id: str, spec: JobSpec) -> None:
+        try:
+            await client.submit(spec, job_id=job_id, user="bench")
+        finally:
+            gate.release()
+
+    start = time.monotonic()
+    for offset, job_id, spec in timed:
+        delay = start + offset - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await gate.acquire()
+        tasks.append(asyncio.create_task(one(job_id, spec)))
+    await asyncio.gather(*tasks)
+    return time.monotonic() - start
+
+
+def summarise(times: dict[str, JobTimes]) -> dict[str, Any]:
+    submitted = [t.submitted for t in times.values() if t.submitted is not None]
+    ended = [t.ended for t in times.values() if t.submitted is not None and t.ended is not None]
+    first = min(submitted)
+    wall = (max(ended, default=first) - first).total_seconds()
+    per_class: dict[str, Any] = {}
+    for wc in CLASSES:
+        mine = [(t, t.submitted) for t in times.values() if t.name.startswith(wc.name + "-") and t.submitted]
+        quota = [(t.quota - at).total_seconds() for t, at in mine if t.quota]
+        placed = [(t.placed - at).total_seconds() for t, at in mine if t.placed]
+        per_class[wc.name] = {
+            "workloads": len(mine), "admitted": len(quota),
+            "avg_admission_s": statistics.fmean(quota) if quota else None,
+            "avg_placement_s": statistics.fmean(placed) if placed else None,
+        }
+    return {"workloads": len(times), "completed": len(ended), "wall_s": wall,
+            "per_s": len(ended) / wall if wall > 0 else 0.0, "classes": per_class}
+
+
+async def run(args: argparse.Namespace, context: Any) -> dict[str, Any]:
+    client = await Client.connect(context)
+    try:
+        cohorts = args.workloads // PER_COHORT
+        await client.apply_queues(validate_queues(queues(cohorts)))
+        leaves = set(leaf_queues(cohorts))
+        await client.wait_for(lambda v: leaves <= set(v.queues), 30)
+        timed = schedule(cohorts)
+        ids = [job_id for _, job_id, _ in timed]
+        after = await log_position(client)
+        span = timed[-1][0]
+        print(f"  submitting {len(timed)} workloads over {span:.0f}s into {len(leaves)} queues ...", flush=True)
+        submit_s = await submit_on_schedule(client, timed)
+        print(f"  submitted in {submit_s:.0f}s; waiting for every workload to finish ...", flush=True)
+        _, complete = await wait_placed(client, ids, after, args.timeout, until=ENDED)
+        times = await collect(client, ids, after)
+        return {"submit_s": submit_s, "all_done": complete, **summarise(times)}
+    finally:
+        await client.close()
+
+
+def fmt_s(value: float | None) -> str:
+    return f"{value:8.1f}" if value is not None else "       -"
+
+
+def render(result: dict[str, Any]) -> str:
+    k = KUEUE
+    lines = [
+        f"machine: {machine_line()}",
+        f"cluster: {result['cluster']} ({result['gpus']} GPUs), {result['runtime']} runtime; "
+        f"{result['cohorts']} cohort(s) x 6 queues (guaranteed 20, max 120 GPUs each)",
+        f"command: {result['command']}",
+        f"date:    {result['date']}",
+        "",
+        f"{'':28}{'Corral':>12}{'Kueue (15,000)':>18}",
+        f"{'workloads':28}{result['workloads']:>12,}{FULL_WORKLOADS:>18,}",
+        f"{'completed':28}{result['completed']:>12,}{FULL_WORKLOADS:>18,}",
+        f"{'wall time (s)':28}{result['wall_s']:>12.1f}{k['wall_s']:>18.1f}",
+        f"{'admissions per second':28}{result['per_s']:>12.1f}{k['per_s']:>18.1f}",
+    ]
+    for name, c in result["classes"].items():
+        lines.append(f"{'avg time to admission ' + name + ' (s)':28}{fmt_s(c['avg_admission_s']):>12}"
+                     f"{k['avg_admission_s'][name]:>18.1f}")
+    for name, c in result["classes"].items():
+        lines.append(f"{'avg time to GPUs ' + name + ' (s)':28}{fmt_s(c['avg_placement_s']):>12}{'-':>18}")
+    if result["workloads"] != FULL_WORKLOADS:
+        lines.append(f"note: {result['workloads']:,} workloads = {result['cohorts']} of Kueue's 5 independent "
+                     "cohorts (same queues, intervals and contention per cohort)")
+    if not result["all_done"]:
+        lines.append("note: not every workload finished before --timeout")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", type=int, default=PER_COHORT,
+                        help=f"a multiple of {PER_COHORT} (one cohort each; default {PER_COHORT}; "
+                        f"{FULL_WORKLOADS} is Kueue's full test)")
+    parser.add_argument("--runtime", choices=("sim-timer", "sim"), default="sim-timer")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait after the last submission")
+    parser.add_argument("--data-dir", type=Path, help="keep the stack's data and logs here")
+    parser.add_argument("--json", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+    if args.workloads % PER_COHORT or not PER_COHORT <= args.workloads <= FULL_WORKLOADS:
+        parser.error(f"--workloads must be {PER_COHORT}, {2 * PER_COHORT}, ... or {FULL_WORKLOADS} "
+                     "(whole cohorts of Kueue's test)")
+    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "bench/kueue_baseline.py", *sys.argv[1:]])
+    cohorts = args.workloads // PER_COHORT
+    cluster = f"{NODES_PER_COHORT * cohorts}x8:H100"
+    print(f"starting the stack ({cluster}) ...", flush=True)
+    live = start_stack(cluster, runtime=args.runtime, data_dir=args.data_dir)
+    try:
+        result = asyncio.run(run(args, live.context))
+    finally:
+        live.stop()
+    result.update(cluster=cluster, gpus=NODES_PER_COHORT * cohorts * 8, cohorts=cohorts, runtime=args.runtime,
+                  command=command, machine=machine(),
+                  date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
+    print()
+    print(render(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
