@@ -78,6 +78,7 @@ async def phase(client: Client, rate: float, seconds: float, duration: float, se
     submit_seconds = await submit_paced(client, jobs, rate)
     ids = [j for j, _ in jobs]
     _, complete = await wait_placed(client, ids, after, timeout)
+    await drain(client, ids, timeout)  # so that GPU hold times (placed -> completed) are all known
     times = await collect(client, ids, after)
     placed = [t.placed for t in times.values() if t.placed is not None]
     result = {
@@ -89,9 +90,13 @@ async def phase(client: Client, rate: float, seconds: float, duration: float, se
         "submit_to_quota_ms": latency_ms(times.values(), "quota"),
         "submit_to_placed_ms": latency_ms(times.values(), "placed"),
         "submit_to_running_ms": latency_ms(times.values(), "running"),
+        "gpu_hold_s": _mean([(t.ended - t.placed).total_seconds() for t in times.values() if t.placed and t.ended]),
     }
-    await drain(client, ids, timeout)
     return result
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 async def drain(client: Client, ids: Sequence[str], timeout: float) -> None:
@@ -117,7 +122,7 @@ def render(result: dict[str, Any]) -> str:
         f"date:    {result['date']}",
         "",
         "  rate  jobs  placed  placements/s (steady / best 1s)   submit->admitted  ->quota  "
-        "->placed p50 / p99 ms   ->running p50 / p99 ms",
+        "->placed p50 / p99 ms   ->running p50 / p99 ms   GPUs held (s)",
     ]
     for p in result["phases"]:
         pl, ad, qu = p["placements"], p["submit_to_admitted_ms"], p["submit_to_quota_ms"]
@@ -125,7 +130,8 @@ def render(result: dict[str, Any]) -> str:
         lines.append(
             f"{p['rate']:6.0f} {p['jobs']:5d} {p['placed']:7d}   {pl.get('steady_per_s', 0):8.1f} / "
             f"{pl.get('best_second', 0):5.0f}              {fmt(ad, 'p50')}  {fmt(qu, 'p50')}  "
-            f"{fmt(pd, 'p50')} / {fmt(pd, 'p99')}      {fmt(ru, 'p50')} / {fmt(ru, 'p99')}")
+            f"{fmt(pd, 'p50')} / {fmt(pd, 'p99')}      {fmt(ru, 'p50')} / {fmt(ru, 'p99')}"
+            f"     {p['gpu_hold_s'] or 0:6.2f}")
     best = max((p["placements"].get("steady_per_s", 0.0) for p in result["phases"]), default=0.0)
     lines.append("")
     lines.append(f"target: >= {TARGET_PLACEMENTS:.0f} placements/s sustained -> "

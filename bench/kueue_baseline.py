@@ -132,10 +132,13 @@ def summarise(times: dict[str, JobTimes]) -> dict[str, Any]:
         mine = [(t, t.submitted) for t in times.values() if t.name.startswith(wc.name + "-") and t.submitted]
         quota = [(t.quota - at).total_seconds() for t, at in mine if t.quota]
         placed = [(t.placed - at).total_seconds() for t, at in mine if t.placed]
+        held = [(t.ended - t.placed).total_seconds() for t, _ in mine if t.placed and t.ended]
         per_class[wc.name] = {
             "workloads": len(mine), "admitted": len(quota),
             "avg_admission_s": statistics.fmean(quota) if quota else None,
             "avg_placement_s": statistics.fmean(placed) if placed else None,
+            "avg_gpu_hold_s": statistics.fmean(held) if held else None,  # placed -> completed in the log
+            "runtime_s": wc.runtime_s,
         }
     return {"workloads": len(times), "completed": len(ended), "wall_s": wall,
             "per_s": len(ended) / wall if wall > 0 else 0.0, "classes": per_class}
@@ -186,6 +189,9 @@ def render(result: dict[str, Any]) -> str:
                      f"{k['avg_admission_s'][name]:>18.1f}")
     for name, c in result["classes"].items():
         lines.append(f"{'avg time to GPUs ' + name + ' (s)':28}{fmt_s(c['avg_placement_s']):>12}{'-':>18}")
+    for name, c in result["classes"].items():
+        lines.append(f"{'GPUs held ' + name + ' (s)':28}{fmt_s(c['avg_gpu_hold_s']):>12}"
+                     f"{'runs ' + format(c['runtime_s'], 'g') + ' s':>18}")
     if result["workloads"] != FULL_WORKLOADS:
         lines.append(f"note: {result['workloads']:,} workloads = {result['cohorts']} of Kueue's 5 independent "
                      "cohorts (same queues, intervals and contention per cohort)")
