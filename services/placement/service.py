@@ -141,9 +141,11 @@ class Placement(Service):
             if ranks <= set(exits):
                 await self._release(job, "PREEMPTED", f"checkpointed and stopped for {_preemptor(job)}")
         elif crashed:
-            rank, code = min(crashed.items())
+            # The rank that crashed first has an exit code; its peers were killed (no code).
+            rank, code = min(crashed.items(), key=lambda rc: (rc[1] is None, rc[0]))
             restart = job.spec is not None and job.restarts < job.spec.restart.max_restarts
-            await self._release(job, "WORKER_FAILED", f"rank {rank} exited with {code}", requeue=restart,
+            what = f"exited with {code}" if code is not None else "was killed"
+            await self._release(job, "WORKER_FAILED", f"rank {rank} {what}", requeue=restart,
                                 fail=not restart, requeue_code="RESTARTING")
         elif ranks <= set(exits):
             if all(c == 0 for c in exits.values()):
