@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import zlib
-from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -92,9 +91,30 @@ class Placement(Service):
     async def reconcile(self) -> None:
         now = self.clock()
         await self._nodes(now)
-        for job in sorted(self.view.running_jobs(), key=lambda j: j.job_id):
-            await self._lifecycle(job, now)
+        await self._lifecycles(now)
         await self._place(now)
+
+    async def _lifecycles(self, now: float) -> None:
+        """Every gang's next step, appended in one transaction (a commit per event was the log's
+        limit under load). Each job's events are guarded by the versions they were decided on: if
+        the whole batch loses a race (an inbox report landed meanwhile), each job is appended on
+        its own with those versions, so only the job that moved waits for the next reconcile."""
+        decided: list[dict[str, list[Event]]] = []
+        for job in sorted(self.view.running_jobs(), key=lambda j: j.job_id):
+            steps = self._lifecycle(job, now)
+            if steps:
+                decided.append(steps)
+        if not decided:
+            return
+        merged: dict[str, list[Event]] = {}
+        for steps in decided:
+            for stream, events in steps.items():
+                merged.setdefault(stream, []).extend(events)
+        expected = {stream: self.view.versions.get(stream, 0) for stream in merged}
+        if await self.append(merged, expected=expected) or len(decided) == 1:
+            return
+        for steps in decided:
+            await self.append(steps, expected={stream: expected[stream] for stream in steps})
 
     async def _nodes(self, now: float) -> None:
         for node in sorted(self.view.nodes.values(), key=lambda n: n.name):
@@ -116,50 +136,65 @@ class Placement(Service):
                 if node.name in job.nodes:
                     await self._release(job, "NODE_LOST", f"node {node.name} was lost", requeue=True)
 
-    async def _lifecycle(self, job: JobView, now: float) -> None:
+    def _lifecycle(self, job: JobView, now: float) -> dict[str, list[Event]]:
+        """The events that move this gang on (none if it stays as it is), by stream."""
         ranks = {r.rank for r in job.ranks}
         exits = job.exited_ranks
         if job.state is JobState.CANCELLED:
             if not (job.started_ranks - set(exits)) or _age(job.ended_at, now) > 60:
-                await self._release(job, "CANCELLED", "the job was cancelled")
-            return
+                return self._release_events(job, "CANCELLED", "the job was cancelled")
+            return {}
+        running: list[Event] = []
         if job.state is JobState.STARTING:
             if ranks <= job.started_ranks:
-                running = ev.JobRunning.new(stream=job_stream(job.job_id), actor="placement",
-                                            correlation_id=job.job_id, job_id=job.job_id, attempt=job.attempt)
-                if not await self.append({running.stream: [running]}):
-                    return
+                running.append(ev.JobRunning.new(stream=job_stream(job.job_id), actor="placement",
+                                                 correlation_id=job.job_id, job_id=job.job_id,
+                                                 attempt=job.attempt))
             elif _age(job.placed_at, now) > self.start_timeout:
                 missing = sorted(ranks - job.started_ranks)
-                await self._release(job, "START_TIMEOUT", f"ranks {missing} did not start within "
-                                    f"{self.start_timeout:.0f}s; the whole gang is released", requeue=True)
-                return
-        if not exits:
-            return
+                return self._release_events(job, "START_TIMEOUT", f"ranks {missing} did not start within "
+                                            f"{self.start_timeout:.0f}s; the whole gang is released", requeue=True)
+        released: dict[str, list[Event]] = {}
         crashed = {r: c for r, c in exits.items() if c not in (0, CHECKPOINTED_EXIT)}
-        if job.state is JobState.PREEMPTING:
+        if not exits:
+            pass
+        elif job.state is JobState.PREEMPTING:
             if ranks <= set(exits):
-                await self._release(job, "PREEMPTED", f"checkpointed and stopped for {_preemptor(job)}")
+                released = self._release_events(job, "PREEMPTED", f"checkpointed and stopped for {_preemptor(job)}")
         elif crashed:
             # The rank that crashed first has an exit code; its peers were killed (no code).
             rank, code = min(crashed.items(), key=lambda rc: (rc[1] is None, rc[0]))
             restart = job.spec is not None and job.restarts < job.spec.restart.max_restarts
             what = f"exited with {code}" if code is not None else "was killed"
-            await self._release(job, "WORKER_FAILED", f"rank {rank} {what}", requeue=restart,
-                                fail=not restart, requeue_code="RESTARTING")
+            released = self._release_events(job, "WORKER_FAILED", f"rank {rank} {what}", requeue=restart,
+                                            fail=not restart, requeue_code="RESTARTING")
         elif ranks <= set(exits):
             if all(c == 0 for c in exits.values()):
-                await self._release(job, "COMPLETED", "every rank exited 0", complete=True)
+                released = self._release_events(job, "COMPLETED", "every rank exited 0", complete=True,
+                                                running_recorded=bool(running))
             else:
-                await self._release(job, "CHECKPOINTED", "every rank stopped after a checkpoint", requeue=True)
+                released = self._release_events(job, "CHECKPOINTED", "every rank stopped after a checkpoint",
+                                                requeue=True)
+        if running:
+            stream = job_stream(job.job_id)
+            released[stream] = running + released.get(stream, [])
+        return released
 
     async def _release(self, job: JobView, code: str, message: str, *, requeue: bool = False,
                        fail: bool = False, complete: bool = False, requeue_code: str | None = None) -> bool:
+        return await self.append(self._release_events(job, code, message, requeue=requeue, fail=fail,
+                                                      complete=complete, requeue_code=requeue_code))
+
+    def _release_events(self, job: JobView, code: str, message: str, *, requeue: bool = False,
+                        fail: bool = False, complete: bool = False, requeue_code: str | None = None,
+                        running_recorded: bool = False) -> dict[str, list[Event]]:
+        """GangReleased (and how the job goes on) on its stream, a GpusReleased on each node's.
+        `running_recorded`: a JobRunning is already among this reconcile's events for the job."""
         stream = job_stream(job.job_id)
         common = {"stream": stream, "actor": "placement", "correlation_id": job.job_id, "job_id": job.job_id}
         reason = Reason(code=code, message=message, details={"attempt": job.attempt})
         job_events: list[Event] = []
-        if complete and job.state is JobState.STARTING:
+        if complete and job.state is JobState.STARTING and not running_recorded:
             job_events.append(ev.JobRunning.new(attempt=job.attempt, **common))
         released = ev.GangReleased.new(reason=reason, attempt=job.attempt, **common)
         job_events.append(released)
@@ -175,12 +210,12 @@ class Placement(Service):
             job_events.append(ev.JobRequeued.new(
                 reason=Reason(code=requeue_code or code, message=message), attempt=job.attempt + 1,
                 resume_from=job.checkpoint, causation=released, **common))
-        batches: dict[str, Sequence[Event]] = {stream: job_events}
+        batches: dict[str, list[Event]] = {stream: job_events}
         for node, gpus in job.core_placement().gpus_by_node().items():
             batches[node_stream(node)] = [ev.GpusReleased.new(
                 stream=node_stream(node), actor="placement", correlation_id=job.job_id, causation=released,
                 node=node, job_id=job.job_id, gpus=list(gpus), attempt=job.attempt)]
-        return await self.append(batches)
+        return batches
 
     async def _place(self, now: float) -> None:
         waiting = [j for j in self.view.jobs.values()
