@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
 from corral import worker
 
 FEATURES = 4
