@@ -369,7 +369,7 @@ def _queue_configured(view: ClusterView, e: ev.QueueConfigured) -> None:
     view.queues[e.queue.name] = e.queue
 
 
-_HANDLERS = {
+_HANDLERS: dict[type[Event], Callable[[ClusterView, Any], None]] = {
     ev.JobSubmitted: _submitted,
     ev.JobAdmitted: _admitted,
     ev.JobRejected: _rejected,

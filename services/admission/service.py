@@ -11,6 +11,7 @@ scheduled is rejected now instead of pending forever.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -100,11 +101,11 @@ class Admission(Service):
             raise Retry("job stream moved on; retrying the cancellation", delay=0.05)
 
 
-def _non_leaf(queues: dict[str, object]) -> set[str]:
+def _non_leaf(queues: Mapping[str, object]) -> set[str]:
     return {q.rsplit("/", 1)[0] for q in queues if "/" in q}
 
 
-def _first_child(queues: dict[str, object], parent: str) -> str:
+def _first_child(queues: Mapping[str, object], parent: str) -> str:
     return next(q for q in sorted(queues) if q.startswith(parent + "/"))
 
 

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import signal as signal_module
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats.errors
 
@@ -123,7 +123,7 @@ class NodeReports:
     def forget(self, job_id: str) -> None:
         self._causes.pop(job_id, None)
 
-    def _job_event(self, cls: type[E], job_id: str, **payload: object) -> E:
+    def _job_event(self, cls: type[E], job_id: str, **payload: Any) -> E:
         return cls.new(stream=job_stream(job_id), actor=self.actor, causation=self._causes.get(job_id),
                        correlation_id=job_id, job_id=job_id, **payload)
 

@@ -191,7 +191,8 @@ class Placement(Service):
         """GangReleased (and how the job goes on) on its stream, a GpusReleased on each node's.
         `running_recorded`: a JobRunning is already among this reconcile's events for the job."""
         stream = job_stream(job.job_id)
-        common = {"stream": stream, "actor": "placement", "correlation_id": job.job_id, "job_id": job.job_id}
+        common: dict[str, Any] = {"stream": stream, "actor": "placement", "correlation_id": job.job_id,
+                                  "job_id": job.job_id}
         reason = Reason(code=code, message=message, details={"attempt": job.attempt})
         job_events: list[Event] = []
         if complete and job.state is JobState.STARTING and not running_recorded:

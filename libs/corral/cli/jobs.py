@@ -6,7 +6,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -28,7 +28,8 @@ def read_spec(file: str) -> JobSpec:
     except OSError as exc:
         err_console.print(f"[red]error:[/red] cannot read {file}: {exc.strerror}", highlight=False)
         raise SystemExit(EXIT_FAILURE) from None
-    fmt = "json" if file.endswith(".json") else ("yaml" if file.endswith((".yaml", ".yml")) else None)
+    fmt: Literal["yaml", "json"] | None = (
+        "json" if file.endswith(".json") else ("yaml" if file.endswith((".yaml", ".yml")) else None))
     try:
         return load_job_spec(text, fmt)
     except SpecError as exc:
