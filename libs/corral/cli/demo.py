@@ -21,7 +21,9 @@ from corral.contracts.jobspec import load_job_spec
 from corral.contracts.queues import load_queues_file
 from corral.projection import ClusterView, JobState
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+# The repository's examples/ (editable install), else ./examples (run from a checkout).
+EXAMPLES = next((p for p in (Path(__file__).resolve().parents[3] / "examples", Path.cwd() / "examples")
+                 if (p / "queues.yaml").exists()), Path.cwd() / "examples")
 
 # (example file, seconds after start to submit it, what it shows)
 SCRIPT: list[tuple[str, float, str]] = [
