@@ -38,10 +38,12 @@ from typing import Any
 from live import (
     LiveStack,
     collect,
+    cpu_delta,
     latency_ms,
     log_position,
     machine,
     machine_line,
+    stack_cpu,
     start_stack,
     steady_rate,
     submit_paced,
@@ -70,15 +72,17 @@ def job_stream(count: int, duration: float, seed: int) -> list[tuple[str, JobSpe
     return out
 
 
-async def phase(client: Client, rate: float, seconds: float, duration: float, seed: int,
+async def phase(client: Client, live: LiveStack, rate: float, seconds: float, duration: float, seed: int,
                 timeout: float) -> dict[str, Any]:
     jobs = job_stream(round(rate * seconds), duration, seed)
     after = await log_position(client)
+    cpu_before = stack_cpu(live)
     print(f"  phase {rate:g} jobs/s x {seconds:g}s: {len(jobs)} jobs ...", flush=True)
     submit_seconds = await submit_paced(client, jobs, rate)
     ids = [j for j, _ in jobs]
     _, complete = await wait_placed(client, ids, after, timeout)
     await drain(client, ids, timeout)  # so that GPU hold times (placed -> completed) are all known
+    cpu = cpu_delta(cpu_before, stack_cpu(live))
     times = await collect(client, ids, after)
     placed = [t.placed for t in times.values() if t.placed is not None]
     result = {
@@ -90,6 +94,7 @@ async def phase(client: Client, rate: float, seconds: float, duration: float, se
         "submit_to_quota_ms": latency_ms(times.values(), "quota"),
         "submit_to_placed_ms": latency_ms(times.values(), "placed"),
         "submit_to_running_ms": latency_ms(times.values(), "running"),
+        "cpu_seconds": cpu, "cpu_ms_per_job": sum(cpu.values()) / len(jobs) * 1e3,
         "gpu_hold_s": _mean([(t.ended - t.placed).total_seconds() for t in times.values() if t.placed and t.ended]),
     }
     return result
@@ -132,6 +137,12 @@ def render(result: dict[str, Any]) -> str:
             f"{pl.get('best_second', 0):5.0f}              {fmt(ad, 'p50')}  {fmt(qu, 'p50')}  "
             f"{fmt(pd, 'p50')} / {fmt(pd, 'p99')}      {fmt(ru, 'p50')} / {fmt(ru, 'p99')}"
             f"     {p['gpu_hold_s'] or 0:6.2f}")
+    lines.append("")
+    lines.append("CPU per job (ms, every process of the stack incl. Postgres backends; the machine was shared):")
+    for p in result["phases"]:
+        parts = ", ".join(f"{k} {v / p['jobs'] * 1e3:.1f}" for k, v in sorted(p["cpu_seconds"].items(),
+                                                                       key=lambda kv: -kv[1]) if v > 0)
+        lines.append(f"{p['rate']:6.0f}/s: {p['cpu_ms_per_job']:6.1f} ms = {parts}")
     best = max((p["placements"].get("steady_per_s", 0.0) for p in result["phases"]), default=0.0)
     lines.append("")
     lines.append(f"target: >= {TARGET_PLACEMENTS:.0f} placements/s sustained -> "
@@ -153,7 +164,8 @@ async def run(args: argparse.Namespace, live: LiveStack) -> dict[str, Any]:
         gpus = view.capacity()
         phases = []
         for i, rate in enumerate(args.rate):
-            phases.append(await phase(client, rate, args.seconds, args.duration, args.seed + i, args.timeout))
+            phases.append(await phase(client, live, rate, args.seconds, args.duration, args.seed + i,
+                                      args.timeout))
         return {"cluster": args.cluster, "gpus": gpus, "duration": args.duration, "runtime": args.runtime,
                 "phases": phases}
     finally:

@@ -100,6 +100,55 @@ def start_stack(cluster: str, *, runtime: str = "sim-timer", data_dir: Path | No
     return LiveStack(stack, ctx, root, keep)
 
 
+def _proc_table() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds used so far) for every process on the machine."""
+    tick = os.sysconf("SC_CLK_TCK")
+    table: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        table[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    return table
+
+
+def stack_cpu(live: LiveStack) -> dict[str, float]:
+    """CPU seconds used so far by each part of the stack, its child processes included (Postgres
+    backends, workers): what a run costs, whatever else shares the machine."""
+    roots: dict[int, str] = {p.pid: p.name for p in live.stack.processes if p.pid is not None}
+    for name, server in (("nats-server", live.stack.nats), ("postgres", live.stack.postgres)):
+        proc = getattr(server, "proc", None) if server is not None else None
+        if proc is not None:
+            roots[proc.pid] = name
+    table = _proc_table()
+    owner: dict[int, str] = {}
+
+    def find(pid: int) -> str | None:
+        seen = []
+        while pid > 1 and pid not in owner and pid not in roots:
+            seen.append(pid)
+            pid = table.get(pid, (0, 0.0))[0]
+        name = owner.get(pid) or roots.get(pid)
+        if name is not None:
+            owner.update(dict.fromkeys(seen, name))
+        return name
+
+    used: dict[str, float] = {}
+    for pid, (_, cpu) in table.items():
+        part = find(pid)
+        if part is not None:
+            used[part] = used.get(part, 0.0) + cpu
+    return used
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: round(after.get(k, 0.0) - before.get(k, 0.0), 3) for k in sorted(after)}
+
+
 async def log_position(client: Client) -> int:
     """The last global position in the log: a run's events are the ones after it."""
     after = 0
