@@ -35,7 +35,7 @@ from corral.contracts.envelope import Event
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode, encode
 from corral.eventstore import AlreadyProcessed, ConcurrencyError, EventStore, NewEvent, StoredEvent, Tracking
-from corral.projection import Applied, ClusterView
+from corral.projection import Applied, ClusterView, JobView
 
 log = logging.getLogger("corral.service")
 
@@ -123,6 +123,7 @@ class Service:
         self.settings = settings
         self.view = ClusterView()
         self.changed = asyncio.Event()
+        self._reasons_said: dict[str, float] = {}
 
     # ---- hooks -------------------------------------------------------------------------------
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
@@ -136,6 +137,23 @@ class Service:
 
     def interested(self, event: Event) -> bool:
         return not self.events or event.type in self.events
+
+    #: A waiting job's reason is recorded again when its code changes, but when only its numbers
+    #: change ("uses 117 of max 120 GPUs" -> "119 of 120") at most this often: otherwise every
+    #: reservation rewrote the reason of every waiting job (130 events per job in Kueue's
+    #: baseline shape), and the log spent its capacity on them.
+    reason_refresh_seconds: ClassVar[float] = 5.0
+
+    def reason_news(self, job: JobView, code: str, message: str) -> bool:
+        """Whether this reason for `job` is worth a PlacementPending now (and remember if so)."""
+        if job.reason is not None and job.reason.code == code:
+            if job.reason.message == message:
+                return False
+            said = self._reasons_said.get(job.job_id)
+            if said is not None and time.monotonic() - said < self.reason_refresh_seconds:
+                return False
+        self._reasons_said[job.job_id] = time.monotonic()
+        return True
 
     # ---- folding -----------------------------------------------------------------------------
     async def rebuild(self) -> None:

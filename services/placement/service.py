@@ -233,7 +233,8 @@ class Placement(Service):
             if isinstance(decision, core.Place):
                 for stream, events in self._reserve(job, decision).items():
                     gangs.setdefault(stream, []).extend(events)
-            elif isinstance(decision, core.Pending) and _changed(job, decision.reason):
+            elif isinstance(decision, core.Pending) and self.reason_news(job, str(decision.reason.code),
+                                                                         decision.reason.message):
                 pending = ev.PlacementPending.new(stream=job_stream(job.job_id), actor="placement",
                                                   correlation_id=job.job_id, job_id=job.job_id,
                                                   reason=wire_reason(decision.reason))
@@ -268,10 +269,6 @@ class Placement(Service):
 def _same_inventory(inventory: Any, event: ev.NodeRegistered) -> bool:
     return bool(inventory.gpus == event.gpus and inventory.nvlink_domains == event.nvlink_domains
                 and inventory.rack == event.rack and inventory.zone == event.zone)
-
-
-def _changed(job: JobView, reason: core.Reason) -> bool:
-    return job.reason is None or job.reason.code != str(reason.code) or job.reason.message != reason.message
 
 
 def _age(at: Any, now: float) -> float:

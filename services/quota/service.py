@@ -89,7 +89,7 @@ class Quota(Service):
                 self._emit(batches, ev.QuotaReserved.new(
                     stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
                     queue=job.queue, gpus=job.gpus, borrowed=borrowed))
-            elif _changed(job, blocked):
+            elif self.reason_news(job, str(blocked.code), blocked.message):
                 self._emit(batches, ev.PlacementPending.new(
                     stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
                     reason=wire_reason(blocked)))
@@ -105,7 +105,3 @@ def _borrowed(tree: QueueTree, usage: QueueUsage, job: JobView) -> int:
     guarantee = tree.guarantee.get(job.queue, 0)
     used = usage.held.get(job.queue, 0)
     return max(0, min(job.gpus, used + job.gpus - guarantee))
-
-
-def _changed(job: JobView, reason: core.Reason) -> bool:
-    return job.reason is None or job.reason.code != str(reason.code) or job.reason.message != reason.message
