@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,14 +23,17 @@ from corral.stack.up import Stack
 from tests.e2e.conftest import StackFactory, connect, with_queues
 
 
-def corral(stack: Stack, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+def cli_env(stack: Stack) -> dict[str, str]:
     ctx = stack.context
     assert ctx is not None
-    env = {**os.environ, "CORRAL_NATS_URL": ctx.nats_url, "CORRAL_POSTGRES_DSN": ctx.postgres_dsn,
-           "CORRAL_NAMESPACE": ctx.namespace, "COLUMNS": "200", "CORRAL_CONTEXT": "/nonexistent",
-           "CORRAL_LOG_DIR": ctx.log_dir or ""}
+    return {**os.environ, "CORRAL_NATS_URL": ctx.nats_url, "CORRAL_POSTGRES_DSN": ctx.postgres_dsn,
+            "CORRAL_NAMESPACE": ctx.namespace, "COLUMNS": "200", "CORRAL_CONTEXT": "/nonexistent",
+            "CORRAL_LOG_DIR": ctx.log_dir or "", "PYTHONUNBUFFERED": "1"}
+
+
+def corral(stack: Stack, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([sys.executable, "-m", "corral.cli.main", *args], input=stdin, text=True,
-                          capture_output=True, env=env, timeout=120)
+                          capture_output=True, env=cli_env(stack), timeout=150)
     if check and proc.returncode != 0:
         raise AssertionError(f"corral {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -105,6 +109,20 @@ async def test_commands_show_tables_and_json_for_a_running_cluster(make_stack: S
 
         logs = corral(stack, "logs", job, "--rank", "0").stdout
         assert "sim rank=0" in logs
+
+        # --wait follows a job to its end; --follow streams the audit log as it grows.
+        follower = subprocess.Popen([sys.executable, "-m", "corral.cli.main", "events", "--follow", "--limit", "1"],
+                                    env=cli_env(stack), stdout=subprocess.PIPE, text=True)
+        quick = write(tmp_path, "quick.yaml", job_yaml("quick", "team-b", 1, 1, 1))
+        waited = corral(stack, "submit", quick, "--wait", "--until-done", "--timeout", "120").stdout
+        assert "RUNNING" in waited and "COMPLETED" in waited
+        assert follower.stdout is not None
+        seen = ""
+        deadline = time.monotonic() + 60
+        while "JobCompleted" not in seen and time.monotonic() < deadline:
+            seen += follower.stdout.readline()
+        follower.kill()
+        assert "JobCompleted" in seen
 
         corral(stack, "cancel", job)
         await wait_state(c, job, JobState.CANCELLED)
