@@ -53,7 +53,10 @@ def node_from_inventory(inv: NodeInventory, state: core.NodeState = core.NodeSta
 
 
 def cluster_from_spec(spec: ClusterSpec) -> core.Cluster:
-    return core.Cluster(tuple(node_from_inventory(inv) for inv in spec.inventories()))
+    """A cluster file (as `corral up` and `corral sim` read it) as the core's Cluster."""
+    return core.Cluster(tuple(
+        node_from_inventory(n.inventory(), core.NodeState.DRAINING if n.state == "draining" else core.NodeState.READY)
+        for n in spec.nodes))
 
 
 def queue_from_spec(spec: QueueSpec) -> core.QueueConfig:

@@ -10,9 +10,10 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from corral.contracts.cluster import ClusterSpec, load_cluster_file, parse_cluster_shorthand
+from corral.contracts.cluster import load_cluster_file, parse_cluster_shorthand
 from corral.contracts.queues import load_queues_file
-from corral.core import Cluster, Gpu, Node, NodeState, QueueConfig
+from corral.core import Cluster, QueueConfig
+from corral.translate import cluster_from_spec
 
 
 def load_cluster(source: str | Path | Cluster) -> Cluster:
@@ -23,21 +24,6 @@ def load_cluster(source: str | Path | Cluster) -> Cluster:
     path = Path(source)
     spec = load_cluster_file(path) if path.is_file() else parse_cluster_shorthand(str(source))
     return cluster_from_spec(spec)
-
-
-def cluster_from_spec(spec: ClusterSpec) -> Cluster:
-    """The contract's ClusterSpec -> the core's Cluster (defaults resolved by `NodeSpec.inventory`)."""
-    nodes = []
-    for node_spec in spec.nodes:
-        inventory = node_spec.inventory()
-        domain_of = {gpu: d for d, members in enumerate(inventory.nvlink_domains) for gpu in members}
-        gpus = tuple(
-            Gpu(g.index, g.model or node_spec.model, int(g.memory_gib or 0), domain_of.get(g.index, 0))
-            for g in inventory.gpus
-        )
-        state = NodeState.DRAINING if node_spec.state == "draining" else NodeState.READY
-        nodes.append(Node(inventory.node, gpus, inventory.rack, inventory.zone, state))
-    return Cluster(tuple(nodes))
 
 
 def load_queues(path: str | Path) -> tuple[QueueConfig, ...]:
