@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import shlex
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +39,8 @@ from live import (
     cpu_delta,
     latency_ms,
     log_position,
-    machine,
     machine_line,
+    report,
     stack_cpu,
     start_stack,
     steady_rate,
@@ -196,13 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = asyncio.run(run(args, live))
     finally:
         live.stop()
-    result.update(command=command, date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), machine=machine())
-    print()
-    print(render(result))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    return 0
+    result.update(command=command)
+    return report(result, args.json, render)
 
 
 if __name__ == "__main__":

@@ -28,18 +28,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shlex
 import statistics
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from live import ENDED, JobTimes, collect, log_position, machine, machine_line, start_stack, wait_placed
+from live import ENDED, JobTimes, collect, log_position, machine_line, report, start_stack, wait_placed
 
 from corral.client import Client, new_job_id
 from corral.contracts.jobspec import JobSpec, validate_job_spec
@@ -223,14 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         live.stop()
     result.update(cluster=cluster, gpus=NODES_PER_COHORT * cohorts * 8, cohorts=cohorts, runtime=args.runtime,
-                  command=command, machine=machine(),
-                  date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
-    print()
-    print(render(result))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    return 0
+                  command=command)
+    return report(result, args.json, render)
 
 
 if __name__ == "__main__":

@@ -15,15 +15,16 @@ Timings come from the event log only, never from the benchmark's own clock (exce
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import platform
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from corral.client import Client
@@ -57,6 +58,18 @@ def machine() -> dict[str, object]:
         pass
     return {"cores": os.cpu_count(), "cpu": model, "memory": mem, "python": platform.python_version(),
             "platform": platform.platform(), "host": platform.node()}
+
+
+def report(result: dict[str, object], json_path: Path | None, render: Callable[[dict[str, object]], str]) -> int:
+    """Print a benchmark's table and, when asked, write its figures (with date and machine) as JSON."""
+    result.setdefault("date", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
+    result.setdefault("machine", machine())
+    print()
+    print(render(result))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return 0
 
 
 def machine_line() -> str:
