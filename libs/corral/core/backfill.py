@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from corral.core.gpuset import FreeGpus, Statement, mask_of
+from corral.core.gpuset import FreeGpus, Statement
 from corral.core.model import Job, Placement
 from corral.core.placement import find_placement
 
 
-@dataclass(frozen=True, slots=True)
-class Release:
-    """GPUs expected to come free at `end` (math.inf when the holder has no estimate)."""
+class Release(NamedTuple):
+    """GPUs expected to come free at `end` (math.inf when the holder has no estimate).
+
+    A tuple, not a dataclass: a cycle that computes a reservation makes one per running job."""
 
     end: float
     job_id: str
@@ -49,11 +51,8 @@ class Reservation:
 
 
 def releases_of(placement: Placement, fi: FreeGpus) -> tuple[tuple[int, int], ...]:
-    by_node: dict[int, int] = {}
-    for rank in placement.ranks:
-        i = fi.index_of[rank.node]
-        by_node[i] = by_node.get(i, 0) | mask_of(rank.gpus)
-    return tuple(sorted(by_node.items()))
+    """(node index, GPU mask) per node of `placement`, sorted by node index."""
+    return fi.masks_of(placement)
 
 
 def reserve(
@@ -66,30 +65,60 @@ def reserve(
 ) -> Reservation | None:
     """The reservation for `job`, or None if it would not fit even after every release."""
     order = sorted(releases, key=lambda r: (r.end, r.job_id))
+    # One journal for the whole search: moving from one prefix of `order` to another only gives
+    # or takes back the releases in between (rollback_to a mark).
+    stmt = Statement(fi)
+    marks: list[int] = []
+
+    def to_prefix(k: int) -> None:
+        if k < len(marks):
+            stmt.rollback_to(marks[k])
+            del marks[k:]
+        while len(marks) < k:
+            marks.append(stmt.mark())
+            for i, m in order[len(marks) - 1].masks:
+                give = m & ~fi.free[i] & ~claimed.get(i, 0) & fi.all_masks[i]
+                if give:
+                    stmt.give(i, give)
 
     def attempt(k: int) -> Placement | None:
-        stmt = Statement(fi)
-        try:
-            for rel in order[:k]:
-                for i, m in rel.masks:
-                    give = m & ~fi.free[i] & ~claimed.get(i, 0) & fi.all_masks[i]
-                    if give:
-                        stmt.give(i, give)
-            found = find_placement(fi.cluster, fi, job)
-        finally:
-            stmt.rollback()
+        to_prefix(k)
+        found = find_placement(fi.cluster, fi, job)
         return found if isinstance(found, Placement) else None
 
-    if not order or attempt(len(order)) is None:
+    # The shortest prefix after which the job fits (feasibility only grows with the prefix): no
+    # prefix can fit before the released GPUs add up to the job's size; from there, gallop
+    # (1, 2, 4, ... releases further) to a prefix that fits, then bisect. Most reservations
+    # need a few releases out of hundreds, so this touches few of them.
+    if not order:
         return None
-    lo, hi = 1, len(order)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if attempt(mid) is not None:
-            hi = mid
-        else:
-            lo = mid + 1
-    placement = attempt(lo)
+    need = job.total_gpus
+    have = fi.total_free
+    lo = 0  # the count bound: prefixes shorter than lo cannot fit
+    while lo < len(order) and have < need:
+        for i, m in order[lo].masks:
+            have += (m & ~fi.free[i] & ~claimed.get(i, 0) & fi.all_masks[i]).bit_count()
+        lo += 1
+    if have < need:
+        return None
+    try:
+        hi, step = lo if lo > 0 else 1, 1
+        while attempt(hi) is None:
+            if hi == len(order):
+                return None
+            lo = hi  # from here on: prefixes of length <= lo are known not to fit
+            hi = min(len(order), hi + step)
+            step *= 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if attempt(mid) is not None:
+                hi = mid
+            else:
+                lo = mid
+        placement = attempt(hi)
+        lo = hi
+    finally:
+        stmt.rollback()
     assert placement is not None
     return Reservation(
         job.id, order[lo - 1].end, releases_of(placement, fi), placement.gpu_count, holder_within_guarantee

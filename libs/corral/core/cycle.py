@@ -43,6 +43,10 @@ def schedule(snapshot: Snapshot, config: SchedulerConfig = SchedulerConfig()) ->
     return _Cycle(snapshot, config).run()
 
 
+# reasons that name the job itself or record GPUs held for it: never shared with other jobs
+_PER_JOB_REASONS = frozenset({ReasonCode.RESERVED_FOR, ReasonCode.WAITING_FOR_PREEMPTION})
+
+
 def _shape(job: Job) -> tuple[object, ...]:
     """What placement depends on: jobs of equal shape fit (or not) on the same free GPUs."""
     return (job.replicas, job.gpus_per_replica, job.topology, job.gpu)
@@ -87,6 +91,8 @@ class _Cycle:
         # negative caches, valid for the whole cycle because free GPUs, releasing GPUs and
         # preemption candidates only shrink while it runs (see `_preempt_key` for the exception)
         self.no_fit: set[tuple[object, bool]] = set()
+        # why a shape does not fit the free GPUs, valid while `version` is unchanged
+        self.no_fit_reason: dict[object, tuple[int, Reason]] = {}
         self.no_release_fit: set[object] = set()
         self.no_preempt: set[object] = set()
         self.never: dict[object, Reason | None] = {}
@@ -95,25 +101,76 @@ class _Cycle:
         self.starved_for: Job | None = None
         self.release_epoch = 0
         self.strict = not config.backfill and config.order in (OrderPolicy.FIFO, OrderPolicy.PRIORITY)
+        self.behind: Reason | None = None
+        # Jobs of one class (see `_class_of`) get the same Pending answer as long as the cycle's
+        # committed state (free GPUs, usage, claims, victims, reservation) has not changed since
+        # the first of them was decided. `version` counts those changes; a busy cycle decides
+        # ~1,000 waiting jobs of a few classes, and this makes all but the first of each O(1).
+        self.version = 0
+        self.classes: dict[tuple[object, ...], tuple[int, Reason, bool]] = {}
+        self.las = config.order is OrderPolicy.LAS
 
     def run(self) -> list[Decision]:
-        return [self.decide(p) for p in order_pending(self.snapshot, self.config, tree=self.tree)]
+        return [self.decide(p) for p in order_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage)]
 
     # -- one job ----------------------------------------------------------------------------------
 
     def decide(self, p: PendingJob) -> Decision:
-        job = p.job
         if self.blocker is not None:
-            b = self.blocker.job
-            return Pending(
-                job.id,
-                Reason(
+            # strict order: nothing changes after the first blocked job, so one reason serves all
+            if self.behind is None:
+                b = self.blocker.job
+                self.behind = Reason(
                     ReasonCode.ORDERED_BEHIND,
                     f"behind job {b.id} in {self.config.order.value} order; it needs {b.total_gpus} GPUs "
                     f"and {self.fi.total_free} are free",
                     (("blocked_by", b.id), ("needs_gpus", b.total_gpus), ("free_gpus", self.fi.total_free)),
-                ),
-            )
+                )
+            return Pending(p.job.id, self.behind)
+        key = self._class_of(p)
+        if key is not None:
+            hit = self.classes.get(key)
+            if hit is not None and hit[0] == self.version:
+                if hit[2]:
+                    self._starve(p.job)
+                return Pending(p.job.id, hit[1])
+        version, starved = self.version, self.starved
+        decision = self._decide(p)
+        if (
+            key is not None
+            and isinstance(decision, Pending)
+            and self.version == version
+            and decision.reason.code not in _PER_JOB_REASONS
+        ):
+            self.classes[key] = (version, decision.reason, self.starved != starved)
+        return decision
+
+    def _class_of(self, p: PendingJob) -> tuple[object, ...] | None:
+        """Everything about a pending job that its decision reads, except its id and its place
+        in the order; None for a job that earlier preempted a running one (its answers are its own)."""
+        job = p.job
+        if job.id in self.preemptors:
+            return None
+        return (
+            job.queue,
+            job.replicas,
+            job.gpus_per_replica,
+            job.topology,
+            job.gpu,
+            job.priority,
+            job.estimated_runtime_seconds,
+            p.preempted_by,
+            p.attained_gpu_seconds if self.las else 0.0,
+        )
+
+    def _starve(self, job: Job) -> None:
+        """A guaranteed job is starved: borrowers may not take the free GPUs it is owed."""
+        self.starved += job.total_gpus
+        if self.starved_for is None:
+            self.starved_for = job
+
+    def _decide(self, p: PendingJob) -> Decision:
+        job = p.job
         quota = quota_check(self.snapshot, job, self.usage, tree=self.tree, quotas=self.config.quotas)
         if quota is not None:
             if quota.code is not ReasonCode.QUEUE_UNKNOWN and self.config.preemption:
@@ -171,14 +228,12 @@ class _Cycle:
         never = self.never[shape]
         if never is not None:
             return Pending(job.id, never)
-        reason = found if isinstance(found, Reason) else find_placement(self.cluster, self.fi, job)
+        reason = found if isinstance(found, Reason) else self._no_fit(job, shape)
         assert isinstance(reason, Reason)
         if self.config.quotas and within_guarantee(self.tree, self.usage, job.queue, job.total_gpus):
-            # a guaranteed job is starved: borrowers may not take the free GPUs it is owed
-            self.starved += job.total_gpus
-            if self.starved_for is None:
-                self.starved_for = job
+            self._starve(job)
         if self.config.backfill and self.reservation is None:
+            self.version += 1
             self.reservation = reserve(
                 self.fi,
                 job,
@@ -196,10 +251,21 @@ class _Cycle:
                     (*reason.details, ("reserved_gpus", r.gpus), ("shadow_time", r.shadow_time)),
                 )
         elif self.strict:
+            self.version += 1
             self.blocker = p
         return Pending(job.id, reason)
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _no_fit(self, job: Job, shape: object) -> Reason | Placement:
+        """find_placement's Reason for a shape known not to fit, computed once per state version."""
+        hit = self.no_fit_reason.get(shape)
+        if hit is not None and hit[0] == self.version:
+            return hit[1]
+        found = find_placement(self.cluster, self.fi, job)
+        if isinstance(found, Reason):
+            self.no_fit_reason[shape] = (self.version, found)
+        return found
 
     def _may_use_reserved(self, p: PendingJob) -> bool:
         r = self.reservation
@@ -229,11 +295,13 @@ class _Cycle:
     def _use(self, job: Job) -> None:
         """Count the job's GPUs in its queues; a queue that now borrows may hold reclaimable jobs,
         so cached 'cannot preempt' answers are no longer valid."""
+        self.version += 1
         self.usage.add(job.queue, job.total_gpus)
         if any(self.usage.active.get(q, 0) > self.tree.guarantee.get(q, 0) for q in self.tree.path(job.queue)):
             self.borrow_epoch += 1
 
     def _take(self, placement: Placement) -> None:
+        self.version += 1
         for i, m in releases_of(placement, self.fi):
             self.fi.take(i, m)
 
@@ -280,6 +348,7 @@ class _Cycle:
             self.no_release_fit.add(_shape(job))
             return None
         coming = 0
+        self.version += 1
         for i, m in releases_of(found, self.fi):
             from_release = m & self.releasing.get(i, 0)
             if from_release:
@@ -375,6 +444,7 @@ class _Cycle:
         """Commit a plan: the placement's GPUs are held for the preemptor (free ones taken now,
         releasing ones claimed); victims' GPUs it does not need join the releasing pool."""
         job = p.job
+        self.version += 1
         victim_gpus: dict[int, int] = {}
         for v in plan.victims:
             self.victims.add(v.job.id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from corral.core.model import Cluster, GpuRequest, NodeState, RunningJob
+from corral.core.model import Cluster, GpuRequest, NodeState, Placement, RunningJob
 
 
 def mask_of(indices: Iterable[int]) -> int:
@@ -32,11 +32,104 @@ def indices_of(mask: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+class ClusterIndex:
+    """The cluster-static part of a FreeGpus index: names, racks, zones, NVLink domain masks,
+    which nodes are eligible, and the answer to every GPU model/memory request seen so far.
+
+    Why: a cycle builds a FreeGpus for every snapshot (and the simulator runs ~100,000 cycles on
+    one unchanged cluster); deriving all of this from the Node objects each time cost more than
+    the scheduling itself. A Cluster is immutable, so this is computed once per cluster and
+    eligibility rule and kept on the cluster (`ClusterIndex.of`): a memo, not state.
+    """
+
+    __slots__ = (
+        "all_masks",
+        "cluster",
+        "dom_counts",
+        "domains",
+        "eligible",
+        "index_of",
+        "match_cache",
+        "max_domain",
+        "max_node",
+        "names",
+        "node_rack",
+        "node_zone",
+        "placement_masks",
+        "rack_nodes",
+        "racks",
+        "single_domain",
+        "zone_nodes",
+        "zones",
+    )
+
+    def __init__(self, cluster: Cluster, eligible_states: frozenset[NodeState]):
+        self.cluster = cluster
+        nodes = cluster.nodes
+        self.names = [n.name for n in nodes]
+        self.index_of = {n.name: i for i, n in enumerate(nodes)}
+        self.racks = sorted({n.rack for n in nodes})
+        self.zones = sorted({n.zone for n in nodes})
+        rack_ix = {r: i for i, r in enumerate(self.racks)}
+        zone_ix = {z: i for i, z in enumerate(self.zones)}
+        self.node_rack = [rack_ix[n.rack] for n in nodes]
+        self.node_zone = [zone_ix[n.zone] for n in nodes]
+        self.eligible = [n.state in eligible_states for n in nodes]
+        self.all_masks = [mask_of(g.index for g in n.gpus) for n in nodes]
+        self.domains = [tuple(mask_of(ix) for ix in n.domains().values()) for n in nodes]
+        self.dom_counts = [tuple(m.bit_count() for m in d) for d in self.domains]
+        self.single_domain = all(len(d) <= 1 for d in self.domains)
+        self.max_node = max((len(n.gpus) for n in nodes), default=0)
+        self.max_domain = max((m.bit_count() for d in self.domains for m in d), default=0)
+        self.rack_nodes: list[list[int]] = [[] for _ in self.racks]
+        self.zone_nodes: list[list[int]] = [[] for _ in self.zones]
+        for i in range(len(nodes)):
+            if self.eligible[i]:
+                self.rack_nodes[self.node_rack[i]].append(i)
+                self.zone_nodes[self.node_zone[i]].append(i)
+        self.match_cache: dict[GpuRequest, tuple[bool, list[int]]] = {}
+        # placement -> per-node masks, by identity (running jobs keep their Placement object
+        # from cycle to cycle); the entry keeps the placement alive so an id is never reused
+        self.placement_masks: dict[int, tuple[Placement, tuple[tuple[int, int], ...]]] = {}
+
+    @classmethod
+    def of(cls, cluster: Cluster, eligible_states: frozenset[NodeState]) -> ClusterIndex:
+        memo = cluster.memo
+        key = ("ClusterIndex", eligible_states)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = cls(cluster, eligible_states)
+        assert isinstance(found, ClusterIndex)
+        return found
+
+    def masks_of(self, placement: Placement) -> tuple[tuple[int, int], ...]:
+        """(node index, GPU mask) per node the placement uses, sorted by node index."""
+        hit = self.placement_masks.get(id(placement))
+        if hit is not None and hit[0] is placement:
+            return hit[1]
+        by_node: dict[int, int] = {}
+        index_of = self.index_of
+        for rank in placement.ranks:
+            i = index_of.get(rank.node)
+            if i is None:
+                raise KeyError(rank.node)
+            m = 0
+            for g in rank.gpus:
+                m |= 1 << g
+            by_node[i] = by_node.get(i, 0) | m
+        masks = tuple(sorted(by_node.items()))
+        if len(self.placement_masks) > 200_000:
+            self.placement_masks.clear()
+        self.placement_masks[id(placement)] = (placement, masks)
+        return masks
+
+
 class FreeGpus:
     """Free GPUs of a cluster as bitmasks, with buckets by free count for fast best-fit.
 
     Only nodes in state READY are eligible for new work (`eligible`); GPUs of other nodes are
-    tracked but never offered. Node order is the cluster's node order.
+    tracked but never offered. Node order is the cluster's node order. The cluster-static part
+    is shared with every other index of the same cluster (`ClusterIndex`).
     """
 
     __slots__ = (
@@ -58,107 +151,120 @@ class FreeGpus:
         "rack_nodes",
         "racks",
         "single_domain",
+        "static",
         "total_free",
         "zone_free",
         "zone_nodes",
         "zones",
     )
 
-    def __init__(self, cluster: Cluster, eligible_states: frozenset[NodeState] = frozenset({NodeState.READY})):
+    def __init__(
+        self,
+        cluster: Cluster,
+        eligible_states: frozenset[NodeState] = frozenset({NodeState.READY}),
+        *,
+        used: Mapping[int, int] | None = None,
+    ):
+        """Every GPU free, except `used` (node index -> mask of GPUs taken)."""
+        st = self.static = ClusterIndex.of(cluster, eligible_states)
         self.cluster = cluster
-        nodes = cluster.nodes
-        self.names = [n.name for n in nodes]
-        self.index_of = {n.name: i for i, n in enumerate(nodes)}
-        self.racks = sorted({n.rack for n in nodes})
-        self.zones = sorted({n.zone for n in nodes})
-        rack_ix = {r: i for i, r in enumerate(self.racks)}
-        zone_ix = {z: i for i, z in enumerate(self.zones)}
-        self.node_rack = [rack_ix[n.rack] for n in nodes]
-        self.node_zone = [zone_ix[n.zone] for n in nodes]
-        self.eligible = [n.state in eligible_states for n in nodes]
-        self.all_masks = [mask_of(g.index for g in n.gpus) for n in nodes]
-        self.domains = [tuple(mask_of(ix) for ix in n.domains().values()) for n in nodes]
-        self.single_domain = all(len(d) <= 1 for d in self.domains)
-        self.max_node = max((len(n.gpus) for n in nodes), default=0)
-        self.max_domain = max((m.bit_count() for d in self.domains for m in d), default=0)
-        self.rack_nodes: list[list[int]] = [[] for _ in self.racks]
-        self.zone_nodes: list[list[int]] = [[] for _ in self.zones]
-        for i in range(len(nodes)):
-            if self.eligible[i]:
-                self.rack_nodes[self.node_rack[i]].append(i)
-                self.zone_nodes[self.node_zone[i]].append(i)
-        self.free = [0] * len(nodes)
-        self.rack_free = [0] * len(self.racks)
-        self.zone_free = [0] * len(self.zones)
-        self.total_free = 0
-        self.node_buckets: list[dict[int, None]] = [{} for _ in range(self.max_node + 1)]
-        self.dom_buckets: list[dict[tuple[int, int], None]] = [{} for _ in range(self.max_domain + 1)]
-        self._match_cache: dict[GpuRequest, tuple[bool, list[int]]] = {}
-        for i in range(len(nodes)):
-            self.free[i] = self.all_masks[i]
-            if self.eligible[i]:
-                c = self.all_masks[i].bit_count()
-                self.total_free += c
-                self.rack_free[self.node_rack[i]] += c
-                self.zone_free[self.node_zone[i]] += c
-                self.node_buckets[c][i] = None
-                for d, dm in enumerate(self.domains[i]):
-                    self.dom_buckets[dm.bit_count()][(i, d)] = None
+        self.names = st.names
+        self.index_of = st.index_of
+        self.racks = st.racks
+        self.zones = st.zones
+        self.node_rack = st.node_rack
+        self.node_zone = st.node_zone
+        self.eligible = st.eligible
+        self.all_masks = st.all_masks
+        self.domains = st.domains
+        self.single_domain = st.single_domain
+        self.max_node = st.max_node
+        self.max_domain = st.max_domain
+        self.rack_nodes = st.rack_nodes
+        self.zone_nodes = st.zone_nodes
+        self._match_cache = st.match_cache
+        self.free = list(st.all_masks)
+        if used:
+            for i, m in used.items():
+                self.free[i] &= ~m
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Totals and buckets from `free`, in node order (so the index depends only on which GPUs
+        are free, never on the order they were taken in)."""
+        st = self.static
+        self.rack_free = [0] * len(st.racks)
+        self.zone_free = [0] * len(st.zones)
+        self.node_buckets: list[dict[int, None]] = [{} for _ in range(st.max_node + 1)]
+        self.dom_buckets: list[dict[tuple[int, int], None]] = [{} for _ in range(st.max_domain + 1)]
+        total = 0
+        free, eligible, domains = self.free, st.eligible, st.domains
+        node_rack, node_zone, rack_free, zone_free = st.node_rack, st.node_zone, self.rack_free, self.zone_free
+        node_buckets, dom_buckets = self.node_buckets, self.dom_buckets
+        for i in range(len(free)):
+            if eligible[i]:
+                f = free[i]
+                c = f.bit_count()
+                total += c
+                rack_free[node_rack[i]] += c
+                zone_free[node_zone[i]] += c
+                node_buckets[c][i] = None
+                doms = domains[i]
+                if len(doms) == 1:
+                    dom_buckets[(f & doms[0]).bit_count()][(i, 0)] = None
+                else:
+                    for d, dm in enumerate(doms):
+                        dom_buckets[(f & dm).bit_count()][(i, d)] = None
+        self.total_free = total
 
     @classmethod
     def from_running(
         cls, cluster: Cluster, running: Iterable[RunningJob], *, skip: frozenset[str] = frozenset()
     ) -> FreeGpus:
         """The free GPUs once every running job (except ids in `skip`) holds its placement."""
-        fi = cls(cluster)
+        st = ClusterIndex.of(cluster, frozenset({NodeState.READY}))
+        all_masks = st.all_masks
+        used: dict[int, int] = {}
         for r in running:
             if r.job.id in skip:
                 continue
-            for rank in r.placement.ranks:
-                i = fi.index_of.get(rank.node)
-                if i is None:
+            try:
+                masks = st.masks_of(r.placement)
+            except KeyError as missing:
+                raise ValueError(
+                    f"running job {r.job.id!r} holds GPUs on node {missing.args[0]!r}, which is not in the "
+                    "cluster; keep lost nodes in Cluster.nodes with state 'lost' until their jobs end"
+                ) from None
+            for i, m in masks:
+                if m & ~all_masks[i]:
                     raise ValueError(
-                        f"running job {r.job.id!r} holds GPUs on node {rank.node!r}, which is not in the "
-                        "cluster; keep lost nodes in Cluster.nodes with state 'lost' until their jobs end"
+                        f"running job {r.job.id!r} holds GPUs {indices_of(m & ~all_masks[i])} that node "
+                        f"{st.names[i]!r} does not have"
                     )
-                m = mask_of(rank.gpus)
-                if m & ~fi.all_masks[i]:
+                u = used.get(i, 0)
+                if m & u:
                     raise ValueError(
-                        f"running job {r.job.id!r} holds GPUs {indices_of(m & ~fi.all_masks[i])} that node "
-                        f"{rank.node!r} does not have"
+                        f"running job {r.job.id!r} holds GPUs {indices_of(m & u)} of node "
+                        f"{st.names[i]!r} that another running job also holds; a GPU has one holder"
                     )
-                if m & ~fi.free[i]:
-                    raise ValueError(
-                        f"running job {r.job.id!r} holds GPUs {indices_of(m & ~fi.free[i])} of node "
-                        f"{rank.node!r} that another running job also holds; a GPU has one holder"
-                    )
-                fi.take(i, m)
-        fi.canonicalize()
-        return fi
+                used[i] = u | m
+        return cls(cluster, used=used)
 
     @classmethod
     def from_mapping(cls, cluster: Cluster, free: Mapping[str, Iterable[int]]) -> FreeGpus:
         """An index where exactly the listed GPUs (node name -> indices) are free."""
-        fi = cls(cluster)
-        for i, name in enumerate(fi.names):
-            keep = mask_of(free.get(name, ())) & fi.all_masks[i]
-            fi.take(i, fi.all_masks[i] & ~keep)
-        fi.canonicalize()
-        return fi
+        st = ClusterIndex.of(cluster, frozenset({NodeState.READY}))
+        used = {i: st.all_masks[i] & ~mask_of(free.get(name, ())) for i, name in enumerate(st.names)}
+        return cls(cluster, used=used)
+
+    def masks_of(self, placement: Placement) -> tuple[tuple[int, int], ...]:
+        """(node index, GPU mask) per node of `placement`, sorted by node index."""
+        return self.static.masks_of(placement)
 
     def canonicalize(self) -> None:
         """Reorder the buckets by node order, so that the index depends only on which GPUs are
         free and not on the order they were taken in (the snapshot's list order is irrelevant)."""
-        for b in self.node_buckets:
-            b.clear()
-        for db in self.dom_buckets:
-            db.clear()
-        for i in range(len(self.names)):
-            if self.eligible[i]:
-                f = self.free[i]
-                self.node_buckets[f.bit_count()][i] = None
-                for d, dm in enumerate(self.domains[i]):
-                    self.dom_buckets[(f & dm).bit_count()][(i, d)] = None
+        self._rebuild()
 
     def as_mapping(self) -> dict[str, tuple[int, ...]]:
         return {n: indices_of(self.free[i]) for i, n in enumerate(self.names) if self.free[i]}

@@ -101,6 +101,9 @@ class Cluster:
 
     nodes: tuple[Node, ...]
     _by_name: dict[str, Node] = field(init=False, repr=False, compare=False, hash=False)
+    # derived indexes of this (immutable) cluster, computed once by their owners (see
+    # gpuset.ClusterIndex): a cache of pure functions of `nodes`, never part of its value
+    memo: dict[object, object] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         by_name: dict[str, Node] = {}
@@ -109,6 +112,7 @@ class Cluster:
                 raise ValueError(f"Cluster.nodes: duplicate node name {n.name!r}; node names must be unique")
             by_name[n.name] = n
         object.__setattr__(self, "_by_name", by_name)
+        object.__setattr__(self, "memo", {})
 
     def node(self, name: str) -> Node:
         return self._by_name[name]
@@ -249,10 +253,11 @@ class Placement:
     """Where every rank of a gang runs; a placement always covers the whole gang."""
 
     ranks: tuple[RankPlacement, ...]
+    # counted once: preemption and quota accounting ask for it thousands of times per cycle
+    gpu_count: int = field(init=False, repr=False, compare=False, hash=False)
 
-    @property
-    def gpu_count(self) -> int:
-        return sum(len(r.gpus) for r in self.ranks)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpu_count", sum(len(r.gpus) for r in self.ranks))
 
     def nodes(self) -> tuple[str, ...]:
         return tuple(sorted({r.node for r in self.ranks}))

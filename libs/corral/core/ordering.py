@@ -9,6 +9,7 @@ baselines the simulator compares against.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 from corral.core.model import OrderPolicy, PendingJob, QueueConfig, SchedulerConfig, Snapshot
@@ -30,9 +31,16 @@ def tree_for(snapshot: Snapshot, config: SchedulerConfig) -> QueueTree:
 
 
 def order_pending(
-    snapshot: Snapshot, config: SchedulerConfig = SchedulerConfig(), *, tree: QueueTree | None = None
+    snapshot: Snapshot,
+    config: SchedulerConfig = SchedulerConfig(),
+    *,
+    tree: QueueTree | None = None,
+    usage: QueueUsage | None = None,
 ) -> list[PendingJob]:
-    """Pending jobs in the order the cycle considers them (deterministic for a given snapshot)."""
+    """Pending jobs in the order the cycle considers them (deterministic for a given snapshot).
+
+    `tree` and `usage` may be passed when the caller has them for this snapshot (not copied
+    back: `usage` is left unchanged)."""
     pending = list(snapshot.pending)
     if config.order is OrderPolicy.FIFO:
         return sorted(pending, key=lambda p: (p.job.submit_time, p.job.id))
@@ -41,10 +49,19 @@ def order_pending(
     if config.order is OrderPolicy.LAS:
         return sorted(pending, key=lambda p: (p.attained_gpu_seconds, p.job.submit_time, p.job.id))
     tree = tree if tree is not None else tree_for(snapshot, config)
-    return _fair_share_order(tree, QueueUsage.of(tree, snapshot.running), pending)
+    return _fair_share_order(tree, usage if usage is not None else QueueUsage.of(tree, snapshot.running), pending)
 
 
 def _fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list[PendingJob]) -> list[PendingJob]:
+    """Walk the tree from the root, at every level taking the candidate with the smallest
+    (share key, best job key, name) -- a child subtree that has waiting jobs, or the node's own
+    jobs -- then charge the job's GPUs to its queue and repeat.
+
+    Each tree node keeps a heap of its candidates with lazily discarded stale entries: taking a
+    job changes only the keys on its queue's path to the root, so one step costs
+    O(depth x log(children)) instead of a scan of every sibling (a Philly cycle orders ~1,000
+    jobs over 12 queues; the scan made ordering the most expensive part of the cycle).
+    """
     usage = usage.copy()
     unknown = sorted((p for p in pending if not tree.known(p.job.queue)), key=lambda p: (p.job.submit_time, p.job.id))
     by_queue: dict[str, list[PendingJob]] = {}
@@ -56,23 +73,45 @@ def _fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list[PendingJ
     for q, js in heads.items():
         for a in tree.path(q):
             waiting[a] = waiting.get(a, 0) + len(js)
+    heaps: dict[str, list[tuple[tuple[tuple[int, float], tuple[int, float, str], str], str]]] = {}
+    current: dict[tuple[str, str], tuple[tuple[int, float], tuple[int, float, str], str]] = {}
+    best: dict[str, tuple[int, float, str]] = {}  # best job key anywhere in a subtree with waiting jobs
+
+    def offer(owner: str, cand: str, key: tuple[tuple[int, float], tuple[int, float, str], str]) -> None:
+        if current.get((owner, cand)) != key:
+            current[(owner, cand)] = key
+            heapq.heappush(heaps.setdefault(owner, []), (key, cand))
+
+    def refresh(q: str) -> None:
+        """Recompute q's own entry, its best job key and its entry in its parent's heap."""
+        own = heads.get(q)
+        share = share_key(tree, usage, q)
+        if own:
+            offer(q, q, (share, _in_queue_key(own[0]), q))
+        else:
+            current.pop((q, q), None)
+        parent = tree.parent(q)
+        if waiting.get(q, 0) > 0:
+            keys = [_in_queue_key(own[0])] if own else []
+            keys.extend(best[c] for c in tree.children.get(q, ()) if waiting.get(c, 0) > 0)
+            best[q] = min(keys)
+            offer(parent, q, (share, best[q], q))
+        else:
+            best.pop(q, None)
+            current.pop((parent, q), None)
+
+    for q in sorted(waiting, key=lambda n: -n.count("/")):  # leaves before their ancestors
+        refresh(q)
+
     out: list[PendingJob] = []
     remaining = sum(len(js) for js in heads.values())
     while remaining:
         node = ROOT
         while True:
-            best: tuple[tuple[int, float], tuple[int, float, str], str] | None = None
-            choice: str | None = None
-            own = heads.get(node)
-            if own:
-                best = (share_key(tree, usage, node), _in_queue_key(own[0]), node)
-                choice = node
-            for c in tree.children[node]:
-                if waiting.get(c, 0) > 0:
-                    key = (share_key(tree, usage, c), _in_queue_key(_head(heads, tree, c)), c)
-                    if best is None or key < best:
-                        best, choice = key, c
-            assert choice is not None
+            heap = heaps[node]
+            while current.get((node, heap[0][1])) != heap[0][0]:
+                heapq.heappop(heap)  # stale: the candidate's key changed or it has no jobs left
+            choice = heap[0][1]
             if choice == node:
                 break
             node = choice
@@ -82,18 +121,6 @@ def _fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list[PendingJ
         usage.add(node, p.job.total_gpus)
         for a in tree.path(node):
             waiting[a] -= 1
+        for a in tree.path(node):
+            refresh(a)
     return out + unknown
-
-
-def _head(heads: dict[str, deque[PendingJob]], tree: QueueTree, queue: str) -> PendingJob:
-    """The best job waiting anywhere in `queue`'s subtree (used only to break share ties)."""
-    best: PendingJob | None = None
-    stack = [queue]
-    while stack:
-        q = stack.pop()
-        h = heads.get(q)
-        if h and (best is None or _in_queue_key(h[0]) < _in_queue_key(best)):
-            best = h[0]
-        stack.extend(tree.children.get(q, ()))
-    assert best is not None
-    return best

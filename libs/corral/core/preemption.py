@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from corral.core.decisions import Reason, ReasonCode
-from corral.core.gpuset import FreeGpus, Statement, mask_of
+from corral.core.gpuset import FreeGpus, Statement
 from corral.core.model import (
     Job,
     OrderPolicy,
@@ -136,13 +136,8 @@ class _ReclaimCache:
         return e
 
 
-def _masks(fi: FreeGpus, r: RunningJob) -> list[tuple[int, int]]:
-    by_node: dict[int, int] = {}
-    for rank in r.placement.ranks:
-        i = fi.index_of.get(rank.node)
-        if i is not None:
-            by_node[i] = by_node.get(i, 0) | mask_of(rank.gpus)
-    return sorted(by_node.items())
+def _masks(fi: FreeGpus, r: RunningJob) -> tuple[tuple[int, int], ...]:
+    return fi.masks_of(r.placement)
 
 
 def _release(stmt: Statement, fi: FreeGpus, masks: Iterable[tuple[int, int]]) -> None:
@@ -253,9 +248,9 @@ def _search(
     job = pending.job
     now = snapshot.now
     need = job.total_gpus
-    mask_cache: dict[str, list[tuple[int, int]]] = {}
+    mask_cache: dict[str, tuple[tuple[int, int], ...]] = {}
 
-    def masks(r: RunningJob) -> list[tuple[int, int]]:
+    def masks(r: RunningJob) -> tuple[tuple[int, int], ...]:
         m = mask_cache.get(r.job.id)
         if m is None:
             m = mask_cache[r.job.id] = _masks(fi, r)

@@ -29,7 +29,7 @@ ROOT = ""
 class QueueTree:
     """Configured queues plus implicit ancestors, with parent/children links."""
 
-    __slots__ = ("capacity", "children", "configs", "guarantee", "paths")
+    __slots__ = ("capacity", "ceilings", "children", "configs", "guarantee", "limited", "paths")
 
     def __init__(self, queues: Iterable[QueueConfig], capacity: int):
         self.capacity = capacity
@@ -55,6 +55,14 @@ class QueueTree:
             )
         self.guarantee[ROOT] = capacity
         self.paths: dict[str, tuple[str, ...]] = {}
+        # per queue: whether any sibling sets a lend_limit (if none, borrowing there is limited
+        # only by free capacity), and the ceilings on its path; asked for every pending job
+        self.limited: dict[str, bool] = {
+            q: any(self.lend_limit(s) != math.inf for s in self.children[self.parent(q)] if s != q)
+            for q in self.guarantee
+            if q != ROOT
+        }
+        self.ceilings: dict[str, tuple[tuple[str, int], ...]] = {}
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> QueueTree:
@@ -75,6 +83,15 @@ class QueueTree:
             p = tuple("/".join(parts[:n]) for n in range(len(parts), 0, -1))
             self.paths[name] = p
         return p
+
+    def ceilings_of(self, name: str) -> tuple[tuple[str, int], ...]:
+        """(queue, max_gpus) for every queue on the path that has a ceiling, leaf first."""
+        c = self.ceilings.get(name)
+        if c is None:
+            c = self.ceilings[name] = tuple(
+                (q, m) for q in self.path(name) if (m := self.max_gpus(q)) is not None
+            )
+        return c
 
     def max_gpus(self, name: str) -> int | None:
         cfg = self.configs.get(name)
@@ -106,9 +123,19 @@ class QueueUsage:
 
     @classmethod
     def of(cls, tree: QueueTree, running: Iterable[RunningJob]) -> QueueUsage:
+        held: dict[str, int] = {}
+        leaving: dict[str, int] = {}
+        for r in running:  # per leaf first, then up the tree once per queue
+            job = r.job
+            g = r.placement.gpu_count
+            held[job.queue] = held.get(job.queue, 0) + g
+            if r.preempting:
+                leaving[job.queue] = leaving.get(job.queue, 0) + g
         u = cls(tree)
-        for r in running:
-            u.add(r.job.queue, r.placement.gpu_count, active=not r.preempting)
+        for q, g in held.items():
+            u.add(q, g - leaving.get(q, 0))
+            if q in leaving:
+                u.add(q, leaving[q], active=False)
         return u
 
     def add(self, queue: str, gpus: int, *, active: bool = True) -> None:
@@ -165,10 +192,9 @@ def quota_check(
             (("queue", job.queue),),
         )
     path = tree.path(job.queue)
-    for q in path:
-        ceiling = tree.max_gpus(q)
+    for q, ceiling in tree.ceilings_of(job.queue):
         used = usage.held.get(q, 0)
-        if ceiling is not None and used + g > ceiling:
+        if used + g > ceiling:
             return Reason(
                 ReasonCode.MAX_GPUS_EXCEEDED,
                 f"queue {q} uses {used} of max {ceiling} GPUs; job needs {g} more",
@@ -183,9 +209,9 @@ def quota_check(
         over_after = max(0, used + g - guar)
         if over_after == over_before:
             continue
-        parent = tree.parent(q)
-        if not any(tree.lend_limit(s) != math.inf for s in tree.children[parent] if s != q):
+        if not tree.limited[q]:
             continue  # siblings lend all they do not use: only capacity (placement) limits borrowing
+        parent = tree.parent(q)
         lends = 0.0
         borrowed = 0
         for s in tree.children[parent]:
