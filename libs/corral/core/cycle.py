@@ -32,15 +32,24 @@ from corral.core.model import (
     SchedulerConfig,
     Snapshot,
 )
-from corral.core.ordering import order_pending, tree_for
+from corral.core.ordering import iter_pending, tree_for
 from corral.core.placement import find_placement, idle_index, static_feasibility
 from corral.core.preemption import PreemptionPlan, plan_preemption, statically_eligible, victim_cost_key
 from corral.core.quota import QueueUsage, quota_check, within_guarantee
 
 
-def schedule(snapshot: Snapshot, config: SchedulerConfig = SchedulerConfig()) -> list[Decision]:
-    """One decision per pending job, in the order they were considered; pure and deterministic."""
-    return _Cycle(snapshot, config).run()
+def schedule(
+    snapshot: Snapshot, config: SchedulerConfig = SchedulerConfig(), *, explain: bool = True
+) -> list[Decision]:
+    """One decision per pending job, in the order they were considered; pure and deterministic.
+
+    `explain=False` returns only the actions (Place and Preempt), exactly those of the full
+    cycle, and stops as soon as no job left in the order can get one: every remaining job
+    belongs to a class (see `_Cycle._class_of`) that already got its Pending answer since the
+    cycle's state last changed. The simulator uses it; services that publish reasons do not.
+    """
+    cycle = _Cycle(snapshot, config)
+    return cycle.run() if explain else cycle.actions()
 
 
 # reasons that name the job itself or record GPUs held for it: never shared with other jobs
@@ -111,11 +120,54 @@ class _Cycle:
         self.las = config.order is OrderPolicy.LAS
 
     def run(self) -> list[Decision]:
-        return [self.decide(p) for p in order_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage)]
+        return [self.decide(p) for p in iter_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage)]
+
+    def actions(self) -> list[Decision]:
+        """The Place and Preempt decisions of `run()`, without deciding jobs that cannot act.
+
+        Live classes are those with jobs still ahead in the order; `resolved` holds the live
+        classes answered Pending at the current state version. When every live class is resolved
+        (and no job without a class is left), the rest of the order would only repeat answers.
+        """
+        live: dict[tuple[object, ...] | None, int] = {}
+        keys: dict[str, tuple[object, ...] | None] = {}
+        for p in self.snapshot.pending:
+            k = keys[p.job.id] = self._class_of(p)
+            live[k] = live.get(k, 0) + 1
+        resolved: set[tuple[object, ...]] = set()
+        seen = self.version
+        out: list[Decision] = []
+        for p in iter_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage):
+            if self.blocker is not None:
+                break  # strict order: everything behind the blocked job waits
+            if self.version != seen:
+                resolved.clear()
+                seen = self.version
+            if len(resolved) == len(live) and None not in live:
+                break
+            k = keys[p.job.id]
+            d = self.decide(p, k)
+            if not isinstance(d, Pending):
+                out.append(d)
+            left = live[k] - 1
+            if left:
+                live[k] = left
+            else:
+                del live[k]
+                resolved.discard(k)  # type: ignore[arg-type]
+            if self.version != seen:
+                resolved.clear()
+                seen = self.version
+            elif left and k is not None:
+                hit = self.classes.get(k)
+                if hit is not None and hit[0] == seen:
+                    resolved.add(k)
+        return out
 
     # -- one job ----------------------------------------------------------------------------------
 
-    def decide(self, p: PendingJob) -> Decision:
+    def decide(self, p: PendingJob, key: tuple[object, ...] | bool | None = True) -> Decision:
+        """`key` is the job's class when the caller has it (True: compute it here)."""
         if self.blocker is not None:
             # strict order: nothing changes after the first blocked job, so one reason serves all
             if self.behind is None:
@@ -127,8 +179,9 @@ class _Cycle:
                     (("blocked_by", b.id), ("needs_gpus", b.total_gpus), ("free_gpus", self.fi.total_free)),
                 )
             return Pending(p.job.id, self.behind)
-        key = self._class_of(p)
-        if key is not None:
+        if key is True:
+            key = self._class_of(p)
+        if key is not None and key is not False:
             hit = self.classes.get(key)
             if hit is not None and hit[0] == self.version:
                 if hit[2]:
@@ -137,7 +190,7 @@ class _Cycle:
         version, starved = self.version, self.starved
         decision = self._decide(p)
         if (
-            key is not None
+            isinstance(key, tuple)
             and isinstance(decision, Pending)
             and self.version == version
             and decision.reason.code not in _PER_JOB_REASONS

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterator
 
 from corral.core.model import OrderPolicy, PendingJob, QueueConfig, SchedulerConfig, Snapshot
 from corral.core.quota import ROOT, QueueTree, QueueUsage, share_key
@@ -48,11 +49,26 @@ def order_pending(
         return sorted(pending, key=_in_queue_key)
     if config.order is OrderPolicy.LAS:
         return sorted(pending, key=lambda p: (p.attained_gpu_seconds, p.job.submit_time, p.job.id))
+    return list(iter_pending(snapshot, config, tree=tree, usage=usage))
+
+
+def iter_pending(
+    snapshot: Snapshot,
+    config: SchedulerConfig = SchedulerConfig(),
+    *,
+    tree: QueueTree | None = None,
+    usage: QueueUsage | None = None,
+) -> Iterator[PendingJob]:
+    """`order_pending`, lazily: a cycle that can stop early does not pay for the rest of the order."""
+    pending = list(snapshot.pending)
+    if config.order is not OrderPolicy.FAIR_SHARE:
+        yield from order_pending(snapshot, config)
+        return
     tree = tree if tree is not None else tree_for(snapshot, config)
-    return _fair_share_order(tree, usage if usage is not None else QueueUsage.of(tree, snapshot.running), pending)
+    yield from _fair_share_order(tree, usage if usage is not None else QueueUsage.of(tree, snapshot.running), pending)
 
 
-def _fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list[PendingJob]) -> list[PendingJob]:
+def _fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list[PendingJob]) -> Iterator[PendingJob]:
     """Walk the tree from the root, at every level taking the candidate with the smallest
     (share key, best job key, name) -- a child subtree that has waiting jobs, or the node's own
     jobs -- then charge the job's GPUs to its queue and repeat.
@@ -103,7 +119,6 @@ def _fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list[PendingJ
     for q in sorted(waiting, key=lambda n: -n.count("/")):  # leaves before their ancestors
         refresh(q)
 
-    out: list[PendingJob] = []
     remaining = sum(len(js) for js in heads.values())
     while remaining:
         node = ROOT
@@ -116,11 +131,11 @@ def _fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list[PendingJ
                 break
             node = choice
         p = heads[node].popleft()
-        out.append(p)
+        yield p
         remaining -= 1
         usage.add(node, p.job.total_gpus)
         for a in tree.path(node):
             waiting[a] -= 1
         for a in tree.path(node):
             refresh(a)
-    return out + unknown
+    yield from unknown

@@ -148,10 +148,15 @@ class Simulator:
         `skip_futile_cycles=False` runs every cycle (to prove that skipping changes nothing)."""
         self._progress = progress
         self._progress_every = progress_every
+        self._actions: Scheduler
         if scheduler is None:
             from corral.core import schedule as core_schedule
 
             scheduler = core_schedule
+            # the replay applies only actions: the core may skip explaining jobs that stay pending
+            self._actions = lambda snapshot, config: core_schedule(snapshot, config, explain=False)
+        else:
+            self._actions = scheduler
         self._schedule: Scheduler = scheduler
         self._workload = workload
         self._cluster = cluster
@@ -338,7 +343,7 @@ class Simulator:
         )
         self.stats.max_pending = max(self.stats.max_pending, len(self._pending))
         started = time.perf_counter()
-        decisions = self._schedule(snapshot, self._config)
+        decisions = self._actions(snapshot, self._config)
         self.stats.schedule_seconds += time.perf_counter() - started
         self.stats.cycles += 1
         if self._progress is not None and self.stats.cycles % self._progress_every == 0:

@@ -4,7 +4,8 @@ Why: to replay a 52,849-job trace quickly, the core orders pending jobs with per
 answers every job of an already-decided class from a cache (see `cycle._Cycle.decide`). These
 properties drive the same random clusters, queue trees and job streams as the invariant tests and
 compare, on every cycle, the fast answer with the plain one: the fair-share order against a
-straightforward walk of the tree, and the decisions against a cycle that decides every job in full.
+straightforward walk of the tree, the decisions against a cycle that decides every job in full,
+and `schedule(explain=False)` (which stops early) against the actions of the full cycle.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections import deque
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.core import PendingJob, SchedulerConfig, Snapshot
+from corral.core import Pending, PendingJob, SchedulerConfig, Snapshot, schedule
 from corral.core.cycle import _Cycle
 from corral.core.ordering import order_pending, tree_for
 from corral.core.quota import ROOT, QueueTree, QueueUsage, share_key
@@ -77,6 +78,7 @@ def _same_order(snap: Snapshot, config: SchedulerConfig, decisions: object) -> N
 
 def _same_decisions(snap: Snapshot, config: SchedulerConfig, decisions: list[object]) -> None:
     assert decisions == _PlainCycle(snap, config).run()
+    assert schedule(snap, config, explain=False) == [d for d in decisions if not isinstance(d, Pending)]
 
 
 @SETTINGS
@@ -89,7 +91,7 @@ def test_fair_share_order_is_the_tree_walk_of_its_definition(data, seed):
 
 @SETTINGS
 @given(data=st.data(), policy=st.sampled_from(POLICIES), seed=st.integers(0, 2**16))
-def test_answering_a_job_from_its_class_decides_what_deciding_it_in_full_does(data, policy, seed):
+def test_class_answers_and_the_actions_only_cycle_decide_what_deciding_every_job_does(data, policy, seed):
     cluster = data.draw(clusters())
     queues = data.draw(queue_trees(max(cluster.usable_gpus, 1)))
     simulate(cluster, queues, SchedulerConfig.named(policy), seed, cycles=12, simple=False, check=_same_decisions)
