@@ -48,12 +48,57 @@ def schedule(
     belongs to a class (see `_Cycle._class_of`) that already got its Pending answer since the
     cycle's state last changed. The simulator uses it; services that publish reasons do not.
     """
+    if len(_CLASS_OF) > 200_000:  # between cycles only: ids are compared within one cycle
+        _CLASS_OF.clear()
+        _CLASS_IDS.clear()
     cycle = _Cycle(snapshot, config)
     return cycle.run() if explain else cycle.actions()
 
 
+class _WouldChange(Exception):
+    """A probe (a dry decision, see `_Cycle.probe`) reached a step that would change the cycle's state."""
+
+
+# how many jobs in a row must leave the state unchanged before `actions` probes the other classes
+_QUIET_BEFORE_PROBING = 8
+
 # reasons that name the job itself or record GPUs held for it: never shared with other jobs
 _PER_JOB_REASONS = frozenset({ReasonCode.RESERVED_FOR, ReasonCode.WAITING_FOR_PREEMPTION})
+
+
+_CLASS_IDS: dict[tuple[object, ...], int] = {}
+_CLASS_OF: dict[int, tuple[PendingJob, int]] = {}
+
+
+def class_id(p: PendingJob) -> int:
+    """A small int naming the pending job's class; equal for jobs whose decisions read the same.
+
+    A memo of a pure function: the engine and the services keep their PendingJob objects from
+    cycle to cycle, so the key (whose Topology and GpuRequest hash in Python, not C) is built
+    and hashed once per job instead of once per job per cycle. Entries keep their PendingJob
+    alive, so an id() is never reused while it is in the table. Ids are only compared within
+    one cycle, so clearing the tables between cycles is harmless.
+    """
+    hit = _CLASS_OF.get(id(p))
+    if hit is not None and hit[0] is p:
+        return hit[1]
+    job = p.job
+    key = (
+        job.queue,
+        job.replicas,
+        job.gpus_per_replica,
+        job.topology,
+        job.gpu,
+        job.priority,
+        job.estimated_runtime_seconds,
+        p.preempted_by,
+        p.attained_gpu_seconds,
+    )
+    n = _CLASS_IDS.get(key)
+    if n is None:
+        n = _CLASS_IDS[key] = len(_CLASS_IDS)
+    _CLASS_OF[id(p)] = (p, n)
+    return n
 
 
 def _shape(job: Job) -> tuple[object, ...]:
@@ -116,8 +161,8 @@ class _Cycle:
         # the first of them was decided. `version` counts those changes; a busy cycle decides
         # ~1,000 waiting jobs of a few classes, and this makes all but the first of each O(1).
         self.version = 0
-        self.classes: dict[tuple[object, ...], tuple[int, Reason, bool]] = {}
-        self.las = config.order is OrderPolicy.LAS
+        self.classes: dict[int, tuple[int, Reason, bool]] = {}
+        self.dry = False  # while probing a class out of order (see `actions`): change nothing
 
     def run(self) -> list[Decision]:
         return [self.decide(p) for p in iter_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage)]
@@ -128,25 +173,42 @@ class _Cycle:
         Live classes are those with jobs still ahead in the order; `resolved` holds the live
         classes answered Pending at the current state version. When every live class is resolved
         (and no job without a class is left), the rest of the order would only repeat answers.
+        A class is resolved by its first job in the order, or earlier by a probe: once the state
+        has not changed for a while, each unresolved class is decided once out of order, dry
+        (see `probe`); the classes of over-share queues, last in the fair-share order, are
+        resolved without walking every job ahead of them.
         """
-        live: dict[tuple[object, ...] | None, int] = {}
-        keys: dict[str, tuple[object, ...] | None] = {}
+        live: dict[int | None, int] = {}
+        sample: dict[int, PendingJob] = {}
+        keys: dict[str, int | None] = {}
         for p in self.snapshot.pending:
             k = keys[p.job.id] = self._class_of(p)
             live[k] = live.get(k, 0) + 1
-        resolved: set[tuple[object, ...]] = set()
+            if k is not None and k not in sample:
+                sample[k] = p
+        resolved: set[int] = set()
         seen = self.version
+        quiet = 0  # jobs decided since the state last changed
+        probed = -1  # the version the probes last ran at
         out: list[Decision] = []
         for p in iter_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage):
             if self.blocker is not None:
                 break  # strict order: everything behind the blocked job waits
             if self.version != seen:
                 resolved.clear()
-                seen = self.version
+                seen, quiet = self.version, 0
+            if quiet >= _QUIET_BEFORE_PROBING and probed != seen and None not in live:
+                probed = seen
+                for k in live:
+                    if k not in resolved and k is not None and self.probe(sample[k], k):
+                        resolved.add(k)
+                    elif k not in resolved:
+                        break
             if len(resolved) == len(live) and None not in live:
                 break
             k = keys[p.job.id]
             d = self.decide(p, k)
+            quiet += 1
             if not isinstance(d, Pending):
                 out.append(d)
             left = live[k] - 1
@@ -157,16 +219,35 @@ class _Cycle:
                 resolved.discard(k)  # type: ignore[arg-type]
             if self.version != seen:
                 resolved.clear()
-                seen = self.version
+                seen, quiet = self.version, 0
             elif left and k is not None:
                 hit = self.classes.get(k)
                 if hit is not None and hit[0] == seen:
                     resolved.add(k)
         return out
 
+    def probe(self, p: PendingJob, key: int) -> bool:
+        """Decide `p` out of order without changing anything; True when its class's answer is now
+        known for the current state (a Pending shared by the class). The answer is the one any
+        job of the class would get at this state version, wherever it stands in the order."""
+        hit = self.classes.get(key)
+        if hit is not None and hit[0] == self.version:
+            return True
+        starved, starved_for = self.starved, self.starved_for
+        self.dry = True
+        try:
+            self.decide(p, key)
+        except _WouldChange:
+            return False
+        finally:
+            self.dry = False
+            self.starved, self.starved_for = starved, starved_for
+        hit = self.classes.get(key)
+        return hit is not None and hit[0] == self.version
+
     # -- one job ----------------------------------------------------------------------------------
 
-    def decide(self, p: PendingJob, key: tuple[object, ...] | bool | None = True) -> Decision:
+    def decide(self, p: PendingJob, key: int | bool | None = True) -> Decision:
         """`key` is the job's class when the caller has it (True: compute it here)."""
         if self.blocker is not None:
             # strict order: nothing changes after the first blocked job, so one reason serves all
@@ -182,6 +263,7 @@ class _Cycle:
         if key is True:
             key = self._class_of(p)
         if key is not None and key is not False:
+            assert isinstance(key, int)
             hit = self.classes.get(key)
             if hit is not None and hit[0] == self.version:
                 if hit[2]:
@@ -190,7 +272,9 @@ class _Cycle:
         version, starved = self.version, self.starved
         decision = self._decide(p)
         if (
-            isinstance(key, tuple)
+            key is not None
+            and key is not True
+            and key is not False
             and isinstance(decision, Pending)
             and self.version == version
             and decision.reason.code not in _PER_JOB_REASONS
@@ -198,23 +282,13 @@ class _Cycle:
             self.classes[key] = (version, decision.reason, self.starved != starved)
         return decision
 
-    def _class_of(self, p: PendingJob) -> tuple[object, ...] | None:
-        """Everything about a pending job that its decision reads, except its id and its place
-        in the order; None for a job that earlier preempted a running one (its answers are its own)."""
-        job = p.job
-        if job.id in self.preemptors:
+    def _class_of(self, p: PendingJob) -> int | None:
+        """The job's class: everything about a pending job that its decision reads, except its id
+        and its place in the order (as a small int, see `class_id`); None for a job that earlier
+        preempted a running one (its answers are its own)."""
+        if p.job.id in self.preemptors:
             return None
-        return (
-            job.queue,
-            job.replicas,
-            job.gpus_per_replica,
-            job.topology,
-            job.gpu,
-            job.priority,
-            job.estimated_runtime_seconds,
-            p.preempted_by,
-            p.attained_gpu_seconds if self.las else 0.0,
-        )
+        return class_id(p)
 
     def _starve(self, job: Job) -> None:
         """A guaranteed job is starved: borrowers may not take the free GPUs it is owed."""
@@ -243,6 +317,8 @@ class _Cycle:
                 found = find_placement(self.cluster, self.fi, job)
             if isinstance(found, Placement):
                 held = self._held_for_guarantee(p)
+                if self.dry:
+                    raise _WouldChange
                 return held if held is not None else self._place(p, found)
             # free GPUs only shrink during a cycle: the same shape cannot fit later either
             self.no_fit.add((shape, avoid))
@@ -286,6 +362,8 @@ class _Cycle:
         if self.config.quotas and within_guarantee(self.tree, self.usage, job.queue, job.total_gpus):
             self._starve(job)
         if self.config.backfill and self.reservation is None:
+            if self.dry:
+                raise _WouldChange
             self.version += 1
             self.reservation = reserve(
                 self.fi,
@@ -304,6 +382,8 @@ class _Cycle:
                     (*reason.details, ("reserved_gpus", r.gpus), ("shadow_time", r.shadow_time)),
                 )
         elif self.strict:
+            if self.dry:
+                raise _WouldChange
             self.version += 1
             self.blocker = p
         return Pending(job.id, reason)
@@ -400,6 +480,8 @@ class _Cycle:
         if not isinstance(found, Placement):
             self.no_release_fit.add(_shape(job))
             return None
+        if self.dry:
+            raise _WouldChange
         coming = 0
         self.version += 1
         for i, m in releases_of(found, self.fi):
@@ -496,6 +578,8 @@ class _Cycle:
     def _preempt(self, p: PendingJob, plan: PreemptionPlan) -> Preempt:
         """Commit a plan: the placement's GPUs are held for the preemptor (free ones taken now,
         releasing ones claimed); victims' GPUs it does not need join the releasing pool."""
+        if self.dry:
+            raise _WouldChange
         job = p.job
         self.version += 1
         victim_gpus: dict[int, int] = {}

@@ -1,8 +1,9 @@
 """FreeGpus: an index of free GPUs per node, NVLink domain, rack and zone, and a Statement journal.
 
 Placement runs thousands of times per cycle, so free GPUs are bitmasks per node and nodes are
-bucketed by free count (dict buckets keep insertion order, so picks are deterministic without
-sorting). Rack/zone/cluster free totals answer "can it fit at all?" in O(1) before any scan.
+bucketed by free count; placement takes the first node in node order from a bucket, so its choice
+depends only on which GPUs are free, never on the order of earlier takes and rollbacks.
+Rack/zone/cluster free totals answer "can it fit at all?" in O(1) before any scan.
 A `Statement` records allocations and releases so that a tentative gang allocation or a
 preemption simulation can be rolled back exactly (Volcano's Statement, without the I/O).
 """

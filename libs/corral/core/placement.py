@@ -161,7 +161,9 @@ def _in_one_domain(req: _Request) -> list[tuple[int, int]] | None:
     fi, total = req.fi, req.total
     if req.all_match:
         for c in range(total, fi.max_domain + 1):
-            for i, d in fi.dom_buckets[c]:
+            if fi.dom_buckets[c]:
+                # the first in node order: the choice depends only on which GPUs are free
+                i, d = min(fi.dom_buckets[c])
                 req.only = (i, fi.domains[i][d])
                 return [(i, req.replicas)]
         return None
@@ -184,8 +186,13 @@ def _in_one_node(req: _Request) -> list[tuple[int, int]] | None:
     fi, total = req.fi, req.total
     if req.all_match:
         for c in range(total, fi.max_node + 1):
-            for i in fi.node_buckets[c]:
-                if not req.nvlink_replica or node_slots(req, i) >= req.replicas:
+            bucket = fi.node_buckets[c]
+            if not bucket:
+                continue
+            if not req.nvlink_replica:
+                return [(min(bucket), req.replicas)]  # first in node order, as above
+            for i in sorted(bucket):
+                if node_slots(req, i) >= req.replicas:
                     return [(i, req.replicas)]
         return None
     best: tuple[int, int] | None = None
