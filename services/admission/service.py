@@ -11,7 +11,7 @@ scheduled is rejected now instead of pending forever.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -33,11 +33,44 @@ class Admission(Service):
     events = ("NodeRegistered", "QueueConfigured")
 
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
-        tracking = Tracking("admission", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
+        tracking = self._tracking(delivery)
         if isinstance(event, ev.JobSubmitted):
             await self._admit(event, tracking)
         elif isinstance(event, ev.JobCancelRequested):
             await self._cancel(event, tracking)
+
+    async def handle_inbox_batch(self, items: Sequence[tuple[Event, Delivery]]) -> list[BaseException | None]:
+        """Every submission of a fetched batch judged and appended in ONE commit (a commit per
+        submission was admission's limit under a stream of them). A batch with a cancellation in it
+        is handled one by one, in order, as before."""
+        submits = [i for i, (event, _) in enumerate(items) if isinstance(event, ev.JobSubmitted)]
+        if len(submits) < 2 or len(submits) != len(items):
+            return await super().handle_inbox_batch(items)
+        batches: dict[str, list[Event]] = {}
+        trackings: list[Tracking] = []
+        seen: set[str] = set()
+        for i in submits:
+            submitted, delivery = items[i]
+            assert isinstance(submitted, ev.JobSubmitted)
+            trackings.append(self._tracking(delivery))
+            stream = job_stream(submitted.job_id)
+            if submitted.stream != stream:
+                submitted = msgspec.structs.replace(submitted, stream=stream)
+            submission = submitted.submission_id or submitted.spec.submission_id
+            if (stream in batches or self.view.versions.get(stream, 0) > 0
+                    or (submission and (submission in self.view.submissions or submission in seen))):
+                log.info("job %s already submitted; duplicate ignored", submitted.job_id)
+                continue  # its tracking row only
+            if submission:
+                seen.add(submission)
+            batches[stream] = [submitted, self.judge(submitted)]
+        if await self.append_handled(batches, trackings):
+            return [None] * len(items)
+        return await super().handle_inbox_batch(items)
+
+    @staticmethod
+    def _tracking(delivery: Delivery) -> Tracking:
+        return Tracking("admission", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
 
     async def _admit(self, submitted: ev.JobSubmitted, tracking: Tracking) -> None:
         stream = job_stream(submitted.job_id)

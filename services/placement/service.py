@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -55,6 +57,20 @@ class Placement(Service):
         self.master_addr = os.environ.get("CORRAL_MASTER_ADDR", "127.0.0.1")
         self.heartbeats: dict[str, float] = {}
         self.started_at = self.clock()
+        self._place_dirty = True
+        self._placed_at = float("-inf")
+
+    #: Events after which the placement cycle may decide differently: a job starts or stops
+    #: waiting for GPUs, GPUs are freed, nodes come or go. The cycle looks at every waiting job,
+    #: so it is skipped while none of these happened (and rerun at least every tick regardless).
+    place_triggers = frozenset({
+        "QuotaReserved", "QuotaReleased", "JobRequeued", "GangReleased", "JobCancelled", "JobCompleted",
+        "JobFailed", "NodeRegistered", "NodeLost", "QueueConfigured", "PreemptRequested",
+    })
+
+    def folded(self, event: Event) -> None:
+        if event.type in self.place_triggers:
+            self._place_dirty = True
 
     # ---- inputs ------------------------------------------------------------------------------
     async def started(self) -> None:
@@ -67,8 +83,32 @@ class Placement(Service):
 
         await self.bus.nc.subscribe(Subjects(ns).heartbeat_wildcard, cb=on_heartbeat)
 
+    async def handle_inbox_batch(self, items: Sequence[tuple[Event, Delivery]]) -> list[BaseException | None]:
+        """The workers' reports of a fetched batch recorded in ONE commit (a commit per report was
+        the lifecycle's limit under load: each job sends at least a start and an exit). Node
+        registrations, rare, make the batch go one by one, in order, as before."""
+        reports = ev.WorkerStarted | ev.WorkerExited | ev.CheckpointDone
+        if len(items) < 2 or not all(isinstance(event, reports) for event, _ in items):
+            return await super().handle_inbox_batch(items)
+        batches: dict[str, list[Event]] = {}
+        trackings: list[Tracking] = []
+        for event, delivery in items:
+            assert isinstance(event, reports)
+            trackings.append(self._tracking(delivery))
+            if event.job_id not in self.view.jobs:
+                continue  # its tracking row only
+            stream = job_stream(event.job_id)
+            batches.setdefault(stream, []).append(msgspec.structs.replace(event, stream=stream))
+        if await self.append_handled(batches, trackings):
+            return [None] * len(items)
+        return await super().handle_inbox_batch(items)
+
+    @staticmethod
+    def _tracking(delivery: Delivery) -> Tracking:
+        return Tracking("placement", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
+
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
-        tracking = Tracking("placement", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
+        tracking = self._tracking(delivery)
         if isinstance(event, ev.NodeRegistered):
             stream = node_stream(event.node)
             known = self.view.nodes.get(event.node)
@@ -219,7 +259,10 @@ class Placement(Service):
         return batches
 
     async def _place(self, now: float) -> None:
-        waiting = [j for j in self.view.jobs.values()
+        if not self._place_dirty and time.monotonic() - self._placed_at < self.tick_seconds:
+            return
+        self._place_dirty, self._placed_at = False, time.monotonic()
+        waiting = [j for j in self.view.active.values()
                    if j.state is JobState.PENDING and j.quota_gpus and not j.quota_stale and j.spec is not None]
         if not waiting or not self.view.nodes:
             return
@@ -241,8 +284,10 @@ class Placement(Service):
                 reasons[pending.stream] = [pending]
         if gangs:
             try:
-                await self.append(gangs)
+                if not await self.append(gangs):
+                    self._place_dirty = True  # lost a race: decide again on the fresh state
             except asyncpg.UniqueViolationError as exc:
+                self._place_dirty = True
                 # The last line of defence fired: our view was wrong. Nothing was written; re-read.
                 log.error("allocations refused by the database (a GPU is held already): %s", exc)
                 for stream in gangs:
