@@ -119,6 +119,11 @@ class Service:
     name: ClassVar[str] = "service"
     #: Event types whose arrival may change this service's decisions (all are folded anyway).
     events: ClassVar[tuple[str, ...]] = ()
+    #: The event types this service is sent (None: all of them). A service that needs only a few
+    #: folds those with gaps in its stream versions (see `ClusterView.apply`): fewer messages for
+    #: NATS to deliver and for the service to decode. Only for services that append to streams
+    #: they do not follow (new ones) or rarely (a lost race just re-reads the stream).
+    consumes: ClassVar[tuple[str, ...] | None] = None
     #: Inbox subjects (after `<ns>.inbox.`) this service handles.
     inbox: ClassVar[tuple[str, ...]] = ()
     #: Single-writer services take this lease before consuming anything.
@@ -170,6 +175,14 @@ class Service:
 
     async def started(self) -> None:
         """Called once the log is folded and before consuming: extra subscriptions, timers."""
+
+    #: Seconds after start before this process competes for the relay lease (see `_relay_forever`).
+    relay_after: ClassVar[float] = 3.0
+    #: Set while this process waits for its service's lease: it has nothing else to do.
+    standby: bool = False
+
+    def relay_wait(self) -> float:
+        return 0.0 if self.standby else self.relay_after
 
     def interested(self, event: Event) -> bool:
         return not self.events or event.type in self.events
@@ -224,7 +237,7 @@ class Service:
         except ContractError as exc:
             raise Poison(f"undecodable event on {delivery.subject}: {exc}") from exc
         version = int(delivery.headers.get("Corral-Stream-Version", "0")) or None
-        result = self.view.apply(event, version)
+        result = self.view.apply(event, version, gaps=self.consumes is not None)
         if result is Applied.GAP:
             await self.refresh_stream(event.stream)
             result = Applied.APPLIED
@@ -317,14 +330,28 @@ class Service:
                     self.folded(event)
 
 
-async def _relay_forever(store: EventStore, bus: Bus, settings: Settings) -> None:
-    """Run the outbox relay whenever this process holds the relay lease."""
+async def _relay_forever(store: EventStore, bus: Bus, settings: Settings, service: Service) -> None:
+    """Run the outbox relay whenever this process holds the relay lease.
+
+    Which process relays matters under load: the relay shares its event loop with the service, and
+    behind a service busy deciding (preemption's victim search, quota's fair share) every event
+    reached the bus seconds late. So at start a process competes for the lease only after its
+    service's `relay_wait()`: an idle placement standby at once, admission soon, the deciding
+    services later. Once started, any process takes over a free lease (failover stays quick).
+    """
     lease = Lease(settings.postgres_dsn, f"corral:{settings.namespace}:relay")
     relay = OutboxRelay(store, bus, lambda e: f"{settings.namespace}.events.{e.type}", name="relay",
                         linger=0.005)
+    started = time.monotonic()
     while True:
+        if time.monotonic() - started < service.relay_wait():
+            await asyncio.sleep(0.2)
+            continue
         try:
-            await lease.acquire(poll=1.0)
+            if not await lease.try_acquire():
+                await asyncio.sleep(0.5 if service.relay_wait() == 0 else 1.0)
+                continue
+            log.info("%s: relaying the log", service.name)
             task = relay.start()
             while not task.done() and await lease.alive():
                 await asyncio.sleep(1.0)
@@ -346,12 +373,13 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
     bus = await Bus.connect(settings.nats_url, settings.namespace, name=cls.name)
     await bus.ensure_streams()
     service = cls(store, bus, settings=settings, **kwargs)
-    relay = asyncio.create_task(_relay_forever(store, bus, settings), name="relay-lease")
+    relay = asyncio.create_task(_relay_forever(store, bus, settings, service), name="relay-lease")
     lease = Lease(settings.postgres_dsn, f"corral:{settings.namespace}:{cls.lease}") if cls.lease else None
     consumers = []
     try:
         if lease is not None:
             log.info("%s: waiting for lease %s", cls.name, lease.name)
+            service.standby = not await lease.try_acquire()
             acquire = asyncio.create_task(lease.acquire())
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait({acquire, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -359,23 +387,26 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
             if stop.is_set():
                 acquire.cancel()
                 return
+            service.standby = False
             log.info("%s: holds lease %s", cls.name, lease.name)
         await service.rebuild()
         await service.started()
         ns = settings.namespace
         consumers.append(await bus.consume(
-            f"{cls.name}-events", [f"{ns}.events.>"], service.on_event, batch=256, max_deliver=10,
+            f"{cls.name}-events",
+            [f"{ns}.events.{t}" for t in cls.consumes] if cls.consumes is not None else [f"{ns}.events.>"],
+            service.on_event, batch=256, max_deliver=10,
             linger=cls.events_linger))
         if cls.inbox:
             consumers.append(await bus.consume(
                 f"{cls.name}-inbox", [f"{ns}.inbox.{s}" for s in cls.inbox], service.on_inbox,
                 batch=64, max_deliver=5, linger=cls.inbox_linger, batch_handler=service.on_inbox_batch))
         service.changed.set()
-        last_reconcile = float("-inf")
+        last_reconcile, spent = float("-inf"), 0.0
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(service.changed.wait(), timeout=cls.tick_seconds)
-            pause = last_reconcile + cls.reconcile_interval - time.monotonic()
+            pause = last_reconcile + max(cls.reconcile_interval, spent) - time.monotonic()
             if pause > 0:
                 await asyncio.sleep(pause)
             service.changed.clear()
@@ -385,6 +416,10 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
                 break
             try:
                 await service.reconcile()
+                # The next reconcile waits at least as long as this one took: under a backlog a
+                # reconcile (O(waiting jobs)) then takes at most half of the service's time, and
+                # each one covers everything that arrived meanwhile.
+                spent = time.monotonic() - last_reconcile
             except (OSError, asyncpg.PostgresError) as exc:
                 log.warning("%s: reconcile failed (%s); retrying", cls.name, exc)
                 await asyncio.sleep(0.5)

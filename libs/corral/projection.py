@@ -165,13 +165,18 @@ class ClusterView:
     _cluster: tuple[tuple[core.Node, ...], core.Cluster] | None = field(default=None, repr=False, compare=False)
 
     # ---- folding -----------------------------------------------------------------------------
-    def apply(self, event: Event, version: int | None = None, position: int | None = None) -> Applied:
-        """Fold one event. `version` is its place in its stream (None: trust the caller's order)."""
+    def apply(self, event: Event, version: int | None = None, position: int | None = None, *,
+              gaps: bool = False) -> Applied:
+        """Fold one event. `version` is its place in its stream (None: trust the caller's order).
+
+        `gaps=True` is for a reader that is sent only some event types: a version beyond the next
+        one is folded rather than reported as a GAP (`versions` then says "at least"; appends
+        guarded by it may lose a race and re-read, never write on a wrong version)."""
         if version is not None:
             known = self.versions.get(event.stream, 0)
             if version <= known:
                 return Applied.DUPLICATE
-            if version > known + 1:
+            if version > known + 1 and not gaps:
                 return Applied.GAP
             self.versions[event.stream] = version
         if position is not None:

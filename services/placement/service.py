@@ -59,6 +59,10 @@ class Placement(Service):
         self.started_at = self.clock()
         self._place_dirty = True
         self._placed_at = float("-inf")
+        #: Gangs an event touched since the last reconcile: only they can have a next step now,
+        #: besides the ones time moves on (every gang is looked at every tick).
+        self._lifecycle_dirty: set[str] = set()
+        self._lifecycles_full_at = float("-inf")
 
     #: Events after which the placement cycle may decide differently: a job starts or stops
     #: waiting for GPUs, GPUs are freed, nodes come or go. The cycle looks at every waiting job,
@@ -68,9 +72,19 @@ class Placement(Service):
         "JobFailed", "NodeRegistered", "NodeLost", "QueueConfigured", "PreemptRequested",
     })
 
+    #: Events after which a gang may have a next step (see `_lifecycle`).
+    lifecycle_triggers = frozenset({
+        "GangReserved", "WorkerStarted", "WorkerExited", "JobRunning", "PreemptRequested", "JobCancelled",
+        "GangReleased",
+    })
+
     def folded(self, event: Event) -> None:
         if event.type in self.place_triggers:
             self._place_dirty = True
+        if event.type in self.lifecycle_triggers:
+            job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
+            if job_id:
+                self._lifecycle_dirty.add(job_id)
 
     # ---- inputs ------------------------------------------------------------------------------
     async def started(self) -> None:
@@ -139,8 +153,15 @@ class Placement(Service):
         limit under load). Each job's events are guarded by the versions they were decided on: if
         the whole batch loses a race (an inbox report landed meanwhile), each job is appended on
         its own with those versions, so only the job that moved waits for the next reconcile."""
+        if time.monotonic() - self._lifecycles_full_at >= self.tick_seconds:
+            # Everything now and then: some steps are due to time alone (start barrier, cancels).
+            self._lifecycles_full_at = time.monotonic()
+            jobs = self.view.running_jobs()
+        else:
+            jobs = [j for j in (self.view.jobs.get(i) for i in self._lifecycle_dirty) if j is not None and j.holding]
+        self._lifecycle_dirty = set()
         decided: list[dict[str, list[Event]]] = []
-        for job in sorted(self.view.running_jobs(), key=lambda j: j.job_id):
+        for job in sorted(jobs, key=lambda j: j.job_id):
             steps = self._lifecycle(job, now)
             if steps:
                 decided.append(steps)
@@ -151,7 +172,10 @@ class Placement(Service):
             for stream, events in steps.items():
                 merged.setdefault(stream, []).extend(events)
         expected = {stream: self.view.versions.get(stream, 0) for stream in merged}
-        if await self.append(merged, expected=expected) or len(decided) == 1:
+        if await self.append(merged, expected=expected):
+            return
+        self._lifecycles_full_at = float("-inf")  # look at every gang again next time
+        if len(decided) == 1:
             return
         for steps in decided:
             await self.append(steps, expected={stream: expected[stream] for stream in steps})
