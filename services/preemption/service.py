@@ -34,6 +34,8 @@ class Preemption(Service):
     #: waiting job; run after every event batch it starved the other services of CPU under a stream
     #: of submissions. Checkpoint graces are tens of seconds; requeues are not delayed.
     preempt_interval_seconds = 0.5
+    #: It decides at most every `preempt_interval_seconds`: gather events in larger batches.
+    events_linger = 0.1
     _last_preempt = float("-inf")
 
     async def reconcile(self) -> None:
