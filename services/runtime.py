@@ -9,8 +9,10 @@ Life of a service process:
 2. take its lease if it is a single-writer service (placement), blocking while another holds it;
 3. fold the whole log into a `ClusterView` (`read_all`);
 4. consume its durable JetStream consumers: events (folded; duplicates skipped by stream
-   version, gaps re-read from the log) and inbox requests (handled with a tracking row);
-5. after each batch of changes, and on a tick, `reconcile()`: decide with the core and append.
+   version, gaps re-read from the log) and inbox requests (a tracking row per message; admission
+   and placement record a whole fetched batch in one commit);
+5. after each batch of changes (at most every `reconcile_interval`), and on a tick, `reconcile()`:
+   decide with the core and append.
 Every process also runs the outbox relay under a separate lease, so whichever service survives
 keeps publishing the log.
 """
@@ -34,7 +36,15 @@ from corral.bus import Bus, Delivery, OutboxRelay, Poison
 from corral.contracts.envelope import Event
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode, encode
-from corral.eventstore import AlreadyProcessed, ConcurrencyError, EventStore, NewEvent, StoredEvent, Tracking
+from corral.eventstore import (
+    AlreadyProcessed,
+    ConcurrencyError,
+    DuplicateEvent,
+    EventStore,
+    NewEvent,
+    StoredEvent,
+    Tracking,
+)
 from corral.projection import Applied, ClusterView, JobView
 
 log = logging.getLogger("corral.service")
@@ -109,11 +119,24 @@ class Service:
     name: ClassVar[str] = "service"
     #: Event types whose arrival may change this service's decisions (all are folded anyway).
     events: ClassVar[tuple[str, ...]] = ()
+    #: The event types this service is sent (None: all of them). A service that needs only a few
+    #: folds those with gaps in its stream versions (see `ClusterView.apply`): fewer messages for
+    #: NATS to deliver and for the service to decode. Only for services that append to streams
+    #: they do not follow (new ones) or rarely (a lost race just re-reads the stream).
+    consumes: ClassVar[tuple[str, ...] | None] = None
     #: Inbox subjects (after `<ns>.inbox.`) this service handles.
     inbox: ClassVar[tuple[str, ...]] = ()
     #: Single-writer services take this lease before consuming anything.
     lease: ClassVar[str | None] = None
     tick_seconds: ClassVar[float] = 1.0
+    #: How long a consumer waits after a partial batch before fetching again (see `Bus.consume`):
+    #: every fetch, confirmed ack and reconcile has a fixed cost, so under a stream of events a
+    #: few milliseconds of gathering make each of them cover many events.
+    events_linger: ClassVar[float] = 0.02
+    inbox_linger: ClassVar[float] = 0.01
+    #: At least this long between two reconciles: each one looks at every waiting job, so running
+    #: it after every small batch cost O(waiting) per event under load.
+    reconcile_interval: ClassVar[float] = 0.02
 
     def __init__(self, store: EventStore, bus: Bus, *, clock: Callable[[], float] = time.time,
                  settings: Settings | None = None) -> None:
@@ -129,11 +152,37 @@ class Service:
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
         """An inbox request; append its effects with `self.append(..., tracking=...)`."""
 
+    async def handle_inbox_batch(self, items: Sequence[tuple[Event, Delivery]]) -> list[BaseException | None]:
+        """A fetched batch of inbox requests; one outcome per request (None: handled).
+
+        By default each is handled on its own (`handle_inbox`). A service that can decide several
+        at once appends their effects together with `append_handled` (one commit per batch) and
+        falls back to this for the batch if that append does not go through."""
+        outcomes: list[BaseException | None] = []
+        for event, delivery in items:
+            try:
+                await self.handle_inbox(event, delivery)
+                outcomes.append(None)
+            except Exception as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    def folded(self, event: Event) -> None:
+        """Called for every event folded into `self.view` (from the log, the bus or own appends)."""
+
     async def reconcile(self) -> None:
         """Decide from `self.view` and append; called after changes and on every tick."""
 
     async def started(self) -> None:
         """Called once the log is folded and before consuming: extra subscriptions, timers."""
+
+    #: Seconds after start before this process competes for the relay lease (see `_relay_forever`).
+    relay_after: ClassVar[float] = 3.0
+    #: Set while this process waits for its service's lease: it has nothing else to do.
+    standby: bool = False
+
+    def relay_wait(self) -> float:
+        return 0.0 if self.standby else self.relay_after
 
     def interested(self, event: Event) -> bool:
         return not self.events or event.type in self.events
@@ -174,7 +223,8 @@ class Service:
             log.error("%s: cannot decode %s v%s at position %s: %s", self.name, stored.type,
                       stored.schema_version, stored.position, exc)
             return
-        self.view.apply(event, stored.version, stored.position)
+        if self.view.apply(event, stored.version, stored.position) is Applied.APPLIED:
+            self.folded(event)
 
     async def refresh_stream(self, stream: str) -> None:
         """Catch up one stream from the log (after a lost race or a gap in delivery)."""
@@ -187,10 +237,12 @@ class Service:
         except ContractError as exc:
             raise Poison(f"undecodable event on {delivery.subject}: {exc}") from exc
         version = int(delivery.headers.get("Corral-Stream-Version", "0")) or None
-        result = self.view.apply(event, version)
+        result = self.view.apply(event, version, gaps=self.consumes is not None)
         if result is Applied.GAP:
             await self.refresh_stream(event.stream)
             result = Applied.APPLIED
+        elif result is Applied.APPLIED:
+            self.folded(event)
         if result is Applied.APPLIED and self.interested(event):
             self.changed.set()
 
@@ -201,6 +253,22 @@ class Service:
             raise Poison(f"undecodable request on {delivery.subject}: {exc}") from exc
         await self.handle_inbox(event, delivery)
         self.changed.set()
+
+    async def on_inbox_batch(self, deliveries: list[Delivery]) -> list[BaseException | None]:
+        outcomes: list[BaseException | None] = [None] * len(deliveries)
+        items: list[tuple[Event, Delivery]] = []
+        where: list[int] = []
+        for index, delivery in enumerate(deliveries):
+            try:
+                items.append((decode(delivery.data), delivery))
+                where.append(index)
+            except ContractError as exc:
+                outcomes[index] = Poison(f"undecodable request on {delivery.subject}: {exc}")
+        if items:
+            for index, outcome in zip(where, await self.handle_inbox_batch(items), strict=True):
+                outcomes[index] = outcome
+            self.changed.set()
+        return outcomes
 
     # ---- appending ---------------------------------------------------------------------------
     async def append(self, batches: Mapping[str, Sequence[Event]], *,
@@ -225,20 +293,65 @@ class Service:
             return False
         if isinstance(result, AlreadyProcessed):
             return True
-        for stream, events in batches.items():
-            base = plan[stream][0] if stream in plan else 0
-            for i, event in enumerate(events):
-                self.view.apply(event, base + i + 1)
+        self._fold_appended(batches, {stream: expected for stream, (expected, _) in plan.items()})
         return True
 
+    async def append_handled(self, batches: Mapping[str, Sequence[Event]], trackings: Sequence[Tracking]) -> bool:
+        """Append the effects of several inbox messages, with a tracking row each, in one commit.
 
-async def _relay_forever(store: EventStore, bus: Bus, settings: Settings) -> None:
-    """Run the outbox relay whenever this process holds the relay lease."""
-    lease = Lease(settings.postgres_dsn, f"corral:{settings.namespace}:relay")
-    relay = OutboxRelay(store, bus, lambda e: f"{settings.namespace}.events.{e.type}", name="relay")
-    while True:
+        Guarded by the versions this service has folded. True if written (and folded). False if
+        anything stood in the way — a lost race (streams re-read), a message handled before, a
+        reused event id — and nothing was written: handle the messages one by one then, which
+        sorts each case out exactly as before batching.
+        """
+        plan = {stream: (self.view.versions.get(stream, 0), [to_new_event(e) for e in events])
+                for stream, events in batches.items() if events}
+        if not plan and not trackings:
+            return True
         try:
-            await lease.acquire(poll=1.0)
+            result = await self.store.append_handled(plan, trackings)
+        except ConcurrencyError as exc:
+            log.info("%s: batch lost a race on %s (%s); handling one by one", self.name, exc.stream, exc)
+            for stream in plan:
+                await self.refresh_stream(stream)
+            return False
+        except (DuplicateEvent, ValueError):  # ValueError: one event id twice in the batch
+            return False
+        if isinstance(result, AlreadyProcessed):
+            return False
+        self._fold_appended(batches, {stream: expected for stream, (expected, _) in plan.items()})
+        return True
+
+    def _fold_appended(self, batches: Mapping[str, Sequence[Event]], bases: Mapping[str, int]) -> None:
+        for stream, events in batches.items():
+            base = bases.get(stream, 0)
+            for i, event in enumerate(events):
+                if self.view.apply(event, base + i + 1) is Applied.APPLIED:
+                    self.folded(event)
+
+
+async def _relay_forever(store: EventStore, bus: Bus, settings: Settings, service: Service) -> None:
+    """Run the outbox relay whenever this process holds the relay lease.
+
+    Which process relays matters under load: the relay shares its event loop with the service, and
+    behind a service busy deciding (preemption's victim search, quota's fair share) every event
+    reached the bus seconds late. So at start a process competes for the lease only after its
+    service's `relay_wait()`: an idle placement standby at once, admission soon, the deciding
+    services later. Once started, any process takes over a free lease (failover stays quick).
+    """
+    lease = Lease(settings.postgres_dsn, f"corral:{settings.namespace}:relay")
+    relay = OutboxRelay(store, bus, lambda e: f"{settings.namespace}.events.{e.type}", name="relay",
+                        linger=0.005)
+    started = time.monotonic()
+    while True:
+        if time.monotonic() - started < service.relay_wait():
+            await asyncio.sleep(0.2)
+            continue
+        try:
+            if not await lease.try_acquire():
+                await asyncio.sleep(0.5 if service.relay_wait() == 0 else 1.0)
+                continue
+            log.info("%s: relaying the log", service.name)
             task = relay.start()
             while not task.done() and await lease.alive():
                 await asyncio.sleep(1.0)
@@ -260,12 +373,13 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
     bus = await Bus.connect(settings.nats_url, settings.namespace, name=cls.name)
     await bus.ensure_streams()
     service = cls(store, bus, settings=settings, **kwargs)
-    relay = asyncio.create_task(_relay_forever(store, bus, settings), name="relay-lease")
+    relay = asyncio.create_task(_relay_forever(store, bus, settings, service), name="relay-lease")
     lease = Lease(settings.postgres_dsn, f"corral:{settings.namespace}:{cls.lease}") if cls.lease else None
     consumers = []
     try:
         if lease is not None:
             log.info("%s: waiting for lease %s", cls.name, lease.name)
+            service.standby = not await lease.try_acquire()
             acquire = asyncio.create_task(lease.acquire())
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait({acquire, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -273,26 +387,39 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
             if stop.is_set():
                 acquire.cancel()
                 return
+            service.standby = False
             log.info("%s: holds lease %s", cls.name, lease.name)
         await service.rebuild()
         await service.started()
         ns = settings.namespace
         consumers.append(await bus.consume(
-            f"{cls.name}-events", [f"{ns}.events.>"], service.on_event, batch=256, max_deliver=10))
+            f"{cls.name}-events",
+            [f"{ns}.events.{t}" for t in cls.consumes] if cls.consumes is not None else [f"{ns}.events.>"],
+            service.on_event, batch=256, max_deliver=10,
+            linger=cls.events_linger))
         if cls.inbox:
             consumers.append(await bus.consume(
                 f"{cls.name}-inbox", [f"{ns}.inbox.{s}" for s in cls.inbox], service.on_inbox,
-                batch=64, max_deliver=5))
+                batch=64, max_deliver=5, linger=cls.inbox_linger, batch_handler=service.on_inbox_batch))
         service.changed.set()
+        last_reconcile, spent = float("-inf"), 0.0
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(service.changed.wait(), timeout=cls.tick_seconds)
+            pause = last_reconcile + max(cls.reconcile_interval, spent) - time.monotonic()
+            if pause > 0:
+                await asyncio.sleep(pause)
             service.changed.clear()
+            last_reconcile = time.monotonic()
             if lease is not None and not await lease.alive():
                 log.error("%s: lost lease %s; exiting so a standby takes over", cls.name, lease.name)
                 break
             try:
                 await service.reconcile()
+                # The next reconcile waits at least as long as this one took: under a backlog a
+                # reconcile (O(waiting jobs)) then takes at most half of the service's time, and
+                # each one covers everything that arrived meanwhile.
+                spent = time.monotonic() - last_reconcile
             except (OSError, asyncpg.PostgresError) as exc:
                 log.warning("%s: reconcile failed (%s); retrying", cls.name, exc)
                 await asyncio.sleep(0.5)

@@ -80,6 +80,13 @@ class JobView:
     holding: bool = False  # GPUs reserved and not yet released (also while cancelling)
     version: int = 0
     _core_job: tuple[JobSpec, datetime, core.Job] | None = field(default=None, repr=False, compare=False)
+    _core_placement: tuple[list[ev.RankPlacement], core.Placement] | None = field(default=None, repr=False,
+                                                                                   compare=False)
+
+    @property
+    def active(self) -> bool:
+        """Still of interest to the deciding services: not over, or over but holding GPUs or quota."""
+        return not self.state.terminal or self.holding or self.quota_gpus > 0
 
     @property
     def queue(self) -> str:
@@ -109,7 +116,13 @@ class JobView:
         return job
 
     def core_placement(self) -> core.Placement:
-        return core.Placement(tuple(core.RankPlacement(r.rank, r.node, tuple(r.gpus)) for r in self.ranks))
+        # Cached for as long as `ranks` is the very list it was made from (every fold replaces it).
+        cached = self._core_placement
+        if cached is not None and cached[0] is self.ranks:
+            return cached[1]
+        placement = core.Placement(tuple(core.RankPlacement(r.rank, r.node, tuple(r.gpus)) for r in self.ranks))
+        self._core_placement = (self.ranks, placement)
+        return placement
 
 
 @dataclass
@@ -144,18 +157,26 @@ class ClusterView:
     queues: dict[str, QueueSpec] = field(default_factory=dict)
     submissions: dict[str, str] = field(default_factory=dict)  # submission id -> job id
     versions: dict[str, int] = field(default_factory=dict)
+    #: The jobs that are `JobView.active`, kept as events are folded: the services scan these on
+    #: every reconcile, and `jobs` grows with every job ever submitted.
+    active: dict[str, JobView] = field(default_factory=dict)
     position: int = 0  # the last global position folded (when known)
     last_event_at: datetime | None = None
     _cluster: tuple[tuple[core.Node, ...], core.Cluster] | None = field(default=None, repr=False, compare=False)
 
     # ---- folding -----------------------------------------------------------------------------
-    def apply(self, event: Event, version: int | None = None, position: int | None = None) -> Applied:
-        """Fold one event. `version` is its place in its stream (None: trust the caller's order)."""
+    def apply(self, event: Event, version: int | None = None, position: int | None = None, *,
+              gaps: bool = False) -> Applied:
+        """Fold one event. `version` is its place in its stream (None: trust the caller's order).
+
+        `gaps=True` is for a reader that is sent only some event types: a version beyond the next
+        one is folded rather than reported as a GAP (`versions` then says "at least"; appends
+        guarded by it may lose a race and re-read, never write on a wrong version)."""
         if version is not None:
             known = self.versions.get(event.stream, 0)
             if version <= known:
                 return Applied.DUPLICATE
-            if version > known + 1:
+            if version > known + 1 and not gaps:
                 return Applied.GAP
             self.versions[event.stream] = version
         if position is not None:
@@ -164,6 +185,13 @@ class ClusterView:
         handler = _HANDLERS.get(type(event))
         if handler is not None:
             handler(self, event)
+            job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
+            job = self.jobs.get(job_id) if job_id else None
+            if job is not None:
+                if job.active:
+                    self.active[job.job_id] = job
+                else:
+                    self.active.pop(job.job_id, None)
         return Applied.APPLIED
 
     def job(self, job_id: str) -> JobView:
@@ -182,7 +210,7 @@ class ClusterView:
     def queue_usage(self) -> dict[str, int]:
         """GPUs each queue holds by quota reservation (leaf queues)."""
         usage: dict[str, int] = {}
-        for j in self.jobs.values():
+        for j in self.active.values():
             if j.quota_gpus:
                 usage[j.queue] = usage.get(j.queue, 0) + j.quota_gpus
         return usage
@@ -203,11 +231,11 @@ class ClusterView:
                      for q in sorted(self.queues, key=lambda n: (n.count("/"), n)))
 
     def running_jobs(self) -> list[JobView]:
-        return [j for j in self.jobs.values() if j.holding]
+        return [j for j in self.active.values() if j.holding]
 
     def snapshot(self, now: float, pending: list[JobView] | None = None) -> core.Snapshot:
         """The core's view: `pending` defaults to every admitted job waiting for GPUs."""
-        waiting = pending if pending is not None else [j for j in self.jobs.values()
+        waiting = pending if pending is not None else [j for j in self.active.values()
                                                        if j.state is JobState.PENDING]
         return core.Snapshot(
             now=now,

@@ -11,7 +11,7 @@ scheduled is rejected now instead of pending forever.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -19,7 +19,7 @@ import msgspec
 from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
-from corral.contracts.envelope import Event, Reason, job_stream
+from corral.contracts.envelope import Event, Reason, job_stream, node_stream, queue_stream
 from corral.contracts.problems import Problem
 from corral.eventstore import Tracking
 from corral.services.runtime import Service
@@ -31,13 +31,51 @@ class Admission(Service):
     name = "admission"
     inbox = ("JobSubmitted", "JobCancelRequested")
     events = ("NodeRegistered", "QueueConfigured")
+    #: What judging and cancelling need: nodes, queues, which jobs exist and which have ended.
+    consumes = ("NodeRegistered", "NodeLost", "QueueConfigured", "JobSubmitted", "JobRejected", "JobCompleted",
+                "JobFailed", "JobCancelled")
+    relay_after = 0.3  # the lightest deciding service: the relay's host unless a standby is idle
 
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
-        tracking = Tracking("admission", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
+        tracking = self._tracking(delivery)
         if isinstance(event, ev.JobSubmitted):
             await self._admit(event, tracking)
         elif isinstance(event, ev.JobCancelRequested):
             await self._cancel(event, tracking)
+
+    async def handle_inbox_batch(self, items: Sequence[tuple[Event, Delivery]]) -> list[BaseException | None]:
+        """Every submission of a fetched batch judged and appended in ONE commit (a commit per
+        submission was admission's limit under a stream of them). A batch with a cancellation in it
+        is handled one by one, in order, as before."""
+        submits = [i for i, (event, _) in enumerate(items) if isinstance(event, ev.JobSubmitted)]
+        if len(submits) < 2 or len(submits) != len(items):
+            return await super().handle_inbox_batch(items)
+        await self._catch_up_queues(event for event, _ in items if isinstance(event, ev.JobSubmitted))
+        batches: dict[str, list[Event]] = {}
+        trackings: list[Tracking] = []
+        seen: set[str] = set()
+        for i in submits:
+            submitted, delivery = items[i]
+            assert isinstance(submitted, ev.JobSubmitted)
+            trackings.append(self._tracking(delivery))
+            stream = job_stream(submitted.job_id)
+            if submitted.stream != stream:
+                submitted = msgspec.structs.replace(submitted, stream=stream)
+            submission = submitted.submission_id or submitted.spec.submission_id
+            if (stream in batches or self.view.versions.get(stream, 0) > 0
+                    or (submission and (submission in self.view.submissions or submission in seen))):
+                log.info("job %s already submitted; duplicate ignored", submitted.job_id)
+                continue  # its tracking row only
+            if submission:
+                seen.add(submission)
+            batches[stream] = [submitted, await self._judge_caught_up(submitted)]
+        if await self.append_handled(batches, trackings):
+            return [None] * len(items)
+        return await super().handle_inbox_batch(items)
+
+    @staticmethod
+    def _tracking(delivery: Delivery) -> Tracking:
+        return Tracking("admission", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
 
     async def _admit(self, submitted: ev.JobSubmitted, tracking: Tracking) -> None:
         stream = job_stream(submitted.job_id)
@@ -48,10 +86,30 @@ class Admission(Service):
             log.info("job %s already submitted; duplicate ignored", submitted.job_id)
             await self.append({}, tracking=tracking)
             return
-        verdict = self.judge(submitted)
+        await self._catch_up_queues([submitted])
+        verdict = await self._judge_caught_up(submitted)
         appended = await self.append({stream: [submitted, verdict]}, tracking=tracking, expected={stream: 0})
         if not appended:
             log.info("job %s: submitted concurrently; duplicate ignored", submitted.job_id)
+
+    async def _catch_up_queues(self, submissions: Iterable[ev.JobSubmitted]) -> None:
+        """Read a queue we have not heard of from the log before judging by it: our view follows
+        the bus, which may lag the log (a queue created just before the submission)."""
+        for queue in {s.spec.queue for s in submissions} - set(self.view.queues):
+            await self.refresh_stream(queue_stream(queue))
+
+    async def _judge_caught_up(self, submitted: ev.JobSubmitted) -> Event:
+        """`judge`, but a "can never fit" verdict only after reading nodes we may not have heard
+        of yet from the log (a rejection is final; our view of the nodes may lag the log)."""
+        verdict = self.judge(submitted)
+        if isinstance(verdict, ev.JobRejected) and not verdict.reason.code.startswith("QUEUE_"):
+            registered = await self.store.read_all(0, limit=100_000, types=["NodeRegistered"])
+            unknown = {e.stream for e in registered} - {node_stream(n) for n in self.view.nodes}
+            for stream in sorted(unknown):
+                await self.refresh_stream(stream)
+            if unknown:
+                verdict = self.judge(submitted)
+        return verdict
 
     def judge(self, submitted: ev.JobSubmitted) -> Event:
         spec = submitted.spec
@@ -87,6 +145,8 @@ class Admission(Service):
                                   gpus_per_replica=spec.gpus_per_replica, **common)
 
     async def _cancel(self, request: ev.JobCancelRequested, tracking: Tracking) -> None:
+        # We are sent only some of a job's events (`consumes`): read the rest before deciding.
+        await self.refresh_stream(job_stream(request.job_id))
         job = self.view.jobs.get(request.job_id)
         if job is None or job.state.terminal:
             await self.append({}, tracking=tracking)

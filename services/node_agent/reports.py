@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import nats.errors
 
-from corral.bus import Bus
+from corral.bus import Bus, Outgoing
 from corral.contracts.envelope import Event, Reason, job_stream
 from corral.contracts.events import CheckpointDone, GangReserved, WorkerExited, WorkerStarted
 from corral.contracts.registry import encode
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 E = TypeVar("E", bound=Event)
 
 _RETRY_PAUSE = 0.5
+_BATCH = 256
 START_FAILED = "START_FAILED"
 """WorkerExited reason code of a rank that never ran (could not be spawned, or the spec cannot run
 here). `exit_code` is None. Ranks of this node not attempted after such a failure get GANG_KILLED."""
@@ -71,23 +72,28 @@ class ReportPublisher:
                 await task
 
     async def _run(self) -> None:
+        # Everything queued meanwhile goes out together, pipelined and in order (one round trip
+        # for the lot instead of one per report: 64 nodes report several times per job each).
         while True:
-            event = await self._queue.get()
+            events = [await self._queue.get()]
+            while not self._queue.empty() and len(events) < _BATCH:
+                events.append(self._queue.get_nowait())
             try:
-                await self._publish(event)
+                await self._publish(events)
             finally:
-                self._queue.task_done()
+                for _ in events:
+                    self._queue.task_done()
 
-    async def _publish(self, event: Event) -> None:
-        subject = self._subjects.inbox(event.type)
-        data = encode(event)
+    async def _publish(self, events: list[Event]) -> None:
+        messages = [Outgoing(self._subjects.inbox(e.type), encode(e), e.event_id) for e in events]
         while True:
             try:
-                await self._bus.publish(subject, data, event.event_id)
+                await self._bus.publish_many(messages)
                 return
             except (nats.errors.Error, TimeoutError, OSError) as exc:
-                log.warning("node agent: publishing %s %s failed (%s); retrying", event.type,
-                            event.event_id, exc)
+                # Republishing the lot is harmless: JetStream drops the ids it already has.
+                log.warning("node agent: publishing %d report(s) from %s %s failed (%s); retrying", len(events),
+                            events[0].type, events[0].event_id, exc)
                 await asyncio.sleep(_RETRY_PAUSE)
 
 

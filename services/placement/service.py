@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -55,6 +57,34 @@ class Placement(Service):
         self.master_addr = os.environ.get("CORRAL_MASTER_ADDR", "127.0.0.1")
         self.heartbeats: dict[str, float] = {}
         self.started_at = self.clock()
+        self._place_dirty = True
+        self._placed_at = float("-inf")
+        #: Gangs an event touched since the last reconcile: only they can have a next step now,
+        #: besides the ones time moves on (every gang is looked at every tick).
+        self._lifecycle_dirty: set[str] = set()
+        self._lifecycles_full_at = float("-inf")
+
+    #: Events after which the placement cycle may decide differently: a job starts or stops
+    #: waiting for GPUs, GPUs are freed, nodes come or go. The cycle looks at every waiting job,
+    #: so it is skipped while none of these happened (and rerun at least every tick regardless).
+    place_triggers = frozenset({
+        "QuotaReserved", "QuotaReleased", "JobRequeued", "GangReleased", "JobCancelled", "JobCompleted",
+        "JobFailed", "NodeRegistered", "NodeLost", "QueueConfigured", "PreemptRequested",
+    })
+
+    #: Events after which a gang may have a next step (see `_lifecycle`).
+    lifecycle_triggers = frozenset({
+        "GangReserved", "WorkerStarted", "WorkerExited", "JobRunning", "PreemptRequested", "JobCancelled",
+        "GangReleased",
+    })
+
+    def folded(self, event: Event) -> None:
+        if event.type in self.place_triggers:
+            self._place_dirty = True
+        if event.type in self.lifecycle_triggers:
+            job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
+            if job_id:
+                self._lifecycle_dirty.add(job_id)
 
     # ---- inputs ------------------------------------------------------------------------------
     async def started(self) -> None:
@@ -67,8 +97,32 @@ class Placement(Service):
 
         await self.bus.nc.subscribe(Subjects(ns).heartbeat_wildcard, cb=on_heartbeat)
 
+    async def handle_inbox_batch(self, items: Sequence[tuple[Event, Delivery]]) -> list[BaseException | None]:
+        """The workers' reports of a fetched batch recorded in ONE commit (a commit per report was
+        the lifecycle's limit under load: each job sends at least a start and an exit). Node
+        registrations, rare, make the batch go one by one, in order, as before."""
+        reports = ev.WorkerStarted | ev.WorkerExited | ev.CheckpointDone
+        if len(items) < 2 or not all(isinstance(event, reports) for event, _ in items):
+            return await super().handle_inbox_batch(items)
+        batches: dict[str, list[Event]] = {}
+        trackings: list[Tracking] = []
+        for event, delivery in items:
+            assert isinstance(event, reports)
+            trackings.append(self._tracking(delivery))
+            if event.job_id not in self.view.jobs:
+                continue  # its tracking row only
+            stream = job_stream(event.job_id)
+            batches.setdefault(stream, []).append(msgspec.structs.replace(event, stream=stream))
+        if await self.append_handled(batches, trackings):
+            return [None] * len(items)
+        return await super().handle_inbox_batch(items)
+
+    @staticmethod
+    def _tracking(delivery: Delivery) -> Tracking:
+        return Tracking("placement", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
+
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
-        tracking = Tracking("placement", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
+        tracking = self._tracking(delivery)
         if isinstance(event, ev.NodeRegistered):
             stream = node_stream(event.node)
             known = self.view.nodes.get(event.node)
@@ -99,8 +153,15 @@ class Placement(Service):
         limit under load). Each job's events are guarded by the versions they were decided on: if
         the whole batch loses a race (an inbox report landed meanwhile), each job is appended on
         its own with those versions, so only the job that moved waits for the next reconcile."""
+        if time.monotonic() - self._lifecycles_full_at >= self.tick_seconds:
+            # Everything now and then: some steps are due to time alone (start barrier, cancels).
+            self._lifecycles_full_at = time.monotonic()
+            jobs = self.view.running_jobs()
+        else:
+            jobs = [j for j in (self.view.jobs.get(i) for i in self._lifecycle_dirty) if j is not None and j.holding]
+        self._lifecycle_dirty = set()
         decided: list[dict[str, list[Event]]] = []
-        for job in sorted(self.view.running_jobs(), key=lambda j: j.job_id):
+        for job in sorted(jobs, key=lambda j: j.job_id):
             steps = self._lifecycle(job, now)
             if steps:
                 decided.append(steps)
@@ -111,7 +172,10 @@ class Placement(Service):
             for stream, events in steps.items():
                 merged.setdefault(stream, []).extend(events)
         expected = {stream: self.view.versions.get(stream, 0) for stream in merged}
-        if await self.append(merged, expected=expected) or len(decided) == 1:
+        if await self.append(merged, expected=expected):
+            return
+        self._lifecycles_full_at = float("-inf")  # look at every gang again next time
+        if len(decided) == 1:
             return
         for steps in decided:
             await self.append(steps, expected={stream: expected[stream] for stream in steps})
@@ -219,7 +283,10 @@ class Placement(Service):
         return batches
 
     async def _place(self, now: float) -> None:
-        waiting = [j for j in self.view.jobs.values()
+        if not self._place_dirty and time.monotonic() - self._placed_at < self.tick_seconds:
+            return
+        self._place_dirty, self._placed_at = False, time.monotonic()
+        waiting = [j for j in self.view.active.values()
                    if j.state is JobState.PENDING and j.quota_gpus and not j.quota_stale and j.spec is not None]
         if not waiting or not self.view.nodes:
             return
@@ -241,8 +308,10 @@ class Placement(Service):
                 reasons[pending.stream] = [pending]
         if gangs:
             try:
-                await self.append(gangs)
+                if not await self.append(gangs):
+                    self._place_dirty = True  # lost a race: decide again on the fresh state
             except asyncpg.UniqueViolationError as exc:
+                self._place_dirty = True
                 # The last line of defence fired: our view was wrong. Nothing was written; re-read.
                 log.error("allocations refused by the database (a GPU is held already): %s", exc)
                 for stream in gangs:

@@ -34,6 +34,8 @@ class Preemption(Service):
     #: waiting job; run after every event batch it starved the other services of CPU under a stream
     #: of submissions. Checkpoint graces are tens of seconds; requeues are not delayed.
     preempt_interval_seconds = 0.5
+    #: It decides at most every `preempt_interval_seconds`: gather events in larger batches.
+    events_linger = 0.1
     _last_preempt = float("-inf")
 
     async def reconcile(self) -> None:
@@ -44,19 +46,23 @@ class Preemption(Service):
             return
         self._last_preempt = time.monotonic()
         await self._preempt()
+        # A search over a long backlog takes long: wait a few times its duration before the next
+        # one, so victim searches use at most about a fifth of this process's time.
+        self._last_preempt += 4 * (time.monotonic() - self._last_preempt)
 
     async def _requeue(self) -> None:
-        for job in sorted(self.view.jobs.values(), key=lambda j: j.job_id):
-            if job.state is JobState.REQUEUING and job.reason is not None and job.reason.code == "PREEMPTED":
-                requeued = ev.JobRequeued.new(
-                    stream=job_stream(job.job_id), actor="preemption", correlation_id=job.job_id,
-                    job_id=job.job_id, attempt=job.attempt + 1, resume_from=job.checkpoint,
-                    reason=Reason(code="PREEMPTED", message=f"preempted; resumes from {job.checkpoint or 'the start'}",
-                                  details={"resume_from": job.checkpoint or ""}))
-                await self.append({requeued.stream: [requeued]})
+        victims = [j for j in self.view.active.values()
+                   if j.state is JobState.REQUEUING and j.reason is not None and j.reason.code == "PREEMPTED"]
+        for job in sorted(victims, key=lambda j: j.job_id):
+            requeued = ev.JobRequeued.new(
+                stream=job_stream(job.job_id), actor="preemption", correlation_id=job.job_id,
+                job_id=job.job_id, attempt=job.attempt + 1, resume_from=job.checkpoint,
+                reason=Reason(code="PREEMPTED", message=f"preempted; resumes from {job.checkpoint or 'the start'}",
+                              details={"resume_from": job.checkpoint or ""}))
+            await self.append({requeued.stream: [requeued]})
 
     async def _preempt(self) -> None:
-        waiting = [j for j in self.view.jobs.values() if j.state is JobState.PENDING and j.spec is not None]
+        waiting = [j for j in self.view.active.values() if j.state is JobState.PENDING and j.spec is not None]
         if not waiting or not self.view.running_jobs():
             return
         now = self.clock()

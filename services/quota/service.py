@@ -55,19 +55,19 @@ class Quota(Service):
     async def _release(self) -> None:
         # One append for all of this reconcile's decisions: a commit per event was the log's limit.
         batches: dict[str, list[Event]] = {}
-        for job in sorted(self.view.jobs.values(), key=lambda j: j.job_id):
-            if job.quota_gpus and (job.state.terminal or job.quota_stale):
-                why = (job.reason.code if job.reason else job.state.value)
-                released = ev.QuotaReleased.new(
-                    stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
-                    queue=job.queue, gpus=job.quota_gpus,
-                    reason=Reason(code="QUOTA_RELEASED", message=f"{job.quota_gpus} GPUs of queue {job.queue} "
-                                  f"given back ({why})", details={"gpus": job.quota_gpus}))
-                batches[released.stream] = [released]
+        done = [j for j in self.view.active.values() if j.quota_gpus and (j.state.terminal or j.quota_stale)]
+        for job in sorted(done, key=lambda j: j.job_id):
+            why = (job.reason.code if job.reason else job.state.value)
+            released = ev.QuotaReleased.new(
+                stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
+                queue=job.queue, gpus=job.quota_gpus,
+                reason=Reason(code="QUOTA_RELEASED", message=f"{job.quota_gpus} GPUs of queue {job.queue} "
+                              f"given back ({why})", details={"gpus": job.quota_gpus}))
+            batches[released.stream] = [released]
         await self.append(batches)
 
     async def _reserve(self) -> None:
-        waiting = [j for j in self.view.jobs.values()
+        waiting = [j for j in self.view.active.values()
                    if j.state is JobState.PENDING and not j.quota_gpus and j.spec is not None]
         if not waiting or not self.view.queues:
             return
@@ -75,7 +75,7 @@ class Quota(Service):
         snapshot = self.view.snapshot(now, pending=waiting)
         tree = tree_for(snapshot, self.config)
         usage = QueueUsage.of(tree, snapshot.running)
-        for held in self.view.jobs.values():  # reserved but not yet placed counts too
+        for held in self.view.active.values():  # reserved but not yet placed counts too
             if held.quota_gpus and not held.holding and tree.known(held.queue):
                 usage.add(held.queue, held.quota_gpus)
         by_id = {j.job_id: j for j in waiting}

@@ -224,6 +224,39 @@ async def test_concurrent_deliveries_of_one_message_have_one_effect(store: Event
     assert await store.stream_version("gang-1") == 1
 
 
+async def test_a_batch_of_handled_messages_is_recorded_all_or_nothing(store: EventStore) -> None:
+    keys = [Tracking("admission", f"msg-{i}") for i in range(3)]
+    versions = await store.append_handled({"job-a": (0, [event("job-a"), event("job-a")]),
+                                           "job-b": (0, [event("job-b")])}, keys)
+    assert versions == {"job-a": 2, "job-b": 1}
+    assert all([await store.was_processed("admission", t.key) for t in keys])
+    # A batch holding one message handled before writes nothing, not even the new keys.
+    again = await store.append_handled({"job-c": (0, [event("job-c")])}, [Tracking("admission", "msg-9"), keys[1]])
+    assert isinstance(again, AlreadyProcessed)
+    assert await store.stream_version("job-c") == 0
+    assert not await store.was_processed("admission", "msg-9")
+    # A stale version refuses the whole batch, keys included.
+    with pytest.raises(ConcurrencyError):
+        await store.append_handled({"job-a": (1, [event("job-a")]), "job-d": (0, [event("job-d")])},
+                                   [Tracking("admission", "msg-10")])
+    assert not await store.was_processed("admission", "msg-10")
+    assert await store.stream_version("job-d") == 0
+    # Tracking rows alone (messages whose effect is nothing) are a batch too.
+    assert await store.append_handled({}, [Tracking("admission", "msg-11")]) == {}
+    assert await store.was_processed("admission", "msg-11")
+
+
+async def test_a_batch_races_a_single_tracked_append_and_only_one_wins(store: EventStore) -> None:
+    single = store.append_multi({}, tracking=Tracking("placement", "msg-1"))
+    batch = store.append_handled({"job-1": (0, [event("job-1")])},
+                                 [Tracking("placement", "msg-1"), Tracking("placement", "msg-2")])
+    first, second = await asyncio.gather(single, batch)
+    handled = [r for r in (first, second) if not isinstance(r, AlreadyProcessed)]
+    assert len(handled) == 1
+    assert await store.was_processed("placement", "msg-1")
+    assert await store.was_processed("placement", "msg-2") == (await store.stream_version("job-1") == 1)
+
+
 async def test_read_all_pages_in_global_order_and_filters_by_type(store: EventStore) -> None:
     for i in range(5):
         stream = f"job-{i}"

@@ -76,7 +76,8 @@ class OutboxRelay:
     one catch-up pass (what `corral up` and tests use to flush deterministically)."""
 
     def __init__(self, store: EventStore, bus: Bus, subject_for: Callable[[StoredEvent], str],
-                 name: str = "relay", *, fault: Fault | None = None, batch: int = 256) -> None:
+                 name: str = "relay", *, fault: Fault | None = None, batch: int = 256,
+                 linger: float = 0.0) -> None:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         self.store = store
@@ -85,6 +86,7 @@ class OutboxRelay:
         self.name = name
         self._fault = fault
         self._batch = batch
+        self._linger = linger
         self._task: asyncio.Task[None] | None = None
 
     async def publish_pending(self) -> int:
@@ -108,6 +110,10 @@ class OutboxRelay:
                 async with contextlib.aclosing(batches):
                     async for events in batches:
                         await self._publish_batch(events)
+                        if self._linger > 0 and len(events) < self._batch:
+                            # Keeping up: let a few appends gather so one publish round trip and
+                            # one saved position (a commit) cover them all.
+                            await asyncio.sleep(self._linger)
             except _TRANSIENT as exc:
                 log.warning("relay %s: %s; retrying in %.0fs", self.name, exc, _RETRY_PAUSE)
                 await asyncio.sleep(_RETRY_PAUSE)

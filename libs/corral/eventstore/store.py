@@ -216,6 +216,57 @@ class EventStore:
                 return AlreadyProcessed(tracking.consumer, tracking.key)
             return replayed
 
+    async def append_handled(self, batches: Mapping[str, tuple[ExpectedVersion, Sequence[NewEvent]]],
+                             trackings: Sequence[Tracking]) -> dict[str, int] | AlreadyProcessed:
+        """`append_multi` as the one effect of handling SEVERAL messages: one tracking row each,
+        all in the same transaction as the events (migrations/006_append_tracked.sql).
+
+        Why: a consumer that handles a fetched batch of messages commits once instead of once per
+        message. All or nothing: if any message of the batch was handled before (or is being
+        recorded concurrently), nothing is written and `AlreadyProcessed` is returned — the caller
+        then handles the messages one by one with `append_multi(..., tracking=...)`, which tells
+        each apart. A stale expected version raises `ConcurrencyError`, a reused event id
+        `DuplicateEvent` (no replay detection here: the one-by-one path has it).
+        """
+        consumers = {t.consumer for t in trackings}
+        if len(consumers) != 1:
+            raise ValueError(f"append_handled needs tracking keys of exactly one consumer, got {sorted(consumers)}")
+        consumer = consumers.pop()
+        plan = _plan(batches)
+        streams = [stream for stream, _, _ in plan]
+        events = [event for _, _, batch in plan for event in batch]
+        keys = [t.key for t in trackings]
+        async with self._pool.acquire() as conn:
+            try:
+                row = await conn.fetchrow(
+                    "SELECT * FROM corral_append_tracked($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                    streams,
+                    [-1 if expected is ANY else expected for _, expected, _ in plan],
+                    [len(batch) for _, _, batch in plan],
+                    [e.event_id for e in events], [e.type for e in events],
+                    [e.schema_version for e in events],
+                    [bytes(e.data).decode("utf-8") for e in events],
+                    [e.correlation_id for e in events], [e.causation_id for e in events],
+                    [e.occurred_at for e in events],
+                    consumer, keys,
+                )
+            except (asyncpg.InvalidTextRepresentationError, UnicodeDecodeError) as exc:
+                raise self._invalid_data(plan, exc) from exc
+            except asyncpg.PostgresError as exc:
+                if getattr(exc, "sqlstate", None) == "CR001":
+                    return AlreadyProcessed(consumer, ",".join(keys))
+                raise
+        status = row["status"]
+        if status == "ok":
+            return dict(zip(streams, row["versions"] or [], strict=True))
+        if status == "already_processed":
+            return AlreadyProcessed(consumer, ",".join(keys))
+        if status == "conflict":
+            raise ConcurrencyError(row["conflict_stream"], row["conflict_expected"], row["conflict_actual"])
+        if status == "duplicate":
+            raise DuplicateEvent(sorted(e.event_id for e in events))
+        raise EventStoreError(f"corral_append_tracked returned {status!r}")  # pragma: no cover
+
     async def _record_tracking(self, conn: Any, tracking: Tracking) -> bool:
         fresh = await conn.fetchval(
             "INSERT INTO consumer_tracking (consumer, key) VALUES ($1, $2)"
