@@ -67,7 +67,8 @@ class Preemption(Service):
             return
         now = self.clock()
         snapshot = self.view.snapshot(now, pending=waiting)
-        for decision in core.schedule(snapshot, self.config):
+        # only Preempt decisions matter here: the core may skip explaining jobs that stay pending
+        for decision in core.schedule(snapshot, self.config, explain=False):
             if not isinstance(decision, core.Preempt):
                 continue
             for victim_id in decision.victims:
