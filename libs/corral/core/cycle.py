@@ -122,10 +122,10 @@ class _Cycle:
         self.idle: FreeGpus | None = None
         self.running = sorted(snapshot.running, key=lambda r: r.job.id)
         # possible victims, cheapest first, overall and per queue (costs are fixed for the cycle)
-        self.eligible = sorted(
-            (r for r in self.running if statically_eligible(r, self.now)),
-            key=lambda r: victim_cost_key(r, self.now),
-        )
+        now = self.now
+        costed = [(victim_cost_key(r, now), r) for r in self.running if statically_eligible(r, now)]
+        costed.sort(key=lambda kr: kr[0])
+        self.eligible = [r for _, r in costed]
         self.by_queue: dict[str, list[RunningJob]] = {}
         for r in self.eligible:
             self.by_queue.setdefault(r.job.queue, []).append(r)
@@ -178,6 +178,15 @@ class _Cycle:
         (see `probe`); the classes of over-share queues, last in the fair-share order, are
         resolved without walking every job ahead of them.
         """
+        out: list[Decision] = []
+        if self.strict:  # the first blocked job stops the cycle: no classes needed
+            for p in iter_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage):
+                d = self.decide(p, None)
+                if self.blocker is not None:
+                    break
+                if not isinstance(d, Pending):
+                    out.append(d)
+            return out
         live: dict[int | None, int] = {}
         sample: dict[int, PendingJob] = {}
         keys: dict[str, int | None] = {}
@@ -190,7 +199,6 @@ class _Cycle:
         seen = self.version
         quiet = 0  # jobs decided since the state last changed
         probed = -1  # the version the probes last ran at
-        out: list[Decision] = []
         for p in iter_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage):
             if self.blocker is not None:
                 break  # strict order: everything behind the blocked job waits
