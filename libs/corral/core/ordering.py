@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterator
+from operator import attrgetter
 
 from corral.core.model import OrderPolicy, PendingJob, QueueConfig, SchedulerConfig, Snapshot
 from corral.core.quota import ROOT, QueueTree, QueueUsage, share_key
@@ -44,12 +45,26 @@ def order_pending(
     back: `usage` is left unchanged)."""
     pending = list(snapshot.pending)
     if config.order is OrderPolicy.FIFO:
-        return sorted(pending, key=lambda p: (p.job.submit_time, p.job.id))
+        return sorted(pending, key=_BY_SUBMIT)
     if config.order is OrderPolicy.PRIORITY:
-        return sorted(pending, key=_in_queue_key)
+        return _by_priority(pending)
     if config.order is OrderPolicy.LAS:
-        return sorted(pending, key=lambda p: (p.attained_gpu_seconds, p.job.submit_time, p.job.id))
+        return sorted(pending, key=_BY_ATTAINED)
     return list(iter_pending(snapshot, config, tree=tree, usage=usage))
+
+
+# C-level sort keys (the order is sorted every cycle, over thousands of jobs in a busy replay)
+_BY_SUBMIT = attrgetter("job.submit_time", "job.id")
+_BY_ATTAINED = attrgetter("attained_gpu_seconds", "job.submit_time", "job.id")
+_PRIORITY = attrgetter("job.priority")
+
+
+def _by_priority(pending: list[PendingJob]) -> list[PendingJob]:
+    """Sorted by `_in_queue_key` (priority first, highest first, then oldest, then id): two
+    stable sorts, because a C-level key cannot negate the priority."""
+    out = sorted(pending, key=_BY_SUBMIT)
+    out.sort(key=_PRIORITY, reverse=True)  # stable, also when reversed
+    return out
 
 
 def iter_pending(
@@ -79,12 +94,11 @@ def _fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list[PendingJ
     jobs over 12 queues; the scan made ordering the most expensive part of the cycle).
     """
     usage = usage.copy()
-    unknown = sorted((p for p in pending if not tree.known(p.job.queue)), key=lambda p: (p.job.submit_time, p.job.id))
     by_queue: dict[str, list[PendingJob]] = {}
     for p in pending:
-        if tree.known(p.job.queue):
-            by_queue.setdefault(p.job.queue, []).append(p)
-    heads: dict[str, deque[PendingJob]] = {q: deque(sorted(js, key=_in_queue_key)) for q, js in by_queue.items()}
+        by_queue.setdefault(p.job.queue, []).append(p)
+    unknown = sorted((p for q in list(by_queue) if not tree.known(q) for p in by_queue.pop(q)), key=_BY_SUBMIT)
+    heads: dict[str, deque[PendingJob]] = {q: deque(_by_priority(js)) for q, js in by_queue.items()}
     waiting: dict[str, int] = {}
     for q, js in heads.items():
         for a in tree.path(q):

@@ -293,6 +293,7 @@ def check_guarantee(snap: Snapshot, config: SchedulerConfig, decisions) -> None:
             free -= d.placement.gpu_count
         elif isinstance(d, Preempt):
             free -= pend[d.job_id].job.total_gpus  # at most this many free GPUs are promised to it
+    reserved = 0  # free GPUs an entitled job's backfill reservation keeps from the jobs after it
     for d in decisions:
         if not isinstance(d, Pending) or d.reason.code in (
             ReasonCode.WAITING_FOR_PREEMPTION,
@@ -302,6 +303,12 @@ def check_guarantee(snap: Snapshot, config: SchedulerConfig, decisions) -> None:
             continue
         p = pend[d.job_id]
         j = p.job
+        kept = reserved  # this job is checked against the reservations made before it
+        details = dict(d.reason.details)
+        holder = "shadow_time" in details and d.reason.code is not ReasonCode.RESERVED_FOR
+        if holder and usage.get(j.queue, 0) + j.total_gpus <= guar[j.queue]:
+            # a guaranteed reservation holder keeps its GPUs even from other guaranteed jobs
+            reserved = int(details["reserved_gpus"])
         if usage.get(j.queue, 0) + j.total_gpus > guar[j.queue]:
             continue
         reclaimable = 0
@@ -323,9 +330,9 @@ def check_guarantee(snap: Snapshot, config: SchedulerConfig, decisions) -> None:
             reclaimable += min(eligible, over)
         if reclaimable == 0:
             continue  # no borrower holds reclaimable GPUs: waiting is not this invariant's concern
-        if max(free, 0) + reclaimable >= j.total_gpus:
+        if max(free - kept, 0) + reclaimable >= j.total_gpus:
             _dump(snap, decisions)
-        assert max(free, 0) + reclaimable < j.total_gpus, (
+        assert max(free - kept, 0) + reclaimable < j.total_gpus, (
             f"{j.id} in {j.queue} is within its guarantee and could reclaim "
             f"{reclaimable} GPUs ({free} free) but got {d.reason}"
         )
