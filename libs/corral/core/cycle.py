@@ -19,6 +19,7 @@ GPUs and quota that earlier decisions took. For each pending job, in order:
 from __future__ import annotations
 
 import math
+from operator import attrgetter, itemgetter
 
 from corral.core.backfill import Release, Reservation, find_placement_avoiding, releases_of, reserve
 from corral.core.decisions import Decision, Pending, Place, Preempt, Reason, ReasonCode
@@ -66,6 +67,8 @@ _QUIET_BEFORE_PROBING = 8
 _PER_JOB_REASONS = frozenset({ReasonCode.RESERVED_FOR, ReasonCode.WAITING_FOR_PREEMPTION})
 
 
+_BY_ID = attrgetter("job.id")
+_FIRST = itemgetter(0)
 _CLASS_IDS: dict[tuple[object, ...], int] = {}
 _CLASS_OF: dict[int, tuple[PendingJob, int]] = {}
 
@@ -120,15 +123,11 @@ class _Cycle:
         self.usage = QueueUsage.of(self.tree, snapshot.running)
         self.fi = FreeGpus.from_running(self.cluster, snapshot.running)
         self.idle: FreeGpus | None = None
-        self.running = sorted(snapshot.running, key=lambda r: r.job.id)
-        # possible victims, cheapest first, overall and per queue (costs are fixed for the cycle)
-        now = self.now
-        costed = [(victim_cost_key(r, now), r) for r in self.running if statically_eligible(r, now)]
-        costed.sort(key=lambda kr: kr[0])
-        self.eligible = [r for _, r in costed]
-        self.by_queue: dict[str, list[RunningJob]] = {}
-        for r in self.eligible:
-            self.by_queue.setdefault(r.job.queue, []).append(r)
+        self.running = sorted(snapshot.running, key=_BY_ID)
+        # possible victims, cheapest first, overall and per queue: built on first use (most
+        # cycles of a replay never look for victims)
+        self._eligible: list[RunningJob] | None = None
+        self._by_queue: dict[str, list[RunningJob]] = {}
         # GPUs of jobs asked to checkpoint: still taken in the index, free soon, claimable once
         self.releasing: dict[int, int] = {}
         for r in self.running:
@@ -163,6 +162,25 @@ class _Cycle:
         self.version = 0
         self.classes: dict[int, tuple[int, Reason, bool]] = {}
         self.dry = False  # while probing a class out of order (see `actions`): change nothing
+
+    @property
+    def eligible(self) -> list[RunningJob]:
+        """Running jobs that may be victims this cycle, cheapest first (costs are fixed for it)."""
+        if self._eligible is None:
+            now = self.now
+            costed = [(victim_cost_key(r, now), r) for r in self.running if statically_eligible(r, now)]
+            costed.sort(key=_FIRST)
+            self._eligible = [r for _, r in costed]
+            for r in self._eligible:
+                self._by_queue.setdefault(r.job.queue, []).append(r)
+        return self._eligible
+
+    @property
+    def by_queue(self) -> dict[str, list[RunningJob]]:
+        """`eligible`, per queue."""
+        if self._eligible is None:
+            _ = self.eligible
+        return self._by_queue
 
     def run(self) -> list[Decision]:
         return [self.decide(p) for p in iter_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage)]
