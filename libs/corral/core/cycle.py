@@ -128,6 +128,7 @@ class _Cycle:
         # cycles of a replay never look for victims)
         self._eligible: list[RunningJob] | None = None
         self._by_queue: dict[str, list[RunningJob]] = {}
+        self._eligible_attained: list[tuple[RunningJob, float]] | None = None
         # GPUs of jobs asked to checkpoint: still taken in the index, free soon, claimable once
         self.releasing: dict[int, int] = {}
         for r in self.running:
@@ -174,6 +175,13 @@ class _Cycle:
             for r in self._eligible:
                 self._by_queue.setdefault(r.job.queue, []).append(r)
         return self._eligible
+
+    def _attained(self) -> list[tuple[RunningJob, float]]:
+        """`eligible` with each job's attained service now (LAS asks for it once per candidate)."""
+        if self._eligible_attained is None:
+            now = self.now
+            self._eligible_attained = [(r, r.attained(now)) for r in self.eligible]
+        return self._eligible_attained
 
     @property
     def by_queue(self) -> dict[str, list[RunningJob]]:
@@ -535,7 +543,18 @@ class _Cycle:
         """Running jobs worth examining: everyone when LAS or reclaim may apply, else the queue's."""
         job = p.job
         if self.config.order is OrderPolicy.LAS and self.config.preemption:
-            return self.eligible
+            if self.config.reclaim:
+                return self.eligible
+            # only those `preemption._kind` can accept: far more attained service, or lower
+            # priority in the same queue (filtering here keeps the cost order and the answer)
+            mine = p.attained_gpu_seconds
+            need = max(self.config.las_preemption_ratio * mine, mine + self.config.las_min_gap_gpu_seconds)
+            need -= 1e-6 * (1.0 + abs(need))  # a superset: `_kind` decides exactly, rounding aside
+            return [
+                r
+                for r, theirs in self._attained()
+                if theirs >= need or (r.job.queue == job.queue and r.job.priority < job.priority)
+            ]
         if (
             self.config.reclaim
             and self.config.quotas
