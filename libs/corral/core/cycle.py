@@ -250,7 +250,8 @@ class _Cycle:
                 live[k] = left
             else:
                 del live[k]
-                resolved.discard(k)  # type: ignore[arg-type]
+                if k is not None:
+                    resolved.discard(k)
             if self.version != seen:
                 resolved.clear()
                 seen, quiet = self.version, 0
