@@ -83,6 +83,25 @@ def _check_expected(stream: str, expected: ExpectedVersion) -> None:
                          f"events already in the stream) or ANY, got {expected!r}")
 
 
+def _columns(plan: Plan) -> list[list[Any]]:
+    """The first ten arguments of corral_append / corral_append_tracked: streams, expected
+    versions, batch sizes, then one array per event column (the functions take columns, so an
+    append of N events is one statement)."""
+    events = [event for _, _, batch in plan for event in batch]
+    return [
+        [stream for stream, _, _ in plan],
+        [-1 if expected is ANY else expected for _, expected, _ in plan],
+        [len(batch) for _, _, batch in plan],
+        [e.event_id for e in events],
+        [e.type for e in events],
+        [e.schema_version for e in events],
+        [bytes(e.data).decode("utf-8") for e in events],
+        [e.correlation_id for e in events],
+        [e.causation_id for e in events],
+        [e.occurred_at for e in events],
+    ]
+
+
 def _plan(batches: Mapping[str, tuple[ExpectedVersion, Sequence[NewEvent]]]) -> Plan:
     plan: Plan = []
     seen: set[str] = set()
@@ -182,20 +201,12 @@ class EventStore:
 
     async def _append(self, plan: Plan, tracking: Tracking | None) -> dict[str, int] | AlreadyProcessed:
         streams = [stream for stream, _, _ in plan]
-        events = [event for _, _, batch in plan for event in batch]
         async with self._pool.acquire() as conn:
             try:
                 # One autocommit statement: the head lock is held only inside the database.
                 row = await conn.fetchrow(
                     "SELECT * FROM corral_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                    streams,
-                    [-1 if expected is ANY else expected for _, expected, _ in plan],
-                    [len(batch) for _, _, batch in plan],
-                    [e.event_id for e in events], [e.type for e in events],
-                    [e.schema_version for e in events],
-                    [bytes(e.data).decode("utf-8") for e in events],
-                    [e.correlation_id for e in events], [e.causation_id for e in events],
-                    [e.occurred_at for e in events],
+                    *_columns(plan),
                     tracking.consumer if tracking else None, tracking.key if tracking else None,
                 )
             except (asyncpg.InvalidTextRepresentationError, UnicodeDecodeError) as exc:
@@ -234,20 +245,12 @@ class EventStore:
         consumer = consumers.pop()
         plan = _plan(batches)
         streams = [stream for stream, _, _ in plan]
-        events = [event for _, _, batch in plan for event in batch]
         keys = [t.key for t in trackings]
         async with self._pool.acquire() as conn:
             try:
                 row = await conn.fetchrow(
                     "SELECT * FROM corral_append_tracked($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                    streams,
-                    [-1 if expected is ANY else expected for _, expected, _ in plan],
-                    [len(batch) for _, _, batch in plan],
-                    [e.event_id for e in events], [e.type for e in events],
-                    [e.schema_version for e in events],
-                    [bytes(e.data).decode("utf-8") for e in events],
-                    [e.correlation_id for e in events], [e.causation_id for e in events],
-                    [e.occurred_at for e in events],
+                    *_columns(plan),
                     consumer, keys,
                 )
             except (asyncpg.InvalidTextRepresentationError, UnicodeDecodeError) as exc:
@@ -264,7 +267,7 @@ class EventStore:
         if status == "conflict":
             raise ConcurrencyError(row["conflict_stream"], row["conflict_expected"], row["conflict_actual"])
         if status == "duplicate":
-            raise DuplicateEvent(sorted(e.event_id for e in events))
+            raise DuplicateEvent(sorted(e.event_id for _, _, batch in plan for e in batch))
         raise EventStoreError(f"corral_append_tracked returned {status!r}")  # pragma: no cover
 
     async def _record_tracking(self, conn: Any, tracking: Tracking) -> bool:
