@@ -5,10 +5,12 @@ A cycle takes a `Snapshot` (time, cluster, queues, pending and running jobs) and
 `Preempt` (victims to checkpoint so that the job fits afterwards) or `Pending` (with a `Reason`).
 
 Entry point:
-    schedule(snapshot, config=SchedulerConfig()) -> list[Decision]
+    schedule(snapshot, config=SchedulerConfig(), *, explain=True) -> list[Decision]
+        explain=False: only the Place and Preempt decisions (exactly those of the full cycle),
+        without explaining the jobs that stay pending; the simulator and the preemption service.
 
 Phases, callable on their own because the live services split the work:
-    order_pending(snapshot, config=SchedulerConfig(), *, tree=None) -> list[PendingJob]
+    order_pending(snapshot, config=SchedulerConfig(), *, tree=None, usage=None) -> list[PendingJob]
         quota service: fair share across the queue tree (or fifo / priority / LAS order).
     quota_check(snapshot, job, usage=None, *, tree=None, quotas=True) -> Reason | None
         quota service: None when the queue tree admits `job` now (guarantee, borrowing, lend
