@@ -149,6 +149,11 @@ class Service:
         self._reasons_said: dict[str, float] = {}
 
     # ---- hooks -------------------------------------------------------------------------------
+    def tracking(self, delivery: Delivery) -> Tracking:
+        """The tracking row that makes handling this inbox message an exactly-once effect: keyed by
+        the publisher's message id (Nats-Msg-Id), else by the message's place in its stream."""
+        return Tracking(self.name, delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
+
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
         """An inbox request; append its effects with `self.append(..., tracking=...)`."""
 

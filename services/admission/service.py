@@ -37,7 +37,7 @@ class Admission(Service):
     relay_after = 0.3  # the lightest deciding service: the relay's host unless a standby is idle
 
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
-        tracking = self._tracking(delivery)
+        tracking = self.tracking(delivery)
         if isinstance(event, ev.JobSubmitted):
             await self._admit(event, tracking)
         elif isinstance(event, ev.JobCancelRequested):
@@ -57,7 +57,7 @@ class Admission(Service):
         for i in submits:
             submitted, delivery = items[i]
             assert isinstance(submitted, ev.JobSubmitted)
-            trackings.append(self._tracking(delivery))
+            trackings.append(self.tracking(delivery))
             stream = job_stream(submitted.job_id)
             if submitted.stream != stream:
                 submitted = msgspec.structs.replace(submitted, stream=stream)
@@ -72,10 +72,6 @@ class Admission(Service):
         if await self.append_handled(batches, trackings):
             return [None] * len(items)
         return await super().handle_inbox_batch(items)
-
-    @staticmethod
-    def _tracking(delivery: Delivery) -> Tracking:
-        return Tracking("admission", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
 
     async def _admit(self, submitted: ev.JobSubmitted, tracking: Tracking) -> None:
         stream = job_stream(submitted.job_id)

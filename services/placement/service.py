@@ -108,7 +108,7 @@ class Placement(Service):
         trackings: list[Tracking] = []
         for event, delivery in items:
             assert isinstance(event, reports)
-            trackings.append(self._tracking(delivery))
+            trackings.append(self.tracking(delivery))
             if event.job_id not in self.view.jobs:
                 continue  # its tracking row only
             stream = job_stream(event.job_id)
@@ -117,12 +117,8 @@ class Placement(Service):
             return [None] * len(items)
         return await super().handle_inbox_batch(items)
 
-    @staticmethod
-    def _tracking(delivery: Delivery) -> Tracking:
-        return Tracking("placement", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
-
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
-        tracking = self._tracking(delivery)
+        tracking = self.tracking(delivery)
         if isinstance(event, ev.NodeRegistered):
             stream = node_stream(event.node)
             known = self.view.nodes.get(event.node)

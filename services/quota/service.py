@@ -20,7 +20,6 @@ from corral.contracts import events as ev
 from corral.contracts.envelope import Event, Reason, job_stream, queue_stream
 from corral.core.ordering import order_pending, tree_for
 from corral.core.quota import QueueTree, QueueUsage, quota_check
-from corral.eventstore import Tracking
 from corral.projection import JobState, JobView
 from corral.services.runtime import Service
 from corral.translate import wire_reason
@@ -38,7 +37,7 @@ class Quota(Service):
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
         if not isinstance(event, ev.QueueConfigured):
             return
-        tracking = Tracking("quota", delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
+        tracking = self.tracking(delivery)
         stream = queue_stream(event.queue.name)
         current = self.view.queues.get(event.queue.name)
         if current == event.queue:
