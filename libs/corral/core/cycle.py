@@ -191,7 +191,8 @@ class _Cycle:
         return self._by_queue
 
     def run(self) -> list[Decision]:
-        return [self.decide(p) for p in iter_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage)]
+        order = iter_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage)
+        return [self.decide(p, self._class_of(p)) for p in order]
 
     def actions(self) -> list[Decision]:
         """The Place and Preempt decisions of `run()`, without deciding jobs that cannot act.
@@ -282,8 +283,8 @@ class _Cycle:
 
     # -- one job ----------------------------------------------------------------------------------
 
-    def decide(self, p: PendingJob, key: int | bool | None = True) -> Decision:
-        """`key` is the job's class when the caller has it (True: compute it here)."""
+    def decide(self, p: PendingJob, key: int | None) -> Decision:
+        """`key` is the job's class (`_class_of`); None: decide it on its own, share nothing."""
         if self.blocker is not None:
             # strict order: nothing changes after the first blocked job, so one reason serves all
             if self.behind is None:
@@ -295,10 +296,7 @@ class _Cycle:
                     (("blocked_by", b.id), ("needs_gpus", b.total_gpus), ("free_gpus", self.fi.total_free)),
                 )
             return Pending(p.job.id, self.behind)
-        if key is True:
-            key = self._class_of(p)
-        if key is not None and key is not False:
-            assert isinstance(key, int)
+        if key is not None:
             hit = self.classes.get(key)
             if hit is not None and hit[0] == self.version:
                 if hit[2]:
@@ -308,8 +306,6 @@ class _Cycle:
         decision = self._decide(p)
         if (
             key is not None
-            and key is not True
-            and key is not False
             and isinstance(decision, Pending)
             and self.version == version
             and decision.reason.code not in _PER_JOB_REASONS

@@ -262,11 +262,6 @@ class FreeGpus:
         """(node index, GPU mask) per node of `placement`, sorted by node index."""
         return self.static.masks_of(placement)
 
-    def canonicalize(self) -> None:
-        """Reorder the buckets by node order, so that the index depends only on which GPUs are
-        free and not on the order they were taken in (the snapshot's list order is irrelevant)."""
-        self._rebuild()
-
     def as_mapping(self) -> dict[str, tuple[int, ...]]:
         return {n: indices_of(self.free[i]) for i, n in enumerate(self.names) if self.free[i]}
 

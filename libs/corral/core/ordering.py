@@ -75,12 +75,12 @@ def iter_pending(
     usage: QueueUsage | None = None,
 ) -> Iterator[PendingJob]:
     """`order_pending`, lazily: a cycle that can stop early does not pay for the rest of the order."""
-    pending = list(snapshot.pending)
     if config.order is not OrderPolicy.FAIR_SHARE:
         yield from order_pending(snapshot, config)
         return
     tree = tree if tree is not None else tree_for(snapshot, config)
-    yield from _fair_share_order(tree, usage if usage is not None else QueueUsage.of(tree, snapshot.running), pending)
+    usage = usage if usage is not None else QueueUsage.of(tree, snapshot.running)
+    yield from _fair_share_order(tree, usage, list(snapshot.pending))
 
 
 def _fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list[PendingJob]) -> Iterator[PendingJob]:
