@@ -9,7 +9,8 @@ The default cluster is 80 nodes x 8 H100 (640 GPUs, racks of 8): the trace's GPU
 and jobs queue. Queues: none given, so each of the 12 virtual clusters is guaranteed 53 GPUs.
 
 Run: .venv/bin/python bench/sim_philly.py [--cluster 80x8:H100] [--policies corral,fifo,...]
-     [--limit N] [--json-dir DIR] [--plot DIR]
+     [--limit N] [--json-dir DIR] [--plot DIR] [--compiled]
+`--compiled` runs the same replay on the core compiled by mypyc (bench/compiled.py).
 Source: Jeon et al., "Analysis of Large-Scale Multi-Tenant GPU Clusters for DNN Training
 Workloads", USENIX ATC 2019 (job summary as in the petuum/adaptdl OSDI'21 artifact).
 """
@@ -47,7 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json-dir", type=Path, help="write each policy's --json document here")
     parser.add_argument("--plot", type=Path, help="write the plots here")
+    parser.add_argument("--compiled", action="store_true", help="run on the mypyc-compiled core (bench/compiled.py)")
     args = parser.parse_args(argv)
+    if args.compiled and not os.environ.get("CORRAL_COMPILED_SITE"):
+        from compiled import reexec_compiled
+
+        reexec_compiled([str(Path(__file__).resolve()), *(sys.argv[1:] if argv is None else argv)])
     if not args.trace.is_file():
         print(f"trace not found: {args.trace}; pass --trace", file=sys.stderr)
         return 2
@@ -55,7 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     workload = load_workload(f"philly:{args.trace}")
     if args.limit:
         workload = workload.head(args.limit)
-    print(f"loaded {len(workload.jobs)} jobs in {time.perf_counter() - started:.1f}s; machine: {machine()}")
+    from compiled import core_kind
+
+    loaded = time.perf_counter() - started
+    print(f"loaded {len(workload.jobs)} jobs in {loaded:.1f}s; {core_kind()} core; machine: {machine()}")
     results: list[SimResult] = []
     for policy in (p.strip() for p in args.policies.split(",") if p.strip()):
         t0 = time.perf_counter()
