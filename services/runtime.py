@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import asyncpg
 
 from corral.bus import Bus, Delivery, OutboxRelay, Poison
+from corral.collector import tune_for_busy_process
 from corral.contracts.envelope import Event
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode, encode
@@ -445,6 +446,7 @@ def main(cls: type[Service], **kwargs: Any) -> None:
     """Entry point of `python -m corral.services.<name>`: run until SIGTERM/SIGINT."""
     logging.basicConfig(level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    tune_for_busy_process()
 
     async def _main() -> None:
         stop = asyncio.Event()

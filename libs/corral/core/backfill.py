@@ -64,7 +64,7 @@ def reserve(
     holder_within_guarantee: bool = False,
 ) -> Reservation | None:
     """The reservation for `job`, or None if it would not fit even after every release."""
-    order = sorted(releases, key=lambda r: (r.end, r.job_id))
+    order = sorted(releases)  # by (end, job_id): ids are unique, so the masks are never compared
     # One journal for the whole search: moving from one prefix of `order` to another only gives
     # or takes back the releases in between (rollback_to a mark).
     stmt = Statement(fi)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from corral.collector import busy_collection
 from corral.core import (
     Cluster,
     Decision,
@@ -208,6 +209,10 @@ class Simulator:
 
     # -- public -----------------------------------------------------------------------------
     def run(self) -> SimOutcome:
+        with busy_collection():
+            return self._run()
+
+    def _run(self) -> SimOutcome:
         wall = self._started = time.perf_counter()
         jobs = self._workload.jobs
         arrival = 0
