@@ -82,6 +82,8 @@ class JobView:
     _core_job: tuple[JobSpec, datetime, core.Job] | None = field(default=None, repr=False, compare=False)
     _core_placement: tuple[list[ev.RankPlacement], core.Placement] | None = field(default=None, repr=False,
                                                                                    compare=False)
+    _core_pending: tuple[core.Job, float, int, core.PendingJob] | None = field(default=None, repr=False,
+                                                                               compare=False)
 
     @property
     def active(self) -> bool:
@@ -114,6 +116,19 @@ class JobView:
         job = job_from_spec(self.job_id, self.spec, self.submitted_at.timestamp())
         self._core_job = (self.spec, self.submitted_at, job)
         return job
+
+    def core_pending(self) -> core.PendingJob:
+        """The job as the core's PendingJob; the same object while nothing it holds has changed, so
+        the core's per-job memos (see `core.cycle.class_id`) hit across reconciles."""
+        job = self.core_job()
+        cached = self._core_pending
+        # preempted_by only ever grows (see `_preempt_requested`): its size is its version
+        if cached is not None and cached[0] is job and cached[1] == self.attained_gpu_seconds \
+                and cached[2] == len(self.preempted_by):
+            return cached[3]
+        pending = core.PendingJob(job, self.attained_gpu_seconds, frozenset(self.preempted_by))
+        self._core_pending = (job, self.attained_gpu_seconds, len(self.preempted_by), pending)
+        return pending
 
     def core_placement(self) -> core.Placement:
         # Cached for as long as `ranks` is the very list it was made from (every fold replaces it).
@@ -241,8 +256,7 @@ class ClusterView:
             now=now,
             cluster=self.cluster(),
             queues=self.core_queues(),
-            pending=tuple(core.PendingJob(j.core_job(), j.attained_gpu_seconds, frozenset(j.preempted_by))
-                          for j in sorted(waiting, key=lambda j: j.job_id)),
+            pending=tuple(j.core_pending() for j in sorted(waiting, key=lambda j: j.job_id)),
             running=tuple(
                 core.RunningJob(
                     job=j.core_job(), placement=j.core_placement(),
