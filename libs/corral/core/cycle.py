@@ -19,6 +19,8 @@ GPUs and quota that earlier decisions took. For each pending job, in order:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 
 from corral.core.backfill import Release, Reservation, find_placement_avoiding, releases_of, reserve
@@ -36,7 +38,7 @@ from corral.core.model import (
 from corral.core.ordering import iter_pending, tree_for
 from corral.core.placement import find_placement, idle_index, static_feasibility
 from corral.core.preemption import PreemptionPlan, plan_preemption, statically_eligible, victim_cost_key
-from corral.core.quota import QueueUsage, quota_check, within_guarantee
+from corral.core.quota import QueueTree, QueueUsage, quota_check, within_guarantee
 
 
 def schedule(
@@ -109,36 +111,67 @@ def _shape(job: Job) -> tuple[object, ...]:
     return (job.replicas, job.gpus_per_replica, job.topology, job.gpu)
 
 
+@dataclass(slots=True)
+class Prepared:
+    """What a cycle would otherwise derive from its snapshot, kept up to date between cycles by a
+    `SchedulerState` (see state.py). Each part equals its from-scratch value for the snapshot;
+    `usage` and `fi` are fresh copies the cycle may change.
+
+    order: the pending jobs in the policy's order (lazily); classes: every pending job's class id
+    (numbered by the state; numbers are only compared within one cycle); live and sample: the
+    classes in order of their first job in `snapshot.pending`, with their job counts and that
+    first job (None when the state leaves them to the cycle: some pending job is a preemptor)."""
+
+    tree: QueueTree
+    usage: QueueUsage
+    fi: FreeGpus
+    running: list[RunningJob]
+    releasing: dict[int, int]
+    preemptors: set[str]
+    order: Callable[[QueueUsage], Iterator[PendingJob]]
+    classes: dict[str, int]
+    live: dict[int | None, int] | None
+    sample: dict[int, PendingJob] | None
+
+
 class _Cycle:
-    def __init__(self, snapshot: Snapshot, config: SchedulerConfig):
-        ids = [p.job.id for p in snapshot.pending] + [r.job.id for r in snapshot.running]
-        if len(set(ids)) != len(ids):
-            dup = sorted({i for i in ids if ids.count(i) > 1})
-            raise ValueError(f"Snapshot: job ids must be unique across pending and running, repeated: {dup}")
+    def __init__(self, snapshot: Snapshot, config: SchedulerConfig, prepared: Prepared | None = None):
         self.snapshot = snapshot
         self.config = config
         self.now = snapshot.now
         self.cluster = snapshot.cluster
-        self.tree = tree_for(snapshot, config)
-        self.usage = QueueUsage.of(self.tree, snapshot.running)
-        self.fi = FreeGpus.from_running(self.cluster, snapshot.running)
+        self.prepared = prepared
+        # GPUs of jobs asked to checkpoint: still taken in the index, free soon, claimable once
+        self.releasing: dict[int, int]
+        if prepared is not None:
+            self.tree, self.usage, self.fi = prepared.tree, prepared.usage, prepared.fi
+            self.running = prepared.running
+            self.releasing = prepared.releasing
+            # jobs that already preempted someone still running: their answers are their own
+            self.preemptors: set[str] = prepared.preemptors
+        else:
+            ids = [p.job.id for p in snapshot.pending] + [r.job.id for r in snapshot.running]
+            if len(set(ids)) != len(ids):
+                dup = sorted({i for i in ids if ids.count(i) > 1})
+                raise ValueError(f"Snapshot: job ids must be unique across pending and running, repeated: {dup}")
+            self.tree = tree_for(snapshot, config)
+            self.usage = QueueUsage.of(self.tree, snapshot.running)
+            self.fi = FreeGpus.from_running(self.cluster, snapshot.running)
+            self.running = sorted(snapshot.running, key=_BY_ID)
+            self.releasing = {}
+            for r in self.running:
+                if r.preempting:
+                    for i, m in releases_of(r.placement, self.fi):
+                        self.releasing[i] = self.releasing.get(i, 0) | m
+            self.preemptors = {x for r in self.running for x in r.preempted_by}
         self.idle: FreeGpus | None = None
-        self.running = sorted(snapshot.running, key=_BY_ID)
         # possible victims, cheapest first, overall and per queue: built on first use (most
         # cycles of a replay never look for victims)
         self._eligible: list[RunningJob] | None = None
         self._by_queue: dict[str, list[RunningJob]] = {}
         self._eligible_attained: list[tuple[RunningJob, float]] | None = None
-        # GPUs of jobs asked to checkpoint: still taken in the index, free soon, claimable once
-        self.releasing: dict[int, int] = {}
-        for r in self.running:
-            if r.preempting:
-                for i, m in releases_of(r.placement, self.fi):
-                    self.releasing[i] = self.releasing.get(i, 0) | m
         self.claimed: dict[int, int] = {}
         self.victims: set[str] = set()
-        # jobs that already preempted someone still running: their answers are their own
-        self.preemptors: set[str] = {x for r in self.running for x in r.preempted_by}
         self.placed: list[Release] = []
         self.reservation: Reservation | None = None
         self.blocker: PendingJob | None = None
@@ -190,9 +223,13 @@ class _Cycle:
             _ = self.eligible
         return self._by_queue
 
+    def order(self) -> Iterator[PendingJob]:
+        if self.prepared is not None:
+            return self.prepared.order(self.usage)
+        return iter_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage)
+
     def run(self) -> list[Decision]:
-        order = iter_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage)
-        return [self.decide(p, self._class_of(p)) for p in order]
+        return [self.decide(p, self._class_of(p)) for p in self.order()]
 
     def actions(self) -> list[Decision]:
         """The Place and Preempt decisions of `run()`, without deciding jobs that cannot act.
@@ -207,26 +244,30 @@ class _Cycle:
         """
         out: list[Decision] = []
         if self.strict:  # the first blocked job stops the cycle: no classes needed
-            for p in iter_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage):
+            for p in self.order():
                 d = self.decide(p, None)
                 if self.blocker is not None:
                     break
                 if not isinstance(d, Pending):
                     out.append(d)
             return out
-        live: dict[int | None, int] = {}
-        sample: dict[int, PendingJob] = {}
-        keys: dict[str, int | None] = {}
-        for p in self.snapshot.pending:
-            k = keys[p.job.id] = self._class_of(p)
-            live[k] = live.get(k, 0) + 1
-            if k is not None and k not in sample:
-                sample[k] = p
+        prepared = self.prepared
+        live: dict[int | None, int]
+        sample: dict[int, PendingJob]
+        if prepared is not None and prepared.live is not None and prepared.sample is not None:
+            live, sample = prepared.live, prepared.sample
+        else:
+            live, sample = {}, {}
+            for p in self.snapshot.pending:
+                k = self._class_of(p)
+                live[k] = live.get(k, 0) + 1
+                if k is not None and k not in sample:
+                    sample[k] = p
         resolved: set[int] = set()
         seen = self.version
         quiet = 0  # jobs decided since the state last changed
         probed = -1  # the version the probes last ran at
-        for p in iter_pending(self.snapshot, self.config, tree=self.tree, usage=self.usage):
+        for p in self.order():
             if self.blocker is not None:
                 break  # strict order: everything behind the blocked job waits
             if self.version != seen:
@@ -241,7 +282,7 @@ class _Cycle:
                         break
             if len(resolved) == len(live) and None not in live:
                 break
-            k = keys[p.job.id]
+            k = self._class_of(p)
             d = self.decide(p, k)
             quiet += 1
             if not isinstance(d, Pending):
@@ -319,6 +360,8 @@ class _Cycle:
         preempted a running one (its answers are its own)."""
         if p.job.id in self.preemptors:
             return None
+        if self.prepared is not None:
+            return self.prepared.classes[p.job.id]
         return class_id(p)
 
     def _starve(self, job: Job) -> None:

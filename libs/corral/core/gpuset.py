@@ -93,6 +93,30 @@ class ClusterIndex:
         # from cycle to cycle); the entry keeps the placement alive so an id is never reused
         self.placement_masks: dict[int, tuple[Placement, tuple[tuple[int, int], ...]]] = {}
 
+    def held_masks(self, r: RunningJob, used: Mapping[int, int]) -> tuple[tuple[int, int], ...]:
+        """The running job's GPUs per node (`masks_of`), checked: its nodes exist and have those
+        GPUs, and no GPU is already in `used` (a GPU has one holder)."""
+        try:
+            masks = self.masks_of(r.placement)
+        except KeyError as missing:
+            raise ValueError(
+                f"running job {r.job.id!r} holds GPUs on node {missing.args[0]!r}, which is not in the "
+                "cluster; keep lost nodes in Cluster.nodes with state 'lost' until their jobs end"
+            ) from None
+        for i, m in masks:
+            if m & ~self.all_masks[i]:
+                raise ValueError(
+                    f"running job {r.job.id!r} holds GPUs {indices_of(m & ~self.all_masks[i])} that node "
+                    f"{self.names[i]!r} does not have"
+                )
+            u = used.get(i, 0)
+            if m & u:
+                raise ValueError(
+                    f"running job {r.job.id!r} holds GPUs {indices_of(m & u)} of node "
+                    f"{self.names[i]!r} that another running job also holds; a GPU has one holder"
+                )
+        return masks
+
     @classmethod
     def of(cls, cluster: Cluster, eligible_states: frozenset[NodeState]) -> ClusterIndex:
         memo = cluster.memo
@@ -224,31 +248,12 @@ class FreeGpus:
     ) -> FreeGpus:
         """The free GPUs once every running job (except ids in `skip`) holds its placement."""
         st = ClusterIndex.of(cluster, frozenset({NodeState.READY}))
-        all_masks = st.all_masks
         used: dict[int, int] = {}
         for r in running:
             if r.job.id in skip:
                 continue
-            try:
-                masks = st.masks_of(r.placement)
-            except KeyError as missing:
-                raise ValueError(
-                    f"running job {r.job.id!r} holds GPUs on node {missing.args[0]!r}, which is not in the "
-                    "cluster; keep lost nodes in Cluster.nodes with state 'lost' until their jobs end"
-                ) from None
-            for i, m in masks:
-                if m & ~all_masks[i]:
-                    raise ValueError(
-                        f"running job {r.job.id!r} holds GPUs {indices_of(m & ~all_masks[i])} that node "
-                        f"{st.names[i]!r} does not have"
-                    )
-                u = used.get(i, 0)
-                if m & u:
-                    raise ValueError(
-                        f"running job {r.job.id!r} holds GPUs {indices_of(m & u)} of node "
-                        f"{st.names[i]!r} that another running job also holds; a GPU has one holder"
-                    )
-                used[i] = u | m
+            for i, m in st.held_masks(r, used):
+                used[i] = used.get(i, 0) | m
         return cls(cluster, used=used)
 
     @classmethod

@@ -93,12 +93,21 @@ def _fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list[PendingJ
     O(depth x log(children)) instead of a scan of every sibling (a Philly cycle orders ~1,000
     jobs over 12 queues; the scan made ordering the most expensive part of the cycle).
     """
-    usage = usage.copy()
     by_queue: dict[str, list[PendingJob]] = {}
     for p in pending:
         by_queue.setdefault(p.job.queue, []).append(p)
     unknown = sorted((p for q in list(by_queue) if not tree.known(q) for p in by_queue.pop(q)), key=_BY_SUBMIT)
-    heads: dict[str, deque[PendingJob]] = {q: deque(_by_priority(js)) for q, js in by_queue.items()}
+    yield from fair_share_walk(tree, usage, {q: _by_priority(js) for q, js in by_queue.items()}, unknown)
+
+
+def fair_share_walk(
+    tree: QueueTree, usage: QueueUsage, sorted_by_queue: dict[str, list[PendingJob]], unknown: list[PendingJob]
+) -> Iterator[PendingJob]:
+    """`_fair_share_order` from each known queue's jobs already in `_in_queue_key` order (and the
+    jobs of unknown queues, last, in submit order): the part a `SchedulerState` cannot keep, because
+    the shares move with every job taken. `usage` is not changed."""
+    usage = usage.copy()
+    heads: dict[str, deque[PendingJob]] = {q: deque(js) for q, js in sorted_by_queue.items() if js}
     waiting: dict[str, int] = {}
     for q, js in heads.items():
         for a in tree.path(q):

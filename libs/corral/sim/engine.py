@@ -45,6 +45,7 @@ from corral.core import (
     Topology,
     TopologyLevel,
 )
+from corral.core.state import SchedulerState
 from corral.sim.records import Interval, JobRecord, RankRecord
 from corral.sim.workload import SimJob, Workload
 
@@ -150,12 +151,16 @@ class Simulator:
         self._progress = progress
         self._progress_every = progress_every
         self._actions: Scheduler
+        # Without a scheduler of the caller's, cycles run on a SchedulerState kept in step with the
+        # engine's jobs: the same decisions as `schedule(snapshot)`, without rebuilding per cycle.
+        self._state: SchedulerState | None = None
         if scheduler is None:
             from corral.core import schedule as core_schedule
 
             scheduler = core_schedule
             # the replay applies only actions: the core may skip explaining jobs that stay pending
             self._actions = lambda snapshot, config: core_schedule(snapshot, config, explain=False)
+            self._state = SchedulerState(cluster, queues, config)
         else:
             self._actions = scheduler
         self._schedule: Scheduler = scheduler
@@ -264,6 +269,8 @@ class Simulator:
 
     def _add_pending(self, pending: PendingJob) -> None:
         self._pending[pending.job.id] = pending
+        if self._state is not None:
+            self._state.add_pending(pending)
         if self._strict_fifo:
             heapq.heappush(self._fifo_heads, (pending.job.submit_time, pending.job.id))
         size = pending.job.total_gpus
@@ -272,6 +279,8 @@ class Simulator:
     def _pop_pending(self, job_id: str) -> PendingJob | None:
         pending = self._pending.pop(job_id, None)
         if pending is not None:
+            if self._state is not None:
+                self._state.remove_pending(job_id)
             size = pending.job.total_gpus
             left = self._pending_sizes[size] - 1
             if left:
@@ -316,6 +325,8 @@ class Simulator:
         """The job gives its GPUs back: done, or requeued with the work since its last checkpoint lost."""
         run = self._runs.pop(job_id)
         running = self._running.pop(job_id)
+        if self._state is not None:
+            self._state.remove_running(job_id)
         for key in run.gpus:
             del self._held[key]
             self._held_on[key[0]] -= 1
@@ -343,12 +354,15 @@ class Simulator:
     def _cycle(self, now: float) -> None:
         if self._track_checkpoints:
             self._advance_checkpoints(now)
-        snapshot = Snapshot(
-            now, self._cluster, self._queues, tuple(self._pending.values()), tuple(self._running.values())
-        )
         self.stats.max_pending = max(self.stats.max_pending, len(self._pending))
         started = time.perf_counter()
-        decisions = self._actions(snapshot, self._config)
+        if self._state is not None:
+            decisions = self._state.cycle(now)
+        else:
+            snapshot = Snapshot(
+                now, self._cluster, self._queues, tuple(self._pending.values()), tuple(self._running.values())
+            )
+            decisions = self._actions(snapshot, self._config)
         self.stats.schedule_seconds += time.perf_counter() - started
         self.stats.cycles += 1
         if self._progress is not None and self.stats.cycles % self._progress_every == 0:
@@ -387,9 +401,11 @@ class Simulator:
         ranks = tuple(RankRecord(r.node, tuple(r.gpus)) for r in placement.ranks)
         run = _Run(self._epoch, now, ranks, gpus)
         self._runs[job_id] = run
-        self._running[job_id] = RunningJob(
+        self._running[job_id] = running = RunningJob(
             job, placement, now, None, False, pending.attained_gpu_seconds, pending.preempted_by
         )
+        if self._state is not None:
+            self._state.add_running(running)
         record = self._records[job_id]
         if record.start is None:
             record.start = now
@@ -406,7 +422,7 @@ class Simulator:
         if running.preempting:
             return
         run.preemptor = preemptor
-        self._running[victim] = RunningJob(
+        self._running[victim] = leaving = RunningJob(
             running.job,
             running.placement,
             running.start_time,
@@ -415,6 +431,8 @@ class Simulator:
             running.attained_gpu_seconds,
             running.preempted_by,
         )
+        if self._state is not None:
+            self._state.replace_running(leaving)
         grace = running.job.checkpoint_grace_seconds
         self._push(now + grace, _RELEASE, victim, run.epoch)
 
@@ -429,9 +447,11 @@ class Simulator:
             interval = self._sim[job_id].checkpoint_interval_seconds
             last = run.start + math.floor((now - run.start) / interval) * interval
             r = self._running[job_id]
-            self._running[job_id] = RunningJob(
+            self._running[job_id] = moved = RunningJob(
                 r.job, r.placement, r.start_time, last, r.preempting, r.attained_gpu_seconds, r.preempted_by
             )
+            if self._state is not None:
+                self._state.replace_running(moved)
             run.next_checkpoint = last + interval
             heapq.heappush(heap, (run.next_checkpoint, epoch, job_id, epoch))
 
@@ -462,6 +482,8 @@ class Simulator:
 
     def _set_node_state(self, name: str, state: NodeState) -> None:
         self._cluster = Cluster(tuple(replace(n, state=state) if n.name == name else n for n in self._cluster.nodes))
+        if self._state is not None:
+            self._state.set_cluster(self._cluster)
         self._recount_free()
 
     def _final_reasons(self) -> dict[str, str]:
