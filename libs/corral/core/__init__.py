@@ -8,6 +8,10 @@ Entry point:
     schedule(snapshot, config=SchedulerConfig(), *, explain=True) -> list[Decision]
         explain=False: only the Place and Preempt decisions (exactly those of the full cycle),
         without explaining the jobs that stay pending; the simulator and the preemption service.
+    SchedulerState(cluster, queues, config): the same cycle for an owner that reports every change
+        (add_pending / remove_pending / add_running / remove_running / replace_running /
+        set_cluster) instead of building a snapshot; state.cycle(now, explain=False) equals
+        schedule(state.snapshot(now), config, explain=False). The simulator's engine.
 
 Phases, callable on their own because the live services split the work:
     order_pending(snapshot, config=SchedulerConfig(), *, tree=None, usage=None) -> list[PendingJob]
@@ -56,6 +60,7 @@ from corral.core.ordering import order_pending
 from corral.core.placement import find_placement, static_feasibility
 from corral.core.preemption import select_victims
 from corral.core.quota import QueueTree, QueueUsage, quota_check
+from corral.core.state import SchedulerState
 
 __all__ = [
     "Cluster",
@@ -80,6 +85,7 @@ __all__ = [
     "ReasonCode",
     "RunningJob",
     "SchedulerConfig",
+    "SchedulerState",
     "Snapshot",
     "Statement",
     "Topology",

@@ -11,9 +11,12 @@ checkpoints by itself every `checkpoint_interval_seconds` of its run; when it is
 the work done since its last periodic checkpoint, so it is requeued with its remaining duration
 plus that lost work. A victim that would finish within its grace simply finishes.
 
-Why the state is incremental: a Philly replay has ~100,000 cycles. The engine keeps pending and
-running jobs as ready-made core objects in insertion-ordered dicts, and a snapshot is just tuples
-of them; nothing is rebuilt per cycle except the few RunningJobs whose checkpoint time moved.
+Why the state is incremental: a Philly replay has ~100,000 cycles with one or two jobs changed
+between two of them. The engine keeps pending and running jobs as ready-made core objects, and
+tells a `corral.core.state.SchedulerState` every change, so a cycle starts from the free-GPU index,
+usage, order and job classes as they stand instead of rebuilding them from a snapshot; the
+decisions are exactly those of `schedule(snapshot)` (property-tested). A caller's own `scheduler`
+gets the snapshot instead.
 """
 
 from __future__ import annotations
