@@ -132,6 +132,8 @@ class Prepared:
     classes: dict[str, int]
     live: dict[int | None, int] | None
     sample: dict[int, PendingJob] | None
+    # the backfill release of every running job not asked to checkpoint, by job id (any order)
+    releases: dict[str, Release]
 
 
 class _Cycle:
@@ -698,8 +700,18 @@ class _Cycle:
 
     def _releases(self) -> list[Release]:
         out = list(self.placed)
-        for r in self.running:
-            if r.job.id in self.victims:
+        victims = self.victims
+        if self.prepared is not None:
+            kept = self.prepared.releases
+            out.extend(kept.values() if not victims else (x for x in kept.values() if x.job_id not in victims))
+            for r in self.running:  # asked to checkpoint: free now (the state keeps no release)
+                if r.preempting and r.job.id not in victims:
+                    out.append(Release(self.now, r.job.id, releases_of(r.placement, self.fi)))
+            running: list[RunningJob] = []
+        else:
+            running = self.running
+        for r in running:
+            if r.job.id in victims:
                 continue
             end = self.now if r.preempting else r.expected_end()
             out.append(Release(math.inf if end is None else end, r.job.id, releases_of(r.placement, self.fi)))

@@ -16,10 +16,12 @@ jobs added is remembered, so `snapshot()` lists them as the owner's own dicts wo
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from operator import attrgetter
 
+from corral.core.backfill import Release
 from corral.core.cycle import Prepared, _Cycle
 from corral.core.decisions import Decision
 from corral.core.gpuset import ClusterIndex, FreeGpus
@@ -90,6 +92,7 @@ class SchedulerState:
         self._leaving: dict[str, int] = {}
         self._preempting: set[str] = set()
         self._preemptors: dict[str, int] = {}
+        self._releases: dict[str, Release] = {}  # backfill: when each running job's GPUs come back
         # queue names jobs use (without quotas, a queue named only by jobs exists implicitly)
         self._named: dict[str, int] = {}
         self._tree: QueueTree | None = None
@@ -107,6 +110,8 @@ class SchedulerState:
             masks = self._masks[job_id] = self._index.held_masks(r, self._used)
             for i, m in masks:
                 self._used[i] = self._used.get(i, 0) | m
+            if job_id in self._releases:
+                self._releases[job_id] = self._releases[job_id]._replace(masks=masks)
 
     def add_pending(self, p: PendingJob) -> None:
         job_id = p.job.id
@@ -182,6 +187,11 @@ class SchedulerState:
         self._count(r, +1)
 
     def _count(self, r: RunningJob, sign: int) -> None:
+        if sign < 0:
+            self._releases.pop(r.job.id, None)
+        elif not r.preempting:
+            end = r.expected_end()
+            self._releases[r.job.id] = Release(math.inf if end is None else end, r.job.id, self._masks[r.job.id])
         q, g = r.job.queue, r.placement.gpu_count * sign
         _bump(self._held, q, g)
         if r.preempting:
@@ -276,6 +286,7 @@ class SchedulerState:
             classes=self._class,
             live=live,
             sample=sample,
+            releases=self._releases,
         )
         cycle = _Cycle(self.snapshot(now), self.config, prepared)
         return cycle.run() if explain else cycle.actions()
