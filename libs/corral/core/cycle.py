@@ -166,7 +166,6 @@ class _Cycle:
                     for i, m in releases_of(r.placement, self.fi):
                         self.releasing[i] = self.releasing.get(i, 0) | m
             self.preemptors = {x for r in self.running for x in r.preempted_by}
-        self.idle: FreeGpus | None = None
         # possible victims, cheapest first, overall and per queue: built on first use (most
         # cycles of a replay never look for victims)
         self._eligible: list[RunningJob] | None = None
@@ -184,7 +183,6 @@ class _Cycle:
         self.no_fit_reason: dict[object, tuple[int, Reason]] = {}
         self.no_release_fit: set[object] = set()
         self.no_preempt: set[object] = set()
-        self.never: dict[object, Reason | None] = {}
         self.borrow_epoch = 0
         self.starved = 0
         self.starved_for: Job | None = None
@@ -426,11 +424,7 @@ class _Cycle:
                     ),
                 )
             found = unmasked
-        if shape not in self.never:
-            if self.idle is None:
-                self.idle = idle_index(self.cluster)
-            self.never[shape] = static_feasibility(self.cluster, job, self.idle)
-        never = self.never[shape]
+        never = self._never(job, shape)
         if never is not None:
             return Pending(job.id, never)
         reason = found if isinstance(found, Reason) else self._no_fit(job, shape)
@@ -465,6 +459,20 @@ class _Cycle:
         return Pending(job.id, reason)
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _never(self, job: Job, shape: object) -> Reason | None:
+        """`static_feasibility` of the shape: a pure function of the cluster, so it is kept in the
+        cluster's memo (with the idle index it needs) for every cycle on the same Cluster."""
+        memo = self.cluster.memo
+        key = ("static_feasibility", shape)
+        if key not in memo:
+            idle = memo.get("idle_index")
+            if not isinstance(idle, FreeGpus):
+                idle = memo["idle_index"] = idle_index(self.cluster)
+            memo[key] = static_feasibility(self.cluster, job, idle)
+        found = memo[key]
+        assert found is None or isinstance(found, Reason)
+        return found
 
     def _no_fit(self, job: Job, shape: object) -> Reason | Placement:
         """find_placement's Reason for a shape known not to fit, computed once per state version."""
