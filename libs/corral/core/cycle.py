@@ -171,6 +171,7 @@ class _Cycle:
         self._eligible: list[RunningJob] | None = None
         self._by_queue: dict[str, list[RunningJob]] = {}
         self._eligible_attained: list[tuple[RunningJob, float]] | None = None
+        self._lowest: dict[str, int] | None = None  # per queue: the lowest priority running
         self.claimed: dict[int, int] = {}
         self.victims: set[str] = set()
         self.placed: list[Release] = []
@@ -375,7 +376,7 @@ class _Cycle:
         quota = quota_check(self.snapshot, job, self.usage, tree=self.tree, quotas=self.config.quotas)
         if quota is not None:
             if quota.code is not ReasonCode.QUEUE_UNKNOWN and self.config.preemption:
-                plan = self._plan(p, self.by_queue.get(job.queue, []), check_quota=True)
+                plan = self._plan(p, self._same_queue_victims(job), check_quota=True)
                 if isinstance(plan, PreemptionPlan):
                     return self._preempt(p, plan)
             return Pending(job.id, quota)
@@ -612,7 +613,24 @@ class _Cycle:
             and self.usage.active.get(job.queue, 0) + job.total_gpus <= self.tree.guarantee[job.queue]
         ):
             return self.eligible
-        return self.by_queue.get(job.queue, []) if self.config.preemption else []
+        return self._same_queue_victims(job) if self.config.preemption else []
+
+    def _same_queue_victims(self, job: Job) -> list[RunningJob]:
+        """Possible victims in the job's own queue, cheapest first. Outside LAS a same-queue victim
+        can only be one of lower priority (reclaim is between queues), so the others are left out,
+        and when the queue runs nothing of lower priority the victims' cost order is not built."""
+        if self.config.order is OrderPolicy.LAS:
+            return self.by_queue.get(job.queue, [])
+        if self._lowest is None:
+            self._lowest = {}
+            for r in self.running:
+                q, prio = r.job.queue, r.job.priority
+                if prio < self._lowest.get(q, prio + 1):
+                    self._lowest[q] = prio
+        low = self._lowest.get(job.queue)
+        if low is None or low >= job.priority:
+            return []
+        return [r for r in self.by_queue.get(job.queue, []) if r.job.priority < job.priority]
 
     def _preempt_key(self, p: PendingJob, check_quota: bool) -> object:
         """Jobs with equal keys get equal preemption answers until a borrower grows: placing a
