@@ -376,7 +376,7 @@ class _Cycle:
         quota = quota_check(self.snapshot, job, self.usage, tree=self.tree, quotas=self.config.quotas)
         if quota is not None:
             if quota.code is not ReasonCode.QUEUE_UNKNOWN and self.config.preemption:
-                plan = self._plan(p, self._same_queue_victims(job), check_quota=True)
+                plan = self._plan(p, lambda: self._same_queue_victims(job), check_quota=True)
                 if isinstance(plan, PreemptionPlan):
                     return self._preempt(p, plan)
             return Pending(job.id, quota)
@@ -403,7 +403,7 @@ class _Cycle:
             return waiting
 
         if self.config.preemption or self.config.reclaim:
-            plan = self._plan(p, self._candidates(p), check_quota=False, avoid=avoid)
+            plan = self._plan(p, lambda: self._candidates(p), check_quota=False, avoid=avoid)
             if isinstance(plan, PreemptionPlan):
                 return self._preempt(p, plan)
 
@@ -650,12 +650,20 @@ class _Cycle:
         )
 
     def _plan(
-        self, p: PendingJob, candidates: list[RunningJob], *, check_quota: bool, avoid: bool = False
+        self,
+        p: PendingJob,
+        candidates_of: Callable[[], list[RunningJob]],
+        *,
+        check_quota: bool,
+        avoid: bool = False,
     ) -> PreemptionPlan | Reason | None:
-        if not candidates:
-            return None
+        """`candidates_of` is called only when the answer is not already known to be "no plan"
+        (listing the candidates is O(running jobs) under LAS)."""
         key = (self._preempt_key(p, check_quota), avoid)
         if key in self.no_preempt:
+            return None
+        candidates = candidates_of()
+        if not candidates:
             return None
         hold = Statement(self.fi)
         if avoid:  # preempting must not take the reserved GPUs either
