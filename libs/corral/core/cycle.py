@@ -172,6 +172,7 @@ class _Cycle:
         self._by_queue: dict[str, list[RunningJob]] = {}
         self._eligible_attained: list[tuple[RunningJob, float]] | None = None
         self._lowest: dict[str, int] | None = None  # per queue: the lowest priority running
+        self._las_candidates: dict[tuple[float, str, int], list[RunningJob]] = {}
         self.claimed: dict[int, int] = {}
         self.victims: set[str] = set()
         self.placed: list[Release] = []
@@ -601,11 +602,17 @@ class _Cycle:
             mine = p.attained_gpu_seconds
             need = max(self.config.las_preemption_ratio * mine, mine + self.config.las_min_gap_gpu_seconds)
             need -= 1e-6 * (1.0 + abs(need))  # a superset: `_kind` decides exactly, rounding aside
-            return [
-                r
-                for r, theirs in self._attained()
-                if theirs >= need or (r.job.queue == job.queue and r.job.priority < job.priority)
-            ]
+            # one list per (threshold, queue, priority) a cycle: every new job (no service yet)
+            # of a queue shares it
+            key = (need, job.queue, job.priority)
+            found = self._las_candidates.get(key)
+            if found is None:
+                found = self._las_candidates[key] = [
+                    r
+                    for r, theirs in self._attained()
+                    if theirs >= need or (r.job.queue == job.queue and r.job.priority < job.priority)
+                ]
+            return found
         if (
             self.config.reclaim
             and self.config.quotas
