@@ -75,6 +75,23 @@ _CLASS_IDS: dict[tuple[object, ...], int] = {}
 _CLASS_OF: dict[int, tuple[PendingJob, int]] = {}
 
 
+def class_key(p: PendingJob) -> tuple[object, ...]:
+    """Everything about a pending job that its decision reads, except its id and its place in the
+    order: jobs with equal keys get equal answers while the cycle's state is unchanged."""
+    job = p.job
+    return (
+        job.queue,
+        job.replicas,
+        job.gpus_per_replica,
+        job.topology,
+        job.gpu,
+        job.priority,
+        job.estimated_runtime_seconds,
+        p.preempted_by,
+        p.attained_gpu_seconds,
+    )
+
+
 def class_id(p: PendingJob) -> int:
     """A small int naming the pending job's class; equal for jobs whose decisions read the same.
 
@@ -87,18 +104,7 @@ def class_id(p: PendingJob) -> int:
     hit = _CLASS_OF.get(id(p))
     if hit is not None and hit[0] is p:
         return hit[1]
-    job = p.job
-    key = (
-        job.queue,
-        job.replicas,
-        job.gpus_per_replica,
-        job.topology,
-        job.gpu,
-        job.priority,
-        job.estimated_runtime_seconds,
-        p.preempted_by,
-        p.attained_gpu_seconds,
-    )
+    key = class_key(p)
     n = _CLASS_IDS.get(key)
     if n is None:
         n = _CLASS_IDS[key] = len(_CLASS_IDS)

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from operator import attrgetter
 
 from corral.core.backfill import Release
-from corral.core.cycle import Prepared, _Cycle
+from corral.core.cycle import Prepared, _Cycle, class_key
 from corral.core.decisions import Decision
 from corral.core.gpuset import ClusterIndex, FreeGpus
 from corral.core.model import (
@@ -76,7 +76,7 @@ class SchedulerState:
         self._configured = {q.name for q in self.queues}
         self._pending: dict[str, PendingJob] = {}
         self._running: dict[str, RunningJob] = {}
-        # classes: numbered here, for as long as the state lives (see `cycle.class_id` for the key)
+        # classes (`cycle.class_key`): numbered here, for as long as the state lives
         self._class_ids: dict[tuple[object, ...], int] = {}
         self._class: dict[str, int] = {}
         self._members: dict[int, dict[str, PendingJob]] = {}
@@ -121,17 +121,7 @@ class SchedulerState:
         self._seq[job_id] = self._next_seq
         self._next_seq += 1
         job = p.job
-        key = (
-            job.queue,
-            job.replicas,
-            job.gpus_per_replica,
-            job.topology,
-            job.gpu,
-            job.priority,
-            job.estimated_runtime_seconds,
-            p.preempted_by,
-            p.attained_gpu_seconds,
-        )
+        key = class_key(p)
         k = self._class_ids.get(key)
         if k is None:
             k = self._class_ids[key] = len(self._class_ids)
