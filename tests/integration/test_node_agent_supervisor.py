@@ -20,6 +20,8 @@ from corral.services.node_agent.supervisor import ExitReason, GangEnd, GangOutco
 from corral.worker import CHECKPOINTED_EXIT_CODE
 
 PY = sys.executable
+# a worker that runs until a signal stops it (no clock: it never ends by itself)
+UNTIL_STOPPED = (PY, "-c", "import signal; signal.pause()")
 
 
 @dataclass
@@ -215,7 +217,7 @@ async def test_a_rank_that_cannot_start_stops_the_ranks_that_did(tmp_path: Path)
     events = Recorder()
     sup = Supervisor(events, tmp_path / "run", kill_grace=2.0)
     (tmp_path / "logs" / "job-1" / "rank-1.log").mkdir(parents=True)  # rank 1 cannot open its log
-    result = await sup.start(assignment(tmp_path, (PY, "-c", "import time; time.sleep(60)"), ranks=2))
+    result = await sup.start(assignment(tmp_path, UNTIL_STOPPED, ranks=2))
     assert not result.ok
     assert list(result.pids) == [0] and list(result.failed) == [1]
     outcome = await asyncio.wait_for(sup.wait("job-1"), 10)
@@ -239,7 +241,7 @@ async def test_a_gang_whose_first_rank_cannot_start_ends_at_once(tmp_path: Path)
 
 async def test_a_redelivered_reservation_does_not_start_the_gang_twice(tmp_path: Path) -> None:
     sup = Supervisor(Recorder(), tmp_path / "run")
-    a = assignment(tmp_path, (PY, "-c", "import time; time.sleep(60)"), ranks=1)
+    a = assignment(tmp_path, UNTIL_STOPPED, ranks=1)
     first = await sup.start(a)
     second = await sup.start(a)
     assert second.already_running and second.pids == first.pids
