@@ -748,15 +748,11 @@ class _Cycle:
     def _releases(self) -> list[Release]:
         out = list(self.placed)
         victims = self.victims
+        running = self.running
         if self.prepared is not None:
-            kept = self.prepared.releases
-            out.extend(kept.values() if not victims else (x for x in kept.values() if x.job_id not in victims))
-            for r in self.running:  # asked to checkpoint: free now (the state keeps no release)
-                if r.preempting and r.job.id not in victims:
-                    out.append(Release(self.now, r.job.id, releases_of(r.placement, self.fi)))
-            running: list[RunningJob] = []
-        else:
-            running = self.running
+            kept = self.prepared.releases.values()
+            out.extend(kept if not victims else (x for x in kept if x.job_id not in victims))
+            running = [r for r in running if r.preempting]  # the state keeps no release for these
         for r in running:
             if r.job.id in victims:
                 continue

@@ -25,7 +25,7 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from corral.collector import busy_collection
@@ -154,16 +154,17 @@ class Simulator:
         self._progress = progress
         self._progress_every = progress_every
         self._actions: Scheduler
-        # Without a scheduler of the caller's, cycles run on a SchedulerState kept in step with the
-        # engine's jobs: the same decisions as `schedule(snapshot)`, without rebuilding per cycle.
-        self._state: SchedulerState | None = None
+        # The pending and running jobs live in a SchedulerState. Without a scheduler of the
+        # caller's, cycles run on it: the same decisions as `schedule(snapshot)`, without
+        # rebuilding per cycle; a caller's scheduler gets `state.snapshot(now)`.
+        self._state = SchedulerState(cluster, queues, config)
+        self._on_state = scheduler is None
         if scheduler is None:
             from corral.core import schedule as core_schedule
 
             scheduler = core_schedule
             # the replay applies only actions: the core may skip explaining jobs that stay pending
             self._actions = lambda snapshot, config: core_schedule(snapshot, config, explain=False)
-            self._state = SchedulerState(cluster, queues, config)
         else:
             self._actions = scheduler
         self._schedule: Scheduler = scheduler
@@ -200,8 +201,9 @@ class Simulator:
         self._attained: dict[str, float] = {}
         self._preempted_by: dict[str, frozenset[str]] = {}
         self._jobs: dict[str, Job] = {}
-        self._pending: dict[str, PendingJob] = {}
-        self._running: dict[str, RunningJob] = {}
+        # read-only views of the state's jobs: every change goes through the state
+        self._pending: Mapping[str, PendingJob] = self._state.pending
+        self._running: Mapping[str, RunningJob] = self._state.running
         self._runs: dict[str, _Run] = {}
         self._held: dict[tuple[str, int], str] = {}
         self._held_on: dict[str, int] = {n.name: 0 for n in cluster.nodes}
@@ -271,19 +273,15 @@ class Simulator:
         )
 
     def _add_pending(self, pending: PendingJob) -> None:
-        self._pending[pending.job.id] = pending
-        if self._state is not None:
-            self._state.add_pending(pending)
+        self._state.add_pending(pending)
         if self._strict_fifo:
             heapq.heappush(self._fifo_heads, (pending.job.submit_time, pending.job.id))
         size = pending.job.total_gpus
         self._pending_sizes[size] = self._pending_sizes.get(size, 0) + 1
 
     def _pop_pending(self, job_id: str) -> PendingJob | None:
-        pending = self._pending.pop(job_id, None)
+        pending = self._state.remove_pending(job_id) if job_id in self._pending else None
         if pending is not None:
-            if self._state is not None:
-                self._state.remove_pending(job_id)
             size = pending.job.total_gpus
             left = self._pending_sizes[size] - 1
             if left:
@@ -327,9 +325,7 @@ class Simulator:
     def _stop(self, job_id: str, now: float, finished: bool) -> None:
         """The job gives its GPUs back: done, or requeued with the work since its last checkpoint lost."""
         run = self._runs.pop(job_id)
-        running = self._running.pop(job_id)
-        if self._state is not None:
-            self._state.remove_running(job_id)
+        running = self._state.remove_running(job_id)
         for key in run.gpus:
             del self._held[key]
             self._held_on[key[0]] -= 1
@@ -359,13 +355,10 @@ class Simulator:
             self._advance_checkpoints(now)
         self.stats.max_pending = max(self.stats.max_pending, len(self._pending))
         started = time.perf_counter()
-        if self._state is not None:
+        if self._on_state:
             decisions = self._state.cycle(now)
         else:
-            snapshot = Snapshot(
-                now, self._cluster, self._queues, tuple(self._pending.values()), tuple(self._running.values())
-            )
-            decisions = self._actions(snapshot, self._config)
+            decisions = self._actions(self._state.snapshot(now), self._config)
         self.stats.schedule_seconds += time.perf_counter() - started
         self.stats.cycles += 1
         if self._progress is not None and self.stats.cycles % self._progress_every == 0:
@@ -404,11 +397,9 @@ class Simulator:
         ranks = tuple(RankRecord(r.node, tuple(r.gpus)) for r in placement.ranks)
         run = _Run(self._epoch, now, ranks, gpus)
         self._runs[job_id] = run
-        self._running[job_id] = running = RunningJob(
-            job, placement, now, None, False, pending.attained_gpu_seconds, pending.preempted_by
+        self._state.add_running(
+            RunningJob(job, placement, now, None, False, pending.attained_gpu_seconds, pending.preempted_by)
         )
-        if self._state is not None:
-            self._state.add_running(running)
         record = self._records[job_id]
         if record.start is None:
             record.start = now
@@ -425,17 +416,17 @@ class Simulator:
         if running.preempting:
             return
         run.preemptor = preemptor
-        self._running[victim] = leaving = RunningJob(
-            running.job,
-            running.placement,
-            running.start_time,
-            running.last_checkpoint_time,
-            True,
-            running.attained_gpu_seconds,
-            running.preempted_by,
+        self._state.replace_running(
+            RunningJob(
+                running.job,
+                running.placement,
+                running.start_time,
+                running.last_checkpoint_time,
+                True,
+                running.attained_gpu_seconds,
+                running.preempted_by,
+            )
         )
-        if self._state is not None:
-            self._state.replace_running(leaving)
         grace = running.job.checkpoint_grace_seconds
         self._push(now + grace, _RELEASE, victim, run.epoch)
 
@@ -450,11 +441,9 @@ class Simulator:
             interval = self._sim[job_id].checkpoint_interval_seconds
             last = run.start + math.floor((now - run.start) / interval) * interval
             r = self._running[job_id]
-            self._running[job_id] = moved = RunningJob(
-                r.job, r.placement, r.start_time, last, r.preempting, r.attained_gpu_seconds, r.preempted_by
+            self._state.replace_running(
+                RunningJob(r.job, r.placement, r.start_time, last, r.preempting, r.attained_gpu_seconds, r.preempted_by)
             )
-            if self._state is not None:
-                self._state.replace_running(moved)
             run.next_checkpoint = last + interval
             heapq.heappush(heap, (run.next_checkpoint, epoch, job_id, epoch))
 
@@ -485,20 +474,15 @@ class Simulator:
 
     def _set_node_state(self, name: str, state: NodeState) -> None:
         self._cluster = Cluster(tuple(replace(n, state=state) if n.name == name else n for n in self._cluster.nodes))
-        if self._state is not None:
-            self._state.set_cluster(self._cluster)
+        self._state.set_cluster(self._cluster)
         self._recount_free()
 
     def _final_reasons(self) -> dict[str, str]:
         """Why each never-finished job is still waiting: one last cycle's Pending reasons."""
         if not self._pending:
             return {}
-        snapshot = Snapshot(
-            math.inf if not self._records else max((r.end or 0.0) for r in self._records.values()),
-            self._cluster,
-            self._queues,
-            tuple(self._pending.values()),
-            tuple(self._running.values()),
+        snapshot = self._state.snapshot(
+            math.inf if not self._records else max((r.end or 0.0) for r in self._records.values())
         )
         return {
             d.job_id: f"{d.reason.code}: {d.reason.message}"
