@@ -10,7 +10,7 @@ an event at or below it is ignored (redeliveries, and a service's own appends co
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum, StrEnum
 from typing import Any
@@ -20,7 +20,9 @@ from corral.contracts import events as ev
 from corral.contracts.cluster import NodeInventory
 from corral.contracts.envelope import Event, Reason
 from corral.contracts.jobspec import JobSpec
+from corral.contracts.lifecycle import LifecycleCode
 from corral.contracts.queues import QueueSpec
+from corral.lifecycle import GangEvent, GangState, transition
 from corral.translate import job_from_spec, node_from_inventory, queue_from_spec
 
 
@@ -52,6 +54,27 @@ class Applied(Enum):
 
 
 @dataclass
+class Fence:
+    """A released attempt whose processes may still run (`corral.lifecycle`'s RELEASING): its GPUs
+    on each node in `open` stay allocated to the job until that node's GpusReleased."""
+
+    attempt: int
+    ranks: list[ev.RankPlacement]
+    placed_at: datetime | None
+    released_at: datetime
+    started: set[int] = field(default_factory=set)
+    exits: dict[int, int | None] = field(default_factory=dict)
+    open: dict[str, tuple[int, ...]] = field(default_factory=dict)  # node -> GPUs still held
+    _core_placement: core.Placement | None = field(default=None, repr=False, compare=False)
+
+    def core_placement(self) -> core.Placement:
+        if self._core_placement is None:
+            self._core_placement = core.Placement(
+                tuple(core.RankPlacement(r.rank, r.node, tuple(r.gpus)) for r in self.ranks))
+        return self._core_placement
+
+
+@dataclass
 class JobView:
     job_id: str
     spec: JobSpec | None = None
@@ -78,6 +101,8 @@ class JobView:
     attained_gpu_seconds: float = 0.0
     cancel_requested: bool = False
     holding: bool = False  # GPUs reserved and not yet released (also while cancelling)
+    gang: GangState | None = None  # the current attempt's gang while it holds its GPUs
+    fences: dict[int, Fence] = field(default_factory=dict)  # released attempts whose GPUs are still held
     version: int = 0
     _core_job: tuple[JobSpec, datetime, core.Job] | None = field(default=None, repr=False, compare=False)
     _core_placement: tuple[list[ev.RankPlacement], core.Placement] | None = field(default=None, repr=False,
@@ -88,7 +113,7 @@ class JobView:
     @property
     def active(self) -> bool:
         """Still of interest to the deciding services: not over, or over but holding GPUs or quota."""
-        return not self.state.terminal or self.holding or self.quota_gpus > 0
+        return not self.state.terminal or self.holding or self.quota_gpus > 0 or bool(self.fences)
 
     @property
     def queue(self) -> str:
@@ -248,10 +273,46 @@ class ClusterView:
     def running_jobs(self) -> list[JobView]:
         return [j for j in self.active.values() if j.holding]
 
-    def snapshot(self, now: float, pending: list[JobView] | None = None) -> core.Snapshot:
-        """The core's view: `pending` defaults to every admitted job waiting for GPUs."""
+    def fenced_jobs(self) -> list[JobView]:
+        """Jobs with a released attempt whose GPUs are still held (see `Fence`)."""
+        return [j for j in self.active.values() if j.fences]
+
+    def releasing_gpus(self) -> dict[str, dict[int, str]]:
+        """node -> GPU -> job id, for GPUs held by released attempts until their ranks are gone."""
+        out: dict[str, dict[int, str]] = {}
+        for j in self.fenced_jobs():
+            for fence in j.fences.values():
+                for node, gpus in fence.open.items():
+                    for g in gpus:
+                        out.setdefault(node, {})[g] = j.job_id
+        return out
+
+    def releasing_running(self) -> list[core.RunningJob]:
+        """The fenced GPUs as the core sees GPUs on their way out: one job asked to stop per fence
+        (id `<job>@<attempt>:releasing`, never a victim), so no job is placed on them and a job
+        that needs them waits for them (WAITING_FOR_PREEMPTION) instead of preempting others."""
+        out = []
+        for j in sorted(self.fenced_jobs(), key=lambda j: j.job_id):
+            if j.spec is None or j.submitted_at is None:
+                continue
+            for attempt, fence in sorted(j.fences.items()):
+                ranks = tuple(core.RankPlacement(r.rank, r.node, tuple(r.gpus)) for r in fence.ranks
+                              if r.node in fence.open)
+                if not ranks:
+                    continue
+                job = replace(j.core_job(), id=f"{j.job_id}@{attempt}:releasing", preemptible=False)
+                out.append(core.RunningJob(job=job, placement=core.Placement(ranks),
+                                           start_time=fence.released_at.timestamp(), preempting=True))
+        return out
+
+    def snapshot(self, now: float, pending: list[JobView] | None = None, *,
+                 releasing: bool = False) -> core.Snapshot:
+        """The core's view: `pending` defaults to every admitted job waiting for GPUs.
+        `releasing`: include the GPUs of released attempts still fenced (`releasing_running`):
+        placement must (they are not free); quota and preemption count usage and leave them out."""
         waiting = pending if pending is not None else [j for j in self.active.values()
                                                        if j.state is JobState.PENDING]
+        fenced = tuple(self.releasing_running()) if releasing else ()
         return core.Snapshot(
             now=now,
             cluster=self.cluster(),
@@ -267,7 +328,7 @@ class ClusterView:
                     preempted_by=frozenset(j.preempted_by),
                 )
                 for j in sorted(self.running_jobs(), key=lambda j: j.job_id)
-            ),
+            ) + fenced,
         )
 
 
@@ -305,7 +366,7 @@ def _quota_released(view: ClusterView, e: ev.QuotaReleased) -> None:
 def _gang_reserved(view: ClusterView, e: ev.GangReserved) -> None:
     j = view.job(e.job_id)
     j.ranks, j.placed_at, j.attempt = list(e.ranks), e.occurred_at, e.attempt
-    j.state, j.reason, j.holding = JobState.STARTING, None, True
+    j.state, j.reason, j.holding, j.gang = JobState.STARTING, None, True, GangState.STARTING
     j.started_ranks, j.exited_ranks, j.preempt = set(), {}, None
     j.resume_from = e.resume_from
     for r in e.ranks:
@@ -324,6 +385,14 @@ def _preempt_requested(view: ClusterView, e: ev.PreemptRequested) -> None:
     if j.state.holds_gpus:
         j.state, j.preempt, j.reason = JobState.PREEMPTING, e, e.reason
         j.preempted_by.add(e.for_job_id)
+        j.gang = _moved(j.gang, GangEvent.PREEMPT)
+
+
+def _moved(state: GangState | None, event: GangEvent) -> GangState | None:
+    """The gang's next state by the lifecycle's table; an event that is no move leaves it."""
+    if state is None:
+        return None
+    return transition(state, event) or state
 
 
 def _checkpoint_done(view: ClusterView, e: ev.CheckpointDone) -> None:
@@ -331,20 +400,42 @@ def _checkpoint_done(view: ClusterView, e: ev.CheckpointDone) -> None:
     j.checkpoint, j.checkpoint_at = e.path, e.occurred_at
 
 
-def _free(view: ClusterView, j: JobView) -> None:
+def _fence(view: ClusterView, j: JobView, e: ev.GangReleased) -> None:
+    """The released attempt keeps its GPUs allocated until each node's GpusReleased."""
+    if not j.holding or j.gang is None or e.attempt != j.attempt:
+        return
+    held: dict[str, list[int]] = {}
     for r in j.ranks:
         node = view.nodes.get(r.node)
         if node is not None:
-            for g in r.gpus:
-                if node.allocations.get(g) == j.job_id:
-                    del node.allocations[g]
+            held.setdefault(r.node, []).extend(g for g in r.gpus if node.allocations.get(g) == j.job_id)
+    fence = Fence(attempt=j.attempt, ranks=j.ranks, placed_at=j.placed_at, released_at=e.occurred_at,
+                  started=j.started_ranks, exits=j.exited_ranks,
+                  open={n: tuple(sorted(g)) for n, g in held.items() if g})
+    if fence.open:
+        j.fences[j.attempt] = fence
+    j.gang = None
+
+
+def _gpus_released(view: ClusterView, e: ev.GpusReleased) -> None:
+    node = view.nodes.get(e.node)
+    if node is not None:
+        for g in e.gpus:
+            if node.allocations.get(g) == e.job_id:
+                del node.allocations[g]
+    j = view.jobs.get(e.job_id)
+    fence = j.fences.get(e.attempt) if j is not None else None
+    if j is not None and fence is not None:
+        fence.open.pop(e.node, None)
+        if not fence.open and transition(GangState.RELEASING, GangEvent.FREED) is GangState.RELEASED:
+            del j.fences[e.attempt]
 
 
 def _gang_released(view: ClusterView, e: ev.GangReleased) -> None:
     j = view.job(e.job_id)
     if j.running_since is not None:
         j.attained_gpu_seconds += max(0.0, (e.occurred_at - j.running_since).total_seconds()) * j.gpus
-    _free(view, j)
+    _fence(view, j, e)
     j.running_since, j.holding = None, False
     j.quota_stale = j.quota_gpus > 0
     if not j.state.terminal:
@@ -357,19 +448,25 @@ def _requeued(view: ClusterView, e: ev.JobRequeued) -> None:
     if not j.state.terminal:
         j.state, j.reason, j.attempt, j.resume_from = JobState.PENDING, e.reason, e.attempt, e.resume_from
         j.ranks, j.preempt = [], None
-        if e.reason.code == "RESTARTING":
+        if e.reason.code == LifecycleCode.RESTARTING:
             j.restarts += 1
 
 
 def _worker_started(view: ClusterView, e: ev.WorkerStarted) -> None:
     j = view.job(e.job_id)
-    if e.attempt == j.attempt:
+    fence = j.fences.get(e.attempt)
+    if fence is not None:  # a report of a released attempt still counts for its fence
+        fence.started.add(e.rank)
+    elif e.attempt == j.attempt:
         j.started_ranks.add(e.rank)
 
 
 def _worker_exited(view: ClusterView, e: ev.WorkerExited) -> None:
     j = view.job(e.job_id)
-    if e.attempt == j.attempt:
+    fence = j.fences.get(e.attempt)
+    if fence is not None:
+        fence.exits[e.rank] = e.exit_code
+    elif e.attempt == j.attempt:
         j.exited_ranks[e.rank] = e.exit_code
 
 
@@ -377,6 +474,7 @@ def _running(view: ClusterView, e: ev.JobRunning) -> None:
     j = view.job(e.job_id)
     if j.state is JobState.STARTING:
         j.state, j.running_since = JobState.RUNNING, e.occurred_at
+        j.gang = _moved(j.gang, GangEvent.ALL_STARTED)
 
 
 def _ended(state: JobState) -> Callable[[ClusterView, Any], None]:
@@ -385,6 +483,8 @@ def _ended(state: JobState) -> Callable[[ClusterView, Any], None]:
         j.state, j.ended_at = state, e.occurred_at
         if not isinstance(e, ev.JobCompleted):
             j.reason = e.reason
+        if isinstance(e, ev.JobCancelled):
+            j.gang = _moved(j.gang, GangEvent.CANCEL)
     return handler
 
 
@@ -422,6 +522,7 @@ _HANDLERS: dict[type[Event], Callable[[ClusterView, Any], None]] = {
     ev.PreemptRequested: _preempt_requested,
     ev.CheckpointDone: _checkpoint_done,
     ev.GangReleased: _gang_released,
+    ev.GpusReleased: _gpus_released,
     ev.JobRequeued: _requeued,
     ev.WorkerStarted: _worker_started,
     ev.WorkerExited: _worker_exited,

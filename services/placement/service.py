@@ -4,11 +4,12 @@ Exactly one instance is active: it holds the `placement` lease (a Postgres advis
 standby blocks on it and takes over, rebuilding from the log, when the holder dies.
 
 Each reconcile:
-1. nodes: a node whose heartbeats stopped for `lost_after` seconds is lost; its gangs are
-   released and requeued from their last checkpoint;
-2. gangs: all ranks started → JobRunning; the start barrier expired → release and requeue;
-   every rank exited 0 → JobCompleted; a rank crashed → restart from the checkpoint or fail;
-   a preempted gang fully stopped → GangReleased (preemption then requeues it);
+1. nodes: a node whose heartbeats stopped for `lost_after` seconds is lost (NodeLost);
+2. gangs: `corral.lifecycle.next_steps` decides each gang's next steps (JobRunning; GangReleased
+   and how the job goes on: completed, failed, requeued from its checkpoint; GpusReleased per
+   node once that node's ranks are gone — the fence) from the log and from the heartbeats'
+   `running_job_ids` (a running gang a live node no longer runs is released: WORKERS_LOST);
+   this module only turns those values into events;
 3. placement: the core's `schedule` over jobs holding quota → GangReserved, written together
    with a GpusAllocated per node (node streams at their expected versions; the allocations
    table's unique index refuses a GPU held twice), or PlacementPending when the reason changes.
@@ -24,25 +25,25 @@ import os
 import time
 import zlib
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
 import msgspec
 
-from corral import core
+from corral import core, lifecycle
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream
+from corral.contracts.problems import ContractError
+from corral.contracts.registry import decode
 from corral.contracts.subjects import Subjects
 from corral.eventstore import Tracking
-from corral.projection import JobState, JobView
+from corral.projection import Fence, JobState, JobView
 from corral.services.runtime import Service
 from corral.translate import wire_reason
 
 log = logging.getLogger("corral.placement")
-
-CHECKPOINTED_EXIT = 85  # corral.worker's "stopped after a checkpoint" exit code
-
 
 class Placement(Service):
     name = "placement"
@@ -53,7 +54,9 @@ class Placement(Service):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lost_after = float(os.environ.get("CORRAL_NODE_LOST_SECONDS", "10"))
-        self.start_timeout = float(os.environ.get("CORRAL_START_TIMEOUT_SECONDS", "120"))
+        self.limits = lifecycle.Limits.from_env(os.environ)
+        #: which jobs each node's heartbeats list (the agents' word on what runs where)
+        self.beats = lifecycle.Heartbeats()
         self.master_addr = os.environ.get("CORRAL_MASTER_ADDR", "127.0.0.1")
         self.heartbeats: dict[str, float] = {}
         self.started_at = self.clock()
@@ -93,7 +96,16 @@ class Placement(Service):
 
         async def on_heartbeat(msg: Any) -> None:
             node = msg.subject.rsplit(".", 1)[-1]
-            self.heartbeats[node] = self.clock()
+            now = self.clock()
+            self.heartbeats[node] = now
+            try:
+                beat = decode(msg.data)
+            except ContractError as exc:
+                log.warning("heartbeat on %s is not a NodeHeartbeat (%s); counted as a sign of life only",
+                            msg.subject, exc)
+                return
+            if isinstance(beat, ev.NodeHeartbeat) and beat.node == node:
+                self.beats.record(node, now, beat.running_job_ids)
 
         await self.bus.nc.subscribe(Subjects(ns).heartbeat_wildcard, cb=on_heartbeat)
 
@@ -145,20 +157,22 @@ class Placement(Service):
         await self._place(now)
 
     async def _lifecycles(self, now: float) -> None:
-        """Every gang's next step, appended in one transaction (a commit per event was the log's
+        """Every gang's next steps, appended in one transaction (a commit per event was the log's
         limit under load). Each job's events are guarded by the versions they were decided on: if
         the whole batch loses a race (an inbox report landed meanwhile), each job is appended on
         its own with those versions, so only the job that moved waits for the next reconcile."""
         if time.monotonic() - self._lifecycles_full_at >= self.tick_seconds:
-            # Everything now and then: some steps are due to time alone (start barrier, cancels).
+            # Everything now and then: some steps are due to time alone (start barrier, fences,
+            # heartbeats that stopped listing a gang).
             self._lifecycles_full_at = time.monotonic()
-            jobs = self.view.running_jobs()
+            jobs = self.view.running_jobs() + self.view.fenced_jobs()
         else:
-            jobs = [j for j in (self.view.jobs.get(i) for i in self._lifecycle_dirty) if j is not None and j.holding]
+            jobs = [j for j in (self.view.jobs.get(i) for i in self._lifecycle_dirty)
+                    if j is not None and (j.holding or j.fences)]
         self._lifecycle_dirty = set()
         decided: list[dict[str, list[Event]]] = []
-        for job in sorted(jobs, key=lambda j: j.job_id):
-            steps = self._lifecycle(job, now)
+        for job in sorted({j.job_id: j for j in jobs}.values(), key=lambda j: j.job_id):
+            steps = self._steps(job, now)
             if steps:
                 decided.append(steps)
         if not decided:
@@ -190,93 +204,86 @@ class Placement(Service):
                                        message=f"no heartbeat from {node.name} for {now - last:.0f}s "
                                                f"(limit {self.lost_after:.0f}s)",
                                        details={"seconds": round(now - last, 1)}))
-            if not await self.append({lost.stream: [lost]}):
-                continue
-            for job in sorted(self.view.running_jobs(), key=lambda j: j.job_id):
-                if node.name in job.nodes:
-                    await self._release(job, "NODE_LOST", f"node {node.name} was lost", requeue=True)
+            if await self.append({lost.stream: [lost]}):
+                # its gangs are released (NODE_LOST) and its fences closed by the lifecycle, now
+                self._lifecycles_full_at = float("-inf")
 
-    def _lifecycle(self, job: JobView, now: float) -> dict[str, list[Event]]:
-        """The events that move this gang on (none if it stays as it is), by stream."""
-        ranks = {r.rank for r in job.ranks}
-        exits = job.exited_ranks
-        if job.state is JobState.CANCELLED:
-            if not (job.started_ranks - set(exits)) or _age(job.ended_at, now) > 60:
-                return self._release_events(job, "CANCELLED", "the job was cancelled")
-            return {}
-        running: list[Event] = []
-        if job.state is JobState.STARTING:
-            if ranks <= job.started_ranks:
-                running.append(ev.JobRunning.new(stream=job_stream(job.job_id), actor="placement",
-                                                 correlation_id=job.job_id, job_id=job.job_id,
-                                                 attempt=job.attempt))
-            elif _age(job.placed_at, now) > self.start_timeout:
-                missing = sorted(ranks - job.started_ranks)
-                return self._release_events(job, "START_TIMEOUT", f"ranks {missing} did not start within "
-                                            f"{self.start_timeout:.0f}s; the whole gang is released", requeue=True)
-        released: dict[str, list[Event]] = {}
-        crashed = {r: c for r, c in exits.items() if c not in (0, CHECKPOINTED_EXIT)}
-        if not exits:
-            pass
-        elif job.state is JobState.PREEMPTING:
-            if ranks <= set(exits):
-                released = self._release_events(job, "PREEMPTED", f"checkpointed and stopped for {_preemptor(job)}")
-        elif crashed:
-            # The rank that crashed first has an exit code; its peers were killed (no code).
-            rank, code = min(crashed.items(), key=lambda rc: (rc[1] is None, rc[0]))
-            restart = job.spec is not None and job.restarts < job.spec.restart.max_restarts
-            what = f"exited with {code}" if code is not None else "was killed"
-            released = self._release_events(job, "WORKER_FAILED", f"rank {rank} {what}", requeue=restart,
-                                            fail=not restart, requeue_code="RESTARTING")
-        elif ranks <= set(exits):
-            if all(c == 0 for c in exits.values()):
-                released = self._release_events(job, "COMPLETED", "every rank exited 0", complete=True,
-                                                running_recorded=bool(running))
-            else:
-                released = self._release_events(job, "CHECKPOINTED", "every rank stopped after a checkpoint",
-                                                requeue=True)
-        if running:
-            stream = job_stream(job.job_id)
-            released[stream] = running + released.get(stream, [])
-        return released
-
-    async def _release(self, job: JobView, code: str, message: str, *, requeue: bool = False,
-                       fail: bool = False, complete: bool = False, requeue_code: str | None = None) -> bool:
-        return await self.append(self._release_events(job, code, message, requeue=requeue, fail=fail,
-                                                      complete=complete, requeue_code=requeue_code))
-
-    def _release_events(self, job: JobView, code: str, message: str, *, requeue: bool = False,
-                        fail: bool = False, complete: bool = False, requeue_code: str | None = None,
-                        running_recorded: bool = False) -> dict[str, list[Event]]:
-        """GangReleased (and how the job goes on) on its stream, a GpusReleased on each node's.
-        `running_recorded`: a JobRunning is already among this reconcile's events for the job."""
-        stream = job_stream(job.job_id)
-        common: dict[str, Any] = {"stream": stream, "actor": "placement", "correlation_id": job.job_id,
-                                  "job_id": job.job_id}
-        reason = Reason(code=code, message=message, details={"attempt": job.attempt})
-        job_events: list[Event] = []
-        if complete and job.state is JobState.STARTING and not running_recorded:
-            job_events.append(ev.JobRunning.new(attempt=job.attempt, **common))
-        released = ev.GangReleased.new(reason=reason, attempt=job.attempt, **common)
-        job_events.append(released)
-        if complete:
-            job_events.append(ev.JobCompleted.new(attempt=job.attempt, causation=released,
-                                                  **common))
-        if fail:
-            job_events.append(ev.JobFailed.new(
-                reason=Reason(code=code, message=f"{message}; no restarts left "
-                              f"({job.restarts} of {job.spec.restart.max_restarts if job.spec else 0} used)"),
-                attempt=job.attempt, causation=released, **common))
-        if requeue:
-            job_events.append(ev.JobRequeued.new(
-                reason=Reason(code=requeue_code or code, message=message), attempt=job.attempt + 1,
-                resume_from=job.checkpoint, causation=released, **common))
-        batches: dict[str, list[Event]] = {stream: job_events}
-        for node, gpus in job.core_placement().gpus_by_node().items():
-            batches[node_stream(node)] = [ev.GpusReleased.new(
-                stream=node_stream(node), actor="placement", correlation_id=job.job_id, causation=released,
-                node=node, job_id=job.job_id, gpus=list(gpus), attempt=job.attempt)]
+    # ---- the gang lifecycle (corral.lifecycle decides; this turns its steps into events) -------
+    def _steps(self, job: JobView, now: float) -> dict[str, list[Event]]:
+        """The events that move this job's gangs on (none if they stay as they are), by stream."""
+        batches: dict[str, list[Event]] = {}
+        current = self._gang(job)
+        gangs = [current] if current is not None else []
+        gangs += [self._fenced_gang(job, fence) for _, fence in sorted(job.fences.items())]
+        for gang in gangs:
+            released: ev.GangReleased | None = None
+            for step in lifecycle.next_steps(gang, now, self.limits):
+                event: Event
+                stream = job_stream(job.job_id)
+                common: dict[str, Any] = {"stream": stream, "actor": "placement", "correlation_id": job.job_id,
+                                          "job_id": job.job_id}
+                if isinstance(step, lifecycle.MarkRunning):
+                    event = ev.JobRunning.new(attempt=gang.attempt, **common)
+                elif isinstance(step, lifecycle.Release):
+                    released = ev.GangReleased.new(
+                        reason=Reason(code=step.code.value, message=step.message,
+                                      details={"attempt": gang.attempt}), attempt=gang.attempt, **common)
+                    batches.setdefault(stream, []).append(released)
+                    log.info("job %s attempt %d released: %s %s", job.job_id, gang.attempt, step.code.value,
+                             step.message)
+                    then = self._then(job, gang, step, released, common)
+                    if then is None:
+                        continue
+                    event = then
+                else:
+                    event = ev.GpusReleased.new(
+                        stream=node_stream(step.node), actor="placement", correlation_id=job.job_id,
+                        causation=released, node=step.node, job_id=job.job_id, gpus=list(step.gpus),
+                        attempt=gang.attempt)
+                batches.setdefault(event.stream, []).append(event)
         return batches
+
+    @staticmethod
+    def _then(job: JobView, gang: lifecycle.Gang, step: lifecycle.Release, released: ev.GangReleased,
+              common: dict[str, Any]) -> Event | None:
+        """How the job goes on after its gang's release."""
+        if step.then is lifecycle.Then.COMPLETE:
+            return ev.JobCompleted.new(attempt=gang.attempt, causation=released, **common)
+        if step.then is lifecycle.Then.FAIL:
+            return ev.JobFailed.new(reason=Reason(code=step.code.value, message=step.fail_message or step.message),
+                                    attempt=gang.attempt, causation=released, **common)
+        if step.then is lifecycle.Then.REQUEUE:
+            code = step.requeue_code or step.code
+            return ev.JobRequeued.new(
+                reason=Reason(code=code.value, message=step.message, details={"attempt": gang.attempt + 1}),
+                attempt=gang.attempt + 1, resume_from=job.checkpoint, causation=released, **common)
+        return None
+
+    def _gang(self, job: JobView) -> lifecycle.Gang | None:
+        """The job's current attempt as a `lifecycle.Gang`, while it holds its GPUs."""
+        if not job.holding or job.gang is None:
+            return None
+        placement = job.core_placement()
+        return lifecycle.Gang(
+            job_id=job.job_id, attempt=job.attempt, state=job.gang, placement=placement,
+            placed_at=_at(job.placed_at), started=frozenset(job.started_ranks), exits=dict(job.exited_ranks),
+            running_since=job.running_since.timestamp() if job.running_since else None,
+            restarts=job.restarts, max_restarts=job.spec.restart.max_restarts if job.spec else 0,
+            preemptor=job.preempt.for_job_id if job.preempt else None,
+            preempt_deadline=job.preempt.deadline.timestamp() if job.preempt else None,
+            lost_nodes=self._lost(placement), seen=self.beats.about(placement.nodes(), job.job_id))
+
+    def _fenced_gang(self, job: JobView, fence: Fence) -> lifecycle.Gang:
+        """A released attempt of the job whose GPUs are still held, as a `lifecycle.Gang`."""
+        placement = fence.core_placement()
+        return lifecycle.Gang(
+            job_id=job.job_id, attempt=fence.attempt, state=lifecycle.GangState.RELEASING, placement=placement,
+            placed_at=_at(fence.placed_at), started=frozenset(fence.started), exits=dict(fence.exits),
+            released_at=fence.released_at.timestamp(), freed=frozenset(placement.nodes()) - set(fence.open),
+            lost_nodes=self._lost(placement), seen=self.beats.about(placement.nodes(), job.job_id))
+
+    def _lost(self, placement: core.Placement) -> frozenset[str]:
+        return frozenset(n for n in placement.nodes() if (v := self.view.nodes.get(n)) is not None and v.lost)
 
     async def _place(self, now: float) -> None:
         if not self._place_dirty and time.monotonic() - self._placed_at < self.tick_seconds:
@@ -286,7 +293,7 @@ class Placement(Service):
                    if j.state is JobState.PENDING and j.quota_gpus and not j.quota_stale and j.spec is not None]
         if not waiting or not self.view.nodes:
             return
-        snapshot = self.view.snapshot(now, pending=waiting)
+        snapshot = self.view.snapshot(now, pending=waiting, releasing=True)
         # One append for every gang of this cycle (decided together on one snapshot, so they never
         # overlap), and one for the reasons: a commit per event was the log's limit under load.
         gangs: dict[str, list[Event]] = {}
@@ -336,12 +343,8 @@ def _same_inventory(inventory: Any, event: ev.NodeRegistered) -> bool:
                 and inventory.rack == event.rack and inventory.zone == event.zone)
 
 
-def _age(at: Any, now: float) -> float:
-    return now - at.timestamp() if at is not None else 0.0
-
-
-def _preemptor(job: JobView) -> str:
-    return f"job {job.preempt.for_job_id}" if job.preempt is not None else "another job"
+def _at(at: datetime | None) -> float:
+    return at.timestamp() if at is not None else 0.0
 
 
 __all__ = ["Placement"]

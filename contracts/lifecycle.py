@@ -1,0 +1,47 @@
+"""The codes of a gang's lifecycle and the worker exit codes, shared by every service.
+
+Why here: placement, preemption, quota, the node agents, the CLI and the simulator all read the
+reason codes of GangReleased / JobRequeued / JobFailed, and the worker exit codes are the
+protocol between a job's processes and the agent. As bare strings and literals ("PREEMPTED",
+"RESTARTING", `85` defined twice) a typo was a silent bug; as enums of the contracts it is an
+import error. `Reason.code` stays a plain string on the wire (the schema is unchanged): these are
+the values it takes for the lifecycle.
+
+Attempts are numbered as the events number them everywhere (logs, CLI, messages): 0 for the
+first run, +1 per requeue or restart.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+
+__all__ = ["LifecycleCode", "WorkerExit"]
+
+
+class LifecycleCode(StrEnum):
+    """Why a gang was released (GangReleased), how its job goes on (JobRequeued, JobFailed)."""
+
+    COMPLETED = "COMPLETED"            # every rank exited 0
+    CHECKPOINTED = "CHECKPOINTED"      # every rank stopped by itself after a checkpoint (exit 85)
+    PREEMPTED = "PREEMPTED"            # checkpointed and stopped for another job (preemption requeues)
+    WORKER_FAILED = "WORKER_FAILED"    # a rank crashed, was killed, or could not start
+    RESTARTING = "RESTARTING"          # JobRequeued after WORKER_FAILED: uses one of `restart.max_restarts`
+    START_TIMEOUT = "START_TIMEOUT"    # not every rank started within the start barrier
+    NODE_LOST = "NODE_LOST"            # a node of the gang stopped heartbeating
+    WORKERS_LOST = "WORKERS_LOST"      # the node is alive but its agent no longer runs the gang
+    PREEMPT_OVERRUN = "PREEMPT_OVERRUN"  # asked to checkpoint, not stopped long after its deadline
+    CANCELLED = "CANCELLED"            # the user cancelled the job
+    CLUSTER_RESTARTED = "CLUSTER_RESTARTED"  # the cluster was stopped under the gang (corral up)
+
+    @property
+    def uses_a_restart(self) -> bool:
+        """Whether a JobRequeued with this code counts against `restart.max_restarts`: only the
+        job's own crashes do; node loss, lost workers, timeouts and restarts of Corral do not."""
+        return self is LifecycleCode.RESTARTING
+
+
+class WorkerExit(IntEnum):
+    """Exit codes with a meaning for Corral; any other code (or a signal) is a crash."""
+
+    COMPLETED = 0
+    CHECKPOINTED = 85  # stopped on purpose after writing a checkpoint (`corral.worker`)
