@@ -254,8 +254,12 @@ def _release(gang: Gang, state: GangState, now: float, limits: Limits) -> Releas
         return _requeue(LifecycleCode.START_TIMEOUT, f"ranks {missing} did not start within "
                         f"{limits.start_timeout:.0f}s ({attempt}); the whole gang is released")
     crashed = {r: c for r, c in exits.items() if c not in (WorkerExit.COMPLETED, WorkerExit.CHECKPOINTED)}
+    ended = bool(exits) and ranks <= exits.keys()
+    if ended and all(c == WorkerExit.COMPLETED for c in exits.values()):
+        # also when asked to checkpoint: a job that finishes within its grace is done, not requeued
+        return Release(LifecycleCode.COMPLETED, f"every rank exited 0 ({attempt})", Then.COMPLETE)
     if state is GangState.PREEMPTING:
-        if ranks <= exits.keys():
+        if ended:
             who = f"job {gang.preemptor}" if gang.preemptor else "another job"
             return Release(LifecycleCode.PREEMPTED, f"checkpointed and stopped for {who} ({attempt})")
     elif crashed:
@@ -267,9 +271,7 @@ def _release(gang: Gang, state: GangState, now: float, limits: Limits) -> Releas
             return Release(LifecycleCode.WORKER_FAILED, message, Then.REQUEUE, LifecycleCode.RESTARTING)
         return Release(LifecycleCode.WORKER_FAILED, message, Then.FAIL, fail_message=(
             f"{message}; no restarts left ({gang.restarts} of {gang.max_restarts} used)"))
-    elif exits and ranks <= exits.keys():
-        if all(c == WorkerExit.COMPLETED for c in exits.values()):
-            return Release(LifecycleCode.COMPLETED, f"every rank exited 0 ({attempt})", Then.COMPLETE)
+    elif ended:
         return _requeue(LifecycleCode.CHECKPOINTED, f"every rank stopped after a checkpoint ({attempt})")
     if state in (GangState.RUNNING, GangState.PREEMPTING):
         gone = _workers_lost(gang, limits)

@@ -28,7 +28,6 @@ from corral.worker import CHECKPOINTED_EXIT_CODE, signal_from_name
 
 from .assignment import Assignment, RankAssignment, build_rank_env, rank_log_path
 from .control import CheckpointReport, ControlChannel
-from .restart_policy import RestartDecision, decide_restart
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,7 @@ class GangEnd(enum.StrEnum):
     COMPLETED = "completed"  # every rank exited 0
     CHECKPOINTED = "checkpointed"  # ranks stopped on their own after a checkpoint (0/85, some 85)
     PREEMPTED = "preempted"  # ended by `preempt()`; `checkpoint` says where to resume
-    FAILED = "failed"  # a rank crashed or could not start; `decision` says restart or fail
+    FAILED = "failed"  # a rank crashed or could not start (placement decides restart or fail)
     STOPPED = "stopped"  # ended by `stop()`
 
 
@@ -62,7 +61,7 @@ class GangOutcome:
 
     `exits` maps global rank -> exit code (negative: killed by that signal; missing: never
     started). `checkpoint` is the newest checkpoint known for the job (a report from this attempt,
-    lowest rank first, else the one it resumed from). `decision` is set when `end` is FAILED.
+    lowest rank first, else the one it resumed from).
     """
 
     job_id: str
@@ -73,7 +72,6 @@ class GangOutcome:
     resume_from: Path | None
     failed_rank: int | None = None
     failed_exit_code: int | None = None
-    decision: RestartDecision | None = None
 
 
 @dataclass(frozen=True)
@@ -325,12 +323,8 @@ class Supervisor:
         exits = {r.spec.rank: r.exit_code for r in gang.ranks.values() if r.exit_code is not None}
         report = gang.newest_report()
         resume_from = report.path if report else a.resume_from
-        decision: RestartDecision | None = None
         if gang.state is _State.FAILING:
             end = GangEnd.FAILED
-            decision = decide_restart(attempt=a.attempt, restarts=a.restarts, max_restarts=a.max_restarts,
-                                      last_checkpoint=resume_from, failed_rank=gang.failed_rank or 0,
-                                      exit_code=gang.failed_exit_code)
         elif all(code == 0 for code in exits.values()):
             end = GangEnd.COMPLETED
         elif gang.state is _State.PREEMPTING:
@@ -341,7 +335,7 @@ class Supervisor:
             end = GangEnd.CHECKPOINTED
         outcome = GangOutcome(job_id=a.job_id, attempt=a.attempt, end=end, exits=exits, checkpoint=report,
                               resume_from=resume_from, failed_rank=gang.failed_rank,
-                              failed_exit_code=gang.failed_exit_code, decision=decision)
+                              failed_exit_code=gang.failed_exit_code)
         gang.ended.set_result(outcome)
         self._ended.pop(a.job_id, None)
         self._ended[a.job_id] = outcome

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from corral import core
 from corral.contracts import events as ev
 from corral.contracts.envelope import Reason, job_stream
+from corral.contracts.lifecycle import LifecycleCode
 from corral.projection import JobState
 from corral.services.runtime import Service
 from corral.translate import wire_reason
@@ -52,12 +53,14 @@ class Preemption(Service):
 
     async def _requeue(self) -> None:
         victims = [j for j in self.view.active.values()
-                   if j.state is JobState.REQUEUING and j.reason is not None and j.reason.code == "PREEMPTED"]
+                   if j.state is JobState.REQUEUING and j.reason is not None
+                   and j.reason.code == LifecycleCode.PREEMPTED]
         for job in sorted(victims, key=lambda j: j.job_id):
             requeued = ev.JobRequeued.new(
                 stream=job_stream(job.job_id), actor="preemption", correlation_id=job.job_id,
                 job_id=job.job_id, attempt=job.attempt + 1, resume_from=job.checkpoint,
-                reason=Reason(code="PREEMPTED", message=f"preempted; resumes from {job.checkpoint or 'the start'}",
+                reason=Reason(code=LifecycleCode.PREEMPTED.value,
+                              message=f"preempted; resumes from {job.checkpoint or 'the start'}",
                               details={"resume_from": job.checkpoint or ""}))
             await self.append({requeued.stream: [requeued]})
 

@@ -97,6 +97,8 @@ CASES: list[tuple[str, Gang, float, tuple[LifecycleCode | None, Then | None, lis
      (None, None, [])),
     ("preempting, all stopped", gang(S.PREEMPTING, exits={0: WorkerExit.CHECKPOINTED, 1: None}), 150,
      (LifecycleCode.PREEMPTED, Then.NOTHING, ["a", "b"])),
+    ("preempting, finished within its grace", gang(S.PREEMPTING, exits={0: 0, 1: 0}), 150,
+     (LifecycleCode.COMPLETED, Then.COMPLETE, ["a", "b"])),
     ("preempting, far past its deadline", gang(S.PREEMPTING, preempt_deadline=110.0), 141,
      (LifecycleCode.PREEMPT_OVERRUN, Then.REQUEUE, [])),
     ("cancelled", gang(S.CANCELLING), 150, (LifecycleCode.CANCELLED, Then.NOTHING, [])),

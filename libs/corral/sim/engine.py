@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from corral.collector import busy_collection
+from corral.contracts.lifecycle import LifecycleCode, WorkerExit
 from corral.core import (
     Cluster,
     Decision,
@@ -49,6 +50,7 @@ from corral.core import (
     TopologyLevel,
 )
 from corral.core.state import SchedulerState
+from corral.lifecycle import Gang, GangState, Limits, Release, Then, next_steps
 from corral.sim.records import Interval, JobRecord, RankRecord
 from corral.sim.workload import SimJob, Workload
 
@@ -56,6 +58,11 @@ Scheduler = Callable[[Snapshot, SchedulerConfig], list[Decision]]
 
 # Event kinds, in the order they are applied at one instant: GPUs come back before jobs arrive.
 _COMPLETE, _RELEASE, _FAIL, _REPAIR = 0, 1, 2, 3
+
+
+#: The simulator's gangs end only by completing, stopping for a preemption or losing a node: the
+#: lifecycle's time bounds (start barrier, heartbeats) never apply to them.
+_LIMITS = Limits(start_timeout=math.inf, workers_lost=math.inf, preempt_overrun=math.inf)
 
 
 class SimulationError(RuntimeError):
@@ -301,19 +308,12 @@ class Simulator:
         self._add_pending(PendingJob(job))
 
     def _apply_event(self, now: float, kind: int, job_id: str, epoch: int) -> bool:
-        if kind == _COMPLETE:
+        if kind in (_COMPLETE, _RELEASE):
             run = self._runs.get(job_id)
             if run is None or run.epoch != epoch:
                 return False
-            self._stop(job_id, now, finished=True)
-            return True
-        if kind == _RELEASE:
-            run = self._runs.get(job_id)
-            if run is None or run.epoch != epoch:
-                return False
-            self._stop(job_id, now, finished=False)
-            record = self._records[job_id]
-            record.preemptions += 1
+            # every rank exits 0 (completed), or checkpoints and stops (the preemption grace is over)
+            self._end(job_id, now, WorkerExit.COMPLETED if kind == _COMPLETE else WorkerExit.CHECKPOINTED)
             return True
         if kind == _FAIL:
             return self._fail_node(now, job_id)
@@ -321,6 +321,31 @@ class Simulator:
             self._set_node_state(job_id, NodeState.READY)
             return True
         raise AssertionError(f"unknown event kind {kind}")
+
+    def _end(self, job_id: str, now: float, exit_code: int | None = None, lost_node: str | None = None) -> None:
+        """A gang's ranks all exited with `exit_code`, or its node `lost_node` failed: the
+        lifecycle's rules (`corral.lifecycle`, as in placement) say how the job goes on. The
+        simulator has no processes, so a released gang's GPUs come back at once (no fence)."""
+        run, running = self._runs[job_id], self._running[job_id]
+        ranks = frozenset(r.rank for r in running.placement.ranks)
+        gang = Gang(job_id=job_id, attempt=0, state=GangState.PREEMPTING if running.preempting else GangState.RUNNING,
+                    placement=running.placement, placed_at=run.start, started=ranks, running_since=run.start,
+                    exits={} if exit_code is None else dict.fromkeys(ranks, exit_code),
+                    lost_nodes=frozenset() if lost_node is None else frozenset({lost_node}))
+        for step in next_steps(gang, now, _LIMITS):
+            if not isinstance(step, Release):
+                continue
+            if step.then is Then.COMPLETE:
+                self._stop(job_id, now, finished=True)
+                return
+            self._stop(job_id, now, finished=False)  # requeued (by preemption, for PREEMPTED)
+            record = self._records[job_id]
+            if step.code is LifecycleCode.PREEMPTED:
+                record.preemptions += 1
+            elif step.code is LifecycleCode.NODE_LOST:
+                record.failures += 1
+            return
+        raise SimulationError(f"job {job_id!r}: the gang lifecycle did not end it at t={now} ({gang.state})")
 
     def _stop(self, job_id: str, now: float, finished: bool) -> None:
         """The job gives its GPUs back: done, or requeued with the work since its last checkpoint lost."""
@@ -468,8 +493,7 @@ class Simulator:
         victims = sorted({job for (n, _), job in self._held.items() if n == node})
         for job_id in victims:
             self._runs[job_id].preemptor = None
-            self._stop(job_id, now, finished=False)
-            self._records[job_id].failures += 1
+            self._end(job_id, now, lost_node=node)
         return True
 
     def _set_node_state(self, name: str, state: NodeState) -> None:
