@@ -50,13 +50,16 @@ def state_of(view: ClusterView) -> dict[str, Any]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def nodes(json_out: JsonOpt = False) -> None:
-        """Nodes (like sinfo) with a per-GPU map: which job holds which GPU, NVLink domains split by |."""
+        """Nodes (like sinfo) with a per-GPU map: which job holds which GPU, NVLink domains split by |;
+        RELEASING GPUs belong to a released gang whose processes are not confirmed gone yet."""
         rows = with_client(lambda c: _view_rows(c, node_rows), bus=False)
         if json_out:
             print_json(rows)
             return
-        print_table(None, ["NODE", "STATE", "RACK", "MODEL", "GPUS", "FREE", "GPU MAP (job per GPU, |: NVLink)"],
-                    [(r["node"], r["state"], r["rack"], r["model"], r["gpus"], r["free"], r["map"]) for r in rows])
+        print_table(None, ["NODE", "STATE", "RACK", "MODEL", "GPUS", "FREE", "RELEASING",
+                           "GPU MAP (job per GPU, ~: releasing, |: NVLink)"],
+                    [(r["node"], r["state"], r["rack"], r["model"], r["gpus"], r["free"], len(r["releasing"]),
+                      r["map"]) for r in rows])
 
     @app.command()
     def queues(json_out: JsonOpt = False) -> None:

@@ -76,15 +76,19 @@ def _spec_dict(spec: Any) -> dict[str, Any]:
 
 
 def node_rows(view: ClusterView) -> list[dict[str, Any]]:
+    """One row per node. `releasing`: GPUs of released gangs whose processes are not confirmed gone
+    yet (still allocated, marked `~` in the map: no job is placed on them until they are)."""
     rows = []
+    releasing = view.releasing_gpus()
     for n in sorted(view.nodes.values(), key=lambda n: n.name):
         domains = n.inventory.nvlink_domains
+        held = releasing.get(n.name, {})
         gpu_map = []
         for d in domains:
             cells = []
             for g in d:
                 holder = n.allocations.get(g)
-                cells.append(holder[-6:] if holder else ".")
+                cells.append("." if not holder else holder[-5:] + "~" if g in held else holder[-6:])
             gpu_map.append(cells)
         rows.append({
             "node": n.name, "state": "lost" if n.lost else "ready", "rack": n.inventory.rack, "zone": n.inventory.zone,
@@ -92,6 +96,7 @@ def node_rows(view: ClusterView) -> list[dict[str, Any]]:
             "used": len(n.allocations), "free": n.gpu_count - len(n.allocations) if not n.lost else 0,
             "nvlink_domains": [list(d) for d in domains],
             "allocations": {str(g): job for g, job in sorted(n.allocations.items())},
+            "releasing": {str(g): job for g, job in sorted(held.items())},
             "map": " | ".join(" ".join(cells) for cells in gpu_map),
         })
     return rows

@@ -1,0 +1,84 @@
+"""The projection's fold of a released gang: its GPUs stay allocated (the fence) until each node's
+GpusReleased; reports that arrive after the release are recorded for the fence, never reviving the
+job; the core sees fenced GPUs as on their way out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral import core
+from corral.cli.present import node_rows
+from corral.contracts import events as ev
+from corral.contracts.cluster import parse_cluster_shorthand
+from corral.contracts.envelope import Event, Reason, job_stream, node_stream
+from corral.contracts.jobspec import validate_job_spec
+from corral.lifecycle import GangState
+from corral.projection import ClusterView, JobState
+
+JOB = "job-a"
+
+
+def job_event(cls: type[Event], **payload: Any) -> Event:
+    return cls.new(stream=job_stream(JOB), actor="test", correlation_id=JOB, job_id=JOB, **payload)
+
+
+def fold(view: ClusterView, *events: Event) -> None:
+    for e in events:
+        view.apply(e)
+
+
+def crashed_gang() -> ClusterView:
+    view = ClusterView()
+    inv = parse_cluster_shorthand("1x8:H100").inventories()[0]
+    fold(view,
+         ev.NodeRegistered.new(stream=node_stream(inv.node), actor="agent", node=inv.node, gpus=inv.gpus,
+                               nvlink_domains=inv.nvlink_domains, rack=inv.rack, zone=inv.zone),
+         job_event(ev.JobSubmitted, spec=validate_job_spec({"name": "a", "queue": "q", "replicas": 2,
+                                                            "gpus_per_replica": 4, "runtime": "sim",
+                                                            "duration_seconds": 60})),
+         job_event(ev.JobAdmitted, queue="q", priority=500, replicas=2, gpus_per_replica=4),
+         job_event(ev.GangReserved, ranks=[ev.RankPlacement(rank=0, node=inv.node, gpus=[0, 1, 2, 3]),
+                                           ev.RankPlacement(rank=1, node=inv.node, gpus=[4, 5, 6, 7])],
+                   world_size=2, master_addr="127.0.0.1", master_port=29500),
+         job_event(ev.WorkerStarted, rank=0, node=inv.node, pid=10),
+         job_event(ev.WorkerStarted, rank=1, node=inv.node, pid=11),
+         job_event(ev.JobRunning))
+    assert view.jobs[JOB].gang is GangState.RUNNING
+    fold(view,
+         job_event(ev.WorkerExited, rank=0, node=inv.node, exit_code=3, reason=Reason(code="CRASHED", message="3")),
+         job_event(ev.GangReleased, reason=Reason(code="WORKER_FAILED", message="rank 0 exited with 3")),
+         job_event(ev.JobFailed, reason=Reason(code="WORKER_FAILED", message="no restarts left")))
+    return view
+
+
+def test_a_released_gang_keeps_its_gpus_until_its_node_confirms() -> None:
+    view = crashed_gang()
+    job = view.jobs[JOB]
+    assert job.state is JobState.FAILED and not job.holding and job.gang is None
+    assert list(job.fences) == [0] and job.fences[0].open == {"node-0": tuple(range(8))}
+    assert job.active, "a job with fenced GPUs is still looked at by placement"
+    assert view.free_gpus() == 0 and view.releasing_gpus() == {"node-0": dict.fromkeys(range(8), JOB)}
+    (row,) = node_rows(view)
+    assert len(row["releasing"]) == 8 and row["map"].count("~") == 8
+    # the core sees them as GPUs on their way out, under an id of their own
+    (fenced,) = view.snapshot(0.0, pending=[], releasing=True).running
+    assert fenced.preempting and fenced.job.id == f"{JOB}@0:releasing" and fenced.placement.gpu_count == 8
+    assert view.snapshot(0.0, pending=[]).running == ()
+
+
+def test_a_late_exit_is_recorded_for_the_fence_without_reviving_the_job() -> None:
+    view = crashed_gang()
+    fold(view, job_event(ev.WorkerExited, rank=1, node="node-0", exit_code=None,
+                         reason=Reason(code="STOPPED", message="killed by SIGTERM")))
+    job = view.jobs[JOB]
+    assert job.fences[0].exits == {0: 3, 1: None}
+    assert job.state is JobState.FAILED and not job.holding
+
+
+def test_the_nodes_gpus_released_frees_them_and_closes_the_fence() -> None:
+    view = crashed_gang()
+    fold(view, ev.GpusReleased.new(stream=node_stream("node-0"), actor="placement", correlation_id=JOB,
+                                   node="node-0", job_id=JOB, gpus=list(range(8))))
+    job = view.jobs[JOB]
+    assert not job.fences and not job.active and view.free_gpus() == 8 and view.releasing_gpus() == {}
+    assert isinstance(view.snapshot(0.0, pending=[], releasing=True), core.Snapshot)
