@@ -70,7 +70,7 @@ async def agent(system: Running, namespace: str) -> AsyncIterator[Agent]:
 
 
 async def running(c: Client, agent: Agent, **fields: object) -> str:
-    job = await c.submit(spec(gpus_per_replica=8, **fields))  # type: ignore[arg-type]
+    job = await c.submit(spec(gpus_per_replica=8, **fields))
     view = await c.wait_for(lambda v: job in v.jobs and v.jobs[job].state is JobState.STARTING, 15)
     agent.running.add(job)
     await report(c, job, view)
