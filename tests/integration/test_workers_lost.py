@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
 import pytest
 
 from corral.client import Client
@@ -131,3 +132,27 @@ async def test_the_gpus_of_a_released_gang_stay_held_while_the_node_still_runs_i
     agent.running.discard(job)  # every rank gone (here without WorkerExited: a report was lost)
     view = await c.wait_for(lambda v: v.free_gpus() == 8 and v.jobs[job].quota_gpus == 0, 10)
     assert not view.jobs[job].fences and not view.jobs[job].active
+
+
+async def test_a_gpus_released_closes_the_allocation_rows_of_its_own_attempt_only(
+        system: Running, postgres_dsn: str) -> None:
+    """A fenced attempt 0 and a placed attempt 1 of one job can share a node: freeing attempt 0's
+    GPUs must leave attempt 1's rows open (the unique index keeps guarding them)."""
+    c = system.client
+    stream = node_stream("node-9")
+
+    def ledger(cls: type[ev.GpusAllocated] | type[ev.GpusReleased], attempt: int, gpus: list[int]) -> ev.Event:
+        return cls.new(stream=stream, actor="placement", correlation_id="j", node="node-9", job_id="j",
+                       gpus=gpus, attempt=attempt)
+
+    await c.store.append(stream, 0, [to_new_event(ledger(ev.GpusAllocated, 0, [0, 1])),
+                                     to_new_event(ledger(ev.GpusAllocated, 1, [2, 3])),
+                                     to_new_event(ledger(ev.GpusReleased, 0, [0, 1]))])
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        rows = await conn.fetch("SELECT attempt, gpu, released_by IS NOT NULL AS closed FROM allocations "
+                                "WHERE job_id = 'j' ORDER BY gpu")
+    finally:
+        await conn.close()
+    assert [(r["attempt"], r["gpu"], r["closed"]) for r in rows] == [(0, 0, True), (0, 1, True), (1, 2, False),
+                                                                     (1, 3, False)]
