@@ -68,11 +68,12 @@ class Placement(Service):
         self._lifecycles_full_at = float("-inf")
 
     #: Events after which the placement cycle may decide differently: a job starts or stops
-    #: waiting for GPUs, GPUs are freed, nodes come or go. The cycle looks at every waiting job,
-    #: so it is skipped while none of these happened (and rerun at least every tick regardless).
+    #: waiting for GPUs, GPUs are freed (GpusReleased: a node's fence opened), nodes come or go.
+    #: The cycle looks at every waiting job, so it is skipped while none of these happened (and
+    #: rerun at least every tick regardless).
     place_triggers = frozenset({
-        "QuotaReserved", "QuotaReleased", "JobRequeued", "GangReleased", "JobCancelled", "JobCompleted",
-        "JobFailed", "NodeRegistered", "NodeLost", "QueueConfigured", "PreemptRequested",
+        "QuotaReserved", "QuotaReleased", "JobRequeued", "GangReleased", "GpusReleased", "JobCancelled",
+        "JobCompleted", "JobFailed", "NodeRegistered", "NodeLost", "QueueConfigured", "PreemptRequested",
     })
 
     #: Events after which a gang may have a next step (see `_lifecycle`).
