@@ -78,6 +78,30 @@ class Settings:
                    namespace=env.get("CORRAL_NAMESPACE", "corral"), log_dir=env.get("CORRAL_LOG_DIR"))
 
 
+@dataclass(frozen=True)
+class DeliveryLimits:
+    """How often a service's consumers retry a message that fails (bad input or a bug) before
+    dead-lettering it, and the delays between tries. From the environment, so tests and operators
+    can shorten or lengthen the window: CORRAL_MAX_DELIVER (both consumers), CORRAL_RETRY_BACKOFF
+    (comma-separated seconds)."""
+
+    events_max_deliver: int = 10
+    inbox_max_deliver: int = 5
+    backoff: tuple[float, ...] = (0.5, 2.0, 10.0, 30.0)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DeliveryLimits:
+        env = os.environ if environ is None else environ
+        limits = cls()
+        if env.get("CORRAL_MAX_DELIVER"):
+            n = int(env["CORRAL_MAX_DELIVER"])
+            limits = DeliveryLimits(events_max_deliver=n, inbox_max_deliver=n, backoff=limits.backoff)
+        if env.get("CORRAL_RETRY_BACKOFF"):
+            backoff = tuple(float(x) for x in env["CORRAL_RETRY_BACKOFF"].split(",") if x.strip())
+            limits = DeliveryLimits(limits.events_max_deliver, limits.inbox_max_deliver, backoff)
+        return limits
+
+
 class Lease:
     """A Postgres session advisory lock: held while the connection lives, freed when the holder dies
     (even by kill -9, when the server notices the closed socket). One writer per resource."""
@@ -398,15 +422,17 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
         await service.rebuild()
         await service.started()
         ns = settings.namespace
+        delivery = DeliveryLimits.from_env()
         consumers.append(await bus.consume(
             f"{cls.name}-events",
             [f"{ns}.events.{t}" for t in cls.consumes] if cls.consumes is not None else [f"{ns}.events.>"],
-            service.on_event, batch=256, max_deliver=10,
+            service.on_event, batch=256, max_deliver=delivery.events_max_deliver, backoff=delivery.backoff,
             linger=cls.events_linger))
         if cls.inbox:
             consumers.append(await bus.consume(
                 f"{cls.name}-inbox", [f"{ns}.inbox.{s}" for s in cls.inbox], service.on_inbox,
-                batch=64, max_deliver=5, linger=cls.inbox_linger, batch_handler=service.on_inbox_batch))
+                batch=64, max_deliver=delivery.inbox_max_deliver, backoff=delivery.backoff,
+                linger=cls.inbox_linger, batch_handler=service.on_inbox_batch))
         service.changed.set()
         last_reconcile, spent = float("-inf"), 0.0
         while not stop.is_set():
