@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import asyncpg
 
-from corral.bus import Bus, Delivery, OutboxRelay, Poison
+from corral.bus import Bus, Delivery, OutboxRelay, Poison, UnavailableBackoff, is_unavailable
 from corral.collector import tune_for_busy_process
 from corral.contracts.envelope import Event
 from corral.contracts.problems import ContractError
@@ -123,9 +123,12 @@ class Lease:
             await asyncio.sleep(poll)
 
     async def release(self) -> None:
-        if self._conn is not None and not self._conn.is_closed():
-            await self._conn.close()
-        self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            try:
+                await conn.close(timeout=2.0)
+            except Exception:  # the server is gone: drop the socket
+                conn.terminate()
 
     async def alive(self) -> bool:
         """Still ours? A lost database connection means the lease may be someone else's now."""
@@ -134,8 +137,10 @@ class Lease:
         try:
             await self._conn.fetchval("SELECT 1")
             return True
-        except (asyncpg.PostgresError, OSError):
-            return False
+        except Exception as exc:
+            if is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError):
+                return False
+            raise
 
 
 class Service:
@@ -373,6 +378,7 @@ async def _relay_forever(store: EventStore, bus: Bus, settings: Settings, servic
     relay = OutboxRelay(store, bus, lambda e: f"{settings.namespace}.events.{e.type}", name="relay",
                         linger=0.005)
     started = time.monotonic()
+    backoff, failures = UnavailableBackoff(first=0.5, cap=5.0), 0
     while True:
         if time.monotonic() - started < service.relay_wait():
             await asyncio.sleep(0.2)
@@ -386,10 +392,16 @@ async def _relay_forever(store: EventStore, bus: Bus, settings: Settings, servic
             while not task.done() and await lease.alive():
                 await asyncio.sleep(1.0)
             await relay.stop()
-        except (OSError, asyncpg.PostgresError) as exc:
-            log.warning("relay lease: %s", exc)
+        except Exception as exc:
+            if not (is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError)):
+                raise
+            failures += 1
+            delay = backoff.delay(failures)
+            log.warning("relay lease: %s: %s; retrying in %.1fs", type(exc).__name__, exc, delay)
             await relay.stop()
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(delay)
+        else:
+            failures = 0
         finally:
             await lease.release()
 
@@ -435,6 +447,7 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
                 linger=cls.inbox_linger, batch_handler=service.on_inbox_batch))
         service.changed.set()
         last_reconcile, spent = float("-inf"), 0.0
+        backoff, failures = UnavailableBackoff(), 0
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(service.changed.wait(), timeout=cls.tick_seconds)
@@ -452,9 +465,18 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
                 # reconcile (O(waiting jobs)) then takes at most half of the service's time, and
                 # each one covers everything that arrived meanwhile.
                 spent = time.monotonic() - last_reconcile
-            except (OSError, asyncpg.PostgresError) as exc:
-                log.warning("%s: reconcile failed (%s); retrying", cls.name, exc)
-                await asyncio.sleep(0.5)
+                failures = 0
+            except Exception as exc:
+                # A dependency that does not answer is waited out (with a capped backoff: a
+                # reconcile that fails at once must not spin); anything else is a bug.
+                if not is_unavailable(exc):
+                    raise
+                failures += 1
+                delay = backoff.delay(failures)
+                log.warning("%s: reconcile failed (%s: %s); retrying in %.1fs", cls.name, type(exc).__name__,
+                            exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
     finally:
         for c in consumers:
             with contextlib.suppress(Exception):

@@ -72,6 +72,8 @@ async def test_a_submission_made_while_postgres_is_down_is_admitted_when_it_is_b
         await asyncio.sleep(8)  # far longer than the shortened give-up window
         assert await dead_letter_count(bus) == 0, "an unavailable Postgres is not bad input\n" + dump_logs(stack)
         private_postgres.start()
+        for process in stack.dead():  # as `corral up` does: placement exits when it loses its lease
+            process.start()
     finally:
         await client.close()
     client = await connect(stack)

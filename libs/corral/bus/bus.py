@@ -30,6 +30,7 @@ from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, Not
 from corral.bus.consumer import BatchHandler, RunningConsumer, dead_letter_publisher
 from corral.bus.delivery import MSG_ID, Handler
 from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace
+from corral.bus.unavailable import UnavailableBackoff
 
 DUPLICATE_WINDOW = 120.0  # seconds; a republish later than this is a new message to JetStream
 _NO_RESPONDERS = "503"  # status header NATS sends to the reply subject when no stream took a publish
@@ -222,7 +223,9 @@ class Bus:
                       max_deliver: int = 5, backoff: Sequence[float] = (0.5, 2.0, 10.0, 30.0),
                       batch: int = 16, ack_wait: float = 30.0,
                       deliver_new_only: bool = False, linger: float = 0.0,
-                      batch_handler: BatchHandler | None = None) -> RunningConsumer:
+                      batch_handler: BatchHandler | None = None,
+                      inactive_threshold: float | None = None,
+                      unavailable_backoff: UnavailableBackoff | None = None) -> RunningConsumer:
         """Start a durable pull consumer on `subjects` (all in one stream) and return it running.
 
         The durable is created (or updated) before this returns, so anything published afterwards
@@ -231,7 +234,10 @@ class Bus:
         seconds before the next one (fewer, larger batches at the cost of that much latency).
         `batch_handler`, if given, is called with each fetched batch instead of `handler` per
         message (see `BatchHandler`). `ack_wait` is how long a crashed consumer holds a message
-        before the server redelivers it. Stop with `await consumer.stop()` (or `bus.close()`).
+        before the server redelivers it. `inactive_threshold` (seconds): the server deletes the
+        durable after that long without a consumer (for durables named after something that may
+        go away for good, such as a node set). `unavailable_backoff`: the delays between tries
+        while a dependency is down. Stop with `await consumer.stop()` (or `bus.close()`).
         """
         if max_deliver < 1:
             raise ValueError(f"max_deliver must be >= 1, got {max_deliver}")
@@ -246,8 +252,9 @@ class Bus:
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.NEW if deliver_new_only else DeliverPolicy.ALL,
             ack_wait=ack_wait,
-            max_deliver=max_deliver + 1,  # one more: see corral.bus.consumer
+            max_deliver=-1,  # the limit is kept by the consumer, never silently: see corral.bus.consumer
             max_ack_pending=max(1000, batch * 4),
+            inactive_threshold=inactive_threshold,
         )
         if len(subjects) == 1:
             config.filter_subject = subjects[0]
@@ -259,6 +266,7 @@ class Bus:
             subscription, durable, handler,
             dead_letter_publisher(self.publish, dlq_subject, durable),
             max_deliver=max_deliver, backoff=backoff, batch=batch, linger=linger, batch_handler=batch_handler,
+            unavailable_backoff=unavailable_backoff,
         )
         self._consumers.append(consumer)
         consumer.task.add_done_callback(lambda _: self._forget(consumer))

@@ -22,10 +22,8 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-import asyncpg
-import nats.errors
-
 from corral.bus.bus import Bus, Outgoing
+from corral.bus.unavailable import UnavailableBackoff, is_unavailable
 from corral.eventstore import EventStore, StoredEvent
 
 log = logging.getLogger(__name__)
@@ -37,12 +35,7 @@ Points, per batch read from the log: "before_publish" for each event before the 
 "after_publish_before_save" for each event once JetStream acknowledged the whole batch, and
 "after_save" (with the batch's last event) once the position is saved."""
 
-# Failures of the bus or the database that a running relay waits out instead of dying.
-_TRANSIENT: tuple[type[BaseException], ...] = (
-    nats.errors.Error, TimeoutError, OSError, asyncpg.InterfaceError,
-    asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
-)
-_RETRY_PAUSE = 1.0
+_RETRY = UnavailableBackoff(first=0.5, cap=5.0)
 
 # Headers describing the event, so consumers can route without decoding the payload.
 TYPE = "Corral-Event-Type"
@@ -102,7 +95,9 @@ class OutboxRelay:
 
     async def run(self) -> None:
         """Relay forever: catch up from the saved position, then follow new appends. Bus or
-        database outages are waited out; anything else (a bug, or a fault hook) ends the run."""
+        database outages (`is_unavailable`) are waited out; anything else (a bug, or a fault hook)
+        ends the run."""
+        failures = 0
         while True:
             try:
                 after = await self.store.relay_position(self.name)
@@ -114,9 +109,13 @@ class OutboxRelay:
                             # Keeping up: let a few appends gather so one publish round trip and
                             # one saved position (a commit) cover them all.
                             await asyncio.sleep(self._linger)
-            except _TRANSIENT as exc:
-                log.warning("relay %s: %s; retrying in %.0fs", self.name, exc, _RETRY_PAUSE)
-                await asyncio.sleep(_RETRY_PAUSE)
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    raise
+                failures += 1
+                delay = _RETRY.delay(failures)
+                log.warning("relay %s: %s: %s; retrying in %.1fs", self.name, type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
 
     def start(self) -> asyncio.Task[None]:
         if self._task is None or self._task.done():
