@@ -47,7 +47,8 @@ async def test_streams_are_declared_idempotently_under_the_namespace(bus: Bus, n
     ns = namespace.upper()
     for kind in ("events", "inbox", "dlq"):
         info = await bus.js.stream_info(f"{ns}_{kind.upper()}")
-        assert info.config.subjects == [f"{namespace}.{kind}.>"]
+        expected = bus.inbox_subjects() if kind == "inbox" else [f"{namespace}.{kind}.>"]
+        assert info.config.subjects == expected
         assert info.config.duplicate_window == DUPLICATE_WINDOW
     assert bus.names.events_subject("JobSubmitted") == f"{namespace}.events.JobSubmitted"
 
@@ -76,11 +77,11 @@ async def test_a_consumer_reads_several_subjects_of_one_stream(bus: Bus) -> None
     await wait_until(lambda: len(inbox.deliveries) >= 2)
     assert inbox.subjects() == [cancelled, submitted]
     with pytest.raises(ValueError, match="several streams"):
-        await bus.consume("mixed", [submitted, bus.names.inbox_subject("x")], inbox)
+        await bus.consume("mixed", [submitted, bus.names.inbox_subject("JobSubmitted")], inbox)
 
 
 async def test_a_retried_message_is_redelivered_after_backoff_until_it_succeeds(bus: Bus) -> None:
-    subject = bus.names.inbox_subject("quota")
+    subject = bus.names.inbox_subject("QueueConfigured")
     counts: list[int] = []
 
     async def flaky(delivery: Delivery) -> None:
@@ -98,8 +99,14 @@ async def test_a_retried_message_is_redelivered_after_backoff_until_it_succeeds(
 
 
 async def dead_letters(bus: Bus, durable: str) -> Inbox:
+    """What consumer `durable` dead-lettered (the consumer is in the headers)."""
     inbox = Inbox()
-    await bus.consume(f"dlq-reader-{durable}", [bus.names.dlq_subject(durable)], inbox)
+
+    async def mine(delivery: Delivery) -> None:
+        if delivery.headers.get(DLQ_CONSUMER) == durable:
+            inbox.deliveries.append(delivery)
+
+    await bus.consume(f"dlq-reader-{durable}", [bus.names.wildcard("dlq")], mine)
     return inbox
 
 
@@ -117,7 +124,7 @@ async def test_a_poison_message_is_dead_lettered_at_once(bus: Bus) -> None:
     await wait_until(lambda: len(dlq.deliveries) == 1)
     letter = dlq.deliveries[0]
     assert letter.data == b'{"gpus": 0}'
-    assert letter.subject == bus.names.dlq_subject("admission")
+    assert letter.subject == bus.names.dead_letter_subject(bus.names.stream("events"), published.sequence)
     assert letter.headers[DLQ_SUBJECT] == subject
     assert letter.headers[DLQ_SEQUENCE] == str(published.sequence)
     assert letter.headers[DLQ_CONSUMER] == "admission"
@@ -146,7 +153,7 @@ async def test_a_message_failing_every_delivery_is_dead_lettered_after_max_deliv
 
 async def test_a_message_whose_handler_never_returned_is_dead_lettered_past_the_limit(bus: Bus) -> None:
     """A handler that kills its process never gets to dead-letter; the next consumer does."""
-    subject = bus.names.inbox_subject("agent")
+    subject = bus.names.inbox_subject("WorkerExited")
     started = asyncio.Event()
 
     async def hangs(delivery: Delivery) -> None:
@@ -170,7 +177,7 @@ async def test_a_message_whose_handler_never_returned_is_dead_lettered_past_the_
 
 
 async def test_stop_finishes_the_message_in_hand_then_ends(bus: Bus) -> None:
-    subject = bus.names.inbox_subject("slow")
+    subject = bus.names.inbox_subject("WorkerStarted")
     release, started, done = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def slow(delivery: Delivery) -> None:
@@ -192,7 +199,7 @@ async def test_stop_finishes_the_message_in_hand_then_ends(bus: Bus) -> None:
 
 
 async def test_an_idle_consumer_stops_at_once(bus: Bus) -> None:
-    consumer = await bus.consume("idle", [bus.names.inbox_subject("idle")], Inbox())
+    consumer = await bus.consume("idle", [bus.names.inbox_subject("CheckpointDone")], Inbox())
     await asyncio.sleep(0.1)
     await asyncio.wait_for(consumer.stop(), 1)
     assert consumer.task.done()

@@ -29,8 +29,10 @@ from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, Not
 
 from corral.bus.consumer import BatchHandler, RunningConsumer, dead_letter_publisher
 from corral.bus.delivery import MSG_ID, Handler
+from corral.bus.limits import BusLimits
 from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace
 from corral.bus.unavailable import UnavailableBackoff
+from corral.contracts.subjects import INBOX_TYPES
 
 DUPLICATE_WINDOW = 120.0  # seconds; a republish later than this is a new message to JetStream
 _NO_RESPONDERS = "503"  # status header NATS sends to the reply subject when no stream took a publish
@@ -71,20 +73,33 @@ class Outgoing:
 class Bus:
     """A connection to NATS JetStream scoped to one namespace. Open with `await Bus.connect(url)`."""
 
-    def __init__(self, nc: Any, namespace: Namespace) -> None:
+    def __init__(self, nc: Any, namespace: Namespace, limits: BusLimits | None = None) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.names = namespace
+        self.limits = limits or BusLimits.from_env()
         self._consumers: list[RunningConsumer] = []
         self._ack_prefix: str | None = None
         self._acks: dict[str, asyncio.Future[Any]] = {}
         self._ack_seq = 0
 
     @classmethod
-    async def connect(cls, url: str, namespace: str = "corral", *, name: str | None = None) -> Bus:
+    async def connect(cls, url: str, namespace: str = "corral", *, name: str | None = None,
+                      limits: BusLimits | None = None) -> Bus:
         names = Namespace(namespace)
         nc = await nats.connect(url, name=name or f"corral-{namespace}", max_reconnect_attempts=-1)
-        return cls(nc, names)
+        return cls(nc, names, limits)
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest event message (payload and headers) the bus takes: the stream limit, or
+        the server's max payload if that is smaller."""
+        server = int(getattr(self.nc, "max_payload", 0) or 0)
+        return min(self.limits.max_event_bytes, server) if server > 0 else self.limits.max_event_bytes
+
+    def inbox_subjects(self) -> list[str]:
+        """The inbox subjects some Corral service reads: the only ones the inbox stream takes."""
+        return [self.names.inbox_subject(t) for t in INBOX_TYPES]
 
     @property
     def namespace(self) -> str:
@@ -109,23 +124,33 @@ class Bus:
     # -- streams --------------------------------------------------------------------------------
 
     def stream_configs(self) -> list[StreamConfig]:
-        """The three streams: events (the facts), inbox (requests to services), dlq (failures)."""
+        """The three streams: events (the facts), inbox (requests to services), dlq (failures).
+
+        Each is bounded (`BusLimits`: age, bytes, message size; oldest discarded first). The inbox
+        takes only the subjects a service reads (`INBOX_TYPES`): a request on any other subject
+        is refused at publish (the publisher hears "no responders" at once) instead of being
+        stored where no one ever reads it. The dead-letter stream keeps one entry per original
+        message (subject `<ns>.dlq.<STREAM>.<seq>`, at most one message per subject), however many
+        consumers gave up on it."""
+        limits = self.limits
+        common: dict[str, Any] = {"retention": RetentionPolicy.LIMITS, "storage": StorageType.FILE,
+                                  "discard": DiscardPolicy.OLD, "duplicate_window": DUPLICATE_WINDOW}
         return [
-            StreamConfig(
-                name=self.names.stream(kind),
-                subjects=[self.names.wildcard(kind)],
-                retention=RetentionPolicy.LIMITS,
-                storage=StorageType.FILE,
-                discard=DiscardPolicy.OLD,
-                duplicate_window=DUPLICATE_WINDOW,
-                max_age=max_age,
-                description=description,
-            )
-            for kind, max_age, description in (
-                (EVENTS, None, "Corral events, published by the outbox relay from the event store"),
-                (INBOX, None, "Requests addressed to Corral services"),
-                (DLQ, None, "Messages a consumer could never process, with the reason in headers"),
-            )
+            StreamConfig(name=self.names.stream(EVENTS), subjects=[self.names.wildcard(EVENTS)],
+                         max_age=limits.events_max_age, max_bytes=limits.events_max_bytes,
+                         max_msg_size=limits.max_event_bytes,
+                         description="Corral events, published by the outbox relay from the event store",
+                         **common),
+            StreamConfig(name=self.names.stream(INBOX), subjects=self.inbox_subjects(),
+                         max_age=limits.inbox_max_age, max_bytes=limits.inbox_max_bytes,
+                         max_msg_size=limits.max_event_bytes,
+                         description="Requests addressed to Corral services", **common),
+            StreamConfig(name=self.names.stream(DLQ), subjects=[self.names.wildcard(DLQ)],
+                         max_age=limits.dlq_max_age, max_bytes=limits.dlq_max_bytes,
+                         max_msgs=limits.dlq_max_msgs, max_msgs_per_subject=1,
+                         max_msg_size=limits.dlq_max_msg_bytes,
+                         description="Messages a consumer could never process, with the reason in headers; "
+                                     "one per original message", **common),
         ]
 
     async def ensure_streams(self) -> None:
@@ -146,7 +171,7 @@ class Bus:
         within the duplicate window is acknowledged with `duplicate=True` and not stored again."""
         if not msg_id:
             raise ValueError("msg_id must be a non-empty string (the event_id): it deduplicates retries")
-        self.names.kind_of(subject)  # refuse subjects outside our namespace: they would go nowhere
+        self._check_subject(subject)
         all_headers = {**(headers or {}), MSG_ID: msg_id}
         try:
             ack = await self.js.publish(subject, data, timeout=timeout, headers=all_headers)
@@ -171,7 +196,7 @@ class Bus:
             for message in messages:
                 if not message.msg_id:
                     raise ValueError("msg_id must be a non-empty string (the event_id)")
-                self.names.kind_of(message.subject)
+                self._check_subject(message.subject)
                 headers = {**(message.headers or {}), MSG_ID: message.msg_id}
                 self._ack_seq += 1
                 token = str(self._ack_seq)
@@ -193,6 +218,12 @@ class Bus:
                 future.cancel()
         return [Published(stream=ack.stream, sequence=int(ack.seq), duplicate=bool(ack.duplicate))
                 for ack in acks]
+
+    def _check_subject(self, subject: str) -> None:
+        """Refuse subjects that would go nowhere: outside our namespace, or an inbox no one reads."""
+        if self.names.kind_of(subject) == INBOX and subject not in self.inbox_subjects():
+            raise ValueError(f"no Corral service reads {subject!r}: the inbox subjects are "
+                             f"{', '.join(self.inbox_subjects())}")
 
     async def _ack_inbox(self) -> str:
         if self._ack_prefix is None:
@@ -245,7 +276,6 @@ class Bus:
             raise ValueError(f"batch must be >= 1, got {batch}")
         if any(delay < 0 for delay in backoff):
             raise ValueError(f"backoff delays must be >= 0 seconds, got {list(backoff)}")
-        dlq_subject = self.names.dlq_subject(durable)
         stream = self.names.stream_for(subjects)
         config = ConsumerConfig(
             durable_name=durable,
@@ -264,7 +294,7 @@ class Bus:
         subscription = await self.js.pull_subscribe_bind(durable=durable, stream=stream)
         consumer = RunningConsumer(
             subscription, durable, handler,
-            dead_letter_publisher(self.publish, dlq_subject, durable),
+            dead_letter_publisher(self.publish, self.names.dead_letter_subject, durable),
             max_deliver=max_deliver, backoff=backoff, batch=batch, linger=linger, batch_handler=batch_handler,
             unavailable_backoff=unavailable_backoff,
         )

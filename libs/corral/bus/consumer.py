@@ -11,8 +11,8 @@ Settling rules (explicit ack, one message at a time, so per-subject order is kep
 - handler raises Retry or any other unexpected exception
                          -> nak with a delay from the backoff list (or Retry.delay)
 - handler raises Poison, or fails on delivery number `max_deliver`
-                         -> publish to `<ns>.dlq.<durable>` (original data and headers plus where
-                            it came from and why), then term
+                         -> publish to `<ns>.dlq.<STREAM>.<seq>` of the original message (its data
+                            and headers plus where it came from, which consumer, and why), then term
 - delivery number > `max_deliver` (the consumer died while handling it last time, so the handler
   never returned) -> dead-letter without calling the handler again.
 
@@ -353,11 +353,14 @@ class RunningConsumer:
 
 
 def dead_letter_publisher(publish: Callable[[str, bytes, str, dict[str, str]], Awaitable[object]],
-                          subject: str, durable: str) -> DeadLetter:
-    """A `DeadLetter` that publishes to `subject` through `publish(subject, data, msg_id, headers)`."""
+                          subject_for: Callable[[str, int], str], durable: str) -> DeadLetter:
+    """A `DeadLetter` that publishes through `publish(subject, data, msg_id, headers)` to
+    `subject_for(stream, sequence)` of the original message: one subject per original message, so
+    the dead-letter stream (one message per subject) keeps one entry however many consumers give
+    up on it, and the msg id (also per original message) drops a second one within the window."""
 
     async def dead_letter(delivery: Delivery, error: str) -> None:
-        await publish(subject, delivery.data, dead_letter_msg_id(delivery, durable),
-                      dead_letter_headers(delivery, durable, error))
+        await publish(subject_for(delivery.stream, delivery.stream_sequence), delivery.data,
+                      dead_letter_msg_id(delivery, durable), dead_letter_headers(delivery, durable, error))
 
     return dead_letter
