@@ -9,17 +9,18 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from nats.js.api import DiscardPolicy
 
 from corral.bus import Bus
 from corral.contracts.jobspec import validate_job_spec
 from corral.projection import JobState
 from corral.stack.servers import PostgresServer
 from corral.stack.up import Stack, StackOptions
-from tests.e2e.conftest import connect, dump_logs, with_queues
+from tests.e2e.conftest import StackFactory, connect, dump_logs, with_queues
 
 SMALL_JOB = {"name": "small", "queue": "team-a", "gpus_per_replica": 1, "runtime": "sim", "duration_seconds": 1}
 
@@ -86,5 +87,60 @@ async def test_a_submission_made_while_postgres_is_down_is_admitted_when_it_is_b
     except BaseException:
         print(dump_logs(stack))
         raise
+    finally:
+        await client.close()
+
+
+async def _settled(read: Callable[[], Awaitable[int]], quiet: float = 3.0, timeout: float = 45.0) -> int:
+    """The value of `read()` once it has not changed for `quiet` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    value, since = await read(), loop.time()
+    while loop.time() - since < quiet and loop.time() < deadline:
+        await asyncio.sleep(0.5)
+        now = await read()
+        if now != value:
+            value, since = now, loop.time()
+    return value
+
+
+async def test_streams_are_bounded_and_garbage_makes_one_dead_letter_per_message(make_stack: StackFactory) -> None:
+    stack = make_stack(cluster="1x8:H100")
+    client = await connect(stack)
+    try:
+        await with_queues(client, [{"name": "team-a", "guaranteed_gpus": 8}], nodes=1)
+        bus = client.bus
+        for kind in ("events", "inbox", "dlq"):
+            config = (await bus.js.stream_info(bus.names.stream(kind))).config
+            assert config.max_age and config.max_age > 0, kind
+            assert config.max_bytes and config.max_bytes > 0, kind
+            assert config.max_msg_size and config.max_msg_size > 0, kind
+        dlq = (await bus.js.stream_info(bus.names.stream("dlq"))).config
+        assert dlq.max_msgs and dlq.max_msgs > 0 and dlq.discard == DiscardPolicy.OLD
+
+        # Garbage on an event subject every service reads, and on an inbox subject: each is one entry.
+        n = 12
+        for i in range(n):
+            await bus.js.publish(bus.names.events_subject("JobSubmitted"), b"\xff garbage %d" % i,
+                                 headers={"Nats-Msg-Id": f"garbage-event-{i}"})
+            await bus.js.publish(bus.names.inbox_subject("JobSubmitted"), b"{not json %d" % i,
+                                 headers={"Nats-Msg-Id": f"garbage-inbox-{i}"})
+        letters = await _settled(lambda: dead_letter_count(bus))
+        assert n <= letters <= 2 * n, f"{letters} dead letters for {2 * n} garbage messages"
+
+        # A request on an inbox subject no service reads is refused, never kept where no one reads it.
+        unknown = bus.names.inbox_subject("NoSuchRequest")
+        with pytest.raises(Exception):  # noqa: B017 - "no responders" / no stream takes it
+            await bus.js.publish(unknown, b"{}", timeout=2)
+        inbox = await bus.js.stream_info(bus.names.stream("inbox"), subjects_filter=unknown)
+        assert not (inbox.state.subjects or {}), "a message on an unknown inbox subject was stored"
+
+        # Agent durables are named after their node set: they expire once no process uses them.
+        names = [c.name for c in await bus.js.consumers_info(bus.names.stream("events"))]
+        agents = [name for name in names if name.startswith("node-agent")]
+        assert agents, names
+        for name in agents:
+            info = await bus.js.consumer_info(bus.names.stream("events"), name)
+            assert info.config.inactive_threshold and info.config.inactive_threshold > 0, name
     finally:
         await client.close()
