@@ -16,8 +16,12 @@ import pytest
 from nats.js.api import DiscardPolicy
 
 from corral.bus import Bus
+from corral.contracts import events as ev
+from corral.contracts.envelope import job_stream
 from corral.contracts.jobspec import validate_job_spec
+from corral.contracts.registry import encode
 from corral.projection import JobState
+from corral.services.runtime import to_new_event
 from corral.stack.servers import PostgresServer
 from corral.stack.up import Stack, StackOptions
 from tests.e2e.conftest import StackFactory, connect, dump_logs, with_queues
@@ -142,5 +146,50 @@ async def test_streams_are_bounded_and_garbage_makes_one_dead_letter_per_message
         for name in agents:
             info = await bus.js.consumer_info(bus.names.stream("events"), name)
             assert info.config.inactive_threshold and info.config.inactive_threshold > 0, name
+    finally:
+        await client.close()
+
+
+def blob_spec(size: int, name: str = "blob") -> object:
+    return validate_job_spec({**SMALL_JOB, "name": name, "env": {"BLOB": "x" * size}})
+
+
+async def test_an_oversized_submission_is_refused_and_an_oversized_event_does_not_stop_the_relay(
+        make_stack: StackFactory) -> None:
+    stack = make_stack(cluster="1x8:H100")
+    client = await connect(stack)
+    try:
+        await with_queues(client, [{"name": "team-a", "guaranteed_gpus": 8}], nodes=1)
+        # The client refuses before publishing, naming the size, the limit and the fix.
+        with pytest.raises(ValueError, match=r"(?s)bytes.*limit.*CORRAL_MAX_SPEC_BYTES"):
+            await client.submit(blob_spec(300_000))  # type: ignore[arg-type]
+
+        # A pipeline that publishes to the inbox itself gets a JobRejected saying the same.
+        raw = ev.JobSubmitted.new(stream=job_stream("jraw"), actor="user/pipe", job_id="jraw",
+                                  spec=blob_spec(300_000), user="pipe")  # type: ignore[arg-type]
+        await client.bus.publish(client.bus.names.inbox_subject("JobSubmitted"), encode(raw), raw.event_id)
+        view = await client.wait_for(lambda v: "jraw" in v.jobs and v.jobs["jraw"].state.terminal, 30)
+        job = view.jobs["jraw"]
+        assert job.state is JobState.REJECTED and job.reason is not None, dump_logs(stack)
+        assert job.reason.code == "SPEC_TOO_LARGE"
+        assert "300," in job.reason.message and "limit" in job.reason.message, job.reason.message
+        trail = [type(e).__name__ for _, e in await client.job_events("jraw")]
+        assert trail == ["JobRejected"], "the oversized submission itself is never recorded"
+
+        # An event in the log larger than the bus takes (NATS max payload: 8 MiB) is skipped with an
+        # alert, and the relay keeps relaying: a later job runs to the end.
+        huge = ev.JobSubmitted.new(stream=job_stream("jhuge"), actor="user/pipe", job_id="jhuge",
+                                   spec=blob_spec(8_400_000, "huge"), user="pipe")  # type: ignore[arg-type]
+        await client.store.append(huge.stream, 0, [to_new_event(huge)])
+        later = await client.submit(validate_job_spec(SMALL_JOB))
+        view = await client.wait_for(lambda v: later in v.jobs and v.jobs[later].state.terminal, 60)
+        assert view.jobs[later].state is JobState.COMPLETED, dump_logs(stack)
+        alerts = [(s, e) for s, e in await client.events(types=["EventNotRelayed"])]
+        assert len(alerts) == 1, dump_logs(stack)
+        stored, alert = alerts[0]
+        assert stored.stream == "cluster"
+        huge_position = (await client.store.read_stream(huge.stream))[0].position
+        assert alert.position == huge_position and alert.event_type == "JobSubmitted"
+        assert alert.size > 8 * 1024 * 1024
     finally:
         await client.close()
