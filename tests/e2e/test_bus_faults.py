@@ -16,6 +16,15 @@ import pytest
 from nats.js.api import DiscardPolicy
 
 from corral.bus import Bus
+from corral.bus.delivery import (
+    DLQ_CONSUMER,
+    DLQ_DELIVERIES,
+    DLQ_ERROR,
+    DLQ_MSG_ID,
+    DLQ_SEQUENCE,
+    DLQ_STREAM,
+    DLQ_SUBJECT,
+)
 from corral.contracts import events as ev
 from corral.contracts.envelope import job_stream
 from corral.contracts.jobspec import validate_job_spec
@@ -25,6 +34,7 @@ from corral.services.runtime import to_new_event
 from corral.stack.servers import PostgresServer
 from corral.stack.up import Stack, StackOptions
 from tests.e2e.conftest import StackFactory, connect, dump_logs, with_queues
+from tests.e2e.test_cli import as_json, corral
 
 SMALL_JOB = {"name": "small", "queue": "team-a", "gpus_per_replica": 1, "runtime": "sim", "duration_seconds": 1}
 
@@ -191,5 +201,45 @@ async def test_an_oversized_submission_is_refused_and_an_oversized_event_does_no
         huge_position = (await client.store.read_stream(huge.stream))[0].position
         assert alert.position == huge_position and alert.event_type == "JobSubmitted"
         assert alert.size > 8 * 1024 * 1024
+    finally:
+        await client.close()
+
+
+async def test_dead_letters_are_listed_and_a_replayed_submission_is_admitted(make_stack: StackFactory) -> None:
+    stack = make_stack(cluster="1x8:H100")
+    client = await connect(stack)
+    try:
+        await with_queues(client, [{"name": "team-a", "guaranteed_gpus": 8}], nodes=1)
+        bus = client.bus
+        # A valid submission dead-lettered as the landed code did during a Postgres outage.
+        lost = ev.JobSubmitted.new(stream=job_stream("jlost"), actor="user/ann", job_id="jlost",
+                                   spec=validate_job_spec(SMALL_JOB), user="ann")
+        inbox = bus.names.inbox_subject("JobSubmitted")
+        await bus.publish(bus.names.dead_letter_subject(bus.names.stream("inbox"), 7), encode(lost), "dlq:lost",
+                          {DLQ_SUBJECT: inbox, DLQ_STREAM: bus.names.stream("inbox"), DLQ_SEQUENCE: "7",
+                           DLQ_CONSUMER: "admission-inbox", DLQ_DELIVERIES: "5", DLQ_MSG_ID: "replay-of-lost",
+                           DLQ_ERROR: "failed 5 times; last: ConnectionRefusedError"})
+        # And a garbage request, dead-lettered by admission for real.
+        await bus.js.publish(inbox, b"{garbage")
+        await _settled(lambda: dead_letter_count(bus), quiet=2.0)
+        listed = as_json(corral(stack, "dlq", "list", "--json"))
+        assert len(listed) == 2, listed
+        by_consumer = {row["consumer"]: row for row in listed}
+        assert by_consumer["admission-inbox"]["deliveries"] in (1, 5)
+        assert {row["subject"] for row in listed} == {inbox}
+        assert any("ConnectionRefusedError" in row["error"] for row in listed)
+        assert any("undecodable" in row["error"] for row in listed), listed
+        table = corral(stack, "dlq", "list").stdout
+        assert "SEQ" in table and "CONSUMER" in table and "admission-inbox" in table
+
+        replayed_seq = next(row["seq"] for row in listed if "ConnectionRefusedError" in row["error"])
+        out = corral(stack, "dlq", "replay", str(replayed_seq)).stdout
+        assert "replayed" in out
+        view = await client.wait_for(lambda v: "jlost" in v.jobs and v.jobs["jlost"].state.terminal, 60)
+        assert view.jobs["jlost"].state is JobState.COMPLETED, dump_logs(stack)
+        remaining = as_json(corral(stack, "dlq", "list", "--json"))
+        assert [row["seq"] for row in remaining] == [r["seq"] for r in listed if r["seq"] != replayed_seq]
+        missing = corral(stack, "dlq", "replay", "999999", check=False)
+        assert missing.returncode == 1 and "no dead letter 999999" in missing.stdout
     finally:
         await client.close()
