@@ -467,9 +467,9 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
                 spent = time.monotonic() - last_reconcile
                 failures = 0
             except Exception as exc:
-                # A dependency that does not answer is waited out (with a capped backoff: a
-                # reconcile that fails at once must not spin); anything else is a bug.
-                if not is_unavailable(exc):
+                # A dependency that does not answer (or a database error) is waited out with a
+                # capped backoff: a reconcile that fails at once must not spin. Anything else is a bug.
+                if not (is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError)):
                     raise
                 failures += 1
                 delay = backoff.delay(failures)

@@ -7,7 +7,17 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from corral.bus import DUPLICATE_WINDOW, Bus, Delivery, Outgoing, Poison, Retry, StreamMissing
+from corral.bus import (
+    DUPLICATE_WINDOW,
+    Bus,
+    Delivery,
+    Outgoing,
+    Poison,
+    Retry,
+    StreamMissing,
+    Unavailable,
+    UnavailableBackoff,
+)
 from corral.bus.delivery import DLQ_CONSUMER, DLQ_DELIVERIES, DLQ_ERROR, DLQ_SEQUENCE, DLQ_SUBJECT
 
 
@@ -228,3 +238,54 @@ async def test_publishing_before_the_streams_exist_says_how_to_fix_it(nats_url: 
             await fresh.publish(subject, b"{}", msg_id="x")
         with pytest.raises(StreamMissing, match="ensure_streams"):
             await fresh.publish_many([Outgoing(subject, b"{}", "y")])
+
+
+async def test_an_unavailable_dependency_holds_the_message_without_counting_or_dead_lettering(bus: Bus) -> None:
+    subject = bus.names.inbox_subject("JobSubmitted")
+    calls: list[int] = []
+
+    async def database_down_three_times(delivery: Delivery) -> None:
+        calls.append(delivery.delivery_count)
+        if len(calls) <= 3:
+            raise ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5432)")
+
+    dlq = await dead_letters(bus, "admission-inbox")
+    consumer = await bus.consume("admission-inbox", [subject], database_down_three_times, max_deliver=1,
+                                 unavailable_backoff=UnavailableBackoff(first=0.05, cap=0.1))
+    await bus.publish(subject, b"{}", msg_id="s1")
+    await bus.publish(subject, b"{}", msg_id="s2")
+    await wait_until(lambda: len(calls) >= 5)
+    await consumer.stop()
+    assert calls == [1, 1, 1, 1, 1], "held, not redelivered: the delivery count never grows"
+    assert dlq.deliveries == [], "max_deliver=1, yet nothing is dead-lettered: the input was never the problem"
+    info = await bus.js.consumer_info(bus.names.stream("inbox"), "admission-inbox")
+    assert info.num_ack_pending == 0 and info.num_redelivered == 0 and info.num_pending == 0
+
+
+async def test_a_batch_holds_only_what_met_the_outage_and_settles_the_rest(bus: Bus) -> None:
+    subject = bus.names.inbox_subject("WorkerExited")
+    seen: list[str] = []
+
+    async def batch(deliveries: list[Delivery]) -> list[BaseException | None]:
+        seen.extend(d.msg_id or "" for d in deliveries)
+        outcomes: list[BaseException | None] = []
+        for d in deliveries:
+            if d.msg_id == "poison":
+                outcomes.append(Poison("bad report"))
+            elif d.msg_id == "slow-db" and seen.count("slow-db") <= 2:
+                outcomes.append(Unavailable("event store down"))
+            else:
+                outcomes.append(None)
+        return outcomes
+
+    dlq = await dead_letters(bus, "placement-inbox")
+    for msg_id in ("ok", "poison", "slow-db"):
+        await bus.publish(subject, b"{}", msg_id=msg_id)
+    consumer = await bus.consume("placement-inbox", [subject], Inbox(), batch=8, max_deliver=1,
+                                 batch_handler=batch, unavailable_backoff=UnavailableBackoff(first=0.05, cap=0.1))
+    await wait_until(lambda: seen.count("slow-db") >= 3 and len(dlq.deliveries) == 1)
+    await consumer.stop()
+    assert sorted(seen) == ["ok", "poison", "slow-db", "slow-db", "slow-db"]
+    assert [d.headers[DLQ_ERROR] for d in dlq.deliveries] == ["poison: bad report"]
+    info = await bus.js.consumer_info(bus.names.stream("inbox"), "placement-inbox")
+    assert info.num_ack_pending == 0 and info.num_redelivered == 0
