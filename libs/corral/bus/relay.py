@@ -149,6 +149,7 @@ class OutboxRelay:
                 async with contextlib.aclosing(batches):
                     async for events in batches:
                         await self._publish_batch(events)
+                        failures = 0
                         if self._linger > 0 and len(events) < self._batch:
                             # Keeping up: let a few appends gather so one publish round trip and
                             # one saved position (a commit) cover them all.
