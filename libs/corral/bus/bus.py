@@ -39,6 +39,16 @@ _NO_RESPONDERS = "503"  # status header NATS sends to the reply subject when no 
 _STREAM_IN_USE = 10058  # JetStream error code: stream name already in use with another config
 
 
+def _api_error(error: dict[str, Any]) -> APIError:
+    """The JetStream error for an error response. (`APIError.from_error` raises it instead of
+    returning it: set as a future's result that raise escaped the ack callback, and the publish
+    waited for its timeout instead of failing, e.g. a message over the stream's size limit.)"""
+    try:
+        return APIError.from_error(error)  # type: ignore[no-any-return]
+    except APIError as exc:
+        return exc
+
+
 class StreamMissing(NoStreamResponseError):
     """No JetStream stream takes the subject: the streams were not declared on this server yet."""
 
@@ -242,7 +252,7 @@ class Bus:
         try:
             response = json.loads(msg.data)
             if "error" in response:
-                future.set_exception(APIError.from_error(response["error"]))
+                future.set_exception(_api_error(response["error"]))
             else:
                 future.set_result(PubAck.from_response(response))
         except (ValueError, TypeError, KeyError) as exc:
