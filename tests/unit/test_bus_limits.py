@@ -36,7 +36,8 @@ def test_bad_limits_say_which_and_why(env: dict[str, str], match: str) -> None:
 
 
 def test_a_submission_over_the_limit_is_a_problem_naming_size_limit_and_fix() -> None:
-    spec = validate_job_spec({"name": "big", "queue": "q", "runtime": "sim", "duration_seconds": 1, "env": {"BLOB": "x" * 5000}})
+    spec = validate_job_spec({"name": "big", "queue": "q", "runtime": "sim", "duration_seconds": 1,
+                              "env": {"BLOB": "x" * 5000}})
     submitted = ev.JobSubmitted.new(stream=job_stream("j1"), actor="user/a", job_id="j1", spec=spec)
     size = recorded_size(submitted)
     assert size > 5000

@@ -44,7 +44,7 @@ def _api_error(error: dict[str, Any]) -> APIError:
     returning it: set as a future's result that raise escaped the ack callback, and the publish
     waited for its timeout instead of failing, e.g. a message over the stream's size limit.)"""
     try:
-        return APIError.from_error(error)  # type: ignore[no-any-return]
+        return APIError.from_error(error)
     except APIError as exc:
         return exc
 
