@@ -25,6 +25,7 @@ from corral.contracts.queues import QueueSpec
 __all__ = [
     "ALL_EVENTS",
     "CheckpointDone",
+    "EventNotRelayed",
     "GangReleased",
     "GangReserved",
     "GpusAllocated",
@@ -276,10 +277,27 @@ class QueueConfigured(Event, frozen=True, kw_only=True):
     queue: QueueSpec
 
 
+# --- operations ----------------------------------------------------------------------------
+
+
+class EventNotRelayed(Event, frozen=True, kw_only=True):
+    """An alert on stream `cluster`: the outbox relay could not publish the event at `position`
+    (e.g. larger than the bus takes) and moved on. The event stays in the log; consumers that
+    need it read it from there. `reason.code`: EVENT_TOO_LARGE."""
+
+    position: Annotated[int, msgspec.Meta(ge=1)]
+    event_id_skipped: str
+    event_type: str
+    event_stream: str
+    size: Annotated[int, msgspec.Meta(ge=0)]
+    limit: Annotated[int, msgspec.Meta(ge=0)]
+    reason: Reason
+
+
 ALL_EVENTS: tuple[type[Event], ...] = (
     JobSubmitted, JobCancelRequested, JobAdmitted, JobRejected, QuotaReserved, QuotaReleased,
     GangReserved, GpusAllocated, GpusReleased, PlacementPending, PreemptRequested, CheckpointDone,
     GangReleased, JobRequeued, WorkerStarted, WorkerExited, JobRunning, JobCompleted, JobFailed, JobCancelled,
-    NodeRegistered, NodeHeartbeat, NodeLost, QueueConfigured,
+    NodeRegistered, NodeHeartbeat, NodeLost, QueueConfigured, EventNotRelayed,
 )
 

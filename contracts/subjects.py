@@ -10,7 +10,9 @@ unique prefix (e.g. `t3f9a`) isolates them completely. The default prefix is `co
 - `<prefix>.inbox.<NodeRegistered|WorkerStarted|WorkerExited|CheckpointDone>`: node agent reports;
   placement records them in the log.
 - `<prefix>.heartbeat.<node>`: node heartbeats on core NATS (not JetStream, not the log).
-- `<prefix>.dlq.<consumer>`: what a consumer could never process.
+- `<prefix>.dlq.<STREAM>.<seq>`: what a consumer could never process, one entry per original
+  message (see `corral.bus.naming.Namespace.dead_letter_subject`; the consumer is in its headers).
+  The inbox stream takes only the `INBOX_TYPES` subjects: add a new request type there.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import asyncpg
 
-from corral.bus import Bus, Delivery, OutboxRelay, Poison
+from corral.bus import Bus, Delivery, OutboxRelay, Poison, UnavailableBackoff, is_unavailable
 from corral.collector import tune_for_busy_process
 from corral.contracts.envelope import Event
 from corral.contracts.problems import ContractError
@@ -78,6 +78,30 @@ class Settings:
                    namespace=env.get("CORRAL_NAMESPACE", "corral"), log_dir=env.get("CORRAL_LOG_DIR"))
 
 
+@dataclass(frozen=True)
+class DeliveryLimits:
+    """How often a service's consumers retry a message that fails (bad input or a bug) before
+    dead-lettering it, and the delays between tries. From the environment, so tests and operators
+    can shorten or lengthen the window: CORRAL_MAX_DELIVER (both consumers), CORRAL_RETRY_BACKOFF
+    (comma-separated seconds)."""
+
+    events_max_deliver: int = 10
+    inbox_max_deliver: int = 5
+    backoff: tuple[float, ...] = (0.5, 2.0, 10.0, 30.0)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DeliveryLimits:
+        env = os.environ if environ is None else environ
+        limits = cls()
+        if env.get("CORRAL_MAX_DELIVER"):
+            n = int(env["CORRAL_MAX_DELIVER"])
+            limits = DeliveryLimits(events_max_deliver=n, inbox_max_deliver=n, backoff=limits.backoff)
+        if env.get("CORRAL_RETRY_BACKOFF"):
+            backoff = tuple(float(x) for x in env["CORRAL_RETRY_BACKOFF"].split(",") if x.strip())
+            limits = DeliveryLimits(limits.events_max_deliver, limits.inbox_max_deliver, backoff)
+        return limits
+
+
 class Lease:
     """A Postgres session advisory lock: held while the connection lives, freed when the holder dies
     (even by kill -9, when the server notices the closed socket). One writer per resource."""
@@ -99,9 +123,12 @@ class Lease:
             await asyncio.sleep(poll)
 
     async def release(self) -> None:
-        if self._conn is not None and not self._conn.is_closed():
-            await self._conn.close()
-        self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            try:
+                await conn.close(timeout=2.0)
+            except Exception:  # the server is gone: drop the socket
+                conn.terminate()
 
     async def alive(self) -> bool:
         """Still ours? A lost database connection means the lease may be someone else's now."""
@@ -110,8 +137,10 @@ class Lease:
         try:
             await self._conn.fetchval("SELECT 1")
             return True
-        except (asyncpg.PostgresError, OSError):
-            return False
+        except Exception as exc:
+            if is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError):
+                return False
+            raise
 
 
 class Service:
@@ -349,6 +378,7 @@ async def _relay_forever(store: EventStore, bus: Bus, settings: Settings, servic
     relay = OutboxRelay(store, bus, lambda e: f"{settings.namespace}.events.{e.type}", name="relay",
                         linger=0.005)
     started = time.monotonic()
+    backoff, failures = UnavailableBackoff(first=0.5, cap=5.0), 0
     while True:
         if time.monotonic() - started < service.relay_wait():
             await asyncio.sleep(0.2)
@@ -362,10 +392,16 @@ async def _relay_forever(store: EventStore, bus: Bus, settings: Settings, servic
             while not task.done() and await lease.alive():
                 await asyncio.sleep(1.0)
             await relay.stop()
-        except (OSError, asyncpg.PostgresError) as exc:
-            log.warning("relay lease: %s", exc)
+        except Exception as exc:
+            if not (is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError)):
+                raise
+            failures += 1
+            delay = backoff.delay(failures)
+            log.warning("relay lease: %s: %s; retrying in %.1fs", type(exc).__name__, exc, delay)
             await relay.stop()
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(delay)
+        else:
+            failures = 0
         finally:
             await lease.release()
 
@@ -398,17 +434,20 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
         await service.rebuild()
         await service.started()
         ns = settings.namespace
+        delivery = DeliveryLimits.from_env()
         consumers.append(await bus.consume(
             f"{cls.name}-events",
             [f"{ns}.events.{t}" for t in cls.consumes] if cls.consumes is not None else [f"{ns}.events.>"],
-            service.on_event, batch=256, max_deliver=10,
+            service.on_event, batch=256, max_deliver=delivery.events_max_deliver, backoff=delivery.backoff,
             linger=cls.events_linger))
         if cls.inbox:
             consumers.append(await bus.consume(
                 f"{cls.name}-inbox", [f"{ns}.inbox.{s}" for s in cls.inbox], service.on_inbox,
-                batch=64, max_deliver=5, linger=cls.inbox_linger, batch_handler=service.on_inbox_batch))
+                batch=64, max_deliver=delivery.inbox_max_deliver, backoff=delivery.backoff,
+                linger=cls.inbox_linger, batch_handler=service.on_inbox_batch))
         service.changed.set()
         last_reconcile, spent = float("-inf"), 0.0
+        backoff, failures = UnavailableBackoff(), 0
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(service.changed.wait(), timeout=cls.tick_seconds)
@@ -426,9 +465,18 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
                 # reconcile (O(waiting jobs)) then takes at most half of the service's time, and
                 # each one covers everything that arrived meanwhile.
                 spent = time.monotonic() - last_reconcile
-            except (OSError, asyncpg.PostgresError) as exc:
-                log.warning("%s: reconcile failed (%s); retrying", cls.name, exc)
-                await asyncio.sleep(0.5)
+                failures = 0
+            except Exception as exc:
+                # A dependency that does not answer (or a database error) is waited out with a
+                # capped backoff: a reconcile that fails at once must not spin. Anything else is a bug.
+                if not (is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError)):
+                    raise
+                failures += 1
+                delay = backoff.delay(failures)
+                log.warning("%s: reconcile failed (%s: %s); retrying in %.1fs", cls.name, type(exc).__name__,
+                            exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
     finally:
         for c in consumers:
             with contextlib.suppress(Exception):

@@ -15,12 +15,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from corral.bus import Bus
+from corral.bus.limits import BusLimits
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event, job_stream, new_event_id, queue_stream
 from corral.contracts.jobspec import JobSpec
-from corral.contracts.problems import ContractError
+from corral.contracts.problems import ContractError, SpecError
 from corral.contracts.queues import QueuesFile
 from corral.contracts.registry import decode, encode
+from corral.contracts.sizes import recorded_size, size_problem
 from corral.contracts.subjects import Subjects
 from corral.eventstore import EventStore, StoredEvent
 from corral.projection import ClusterView
@@ -41,6 +43,21 @@ def new_job_id(now: datetime | None = None) -> str:
     """Short, time-sortable, unique enough to type: 'j' + 10 time chars + 4 random chars, lower case."""
     ulid = new_event_id(now or datetime.now(UTC)).lower()
     return f"j{ulid[:10]}{ulid[-4:]}"
+
+
+def refuse_oversized(submitted: ev.JobSubmitted, limit: int | None = None) -> None:
+    """SpecError (field `spec`, with the size, the limit and the fix) if this submission is larger
+    than admission accepts: refused here, before anything is published."""
+    problem = size_problem(recorded_size(submitted), BusLimits.from_env().max_spec_bytes if limit is None else limit)
+    if problem is not None:
+        raise SpecError([problem])
+
+
+def check_spec_size(spec: JobSpec) -> None:
+    """`refuse_oversized` for a spec not yet submitted (what `corral submit|validate` check)."""
+    job_id = new_job_id()
+    refuse_oversized(ev.JobSubmitted.new(stream=job_stream(job_id), actor=f"user/{_user()}", job_id=job_id,
+                                         spec=spec, submission_id=spec.submission_id, user=spec.user or _user()))
 
 
 class Client:
@@ -91,6 +108,7 @@ class Client:
         user = user or spec.user or _user()
         submitted = ev.JobSubmitted.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,
                                         job_id=job_id, spec=spec, submission_id=spec.submission_id, user=user)
+        refuse_oversized(submitted, self.bus.limits.max_spec_bytes)
         await self.publish_request(submitted, spec.submission_id or submitted.event_id)
         return job_id
 

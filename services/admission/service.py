@@ -21,6 +21,7 @@ from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream, queue_stream
 from corral.contracts.problems import Problem
+from corral.contracts.sizes import SPEC_TOO_LARGE, recorded_size, size_problem
 from corral.eventstore import Tracking
 from corral.services.runtime import Service
 
@@ -68,7 +69,8 @@ class Admission(Service):
                 continue  # its tracking row only
             if submission:
                 seen.add(submission)
-            batches[stream] = [submitted, await self._judge_caught_up(submitted)]
+            oversized = self.refuse_oversized(submitted)
+            batches[stream] = [oversized] if oversized else [submitted, await self._judge_caught_up(submitted)]
         if await self.append_handled(batches, trackings):
             return [None] * len(items)
         return await super().handle_inbox_batch(items)
@@ -82,11 +84,31 @@ class Admission(Service):
             log.info("job %s already submitted; duplicate ignored", submitted.job_id)
             await self.append({}, tracking=tracking)
             return
+        oversized = self.refuse_oversized(submitted)
+        if oversized is not None:
+            await self.append({stream: [oversized]}, tracking=tracking, expected={stream: 0})
+            return
         await self._catch_up_queues([submitted])
         verdict = await self._judge_caught_up(submitted)
         appended = await self.append({stream: [submitted, verdict]}, tracking=tracking, expected={stream: 0})
         if not appended:
             log.info("job %s: submitted concurrently; duplicate ignored", submitted.job_id)
+
+    def refuse_oversized(self, submitted: ev.JobSubmitted) -> ev.JobRejected | None:
+        """A JobRejected if the submission, as the log and the bus would record it, is over the
+        size limit. Then only the rejection is recorded, never the submission itself: an event
+        too large for the bus would stop the outbox relay (see `corral.contracts.sizes`)."""
+        limit = self.bus.limits.max_spec_bytes
+        size = recorded_size(submitted)
+        problem = size_problem(size, limit)
+        if problem is None:
+            return None
+        log.warning("job %s: submission of %d bytes refused (limit %d)", submitted.job_id, size, limit)
+        return ev.JobRejected.new(
+            stream=submitted.stream, actor="admission", causation=submitted, job_id=submitted.job_id,
+            problems=[problem],
+            reason=Reason(code=SPEC_TOO_LARGE, message=f"{problem.message}; {problem.hint}",
+                          details={"bytes": size, "limit": limit}))
 
     async def _catch_up_queues(self, submissions: Iterable[ev.JobSubmitted]) -> None:
         """Read a queue we have not heard of from the log before judging by it: our view follows

@@ -84,6 +84,11 @@ _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 _HISTORY_FETCH = 512
 
 
+#: The server deletes an agent durable no process has used for this long (seconds): durables are
+#: named after their node set, so those of node sets that are gone for good would pile up.
+IDLE_EXPIRY = 86_400.0
+
+
 def durable_name(nodes: Sequence[str]) -> str:
     """The durable consumer of a process hosting `nodes`.
 
@@ -360,7 +365,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
         publisher.start()
         durable = durable_name(names)
         consumer = await bus.consume(durable, [subjects.event(t) for t in CONSUMED_TYPES], host.on_event,
-                                     deliver_new_only=True, batch=64, max_deliver=5)
+                                     deliver_new_only=True, batch=64, max_deliver=5, inactive_threshold=IDLE_EXPIRY)
         try:
             read = await host.load_history()
             log.info("node agents %s: consumer %s; %d job spec(s) known from %d past event(s)",

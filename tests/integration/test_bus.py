@@ -7,7 +7,17 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from corral.bus import DUPLICATE_WINDOW, Bus, Delivery, Outgoing, Poison, Retry, StreamMissing
+from corral.bus import (
+    DUPLICATE_WINDOW,
+    Bus,
+    Delivery,
+    Outgoing,
+    Poison,
+    Retry,
+    StreamMissing,
+    Unavailable,
+    UnavailableBackoff,
+)
 from corral.bus.delivery import DLQ_CONSUMER, DLQ_DELIVERIES, DLQ_ERROR, DLQ_SEQUENCE, DLQ_SUBJECT
 
 
@@ -47,7 +57,8 @@ async def test_streams_are_declared_idempotently_under_the_namespace(bus: Bus, n
     ns = namespace.upper()
     for kind in ("events", "inbox", "dlq"):
         info = await bus.js.stream_info(f"{ns}_{kind.upper()}")
-        assert info.config.subjects == [f"{namespace}.{kind}.>"]
+        expected = bus.inbox_subjects() if kind == "inbox" else [f"{namespace}.{kind}.>"]
+        assert info.config.subjects == expected
         assert info.config.duplicate_window == DUPLICATE_WINDOW
     assert bus.names.events_subject("JobSubmitted") == f"{namespace}.events.JobSubmitted"
 
@@ -76,11 +87,11 @@ async def test_a_consumer_reads_several_subjects_of_one_stream(bus: Bus) -> None
     await wait_until(lambda: len(inbox.deliveries) >= 2)
     assert inbox.subjects() == [cancelled, submitted]
     with pytest.raises(ValueError, match="several streams"):
-        await bus.consume("mixed", [submitted, bus.names.inbox_subject("x")], inbox)
+        await bus.consume("mixed", [submitted, bus.names.inbox_subject("JobSubmitted")], inbox)
 
 
 async def test_a_retried_message_is_redelivered_after_backoff_until_it_succeeds(bus: Bus) -> None:
-    subject = bus.names.inbox_subject("quota")
+    subject = bus.names.inbox_subject("QueueConfigured")
     counts: list[int] = []
 
     async def flaky(delivery: Delivery) -> None:
@@ -98,8 +109,14 @@ async def test_a_retried_message_is_redelivered_after_backoff_until_it_succeeds(
 
 
 async def dead_letters(bus: Bus, durable: str) -> Inbox:
+    """What consumer `durable` dead-lettered (the consumer is in the headers)."""
     inbox = Inbox()
-    await bus.consume(f"dlq-reader-{durable}", [bus.names.dlq_subject(durable)], inbox)
+
+    async def mine(delivery: Delivery) -> None:
+        if delivery.headers.get(DLQ_CONSUMER) == durable:
+            inbox.deliveries.append(delivery)
+
+    await bus.consume(f"dlq-reader-{durable}", [bus.names.wildcard("dlq")], mine)
     return inbox
 
 
@@ -117,7 +134,7 @@ async def test_a_poison_message_is_dead_lettered_at_once(bus: Bus) -> None:
     await wait_until(lambda: len(dlq.deliveries) == 1)
     letter = dlq.deliveries[0]
     assert letter.data == b'{"gpus": 0}'
-    assert letter.subject == bus.names.dlq_subject("admission")
+    assert letter.subject == bus.names.dead_letter_subject(bus.names.stream("events"), published.sequence)
     assert letter.headers[DLQ_SUBJECT] == subject
     assert letter.headers[DLQ_SEQUENCE] == str(published.sequence)
     assert letter.headers[DLQ_CONSUMER] == "admission"
@@ -146,7 +163,7 @@ async def test_a_message_failing_every_delivery_is_dead_lettered_after_max_deliv
 
 async def test_a_message_whose_handler_never_returned_is_dead_lettered_past_the_limit(bus: Bus) -> None:
     """A handler that kills its process never gets to dead-letter; the next consumer does."""
-    subject = bus.names.inbox_subject("agent")
+    subject = bus.names.inbox_subject("WorkerExited")
     started = asyncio.Event()
 
     async def hangs(delivery: Delivery) -> None:
@@ -170,7 +187,7 @@ async def test_a_message_whose_handler_never_returned_is_dead_lettered_past_the_
 
 
 async def test_stop_finishes_the_message_in_hand_then_ends(bus: Bus) -> None:
-    subject = bus.names.inbox_subject("slow")
+    subject = bus.names.inbox_subject("WorkerStarted")
     release, started, done = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def slow(delivery: Delivery) -> None:
@@ -192,7 +209,7 @@ async def test_stop_finishes_the_message_in_hand_then_ends(bus: Bus) -> None:
 
 
 async def test_an_idle_consumer_stops_at_once(bus: Bus) -> None:
-    consumer = await bus.consume("idle", [bus.names.inbox_subject("idle")], Inbox())
+    consumer = await bus.consume("idle", [bus.names.inbox_subject("CheckpointDone")], Inbox())
     await asyncio.sleep(0.1)
     await asyncio.wait_for(consumer.stop(), 1)
     assert consumer.task.done()
@@ -221,3 +238,54 @@ async def test_publishing_before_the_streams_exist_says_how_to_fix_it(nats_url: 
             await fresh.publish(subject, b"{}", msg_id="x")
         with pytest.raises(StreamMissing, match="ensure_streams"):
             await fresh.publish_many([Outgoing(subject, b"{}", "y")])
+
+
+async def test_an_unavailable_dependency_holds_the_message_without_counting_or_dead_lettering(bus: Bus) -> None:
+    subject = bus.names.inbox_subject("JobSubmitted")
+    calls: list[int] = []
+
+    async def database_down_three_times(delivery: Delivery) -> None:
+        calls.append(delivery.delivery_count)
+        if len(calls) <= 3:
+            raise ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5432)")
+
+    dlq = await dead_letters(bus, "admission-inbox")
+    consumer = await bus.consume("admission-inbox", [subject], database_down_three_times, max_deliver=1,
+                                 unavailable_backoff=UnavailableBackoff(first=0.05, cap=0.1))
+    await bus.publish(subject, b"{}", msg_id="s1")
+    await bus.publish(subject, b"{}", msg_id="s2")
+    await wait_until(lambda: len(calls) >= 5)
+    await consumer.stop()
+    assert calls == [1, 1, 1, 1, 1], "held, not redelivered: the delivery count never grows"
+    assert dlq.deliveries == [], "max_deliver=1, yet nothing is dead-lettered: the input was never the problem"
+    info = await bus.js.consumer_info(bus.names.stream("inbox"), "admission-inbox")
+    assert info.num_ack_pending == 0 and info.num_redelivered == 0 and info.num_pending == 0
+
+
+async def test_a_batch_holds_only_what_met_the_outage_and_settles_the_rest(bus: Bus) -> None:
+    subject = bus.names.inbox_subject("WorkerExited")
+    seen: list[str] = []
+
+    async def batch(deliveries: list[Delivery]) -> list[BaseException | None]:
+        seen.extend(d.msg_id or "" for d in deliveries)
+        outcomes: list[BaseException | None] = []
+        for d in deliveries:
+            if d.msg_id == "poison":
+                outcomes.append(Poison("bad report"))
+            elif d.msg_id == "slow-db" and seen.count("slow-db") <= 2:
+                outcomes.append(Unavailable("event store down"))
+            else:
+                outcomes.append(None)
+        return outcomes
+
+    dlq = await dead_letters(bus, "placement-inbox")
+    for msg_id in ("ok", "poison", "slow-db"):
+        await bus.publish(subject, b"{}", msg_id=msg_id)
+    consumer = await bus.consume("placement-inbox", [subject], Inbox(), batch=8, max_deliver=1,
+                                 batch_handler=batch, unavailable_backoff=UnavailableBackoff(first=0.05, cap=0.1))
+    await wait_until(lambda: seen.count("slow-db") >= 3 and len(dlq.deliveries) == 1)
+    await consumer.stop()
+    assert sorted(seen) == ["ok", "poison", "slow-db", "slow-db", "slow-db"]
+    assert [d.headers[DLQ_ERROR] for d in dlq.deliveries] == ["poison: bad report"]
+    info = await bus.js.consumer_info(bus.names.stream("inbox"), "placement-inbox")
+    assert info.num_ack_pending == 0 and info.num_redelivered == 0

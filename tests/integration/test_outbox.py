@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from corral.bus import Bus, Delivery, OutboxRelay, Retry
+from corral.bus.limits import BusLimits
 from corral.bus.relay import POSITION, TYPE
 from corral.eventstore import ANY, AlreadyProcessed, EventStore, NewEvent, StoredEvent, Tracking
 from tests.conftest import Infra
@@ -194,3 +195,25 @@ async def test_relay_publishes_event_metadata_in_headers(store: EventStore, bus:
     assert headers[0][TYPE] == "JobAdmitted"
     assert headers[0]["Corral-Stream"] == "job-1"
     assert headers[0]["Corral-Correlation-Id"] == "job-1"
+
+
+async def test_an_event_the_bus_refuses_for_its_size_is_skipped_with_an_alert(infra: Infra, store: EventStore) -> None:
+    """The stream takes 64 KiB; this relay's bus believes 1 MiB (a config mismatch): the server's
+    refusal is recognised, the event is skipped with an EventNotRelayed, and the next one goes."""
+    small = BusLimits(max_event_bytes=64 * 1024, max_spec_bytes=32 * 1024)
+    async with await Bus.connect(infra.nats_url, infra.namespace, limits=small) as declaring:
+        await declaring.ensure_streams()
+    async with await Bus.connect(infra.nats_url, infra.namespace, limits=BusLimits()) as bus:
+        received = Received()
+        await bus.consume("reader", [bus.names.events_subject("JobSubmitted")], received)
+        big = event("job-big", blob="x" * 100_000)
+        await store.append("job-big", 0, [big])
+        await store.append("job-next", 0, [event("job-next")])
+        assert await relay(store, bus).publish_pending() == 3  # the two, then the alert itself
+        alerts = [e for e in await store.read_all(0) if e.type == "EventNotRelayed"]
+        assert len(alerts) == 1 and alerts[0].stream == "cluster"
+        alert = json.loads(alerts[0].data)
+        assert alert["event_id_skipped"] == big.event_id and alert["reason"]["code"] == "EVENT_TOO_LARGE"
+        await wait_until(lambda: len(received.positions) == 1)
+        assert received.positions == [2], "the big event (position 1) skipped, the next one relayed"
+        assert await store.relay_position("relay") >= 2

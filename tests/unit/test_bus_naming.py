@@ -62,4 +62,6 @@ def test_a_dead_letter_keeps_the_original_headers_and_says_what_failed() -> None
     assert headers[DLQ_SUBJECT] == "corral.events.JobSubmitted"
     assert "\n" not in headers[DLQ_ERROR] and "\r" not in headers[DLQ_ERROR]
     assert len(headers[DLQ_ERROR]) <= 1024
-    assert dead_letter_msg_id(delivery, "admission") == "dlq:admission:CORRAL_EVENTS:42"
+    # one dead letter per original message, whichever consumer gives up on it
+    assert dead_letter_msg_id(delivery, "admission") == dead_letter_msg_id(delivery, "quota") == "dlq:CORRAL_EVENTS:42"
+    assert Namespace().dead_letter_subject("CORRAL_EVENTS", 42) == "corral.dlq.CORRAL_EVENTS.42"

@@ -6,6 +6,7 @@ from corral.bus.consumer import RunningConsumer
 from corral.bus.delivery import Delivery, Handler, Poison, Retry
 from corral.bus.naming import Namespace
 from corral.bus.relay import OutboxRelay
+from corral.bus.unavailable import Unavailable, UnavailableBackoff, is_unavailable
 
 __all__ = [
     "DUPLICATE_WINDOW",
@@ -20,4 +21,7 @@ __all__ = [
     "Retry",
     "RunningConsumer",
     "StreamMissing",
+    "Unavailable",
+    "UnavailableBackoff",
+    "is_unavailable",
 ]

@@ -29,11 +29,24 @@ from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, Not
 
 from corral.bus.consumer import BatchHandler, RunningConsumer, dead_letter_publisher
 from corral.bus.delivery import MSG_ID, Handler
+from corral.bus.limits import BusLimits
 from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace
+from corral.bus.unavailable import UnavailableBackoff
+from corral.contracts.subjects import INBOX_TYPES
 
 DUPLICATE_WINDOW = 120.0  # seconds; a republish later than this is a new message to JetStream
 _NO_RESPONDERS = "503"  # status header NATS sends to the reply subject when no stream took a publish
 _STREAM_IN_USE = 10058  # JetStream error code: stream name already in use with another config
+
+
+def _api_error(error: dict[str, Any]) -> APIError:
+    """The JetStream error for an error response. (`APIError.from_error` raises it instead of
+    returning it: set as a future's result that raise escaped the ack callback, and the publish
+    waited for its timeout instead of failing, e.g. a message over the stream's size limit.)"""
+    try:
+        return APIError.from_error(error)
+    except APIError as exc:
+        return exc
 
 
 class StreamMissing(NoStreamResponseError):
@@ -70,20 +83,33 @@ class Outgoing:
 class Bus:
     """A connection to NATS JetStream scoped to one namespace. Open with `await Bus.connect(url)`."""
 
-    def __init__(self, nc: Any, namespace: Namespace) -> None:
+    def __init__(self, nc: Any, namespace: Namespace, limits: BusLimits | None = None) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.names = namespace
+        self.limits = limits or BusLimits.from_env()
         self._consumers: list[RunningConsumer] = []
         self._ack_prefix: str | None = None
         self._acks: dict[str, asyncio.Future[Any]] = {}
         self._ack_seq = 0
 
     @classmethod
-    async def connect(cls, url: str, namespace: str = "corral", *, name: str | None = None) -> Bus:
+    async def connect(cls, url: str, namespace: str = "corral", *, name: str | None = None,
+                      limits: BusLimits | None = None) -> Bus:
         names = Namespace(namespace)
         nc = await nats.connect(url, name=name or f"corral-{namespace}", max_reconnect_attempts=-1)
-        return cls(nc, names)
+        return cls(nc, names, limits)
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest event message (payload and headers) the bus takes: the stream limit, or
+        the server's max payload if that is smaller."""
+        server = int(getattr(self.nc, "max_payload", 0) or 0)
+        return min(self.limits.max_event_bytes, server) if server > 0 else self.limits.max_event_bytes
+
+    def inbox_subjects(self) -> list[str]:
+        """The inbox subjects some Corral service reads: the only ones the inbox stream takes."""
+        return [self.names.inbox_subject(t) for t in INBOX_TYPES]
 
     @property
     def namespace(self) -> str:
@@ -108,23 +134,33 @@ class Bus:
     # -- streams --------------------------------------------------------------------------------
 
     def stream_configs(self) -> list[StreamConfig]:
-        """The three streams: events (the facts), inbox (requests to services), dlq (failures)."""
+        """The three streams: events (the facts), inbox (requests to services), dlq (failures).
+
+        Each is bounded (`BusLimits`: age, bytes, message size; oldest discarded first). The inbox
+        takes only the subjects a service reads (`INBOX_TYPES`): a request on any other subject
+        is refused at publish (the publisher hears "no responders" at once) instead of being
+        stored where no one ever reads it. The dead-letter stream keeps one entry per original
+        message (subject `<ns>.dlq.<STREAM>.<seq>`, at most one message per subject), however many
+        consumers gave up on it."""
+        limits = self.limits
+        common: dict[str, Any] = {"retention": RetentionPolicy.LIMITS, "storage": StorageType.FILE,
+                                  "discard": DiscardPolicy.OLD, "duplicate_window": DUPLICATE_WINDOW}
         return [
-            StreamConfig(
-                name=self.names.stream(kind),
-                subjects=[self.names.wildcard(kind)],
-                retention=RetentionPolicy.LIMITS,
-                storage=StorageType.FILE,
-                discard=DiscardPolicy.OLD,
-                duplicate_window=DUPLICATE_WINDOW,
-                max_age=max_age,
-                description=description,
-            )
-            for kind, max_age, description in (
-                (EVENTS, None, "Corral events, published by the outbox relay from the event store"),
-                (INBOX, None, "Requests addressed to Corral services"),
-                (DLQ, None, "Messages a consumer could never process, with the reason in headers"),
-            )
+            StreamConfig(name=self.names.stream(EVENTS), subjects=[self.names.wildcard(EVENTS)],
+                         max_age=limits.events_max_age, max_bytes=limits.events_max_bytes,
+                         max_msg_size=limits.max_event_bytes,
+                         description="Corral events, published by the outbox relay from the event store",
+                         **common),
+            StreamConfig(name=self.names.stream(INBOX), subjects=self.inbox_subjects(),
+                         max_age=limits.inbox_max_age, max_bytes=limits.inbox_max_bytes,
+                         max_msg_size=limits.max_event_bytes,
+                         description="Requests addressed to Corral services", **common),
+            StreamConfig(name=self.names.stream(DLQ), subjects=[self.names.wildcard(DLQ)],
+                         max_age=limits.dlq_max_age, max_bytes=limits.dlq_max_bytes,
+                         max_msgs=limits.dlq_max_msgs, max_msgs_per_subject=1,
+                         max_msg_size=limits.dlq_max_msg_bytes,
+                         description="Messages a consumer could never process, with the reason in headers; "
+                                     "one per original message", **common),
         ]
 
     async def ensure_streams(self) -> None:
@@ -145,7 +181,7 @@ class Bus:
         within the duplicate window is acknowledged with `duplicate=True` and not stored again."""
         if not msg_id:
             raise ValueError("msg_id must be a non-empty string (the event_id): it deduplicates retries")
-        self.names.kind_of(subject)  # refuse subjects outside our namespace: they would go nowhere
+        self._check_subject(subject)
         all_headers = {**(headers or {}), MSG_ID: msg_id}
         try:
             ack = await self.js.publish(subject, data, timeout=timeout, headers=all_headers)
@@ -170,7 +206,7 @@ class Bus:
             for message in messages:
                 if not message.msg_id:
                     raise ValueError("msg_id must be a non-empty string (the event_id)")
-                self.names.kind_of(message.subject)
+                self._check_subject(message.subject)
                 headers = {**(message.headers or {}), MSG_ID: message.msg_id}
                 self._ack_seq += 1
                 token = str(self._ack_seq)
@@ -193,6 +229,12 @@ class Bus:
         return [Published(stream=ack.stream, sequence=int(ack.seq), duplicate=bool(ack.duplicate))
                 for ack in acks]
 
+    def _check_subject(self, subject: str) -> None:
+        """Refuse subjects that would go nowhere: outside our namespace, or an inbox no one reads."""
+        if self.names.kind_of(subject) == INBOX and subject not in self.inbox_subjects():
+            raise ValueError(f"no Corral service reads {subject!r}: the inbox subjects are "
+                             f"{', '.join(self.inbox_subjects())}")
+
     async def _ack_inbox(self) -> str:
         if self._ack_prefix is None:
             prefix = self.nc.new_inbox()
@@ -210,7 +252,7 @@ class Bus:
         try:
             response = json.loads(msg.data)
             if "error" in response:
-                future.set_exception(APIError.from_error(response["error"]))
+                future.set_exception(_api_error(response["error"]))
             else:
                 future.set_result(PubAck.from_response(response))
         except (ValueError, TypeError, KeyError) as exc:
@@ -222,7 +264,9 @@ class Bus:
                       max_deliver: int = 5, backoff: Sequence[float] = (0.5, 2.0, 10.0, 30.0),
                       batch: int = 16, ack_wait: float = 30.0,
                       deliver_new_only: bool = False, linger: float = 0.0,
-                      batch_handler: BatchHandler | None = None) -> RunningConsumer:
+                      batch_handler: BatchHandler | None = None,
+                      inactive_threshold: float | None = None,
+                      unavailable_backoff: UnavailableBackoff | None = None) -> RunningConsumer:
         """Start a durable pull consumer on `subjects` (all in one stream) and return it running.
 
         The durable is created (or updated) before this returns, so anything published afterwards
@@ -231,7 +275,10 @@ class Bus:
         seconds before the next one (fewer, larger batches at the cost of that much latency).
         `batch_handler`, if given, is called with each fetched batch instead of `handler` per
         message (see `BatchHandler`). `ack_wait` is how long a crashed consumer holds a message
-        before the server redelivers it. Stop with `await consumer.stop()` (or `bus.close()`).
+        before the server redelivers it. `inactive_threshold` (seconds): the server deletes the
+        durable after that long without a consumer (for durables named after something that may
+        go away for good, such as a node set). `unavailable_backoff`: the delays between tries
+        while a dependency is down. Stop with `await consumer.stop()` (or `bus.close()`).
         """
         if max_deliver < 1:
             raise ValueError(f"max_deliver must be >= 1, got {max_deliver}")
@@ -239,15 +286,15 @@ class Bus:
             raise ValueError(f"batch must be >= 1, got {batch}")
         if any(delay < 0 for delay in backoff):
             raise ValueError(f"backoff delays must be >= 0 seconds, got {list(backoff)}")
-        dlq_subject = self.names.dlq_subject(durable)
         stream = self.names.stream_for(subjects)
         config = ConsumerConfig(
             durable_name=durable,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.NEW if deliver_new_only else DeliverPolicy.ALL,
             ack_wait=ack_wait,
-            max_deliver=max_deliver + 1,  # one more: see corral.bus.consumer
+            max_deliver=-1,  # the limit is kept by the consumer, never silently: see corral.bus.consumer
             max_ack_pending=max(1000, batch * 4),
+            inactive_threshold=inactive_threshold,
         )
         if len(subjects) == 1:
             config.filter_subject = subjects[0]
@@ -257,8 +304,9 @@ class Bus:
         subscription = await self.js.pull_subscribe_bind(durable=durable, stream=stream)
         consumer = RunningConsumer(
             subscription, durable, handler,
-            dead_letter_publisher(self.publish, dlq_subject, durable),
+            dead_letter_publisher(self.publish, self.names.dead_letter_subject, durable),
             max_deliver=max_deliver, backoff=backoff, batch=batch, linger=linger, batch_handler=batch_handler,
+            unavailable_backoff=unavailable_backoff,
         )
         self._consumers.append(consumer)
         consumer.task.add_done_callback(lambda _: self._forget(consumer))

@@ -2,16 +2,24 @@
 
 Settling rules (explicit ack, one message at a time, so per-subject order is kept):
 - handler returns        -> ack
-- handler raises Retry or any unexpected exception
+- handler fails because a dependency is unavailable (`corral.bus.unavailable.is_unavailable`:
+  Postgres or NATS not answering, `Unavailable`)
+                         -> never dead-lettered, never counted: the consumer stops fetching,
+                            keeps the message (`in_progress`, so the server does not redeliver
+                            it) and calls the handler again after 0.5 s, 1 s, 2 s ... 10 s until
+                            it gets another outcome, then settles that as below
+- handler raises Retry or any other unexpected exception
                          -> nak with a delay from the backoff list (or Retry.delay)
 - handler raises Poison, or fails on delivery number `max_deliver`
-                         -> publish to `<ns>.dlq.<durable>` (original data and headers plus where
-                            it came from and why), then term
+                         -> publish to `<ns>.dlq.<STREAM>.<seq>` of the original message (its data
+                            and headers plus where it came from, which consumer, and why), then term
 - delivery number > `max_deliver` (the consumer died while handling it last time, so the handler
   never returned) -> dead-letter without calling the handler again.
 
-Why the server's delivery limit is `max_deliver + 1`: if the server stopped at `max_deliver` and
-the process crashed during that last delivery, the message would silently never be seen again.
+Why the server has no delivery limit (max_deliver -1) and the limit is kept here: the server
+drops a message past its limit silently (an advisory nobody reads). Here every message past the
+limit is dead-lettered with the reason, and a message held through an outage does not grow its
+delivery count at all (it is never nak'ed while the dependency is down).
 Why the backoff is applied by nak delay and not by the consumer's `backoff` setting: the server
 overrides `ack_wait` with the first backoff value, so a handler slower than that would see its
 message redelivered while still working on it.
@@ -22,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -37,6 +46,7 @@ from corral.bus.delivery import (
     dead_letter_msg_id,
     retry_delay,
 )
+from corral.bus.unavailable import UnavailableBackoff, is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +59,6 @@ DeadLetter = Callable[[Delivery, str], Awaitable[None]]
 
 _FETCH_TIMEOUT = 5.0
 _MIN_GATHER = 0.005
-_ERROR_PAUSE = 0.5
 _ACK_TIMEOUT = 5.0
 
 
@@ -74,7 +83,8 @@ class RunningConsumer:
 
     def __init__(self, subscription: Any, durable: str, handler: Handler, dead_letter: DeadLetter, *,
                  max_deliver: int, backoff: Sequence[float], batch: int, linger: float = 0.0,
-                 batch_handler: BatchHandler | None = None) -> None:
+                 batch_handler: BatchHandler | None = None,
+                 unavailable_backoff: UnavailableBackoff | None = None) -> None:
         self.durable = durable
         self._sub = subscription
         self._handler = handler
@@ -84,12 +94,17 @@ class RunningConsumer:
         self._batch = batch
         self._linger = linger
         self._batch_handler = batch_handler
+        self._unavailable_backoff = unavailable_backoff or UnavailableBackoff()
         self._stopping = False
+        self._stop_requested = asyncio.Event()
         self._fetching = False
+        #: True while a dependency is down and this consumer holds a message, waiting for it.
+        self.waiting_for_dependency = False
         self.task: asyncio.Task[None] = asyncio.create_task(self._run(), name=f"consumer:{durable}")
 
     async def stop(self) -> None:
         self._stopping = True
+        self._stop_requested.set()
         if self._fetching and not self.task.done():
             self.task.cancel()  # idle in a long poll: nothing to finish
         with contextlib.suppress(asyncio.CancelledError):
@@ -102,20 +117,28 @@ class RunningConsumer:
         await self.stop()
 
     async def _run(self) -> None:
+        failures = 0
         try:
             while not self._stopping:
                 try:
                     self._fetching = True
                     msgs = await self._fetch()
+                    failures = 0
                 except (nats.errors.TimeoutError, TimeoutError):
                     continue
                 except asyncio.CancelledError:
                     if self._stopping:
                         return
                     raise
-                except Exception:
-                    log.exception("consumer %s: fetch failed; retrying", self.durable)
-                    await asyncio.sleep(_ERROR_PAUSE)
+                except Exception as exc:
+                    failures += 1
+                    delay = self._unavailable_backoff.delay(failures)
+                    if is_unavailable(exc):
+                        log.warning("consumer %s: fetch failed (%s: %s); retrying in %.1fs", self.durable,
+                                    type(exc).__name__, exc, delay)
+                    else:
+                        log.exception("consumer %s: fetch failed; retrying in %.1fs", self.durable, delay)
+                    await self._pause(delay)
                     continue
                 finally:
                     self._fetching = False
@@ -129,7 +152,7 @@ class RunningConsumer:
                             with contextlib.suppress(Exception):
                                 await unhandled.nak()
                         break
-                    await self._settle(msg, confirm=index == len(msgs) - 1)
+                    await self._settle(msg, confirm=index == len(msgs) - 1, waiting=msgs[index + 1:])
                 if self._linger > 0 and fetched < self._batch and not self._stopping:
                     # A partial batch means we are keeping up: let the next one gather for a moment
                     # (one fetch round trip, one confirmed ack, one handler pass per batch instead
@@ -153,7 +176,7 @@ class RunningConsumer:
             pass
         return list(await self._sub.fetch(1, timeout=_FETCH_TIMEOUT))
 
-    async def _settle(self, msg: Any, confirm: bool = True) -> None:
+    async def _settle(self, msg: Any, confirm: bool = True, waiting: Sequence[Any] = ()) -> None:
         delivery = await self._delivery(msg)
         if delivery is None:
             return
@@ -162,11 +185,20 @@ class RunningConsumer:
                 await self._give_up(msg, delivery, f"delivery limit {self._max_deliver} exceeded: the "
                                                    "consumer stopped while handling it last time")
                 return
-            outcome: BaseException | None = None
-            try:
-                await self._handler(delivery)
-            except Exception as exc:
-                outcome = exc
+
+            async def handle(deliveries: list[Delivery]) -> list[BaseException | None]:
+                try:
+                    await self._handler(deliveries[0])
+                    return [None]
+                except Exception as exc:
+                    return [exc]
+
+            (outcome,) = await handle([delivery])
+            if outcome is not None and is_unavailable(outcome):
+                held = await self._hold([(msg, delivery)], [outcome], handle, waiting)
+                if held is None:
+                    return  # stopping: the message was nak'ed for the next consumer
+                (outcome,) = held
             await self._finish(msg, delivery, outcome, confirm)
         except Exception:
             # Settling failed (connection lost?): the server redelivers after ack_wait.
@@ -193,18 +225,83 @@ class RunningConsumer:
             todo.append((msg, delivery))
         if not todo:
             return
-        try:
-            outcomes: Sequence[BaseException | None] = await self._batch_handler([d for _, d in todo])
-            if len(outcomes) != len(todo):
-                raise RuntimeError(f"batch handler returned {len(outcomes)} outcomes for {len(todo)} messages")
-        except Exception as exc:
-            outcomes = [exc] * len(todo)
-        for index, ((msg, delivery), outcome) in enumerate(zip(todo, outcomes, strict=True)):
+        batch_handler = self._batch_handler
+
+        async def handle(deliveries: list[Delivery]) -> list[BaseException | None]:
             try:
-                await self._finish(msg, delivery, outcome, confirm=index == len(todo) - 1)
+                outcomes = list(await batch_handler(deliveries))
+                if len(outcomes) != len(deliveries):
+                    raise RuntimeError(f"batch handler returned {len(outcomes)} outcomes for "
+                                       f"{len(deliveries)} messages")
+                return outcomes
+            except Exception as exc:
+                return [exc] * len(deliveries)
+
+        outcomes = await handle([d for _, d in todo])
+        # Settle what has an answer; then hold what met an unavailable dependency until it has one.
+        settled = [(item, outcome) for item, outcome in zip(todo, outcomes, strict=True)
+                   if outcome is None or not is_unavailable(outcome)]
+        unavailable = [(item, outcome) for item, outcome in zip(todo, outcomes, strict=True)
+                       if outcome is not None and is_unavailable(outcome)]
+        await self._finish_all(settled, [item[0] for item, _ in unavailable])
+        if unavailable:
+            held = await self._hold([item for item, _ in unavailable], [o for _, o in unavailable], handle, ())
+            if held is not None:
+                await self._finish_all(list(zip([item for item, _ in unavailable], held, strict=True)), [])
+
+    async def _finish_all(self, results: Sequence[tuple[tuple[Any, Delivery], BaseException | None]],
+                          held: Sequence[Any]) -> None:
+        for index, ((msg, delivery), outcome) in enumerate(results):
+            try:
+                await self._finish(msg, delivery, outcome, confirm=index == len(results) - 1 and not held)
             except Exception:
                 log.exception("consumer %s: could not settle message %s", self.durable,
                               delivery.stream_sequence)
+
+    async def _hold(self, items: Sequence[tuple[Any, Delivery]], outcomes: Sequence[BaseException | None],
+                    handle: Callable[[list[Delivery]], Awaitable[list[BaseException | None]]],
+                    waiting: Sequence[Any]) -> list[BaseException | None] | None:
+        """A dependency is down: keep `items` (and the fetched-but-unhandled `waiting`) from being
+        redelivered, and call `handle` on them again with a capped backoff until no outcome says
+        "unavailable". Returns the final outcomes, or None if the consumer is stopping (then the
+        held messages are nak'ed: another consumer takes them, without a delivery counted here).
+        Nothing is fetched meanwhile: the consumer takes no new message while it cannot work."""
+        self.waiting_for_dependency = True
+        started = time.monotonic()
+        first = next(o for o in outcomes if o is not None)
+        log.warning("consumer %s: a dependency is unavailable (%s: %s); holding %d message(s) from seq %d "
+                    "and retrying until it answers (never dead-lettered)", self.durable, type(first).__name__,
+                    first, len(items), items[0][1].stream_sequence)
+        attempt, last_log = 0, started
+        try:
+            while True:
+                attempt += 1
+                for msg in [m for m, _ in items] + list(waiting):
+                    with contextlib.suppress(Exception):
+                        await msg.in_progress()
+                await self._pause(self._unavailable_backoff.delay(attempt))
+                if self._stopping:
+                    for msg in [m for m, _ in items]:
+                        with contextlib.suppress(Exception):
+                            await msg.nak()
+                    return None
+                outcomes = await handle([d for _, d in items])
+                if not any(o is not None and is_unavailable(o) for o in outcomes):
+                    log.info("consumer %s: dependency answers again after %.1fs; resuming", self.durable,
+                             time.monotonic() - started)
+                    return list(outcomes)
+                if time.monotonic() - last_log >= 30.0:
+                    last_log = time.monotonic()
+                    still = next(o for o in outcomes if o is not None)
+                    log.warning("consumer %s: dependency still unavailable after %.0fs (%s: %s)", self.durable,
+                                last_log - started, type(still).__name__, still)
+        finally:
+            self.waiting_for_dependency = False
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but wake at once when the consumer is asked to stop."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_requested.wait(), seconds)
 
     async def _delivery(self, msg: Any) -> Delivery | None:
         try:
@@ -219,6 +316,10 @@ class RunningConsumer:
         """Settle one handled message: ack on success, nak with a delay to retry, dead-letter."""
         if isinstance(outcome, Poison):
             await self._give_up(msg, delivery, f"poison: {outcome}")
+            return
+        if outcome is not None and is_unavailable(outcome):
+            # Not bad input: never dead-lettered (only reached if holding was skipped).
+            await msg.nak(delay=self._unavailable_backoff.cap)
             return
         if outcome is not None:
             exc = outcome
@@ -252,11 +353,14 @@ class RunningConsumer:
 
 
 def dead_letter_publisher(publish: Callable[[str, bytes, str, dict[str, str]], Awaitable[object]],
-                          subject: str, durable: str) -> DeadLetter:
-    """A `DeadLetter` that publishes to `subject` through `publish(subject, data, msg_id, headers)`."""
+                          subject_for: Callable[[str, int], str], durable: str) -> DeadLetter:
+    """A `DeadLetter` that publishes through `publish(subject, data, msg_id, headers)` to
+    `subject_for(stream, sequence)` of the original message: one subject per original message, so
+    the dead-letter stream (one message per subject) keeps one entry however many consumers give
+    up on it, and the msg id (also per original message) drops a second one within the window."""
 
     async def dead_letter(delivery: Delivery, error: str) -> None:
-        await publish(subject, delivery.data, dead_letter_msg_id(delivery, durable),
-                      dead_letter_headers(delivery, durable, error))
+        await publish(subject_for(delivery.stream, delivery.stream_sequence), delivery.data,
+                      dead_letter_msg_id(delivery, durable), dead_letter_headers(delivery, durable, error))
 
     return dead_letter

@@ -96,5 +96,9 @@ def dead_letter_headers(delivery: Delivery, consumer: str, error: str) -> dict[s
 
 
 def dead_letter_msg_id(delivery: Delivery, consumer: str) -> str:
-    """Deduplicates the dead letter if the consumer crashes between publishing it and `term`."""
-    return f"dlq:{consumer}:{delivery.stream}:{delivery.stream_sequence}"
+    """One dead letter per original message (its stream and sequence), whichever consumer gives up
+    on it, and none again if a consumer crashes between publishing it and `term`. `consumer` is
+    in the headers, not in the key: keyed by consumer, one garbage event made one entry per
+    service."""
+    del consumer
+    return f"dlq:{delivery.stream}:{delivery.stream_sequence}"

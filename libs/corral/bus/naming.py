@@ -4,7 +4,8 @@ Why: several Corral clusters (and every test) may share one NATS account; a name
 every subject and stream so they never see each other's messages. Pure and I/O-free.
 
 Namespace "corral" gives subjects `corral.events.JobSubmitted`, `corral.inbox.<name>`,
-`corral.dlq.<durable>` and streams `CORRAL_EVENTS`, `CORRAL_INBOX`, `CORRAL_DLQ`.
+`corral.dlq.<STREAM>.<seq>` (one dead letter per original message) and streams `CORRAL_EVENTS`,
+`CORRAL_INBOX`, `CORRAL_DLQ`.
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ class Namespace:
         if not _TOKEN.match(durable):
             raise ValueError(f"durable name must be one token (letters, digits, '_' or '-'), got {durable!r}")
         return f"{self.name}.{DLQ}.{durable}"
+
+    def dead_letter_subject(self, stream: str, sequence: int) -> str:
+        """Where the dead letter of message `sequence` of `stream` goes: one subject per original
+        message, e.g. corral.dlq.CORRAL_INBOX.42 (the consumer is in its headers)."""
+        if not _TOKEN.match(stream) or sequence < 1:
+            raise ValueError(f"dead letter origin must be a stream name and a sequence >= 1, got "
+                             f"{stream!r}, {sequence!r}")
+        return f"{self.name}.{DLQ}.{stream}.{sequence}"
 
     def kind_of(self, subject: str) -> str:
         """Which stream kind a (possibly wildcard) subject belongs to; ValueError if none."""

@@ -11,6 +11,12 @@ every batch, so the window is never approached in practice. Consumers are idempo
 for anything beyond. Reading by position is safe because the store hands positions out in commit
 order (see `corral.eventstore.store`): no late-committing event is ever skipped.
 
+One event must never stop the relay: an event larger than the bus takes (`Bus.max_message_bytes`,
+or a publish the bus refuses for its size) is skipped with an `EventNotRelayed` alert appended to
+stream `cluster` (position, type, size, limit), and the relay moves on. Before this, one 8 MiB
+submission stopped the relay (and every relay that took over) for good. Admission keeps such
+events out of the log in the first place (`corral.contracts.sizes`).
+
 Run one relay per installation; two relays with the same name stay correct (duplicates are
 dropped), they only waste work.
 """
@@ -19,14 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import Callable
 
-import asyncpg
 import nats.errors
+from nats.js.errors import APIError
 
 from corral.bus.bus import Bus, Outgoing
-from corral.eventstore import EventStore, StoredEvent
+from corral.bus.delivery import MSG_ID
+from corral.bus.unavailable import UnavailableBackoff, is_unavailable
+from corral.contracts import events as ev
+from corral.contracts.envelope import CLUSTER_STREAM, Reason, new_event_id
+from corral.contracts.registry import encode
+from corral.eventstore import ANY, DuplicateEvent, EventStore, NewEvent, StoredEvent
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +49,8 @@ Points, per batch read from the log: "before_publish" for each event before the 
 "after_publish_before_save" for each event once JetStream acknowledged the whole batch, and
 "after_save" (with the batch's last event) once the position is saved."""
 
-# Failures of the bus or the database that a running relay waits out instead of dying.
-_TRANSIENT: tuple[type[BaseException], ...] = (
-    nats.errors.Error, TimeoutError, OSError, asyncpg.InterfaceError,
-    asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
-)
-_RETRY_PAUSE = 1.0
+_RETRY = UnavailableBackoff(first=0.5, cap=5.0)
+_MESSAGE_TOO_LARGE = 10054  # JetStream error code: message size exceeds the stream's max_msg_size
 
 # Headers describing the event, so consumers can route without decoding the payload.
 TYPE = "Corral-Event-Type"
@@ -69,6 +77,35 @@ def event_headers(event: StoredEvent) -> dict[str, str]:
     if event.causation_id is not None:
         headers[CAUSATION_ID] = event.causation_id
     return headers
+
+
+def message_size(message: Outgoing) -> int:
+    """Bytes of `message` as NATS counts them against its limits: payload plus the header block
+    (`NATS/1.0` line, one `key: value` line each, the msg id included, a blank line)."""
+    headers = {**(message.headers or {}), MSG_ID: message.msg_id}
+    header_block = len("NATS/1.0\r\n\r\n") + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+    return len(message.data) + header_block
+
+
+def not_relayed_alert(event: StoredEvent, size: int, limit: int, why: str) -> ev.EventNotRelayed:
+    """The alert for an event the relay skips. Its id is derived from the skipped event's, so a
+    relay that crashes after recording it records it only once."""
+    rand = hashlib.sha256(event.event_id.encode()).digest()[:10]
+    return ev.EventNotRelayed.new(
+        stream=CLUSTER_STREAM, actor="relay", correlation_id=event.correlation_id or event.event_id,
+        event_id=new_event_id(event.occurred_at, rand), position=event.position,
+        event_id_skipped=event.event_id, event_type=event.type, event_stream=event.stream, size=size, limit=limit,
+        reason=Reason(code="EVENT_TOO_LARGE", message=f"{event.type} at position {event.position} was not "
+                      f"published: {why}; it stays in the log",
+                      details={"position": event.position, "bytes": size, "limit": limit}))
+
+
+def _too_large(exc: BaseException) -> bool:
+    """Whether the bus refused a publish for its size (client or server side)."""
+    if isinstance(exc, nats.errors.MaxPayloadError):
+        return True
+    return isinstance(exc, APIError) and (exc.err_code == _MESSAGE_TOO_LARGE
+                                          or "maximum" in str(exc.description or "").lower())
 
 
 class OutboxRelay:
@@ -102,7 +139,9 @@ class OutboxRelay:
 
     async def run(self) -> None:
         """Relay forever: catch up from the saved position, then follow new appends. Bus or
-        database outages are waited out; anything else (a bug, or a fault hook) ends the run."""
+        database outages (`is_unavailable`) are waited out; anything else (a bug, or a fault hook)
+        ends the run."""
+        failures = 0
         while True:
             try:
                 after = await self.store.relay_position(self.name)
@@ -110,13 +149,18 @@ class OutboxRelay:
                 async with contextlib.aclosing(batches):
                     async for events in batches:
                         await self._publish_batch(events)
+                        failures = 0
                         if self._linger > 0 and len(events) < self._batch:
                             # Keeping up: let a few appends gather so one publish round trip and
                             # one saved position (a commit) cover them all.
                             await asyncio.sleep(self._linger)
-            except _TRANSIENT as exc:
-                log.warning("relay %s: %s; retrying in %.0fs", self.name, exc, _RETRY_PAUSE)
-                await asyncio.sleep(_RETRY_PAUSE)
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    raise
+                failures += 1
+                delay = _RETRY.delay(failures)
+                log.warning("relay %s: %s: %s; retrying in %.1fs", self.name, type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
 
     def start(self) -> asyncio.Task[None]:
         if self._task is None or self._task.done():
@@ -132,17 +176,55 @@ class OutboxRelay:
             await task
 
     async def _publish_batch(self, events: list[StoredEvent]) -> int:
-        messages = []
+        limit = self.bus.max_message_bytes
+        messages: list[Outgoing] = []
+        publishable: list[StoredEvent] = []
         for event in events:
             self._hook("before_publish", event)
-            messages.append(Outgoing(self.subject_for(event), event.data, event.event_id, event_headers(event)))
-        await self.bus.publish_many(messages)
+            message = Outgoing(self.subject_for(event), event.data, event.event_id, event_headers(event))
+            size = message_size(message)
+            if size > limit:
+                await self._skip(event, size, limit, f"{size:,} bytes with headers; the bus takes at most "
+                                                     f"{limit:,} (CORRAL_MAX_EVENT_BYTES / NATS max_payload)")
+                continue
+            messages.append(message)
+            publishable.append(event)
+        if messages:
+            try:
+                await self.bus.publish_many(messages)
+            except Exception as exc:
+                if not _too_large(exc):
+                    raise
+                await self._publish_one_by_one(publishable, messages, limit)
         for event in events:
             self._hook("after_publish_before_save", event)
         last = events[-1]
         await self.store.save_relay_position(self.name, last.position)
         self._hook("after_save", last)
         return last.position
+
+    async def _publish_one_by_one(self, events: list[StoredEvent], messages: list[Outgoing], limit: int) -> None:
+        """The bus refused the batch for a message's size (a limit this relay did not know):
+        find which, skip it with an alert, publish the rest in order."""
+        for event, message in zip(events, messages, strict=True):
+            try:
+                await self.bus.publish_many([message])
+            except Exception as exc:
+                if not _too_large(exc):
+                    raise
+                await self._skip(event, message_size(message), limit, f"the bus refused it: {exc}")
+
+    async def _skip(self, event: StoredEvent, size: int, limit: int, why: str) -> None:
+        """Record in the log that `event` is not on the bus, then move on: one event must never
+        stop the relay (it stays in the log; a consumer that misses it finds it there)."""
+        log.error("relay %s: event %s (%s, position %d) not relayed: %s", self.name, event.event_id, event.type,
+                  event.position, why)
+        alert = not_relayed_alert(event, size, limit, why)
+        with contextlib.suppress(DuplicateEvent):  # recorded before a crash: once is enough
+            await self.store.append(CLUSTER_STREAM, ANY, [NewEvent(
+                event_id=alert.event_id, stream=alert.stream, type=alert.type, schema_version=alert.schema_version,
+                data=encode(alert), correlation_id=alert.correlation_id, causation_id=alert.causation_id,
+                occurred_at=alert.occurred_at)])
 
     def _hook(self, point: str, event: StoredEvent) -> None:
         if self._fault is not None:

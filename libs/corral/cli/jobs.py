@@ -13,7 +13,7 @@ import typer
 from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.present import JOB_COLUMNS, job_detail, job_row, unblock_hint
 from corral.cli.session import EXIT_FAILURE, context, with_client
-from corral.client import Client
+from corral.client import Client, check_spec_size
 from corral.contracts.jobspec import JobSpec, load_job_spec
 from corral.contracts.problems import SpecError
 from corral.projection import JobState
@@ -31,7 +31,9 @@ def read_spec(file: str) -> JobSpec:
     fmt: Literal["yaml", "json"] | None = (
         "json" if file.endswith(".json") else ("yaml" if file.endswith((".yaml", ".yml")) else None))
     try:
-        return load_job_spec(text, fmt)
+        spec = load_job_spec(text, fmt)
+        check_spec_size(spec)
+        return spec
     except SpecError as exc:
         err_console.print(f"[red]error:[/red] {file} is not a valid job spec:", highlight=False)
         for p in exc.problems:

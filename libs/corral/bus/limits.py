@@ -1,0 +1,72 @@
+"""How much the bus keeps, and how large one message may be.
+
+The problem: no stream had a limit. Garbage on the inbox stayed forever, every consumer's dead
+letter of it was kept (245 garbage messages made 665 entries, 132.6 MB), and one valid message
+near NATS' max payload (8 MiB) could not be republished by the outbox relay once admission had
+re-encoded it, which stopped the relay for good.
+
+So every stream has a maximum age, a maximum size and a maximum message size; the dead-letter
+stream also a maximum count. Submissions are bounded well below the message size
+(`max_spec_bytes`), so the recorded JobSubmitted always fits on the bus. Defaults are sane for
+one installation; each can be overridden from the environment (names below, values in bytes or
+seconds). Pure: reading a mapping, no I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+DAY = 86_400.0
+
+#: Room for a dead letter's headers (origin, consumer, error) on top of the original message.
+DEAD_LETTER_OVERHEAD = 16 * KIB
+
+
+@dataclass(frozen=True, slots=True)
+class BusLimits:
+    """Limits of the three streams, and of one message. Environment: CORRAL_<FIELD> upper-cased,
+    e.g. CORRAL_MAX_EVENT_BYTES=1048576, CORRAL_EVENTS_MAX_AGE=604800."""
+
+    #: Largest message (payload + headers) on the events and inbox streams.
+    max_event_bytes: int = 1 * MIB
+    #: Largest recorded JobSubmitted admission accepts (and the client sends): well below
+    #: `max_event_bytes`, so the event as the log and the bus carry it always fits.
+    max_spec_bytes: int = 256 * KIB
+    events_max_age: float = 7 * DAY
+    events_max_bytes: int = 2 * GIB
+    inbox_max_age: float = 7 * DAY
+    inbox_max_bytes: int = 1 * GIB
+    dlq_max_age: float = 30 * DAY
+    dlq_max_bytes: int = 256 * MIB
+    dlq_max_msgs: int = 10_000
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) <= 0:
+                raise ValueError(f"bus limit {f.name} must be > 0, got {getattr(self, f.name)}")
+        if self.max_spec_bytes >= self.max_event_bytes:
+            raise ValueError(f"max_spec_bytes ({self.max_spec_bytes}) must be below max_event_bytes "
+                             f"({self.max_event_bytes}): a recorded submission must fit on the bus")
+
+    @property
+    def dlq_max_msg_bytes(self) -> int:
+        return self.max_event_bytes + DEAD_LETTER_OVERHEAD
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> BusLimits:
+        env = os.environ if environ is None else environ
+        values: dict[str, float | int] = {}
+        for f in fields(cls):
+            raw = env.get(f"CORRAL_{f.name.upper()}")
+            if raw:
+                try:
+                    values[f.name] = float(raw) if f.type in (float, "float") else int(raw)
+                except ValueError:
+                    raise ValueError(f"CORRAL_{f.name.upper()}={raw!r}: expected a number "
+                                     f"({'seconds' if 'age' in f.name else 'a count or bytes'})") from None
+        return cls(**values)  # type: ignore[arg-type]

@@ -1,0 +1,87 @@
+"""`corral dlq list|replay`: what the services could never process, and putting it back.
+
+Why: a dead letter used to be the end of a message; after fixing its cause (a bug, a missing
+queue) an operator had no way to send it again. See `corral.bus.dead_letters`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+
+from corral.bus.dead_letters import get_dead_letter, list_dead_letters, replay
+from corral.cli.output import console, fail, print_json, print_table
+from corral.cli.session import with_client
+from corral.client import Client
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def register(app: typer.Typer) -> None:
+    dlq = typer.Typer(no_args_is_help=True, help="Dead letters: messages a service could never process.")
+    app.add_typer(dlq, name="dlq")
+
+    @dlq.command("list")
+    def list_(json_out: JsonOpt = False) -> None:
+        """List dead letters: SEQ, SUBJECT, CONSUMER, DELIVERIES, ERROR, AGE."""
+
+        async def go(c: Client) -> list[dict[str, Any]]:
+            now = datetime.now(UTC)
+            return [{"seq": d.seq, "subject": d.subject, "consumer": d.consumer, "deliveries": d.deliveries,
+                     "error": d.error, "age_seconds": d.age_seconds(now), "origin_stream": d.origin_stream,
+                     "origin_seq": d.origin_seq, "msg_id": d.msg_id, "bytes": len(d.data)}
+                    for d in await list_dead_letters(c.bus)]
+
+        rows = with_client(go)
+        if json_out:
+            print_json(rows)
+            return
+        print_table(f"{len(rows)} dead letter(s)", ["SEQ", "SUBJECT", "CONSUMER", "DELIVERIES", "ERROR", "AGE"],
+                    [(r["seq"], r["subject"], r["consumer"], r["deliveries"],
+                      r["error"] if len(r["error"]) <= 80 else r["error"][:77] + "...", _age(r["age_seconds"]))
+                     for r in rows])
+
+    @dlq.command("replay")
+    def replay_(
+        seq: Annotated[int | None, typer.Argument(help="SEQ of the dead letter (see `corral dlq list`).")] = None,
+        all_letters: Annotated[bool, typer.Option("--all", help="Replay every dead letter.")] = False,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Republish a dead letter to its original subject, then remove it from the DLQ."""
+        if (seq is None) == (not all_letters):
+            fail("give one SEQ or --all (see `corral dlq list`)", code=2)
+
+        async def go(c: Client) -> list[dict[str, Any]]:
+            if all_letters:
+                letters = await list_dead_letters(c.bus)
+            else:
+                assert seq is not None
+                letter = await get_dead_letter(c.bus, seq)
+                if letter is None:
+                    return [{"seq": seq, "subject": None, "replayed": False,
+                             "message": f"no dead letter {seq}; see `corral dlq list`"}]
+                letters = [letter]
+            results = [await replay(c.bus, letter) for letter in letters]
+            return [{"seq": r.seq, "subject": r.subject, "replayed": r.replayed, "message": r.message}
+                    for r in results]
+
+        rows = with_client(go)
+        if json_out:
+            print_json(rows)
+        else:
+            for r in rows:
+                mark = "[green]replayed[/green]" if r["replayed"] else "[red]not replayed[/red]"
+                console.print(f"{r['seq']} {r['subject'] or ''}: {mark} — {r['message']}", highlight=False)
+        if any(not r["replayed"] for r in rows):
+            raise SystemExit(1)
