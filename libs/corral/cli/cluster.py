@@ -165,7 +165,8 @@ def register(app: typer.Typer) -> None:
 
         async def go(c: Client) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             view = await c.view(until=moment)
-            rows = [job_row(j) for j in sorted(view.jobs.values(), key=lambda j: j.job_id) if not j.state.terminal]
+            rows = [job_row(j, moment) for j in sorted(view.jobs.values(), key=lambda j: j.job_id)
+                    if not j.state.terminal]  # AGE as it was at that moment
             return state_of(view), rows
 
         state, rows = with_client(go, bus=False)

@@ -139,6 +139,8 @@ def register(app: typer.Typer) -> None:
             return
         for key in ("id", "name", "queue", "user", "prio", "state", "gpus", "attempt", "restarts", "quota_gpus",
                     "borrowed", "checkpoint", "resume_from", "submitted_at", "running_since", "ended_at"):
+            if detail[key] is None:  # e.g. running_since of a job that has ended: nothing to say
+                continue
             console.print(f"[bold]{key:>13}[/bold]  {detail[key]}", highlight=False)
         if detail["reason_code"]:
             console.print(f"[bold]{'reason':>13}[/bold]  {detail['reason_code']}: {detail['reason_message']}",

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -22,12 +23,43 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    table = Table(title=title, show_edge=False, header_style="bold")
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*["" if v is None else str(v) for v in row])
+# Columns whose values people copy into the next command: never wrapped, never cut with "…".
+WHOLE_COLUMNS = frozenset({"ID", "JOB"})
+SHORT = 10  # a column whose every value is at most this wide is kept on one line while room allows
+MIN_LONG = 7  # ... if each wrapping column still gets this many characters
+
+
+def make_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]],
+               whole: frozenset[str] = WHOLE_COLUMNS, width: int | None = None) -> Table:
+    """A table that fits the terminal (80 columns too) without cutting an id.
+
+    rich shrinks a too-wide table by wrapping the wrappable columns first and only as a last resort
+    cuts every column with "…" — which turned every job id into the same `j01m8x…` at 80 columns.
+    Here id columns are never wrappable, short columns (states, numbers, ages) stay on one line
+    while that leaves room, and long text (names, node lists, reasons) wraps, breaking long words:
+    the long text always gives way first and an id stays whole.
+    """
+    width = width or console.width
+    table = Table(title=title, show_edge=False, header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    widest = [max([len(col), *(len(r[i]) for r in rows)]) for i, col in enumerate(columns)]
+    short = [col not in whole and w <= SHORT for col, w in zip(columns, widest, strict=True)]
+    kept = sum(w + 2 for col, w, s in zip(columns, widest, short, strict=True) if s or col in whole)
+    long_columns = sum(1 for s, col in zip(short, columns, strict=True) if not s and col not in whole)
+    keep_short = kept + MIN_LONG * long_columns <= width
+    for col, is_short in zip(columns, short, strict=True):
+        if col in whole or (is_short and keep_short):
+            table.add_column(col, no_wrap=True, overflow="ignore")
+        else:
+            table.add_column(col, overflow="fold")
+    return table
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                whole: frozenset[str] = WHOLE_COLUMNS) -> None:
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    table = make_table(title, columns, cells, whole)
+    for row in cells:
+        table.add_row(*row)
     console.print(table)
 
 

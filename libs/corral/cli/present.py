@@ -6,6 +6,7 @@ row dictionaries, so they can never disagree, and tests check the rows directly.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +27,11 @@ def age(at: datetime | None, now: datetime | None = None) -> str:
     if seconds < 172800:
         return f"{seconds // 3600}h"
     return f"{seconds // 86400}d"
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders node-2 before node-10 (digit runs compare as numbers)."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
 
 
 def job_row(j: JobView, now: datetime | None = None) -> dict[str, Any]:
@@ -77,7 +83,7 @@ def _spec_dict(spec: Any) -> dict[str, Any]:
 
 def node_rows(view: ClusterView) -> list[dict[str, Any]]:
     rows = []
-    for n in sorted(view.nodes.values(), key=lambda n: n.name):
+    for n in sorted(view.nodes.values(), key=lambda n: natural_key(n.name)):
         domains = n.inventory.nvlink_domains
         gpu_map = []
         for d in domains:
