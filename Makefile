@@ -6,7 +6,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# setuptools ends every editable install with an informational "Editable installation" notice
+# (a UserWarning, not a deprecation): silenced by name, every other warning still shows.
+PIP := PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.corral-installed
 TEST_STAMP := $(VENV)/.corral-test-installed
 export PIP_CACHE_DIR ?= $(HOME)/.cache/pip

@@ -42,7 +42,8 @@ def _table(view: ClusterView, ids: dict[str, str]) -> Table:
         if j is None:
             rows.append([job_id, example, "SUBMITTED", "", "", ""])
             continue
-        reason = "" if j.reason is None or j.state is JobState.RUNNING else f"{j.reason.code}: {j.reason.message}"
+        quiet = j.reason is None or j.state in (JobState.RUNNING, JobState.COMPLETED)
+        reason = "" if quiet or j.reason is None else f"{j.reason.code}: {j.reason.message}"
         rows.append([job_id, example, j.state.value, str(j.gpus), ",".join(j.nodes) if j.holding else "",
                      reason[:90]])
     table = make_table(None, ["JOB", "EXAMPLE", "STATE", "GPUS", "NODES", "REASON"], rows)
@@ -91,10 +92,11 @@ def closing_lines(data_dir: Path, job_id: str) -> list[str]:
     """The demo's last words: its cluster stopped, but its log is kept and can be asked `why`."""
     corral = corral_command()
     return [
-        f"Every decision is in the event log, kept in {data_dir}/. To ask it about these jobs,",
-        "start the demo's cluster again in one terminal:",
+        "",
+        f"Every decision is in the event log, kept in {data_dir}/.",
+        "To ask it about these jobs, start the demo's cluster again:",
         f"  {corral} up --data-dir {data_dir}",
-        "and in another:",
+        "and in another terminal:",
         f"  {corral} --context {data_dir} why {job_id}",
     ]
 
@@ -126,14 +128,15 @@ def register(app: typer.Typer) -> None:
                 try:
                     ids = await _run(client, timeout)
                     view = await client.view()
-                    console.print()
+                    console.print("")
                     for j in ids:
                         job = view.jobs[j]
                         if job.preempted_by:
-                            by = ", ".join(f"{ids.get(p, p)} ({p})" for p in sorted(job.preempted_by))
-                            console.print(f"{ids[j]} was preempted for {by};", highlight=False)
-                            console.print(f"  it checkpointed to {job.checkpoint}", highlight=False, soft_wrap=True)
-                            console.print("  and resumed from that checkpoint.", highlight=False)
+                            console.print(f"{ids[j]} was preempted, for:", highlight=False)
+                            for p in sorted(job.preempted_by):
+                                console.print(f"  {ids.get(p, p)} ({p})", highlight=False)
+                            console.print("It checkpointed, and resumed from its checkpoint:", highlight=False)
+                            console.print(f"  {job.checkpoint}", highlight=False, soft_wrap=True)
                     for line in closing_lines(data_dir, next(iter(ids), "JOB")):
                         console.print(line, highlight=False, soft_wrap=True)
                 finally:
