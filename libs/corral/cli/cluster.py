@@ -174,7 +174,8 @@ def register(app: typer.Typer) -> None:
             print_json({"until": moment.isoformat(), **state})
             return
         console.print(f"Cluster as of {moment.isoformat()} (log position {state['position']}):", highlight=False)
-        print_table("jobs (not finished)", JOB_COLUMNS, [[r[c.lower()] for c in JOB_COLUMNS] for r in rows])
+        print_table("jobs (not finished)", JOB_COLUMNS, [[r[c.lower()] for c in JOB_COLUMNS] for r in rows],
+                    below="REASON")
         print_table("nodes", ["NODE", "STATE", "ALLOCATED GPUS"],
                     [(n, s["state"], ", ".join(f"{g}:{j}" for g, j in s["allocations"].items()))
                      for n, s in state["nodes"].items()])

@@ -119,7 +119,8 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print_json(rows)
         else:
-            print_table(None, JOB_COLUMNS, [[r[c.lower()] for c in JOB_COLUMNS] for r in rows])
+            print_table(None, JOB_COLUMNS, [[_shown(c, r[c.lower()]) for c in JOB_COLUMNS] for r in rows],
+                        below="REASON")
 
     @app.command()
     def show(job: str, json_out: JsonOpt = False) -> None:
@@ -233,6 +234,11 @@ def register(app: typer.Typer) -> None:
             console.rule(f.stem)
             sys.stdout.write(f.read_text(errors="replace"))
             sys.stdout.flush()
+
+
+def _shown(column: str, value: Any) -> Any:
+    """Node lists break between nodes when a narrow terminal wraps them."""
+    return value.replace(",", ", ") if column == "NODES" and value else value
 
 
 def _summary(event: Any) -> str:

@@ -55,12 +55,27 @@ def make_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequenc
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]],
-                whole: frozenset[str] = WHOLE_COLUMNS) -> None:
+                whole: frozenset[str] = WHOLE_COLUMNS, below: str | None = None) -> None:
+    """Print rows as a table; `below` names a long-text column (REASON) that, when the table is too
+    wide for the terminal, is printed under the table as `ID: text` lines instead of squeezed into
+    a column a few characters wide."""
     cells = [["" if v is None else str(v) for v in row] for row in rows]
+    notes: list[tuple[str, str]] = []
+    if below in columns and _natural_width(columns, cells) > console.width:
+        at = list(columns).index(below)
+        notes = [(row[0], row[at]) for row in cells if row[at]]
+        columns = [c for i, c in enumerate(columns) if i != at]
+        cells = [[v for i, v in enumerate(row) if i != at] for row in cells]
     table = make_table(title, columns, cells, whole)
     for row in cells:
         table.add_row(*row)
     console.print(table)
+    for key, text in notes:
+        console.print(f"{key}: {text}", highlight=False)
+
+
+def _natural_width(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> int:
+    return sum(max([len(c), *(len(r[i]) for r in rows)]) + 2 for i, c in enumerate(columns))
 
 
 def rows_as_dicts(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[Mapping[str, Any]]:

@@ -11,12 +11,12 @@ from corral.cli import output
 from corral.cli.present import JOB_COLUMNS, age, natural_key
 
 
-def render(width: int, columns: list[str], rows: list[list[str]]) -> str:
+def render(width: int, columns: list[str], rows: list[list[str]], below: str | None = None) -> str:
     buffer = io.StringIO()
     saved = output.console
     output.console = Console(file=buffer, width=width, color_system=None)
     try:
-        output.print_table(None, columns, rows)
+        output.print_table(None, columns, rows, below=below)
     finally:
         output.console = saved
     return buffer.getvalue()
@@ -33,6 +33,11 @@ def test_jobs_at_80_columns_keep_every_id_whole() -> None:
         for job_id in ids:
             assert f"{job_id} " in text, text
         assert "…" not in text
+        narrow = render(width, JOB_COLUMNS, rows, below="REASON")  # as `corral jobs` prints it
+        assert all(len(line.rstrip()) <= width for line in narrow.splitlines()), narrow
+        assert all(f"{job_id}: MAX_GPUS_EXCEEDED" in narrow for job_id in ids), narrow
+    wide = render(200, JOB_COLUMNS, rows, below="REASON")
+    assert "REASON" in wide and ": MAX_GPUS" not in wide.replace("16 of", "")
 
 
 def test_nodes_sort_naturally_and_ages_count_from_the_given_moment() -> None:
