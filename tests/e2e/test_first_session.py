@@ -16,7 +16,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +84,18 @@ def project(tmp_path: Path, name: str) -> Path:
     return folder
 
 
+@pytest.fixture
+def session_dir() -> Iterator[Path]:
+    """Not under pytest's basetemp: a concurrent pytest session prunes old basetemps, which would
+    delete the data folder of the Postgres that `corral up` runs here (as tests/conftest.py notes)."""
+    folder = Path(tempfile.mkdtemp(prefix="corral-first-session-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (make test installs it)")
-def test_the_readme_first_session_from_a_fresh_shell_through_the_ddp_example(tmp_path: Path) -> None:
+def test_the_readme_first_session_from_a_fresh_shell_through_the_ddp_example(session_dir: Path) -> None:
+    tmp_path = session_dir
     here = project(tmp_path, "proj")
     env = fresh_shell(tmp_path / "home")
     out = (tmp_path / "up.log").open("w")
