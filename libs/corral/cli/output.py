@@ -61,7 +61,7 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
     a column a few characters wide."""
     cells = [["" if v is None else str(v) for v in row] for row in rows]
     notes: list[tuple[str, str]] = []
-    if below in columns and _natural_width(columns, cells) > console.width:
+    if below is not None and below in columns and _natural_width(columns, cells) > console.width:
         at = list(columns).index(below)
         notes = [(row[0], row[at]) for row in cells if row[at]]
         columns = [c for i, c in enumerate(columns) if i != at]

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Annotated
 
-import click
 import typer
 
 from corral.cli.output import err_console
@@ -156,11 +155,8 @@ def sim_main(argv: Sequence[str] | None = None, *, compare_all: bool = False) ->
     """`corral sim ARGS` (or `corral sim compare ARGS`) as a function, for tests and scripts."""
     args = (["compare"] if compare_all else []) + list(sys.argv[1:] if argv is None else argv)
     command = typer.main.get_command(sim_app)
-    try:
-        command.main(args=args, prog_name="corral sim", standalone_mode=False)
+    try:  # standalone: usage errors print as on the command line and exit 2
+        command.main(args=args, prog_name="corral sim", standalone_mode=True)
     except SystemExit as done:
         return int(done.code or 0)
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
     return 0
