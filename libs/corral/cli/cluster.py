@@ -168,7 +168,8 @@ def register(app: typer.Typer) -> None:
 
         async def go(c: Client) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             view = await c.view(until=moment)
-            rows = [job_row(j) for j in sorted(view.jobs.values(), key=lambda j: j.job_id) if not j.state.terminal]
+            rows = [job_row(j, moment) for j in sorted(view.jobs.values(), key=lambda j: j.job_id)
+                    if not j.state.terminal]  # AGE as it was at that moment
             return state_of(view), rows
 
         state, rows = with_client(go, bus=False)
@@ -176,7 +177,8 @@ def register(app: typer.Typer) -> None:
             print_json({"until": moment.isoformat(), **state})
             return
         console.print(f"Cluster as of {moment.isoformat()} (log position {state['position']}):", highlight=False)
-        print_table("jobs (not finished)", JOB_COLUMNS, [[r[c.lower()] for c in JOB_COLUMNS] for r in rows])
+        print_table("jobs (not finished)", JOB_COLUMNS, [[r[c.lower()] for c in JOB_COLUMNS] for r in rows],
+                    below="REASON")
         print_table("nodes", ["NODE", "STATE", "ALLOCATED GPUS"],
                     [(n, s["state"], ", ".join(f"{g}:{j}" for g, j in s["allocations"].items()))
                      for n, s in state["nodes"].items()])

@@ -15,7 +15,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from corral.cli.output import console
+from corral.cli.output import console, make_table
 from corral.client import Client
 from corral.contracts.jobspec import load_job_spec
 from corral.contracts.queues import load_queues_file
@@ -29,24 +29,26 @@ EXAMPLES = next((p for p in (Path(__file__).resolve().parents[3] / "examples", P
 SCRIPT: list[tuple[str, float, str]] = [
     ("low-priority-train.yaml", 0, "a long, preemptible, low-priority job"),
     ("team-b-share.yaml", 0, "team B uses its guarantee"),
-    ("gang-32.yaml", 2, "a 32-GPU gang: waits holding nothing until 32 GPUs are free"),
+    ("gang-32.yaml", 2, "32-GPU gang: waits, holding nothing, for 32 GPUs"),
     ("nvlink-8.yaml", 4, "8 ranks inside one NVLink domain"),
-    ("urgent.yaml", 8, "an urgent job: preempts the low-priority one, which checkpoints"),
+    ("urgent.yaml", 8, "urgent: preempts the low-priority job"),
 ]
 
 
 def _table(view: ClusterView, ids: dict[str, str]) -> Table:
-    table = Table(show_edge=False, header_style="bold")
-    for col in ("JOB", "EXAMPLE", "STATE", "GPUS", "NODES", "REASON"):
-        table.add_column(col)
+    rows = []
     for job_id, example in ids.items():
         j = view.jobs.get(job_id)
         if j is None:
-            table.add_row(job_id, example, "SUBMITTED", "", "", "")
+            rows.append([job_id, example, "SUBMITTED", "", "", ""])
             continue
-        reason = "" if j.reason is None or j.state is JobState.RUNNING else f"{j.reason.code}: {j.reason.message}"
-        table.add_row(job_id, example, j.state.value, str(j.gpus), ",".join(j.nodes) if j.holding else "",
-                      reason[:90])
+        quiet = j.reason is None or j.state in (JobState.RUNNING, JobState.COMPLETED)
+        reason = "" if quiet or j.reason is None else f"{j.reason.code}: {j.reason.message}"
+        rows.append([job_id, example, j.state.value, str(j.gpus), ",".join(j.nodes) if j.holding else "",
+                     reason[:90]])
+    table = make_table(None, ["JOB", "EXAMPLE", "STATE", "GPUS", "NODES", "REASON"], rows)
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -73,6 +75,32 @@ async def _run(client: Client, timeout: float) -> dict[str, str]:
             await asyncio.sleep(0.5)
 
 
+def corral_command() -> str:
+    """How this `corral` was invoked, for hints a person can paste (`.venv/bin/corral` from make)."""
+    import sys
+
+    exe = Path(sys.argv[0])
+    if exe.name != "corral":
+        return "corral"
+    try:
+        return str(exe.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return "corral" if exe.parent == Path() else str(exe)
+
+
+def closing_lines(data_dir: Path, job_id: str) -> list[str]:
+    """The demo's last words: its cluster stopped, but its log is kept and can be asked `why`."""
+    corral = corral_command()
+    return [
+        "",
+        f"Every decision is in the event log, kept in {data_dir}/.",
+        "To ask it about these jobs, start the demo's cluster again:",
+        f"  {corral} up --data-dir {data_dir}",
+        "and in another terminal:",
+        f"  {corral} --context {data_dir} why {job_id}",
+    ]
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
@@ -93,19 +121,24 @@ def register(app: typer.Typer) -> None:
             nodes = wait_for_nodes(ctx, stack, timeout=60)
             console.print(f"{len(nodes)} nodes registered. Submitting the examples:")
             for name, at, what in SCRIPT:
-                console.print(f"  t+{at:>2.0f}s  {name:<24} {what}")
+                console.print(f"  t+{at:>2.0f}s  {name.removesuffix('.yaml'):<19} {what}", highlight=False)
 
             async def go() -> None:
                 client = await Client.connect(ctx)
                 try:
                     ids = await _run(client, timeout)
                     view = await client.view()
-                    preempted = [j for j in ids if view.jobs[j].preempted_by]
-                    for j in preempted:
-                        console.print(f"{ids[j]} was preempted for {', '.join(view.jobs[j].preempted_by)}, "
-                                      f"checkpointed to {view.jobs[j].checkpoint}, and resumed from it.")
-                    console.print("Every decision is in the event log: try `corral why <job>` against a "
-                                  "running cluster (`corral up`).")
+                    console.print("")
+                    for j in ids:
+                        job = view.jobs[j]
+                        if job.preempted_by:
+                            console.print(f"{ids[j]} was preempted, for:", highlight=False)
+                            for p in sorted(job.preempted_by):
+                                console.print(f"  {ids.get(p, p)} ({p})", highlight=False)
+                            console.print("It checkpointed, and resumed from its checkpoint:", highlight=False)
+                            console.print(f"  {job.checkpoint}", highlight=False, soft_wrap=True)
+                    for line in closing_lines(data_dir, next(iter(ids), "JOB")):
+                        console.print(line, highlight=False, soft_wrap=True)
                 finally:
                     await client.close()
 

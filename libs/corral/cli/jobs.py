@@ -121,7 +121,8 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print_json(rows)
         else:
-            print_table(None, JOB_COLUMNS, [[r[c.lower()] for c in JOB_COLUMNS] for r in rows])
+            print_table(None, JOB_COLUMNS, [[_shown(c, r[c.lower()]) for c in JOB_COLUMNS] for r in rows],
+                        below="REASON")
 
     @app.command()
     def show(job: str, json_out: JsonOpt = False) -> None:
@@ -141,6 +142,8 @@ def register(app: typer.Typer) -> None:
             return
         for key in ("id", "name", "queue", "user", "prio", "state", "gpus", "attempt", "restarts", "quota_gpus",
                     "borrowed", "checkpoint", "resume_from", "submitted_at", "running_since", "ended_at"):
+            if detail[key] is None:  # e.g. running_since of a job that has ended: nothing to say
+                continue
             console.print(f"[bold]{key:>13}[/bold]  {detail[key]}", highlight=False)
         if detail["reason_code"]:
             console.print(f"[bold]{'reason':>13}[/bold]  {detail['reason_code']}: {detail['reason_message']}",
@@ -233,6 +236,11 @@ def register(app: typer.Typer) -> None:
             console.rule(f.stem)
             sys.stdout.write(f.read_text(errors="replace"))
             sys.stdout.flush()
+
+
+def _shown(column: str, value: Any) -> Any:
+    """Node lists break between nodes when a narrow terminal wraps them."""
+    return value.replace(",", ", ") if column == "NODES" and value else value
 
 
 def _summary(event: Any) -> str:

@@ -30,9 +30,14 @@ def _connection(
     postgres: Annotated[str | None, typer.Option("--postgres", envvar="CORRAL_POSTGRES_DSN",
                                                  help="Postgres DSN of the cluster's event log.")] = None,
     namespace: Annotated[str | None, typer.Option("--namespace", envvar="CORRAL_NAMESPACE")] = None,
+    context: Annotated[Path | None, typer.Option(
+        "--context", envvar="CORRAL_CONTEXT",
+        help="The cluster's context.json, or the data folder holding it (default: the nearest "
+             ".corral/context.json in this folder or its parents).")] = None,
 ) -> None:
     """Where the cluster is: flags, then environment, then the context file `corral up` wrote."""
     ConnectionOptions.nats, ConnectionOptions.postgres, ConnectionOptions.namespace = nats, postgres, namespace
+    ConnectionOptions.context = context
 
 
 @app.command()
@@ -43,7 +48,10 @@ def up(
     nats: Annotated[str | None, typer.Option("--nats", help="Use this external NATS instead of starting one.")] = None,
     postgres: Annotated[str | None, typer.Option("--postgres", help="Use this external Postgres.")] = None,
     namespace: Annotated[str | None, typer.Option(help="Subject/stream prefix (default corral).")] = None,
-    runtime: Annotated[str, typer.Option(help="Worker runtime of the simulated nodes: sim or process.")] = "process",
+    runtime: Annotated[str, typer.Option(
+        help="Worker runtime of the simulated nodes: process (runs each job's command), sim (a process per "
+             "rank that sleeps the job's duration_seconds) or sim-timer (no process: a timer inside the "
+             "agent, for large simulated clusters).")] = "process",
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Start NATS, Postgres, the five services and simulated node agents; Ctrl-C stops all."""
@@ -78,8 +86,18 @@ def up(
         ])
         print_table(f"{len(nodes)} nodes registered", ["NODE", "GPUS", "MODEL", "RACK"],
                     [(n["name"], n["gpus"], n["model"], n["rack"]) for n in nodes])
-        console.print("Context written: other `corral` commands find this cluster. Ctrl-C stops everything.")
+        console.print(where_commands_find(Path(ctx.data_dir or data_dir)), highlight=False)
+        console.print("Ctrl-C stops everything.")
     _run_until_interrupted(stack)
+
+
+def where_commands_find(data_dir: Path) -> str:
+    """The line `corral up` prints about its context: which folder's commands reach this cluster."""
+    here = Path.cwd().resolve()
+    if data_dir.resolve() == (here / ".corral").resolve():
+        return f"Context: .corral/context.json. `corral` commands run in {here} (or below) reach this cluster."
+    return (f"Context: {data_dir}/context.json. Other commands reach this cluster with "
+            f"`corral --context {data_dir} ...` (or CORRAL_CONTEXT={data_dir}).")
 
 
 def _run_until_interrupted(stack: object) -> None:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -22,13 +23,59 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    table = Table(title=title, show_edge=False, header_style="bold")
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*["" if v is None else str(v) for v in row])
+# Columns whose values people copy into the next command: never wrapped, never cut with "…".
+WHOLE_COLUMNS = frozenset({"ID", "JOB"})
+SHORT = 10  # a column whose every value is at most this wide is kept on one line while room allows
+MIN_LONG = 7  # ... if each wrapping column still gets this many characters
+
+
+def make_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]],
+               whole: frozenset[str] = WHOLE_COLUMNS, width: int | None = None) -> Table:
+    """A table that fits the terminal (80 columns too) without cutting an id.
+
+    rich shrinks a too-wide table by wrapping the wrappable columns first and only as a last resort
+    cuts every column with "…" — which turned every job id into the same `j01m8x…` at 80 columns.
+    Here id columns are never wrappable, short columns (states, numbers, ages) stay on one line
+    while that leaves room, and long text (names, node lists, reasons) wraps, breaking long words:
+    the long text always gives way first and an id stays whole.
+    """
+    width = width or console.width
+    table = Table(title=title, show_edge=False, header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    widest = [max([len(col), *(len(r[i]) for r in rows)]) for i, col in enumerate(columns)]
+    short = [col not in whole and w <= SHORT for col, w in zip(columns, widest, strict=True)]
+    kept = sum(w + 2 for col, w, s in zip(columns, widest, short, strict=True) if s or col in whole)
+    long_columns = sum(1 for s, col in zip(short, columns, strict=True) if not s and col not in whole)
+    keep_short = kept + MIN_LONG * long_columns <= width
+    for col, is_short in zip(columns, short, strict=True):
+        if col in whole or (is_short and keep_short):
+            table.add_column(col, no_wrap=True, overflow="ignore")
+        else:
+            table.add_column(col, overflow="fold")
+    return table
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                whole: frozenset[str] = WHOLE_COLUMNS, below: str | None = None) -> None:
+    """Print rows as a table; `below` names a long-text column (REASON) that, when the table is too
+    wide for the terminal, is printed under the table as `ID: text` lines instead of squeezed into
+    a column a few characters wide."""
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    notes: list[tuple[str, str]] = []
+    if below is not None and below in columns and _natural_width(columns, cells) > console.width:
+        at = list(columns).index(below)
+        notes = [(row[0], row[at]) for row in cells if row[at]]
+        columns = [c for i, c in enumerate(columns) if i != at]
+        cells = [[v for i, v in enumerate(row) if i != at] for row in cells]
+    table = make_table(title, columns, cells, whole)
+    for row in cells:
+        table.add_row(*row)
     console.print(table)
+    for key, text in notes:
+        console.print(f"{key}: {text}", highlight=False)
+
+
+def _natural_width(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> int:
+    return sum(max([len(c), *(len(r[i]) for r in rows)]) + 2 for i, c in enumerate(columns))
 
 
 def rows_as_dicts(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[Mapping[str, Any]]:

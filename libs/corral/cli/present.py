@@ -6,6 +6,7 @@ row dictionaries, so they can never disagree, and tests check the rows directly.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +27,11 @@ def age(at: datetime | None, now: datetime | None = None) -> str:
     if seconds < 172800:
         return f"{seconds // 3600}h"
     return f"{seconds // 86400}d"
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders node-2 before node-10 (digit runs compare as numbers)."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
 
 
 def job_row(j: JobView, now: datetime | None = None) -> dict[str, Any]:
@@ -80,7 +86,7 @@ def node_rows(view: ClusterView) -> list[dict[str, Any]]:
     yet (still allocated, marked `~` in the map: no job is placed on them until they are)."""
     rows = []
     releasing = view.releasing_gpus()
-    for n in sorted(view.nodes.values(), key=lambda n: n.name):
+    for n in sorted(view.nodes.values(), key=lambda n: natural_key(n.name)):
         domains = n.inventory.nvlink_domains
         held = releasing.get(n.name, {})
         gpu_map = []
@@ -137,14 +143,27 @@ def unblock_hint(view: ClusterView, job: JobView, now: float) -> str | None:
     reason = job.reason.code if job.reason else ""
     snapshot = view.snapshot(now, pending=[job])
     target = job.core_job()
-    if reason in ("QUOTA_EXCEEDED", "MAX_GPUS_EXCEEDED"):
-        same = sorted((r for r in snapshot.running if r.job.queue == job.queue), key=_end_key)
-        if same:
-            first = same[0]
-            return (f"queue {job.queue} regains {first.job.total_gpus} GPUs when job {first.job.id} ends"
-                    + _eta(first, now))
-        return f"raise the quota of {job.queue} (`corral apply`), or wait for other queues to give back borrowed GPUs"
     running = sorted(snapshot.running, key=_end_key)
+    if reason in ("QUOTA_EXCEEDED", "MAX_GPUS_EXCEEDED"):
+        same = [r for r in running if r.job.queue == job.queue]
+        if not same:
+            return (f"raise the quota of {job.queue} (`corral apply`), or wait for other queues to give back "
+                    "borrowed GPUs")
+        first = same[0]
+        hint = f"queue {job.queue} regains {first.job.total_gpus} GPUs when job {first.job.id} ends" + _eta(first, now)
+        # The quota is one blocker; the GPUs must also be free. Name the other jobs that must end too.
+        ending = [first]
+        for r in (x for x in running if x is not first):
+            free = FreeGpus.from_running(snapshot.cluster, [x for x in running if x not in ending])
+            if isinstance(find_placement(snapshot.cluster, free, target), core.Placement):
+                break
+            ending.append(r)
+        others = ending[1:]
+        if others:
+            hint += "; then it still needs " + "; ".join(
+                f"{', '.join(f'{n} frees {len(g)}' for n, g in x.placement.gpus_by_node().items())} "
+                f"when job {x.job.id} ends{_eta(x, now)}" for x in others)
+        return hint
     free = FreeGpus.from_running(snapshot.cluster, running)
     if isinstance(find_placement(snapshot.cluster, free, target), core.Placement):
         return "it fits now: it starts at the next scheduling cycle"

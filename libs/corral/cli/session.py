@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 from corral.cli.output import err_console
@@ -22,8 +23,9 @@ EXIT_NO_CLUSTER = 3
 
 
 class ConnectionOptions:
-    """Filled by the top-level callback from --nats/--postgres/--namespace (or the environment)."""
+    """Filled by the top-level callback from --nats/--postgres/--namespace/--context (or the environment)."""
 
+    context: Path | None = None
     nats: str | None = None
     postgres: str | None = None
     namespace: str | None = None
@@ -31,7 +33,8 @@ class ConnectionOptions:
 
 def context() -> Context:
     try:
-        return resolve(ConnectionOptions.nats, ConnectionOptions.postgres, ConnectionOptions.namespace)
+        return resolve(ConnectionOptions.nats, ConnectionOptions.postgres, ConnectionOptions.namespace,
+                       ConnectionOptions.context)
     except NoClusterError as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise SystemExit(EXIT_NO_CLUSTER) from None

@@ -43,23 +43,7 @@ def register(app: typer.Typer) -> None:
 
 
 def register_sim(app: typer.Typer) -> None:
-    @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                                   "help_option_names": []})
-    def sim(ctx: typer.Context) -> None:
-        """Replay a workload or trace through Corral's scheduling core (`corral sim --help`).
+    """`corral sim` and `corral sim compare` (corral.cli.sim)."""
+    from corral.cli.sim import sim_app
 
-        `corral sim --trace philly:FILE --cluster 64x8:H100 [--policy corral] [--json F] [--plot DIR]`;
-        `corral sim compare ...` runs every policy side by side; `--from-log` replays the submissions
-        recorded in this cluster's event log.
-        """
-        from corral.sim.api import sim_main
-
-        args = list(ctx.args)
-        compare_all = bool(args) and args[0] == "compare"
-        if compare_all:
-            args = args[1:]
-        if "--from-log" in args:
-            from corral.sim.from_log import export_from_log
-
-            args = export_from_log(args)
-        raise SystemExit(sim_main(args, compare_all=compare_all))
+    app.add_typer(sim_app, name="sim")

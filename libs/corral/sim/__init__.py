@@ -5,7 +5,7 @@ Entry points (wrapped by the CLI as `corral sim` and `corral sim compare`):
     run_simulation(workload, cluster, *, policy="corral", queues=None, seed=0, failures=None,
                    limit=None) -> SimResult
     compare(workload, cluster, policies=DEFAULT_POLICIES, *, queues=None, seed=0, ...) -> list[SimResult]
-    sim_main(argv, *, compare_all=False) -> int        # argparse front end, prints tables
+    sim_main(argv, *, compare_all=False) -> int        # `corral sim` as a function (corral.cli.sim)
     render_result(result) / render_comparison(results) -> str
     write_json(result, path) / write_comparison_json(results, path)
     write_plots(results, directory) -> list[Path]      # corral.sim.plot

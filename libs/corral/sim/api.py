@@ -6,8 +6,6 @@ shorthand like `64x8:H100` or a file, an optional queues file) or as ready value
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,67 +111,31 @@ def compare(
     seed: int = 0,
     failures: FailureModel | None = None,
     limit: int | None = None,
+    progress: Callable[[str, float, EngineStats], None] | None = None,
 ) -> list[SimResult]:
-    """The same workload, cluster, queues and seed under each policy, in the order given."""
+    """The same workload, cluster, queues and seed under each policy, in the order given.
+
+    `progress(policy, simulated_now, stats)` is called now and then during each long replay.
+    """
     loaded = workload if isinstance(workload, Workload) else load_workload(workload)
     return [
-        run_simulation(loaded, cluster, policy=p, queues=queues, seed=seed, failures=failures, limit=limit)
+        run_simulation(loaded, cluster, policy=p, queues=queues, seed=seed, failures=failures, limit=limit,
+                       progress=None if progress is None else _for_policy(progress, p))
         for p in policies
     ]
 
 
-def build_parser(prog: str = "corral sim") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Replay a workload through Corral's scheduling core.")
-    parser.add_argument("--trace", required=True, help="philly:FILE, openb:FILE or a Corral JSONL workload")
-    parser.add_argument("--cluster", required=True, help="cluster file, or shorthand NODESxGPUS:MODEL, e.g. 64x8:H100")
-    parser.add_argument("--queues", help="queues file (default: equal share for every workload queue)")
-    parser.add_argument(
-        "--policy",
-        default="corral",
-        help=f"one policy, or several comma-separated to compare ({', '.join(DEFAULT_POLICIES)})",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--limit", type=int, help="replay only the first N jobs")
-    parser.add_argument("--failures-mtbf-hours", type=float, help="enable seeded node failures")
-    parser.add_argument("--repair-hours", type=float, default=4.0)
-    parser.add_argument("--json", dest="json_path", help="write summary and the exact schedule here")
-    parser.add_argument("--plot", dest="plot_dir", help="write PNG plots into this folder")
-    return parser
+def _for_policy(
+    progress: Callable[[str, float, EngineStats], None], policy: str
+) -> Callable[[float, EngineStats], None]:
+    return lambda now, stats: progress(policy, now, stats)
 
 
 def sim_main(argv: Sequence[str] | None = None, *, compare_all: bool = False) -> int:
-    """`corral sim [...]`; with `compare_all=True` (`corral sim compare`) the default is every policy."""
-    from corral.sim.output import render_comparison, render_result, write_comparison_json, write_json
+    """`corral sim [...]` as a function; with `compare_all=True` (`corral sim compare`) every policy.
 
-    args = build_parser("corral sim compare" if compare_all else "corral sim").parse_args(argv)
-    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-    if compare_all and args.policy == "corral":
-        policies = list(DEFAULT_POLICIES)
-    failures = None
-    if args.failures_mtbf_hours:
-        failures = FailureModel(args.failures_mtbf_hours, args.repair_hours)
-    try:
-        results = compare(
-            args.trace,
-            args.cluster,
-            policies,
-            queues=args.queues,
-            seed=args.seed,
-            failures=failures,
-            limit=args.limit,
-        )
-    except ValueError as error:  # bad input: the message names the field and the fix
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(render_result(results[0]) if len(results) == 1 else render_comparison(results))
-    if args.json_path:
-        if len(results) == 1:
-            write_json(results[0], args.json_path)
-        else:
-            write_comparison_json(results, args.json_path)
-    if args.plot_dir:
-        from corral.sim.plot import write_plots
+    The command itself (typer, like the rest of the CLI) lives in `corral.cli.sim`.
+    """
+    from corral.cli.sim import sim_main as run_cli
 
-        for path in write_plots(results, args.plot_dir):
-            print(f"wrote {path}")
-    return 0
+    return run_cli(argv, compare_all=compare_all)

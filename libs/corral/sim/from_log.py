@@ -13,6 +13,7 @@ import asyncio
 import json
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,17 @@ def workload_from_events(events: Sequence[Event]) -> tuple[list[dict[str, Any]],
     return lines, {"nodes": list(nodes.values())}, {"queues": list(queues.values())}
 
 
-def export_from_log(args: list[str], out_dir: Path | None = None) -> list[str]:
-    """Replace `--from-log` in `corral sim` arguments by files exported from the event log."""
+@dataclass(frozen=True)
+class ExportedInputs:
+    """The simulator's inputs exported from the log: a trace spec and, when known, cluster and queues files."""
+
+    trace: str
+    cluster: str | None
+    queues: str | None
+
+
+def export_inputs(out_dir: Path | None = None) -> ExportedInputs:
+    """Write the log's submissions, nodes and queues as simulator input files (for `--from-log`)."""
     from corral.cli.session import context
     from corral.client import Client
 
@@ -89,12 +99,21 @@ def export_from_log(args: list[str], out_dir: Path | None = None) -> list[str]:
     out = out_dir or Path(tempfile.mkdtemp(prefix="corral-from-log-"))
     workload = out / "workload.jsonl"
     workload.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    rest = [a for a in args if a != "--from-log"]
-    new = ["--trace", f"jsonl:{workload}"]
-    if "--cluster" not in rest:
-        (out / "cluster.json").write_text(json.dumps(cluster))
-        new += ["--cluster", str(out / "cluster.json")]
-    if "--queues" not in rest and queues["queues"]:
+    (out / "cluster.json").write_text(json.dumps(cluster))
+    queues_path = None
+    if queues["queues"]:
         (out / "queues.json").write_text(json.dumps(queues))
-        new += ["--queues", str(out / "queues.json")]
+        queues_path = str(out / "queues.json")
+    return ExportedInputs(f"jsonl:{workload}", str(out / "cluster.json") if cluster["nodes"] else None, queues_path)
+
+
+def export_from_log(args: list[str], out_dir: Path | None = None) -> list[str]:
+    """Replace `--from-log` in `corral sim` arguments by files exported from the event log."""
+    exported = export_inputs(out_dir)
+    rest = [a for a in args if a != "--from-log"]
+    new = ["--trace", exported.trace]
+    if "--cluster" not in rest and exported.cluster:
+        new += ["--cluster", exported.cluster]
+    if "--queues" not in rest and exported.queues:
+        new += ["--queues", exported.queues]
     return new + rest

@@ -1,29 +1,37 @@
 """Where the cluster is: the context file written by `corral up` and read by every other command.
 
 Why: a person types `corral jobs` in another terminal and expects it to find the cluster that
-`corral up` started, as kubectl finds its kubeconfig. Resolution order: explicit flags, then the
-environment (`CORRAL_NATS_URL`, `CORRAL_POSTGRES_DSN`, `CORRAL_NAMESPACE`), then `./.corral/context.json`,
-then `~/.config/corral/context.json` (the last cluster started by this user).
+`corral up` started, as git finds its repository: from the project folder. A context shared by the
+whole account (the old `~/.config/corral/context.json`, last cluster started wins, left behind
+after it stopped) sent commands from any other folder to whichever cluster was started last — on a
+shared account, someone else's. So the context lives only in the project folder, and a context
+whose cluster is gone says so instead of sending requests into the void.
+
+Resolution order: explicit flags (`--nats`, `--postgres`, `--namespace`), then the environment
+(`CORRAL_NATS_URL`, `CORRAL_POSTGRES_DSN`, `CORRAL_NAMESPACE`), then one context file: the explicit
+`--context PATH` / `CORRAL_CONTEXT` (a context.json, or the data folder holding one), else the
+nearest `.corral/context.json` in the current folder or its parents. There is no global fallback.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+import socket
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 DEFAULT_NAMESPACE = "corral"
-LOCAL_CONTEXT = Path(".corral") / "context.json"
-
-
-def user_context_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "corral" / "context.json"
+CONTEXT_FILE = "context.json"
+LOCAL_CONTEXT = Path(".corral") / CONTEXT_FILE
 
 
 class NoClusterError(RuntimeError):
     """No cluster could be found: the message says how to start or point at one."""
+
+
+class StaleContextError(NoClusterError):
+    """A context file names a cluster whose `corral up` is no longer running."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,8 @@ class Context:
     namespace: str = DEFAULT_NAMESPACE
     data_dir: str | None = None
     log_dir: str | None = None
+    pid: int | None = None  # the `corral up` process that runs this cluster
+    host: str | None = None  # ... on this host
 
     def save(self, *paths: Path) -> None:
         for path in paths:
@@ -46,25 +56,79 @@ class Context:
         raw = json.loads(path.read_text())
         return cls(**{k: raw[k] for k in raw if k in cls.__dataclass_fields__})
 
+    def gone(self) -> bool:
+        """True when the process that runs this cluster is known to have exited (same host only)."""
+        if self.pid is None or self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
+def owned_by_this_process(ctx: Context) -> Context:
+    """`ctx` marked as run by the current process (its `corral up`), so it can be found gone later."""
+    return replace(ctx, pid=os.getpid(), host=socket.gethostname())
+
+
+def context_file(path: Path) -> Path:
+    """`--context` takes a context.json or the data folder that holds one (`.corral-demo`)."""
+    return path / CONTEXT_FILE if path.is_dir() else path
+
+
+def project_context(start: Path | None = None) -> Path | None:
+    """The nearest `.corral/context.json` in `start` (default: the current folder) or a parent."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / LOCAL_CONTEXT
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def locate(explicit: Path | str | None = None) -> Path | None:
+    """The context file to use: `explicit`, else `CORRAL_CONTEXT`, else the project's; None if none."""
+    given = explicit or os.environ.get("CORRAL_CONTEXT") or None
+    return context_file(Path(given)) if given else project_context()
+
 
 def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
-            namespace: str | None = None) -> Context:
-    """Find the cluster from flags, environment or context files; raise NoClusterError if none."""
+            namespace: str | None = None, context_path: Path | str | None = None) -> Context:
+    """Find the cluster from flags, environment or the context file; raise NoClusterError if none.
+
+    A context file is read only when flags or environment leave the NATS URL or the DSN unknown;
+    then a missing explicit file, or a file whose `corral up` has exited, is a NoClusterError that
+    says which file and what to do.
+    """
+    nats = nats_url or os.environ.get("CORRAL_NATS_URL")
+    dsn = postgres_dsn or os.environ.get("CORRAL_POSTGRES_DSN")
+    path = locate(context_path)
     saved: Context | None = None
-    for path in (Path(os.environ["CORRAL_CONTEXT"]) if os.environ.get("CORRAL_CONTEXT") else None,
-                 LOCAL_CONTEXT, user_context_path()):
-        if path is not None and path.exists():
-            saved = Context.load(path)
-            break
-    nats = nats_url or os.environ.get("CORRAL_NATS_URL") or (saved.nats_url if saved else None)
-    dsn = postgres_dsn or os.environ.get("CORRAL_POSTGRES_DSN") or (saved.postgres_dsn if saved else None)
-    ns = namespace or os.environ.get("CORRAL_NAMESPACE") or (saved.namespace if saved else DEFAULT_NAMESPACE)
+    if path is not None and path.is_file():
+        saved = Context.load(path)
     if not nats or not dsn:
-        raise NoClusterError(
-            "no Corral cluster found: start one with `corral up`, or pass --nats URL and --postgres DSN "
-            "(or set CORRAL_NATS_URL and CORRAL_POSTGRES_DSN)"
-        )
+        if path is None:
+            raise NoClusterError(
+                f"no Corral cluster found: no {LOCAL_CONTEXT} in {Path.cwd()} or its parents. Start one here "
+                "with `corral up`, or point at one with --context PATH (CORRAL_CONTEXT), or --nats URL and "
+                "--postgres DSN (CORRAL_NATS_URL, CORRAL_POSTGRES_DSN)")
+        if saved is None:
+            raise NoClusterError(f"no Corral cluster found: the context file {path} does not exist; start a "
+                                 "cluster with `corral up` (it writes <data-dir>/context.json)")
+        if saved.gone():
+            restart = "corral up" + (f" --data-dir {saved.data_dir}" if saved.data_dir else "")
+            raise StaleContextError(
+                f"the cluster of {path} is gone: its `corral up` (pid {saved.pid}) is no longer running. "
+                f"Start it again with `{restart}` (its events are kept), or delete {path}")
+    nats = nats or (saved.nats_url if saved else None)
+    dsn = dsn or (saved.postgres_dsn if saved else None)
+    assert nats and dsn
+    ns = namespace or os.environ.get("CORRAL_NAMESPACE") or (saved.namespace if saved else DEFAULT_NAMESPACE)
     same = saved is not None and saved.nats_url == nats and saved.postgres_dsn == dsn
     return Context(nats_url=nats, postgres_dsn=dsn, namespace=ns,
                    data_dir=saved.data_dir if same and saved else None,
-                   log_dir=os.environ.get("CORRAL_LOG_DIR") or (saved.log_dir if same and saved else None))
+                   log_dir=os.environ.get("CORRAL_LOG_DIR") or (saved.log_dir if same and saved else None),
+                   pid=saved.pid if same and saved else None, host=saved.host if same and saved else None)

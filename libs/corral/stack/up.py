@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.stack.context import LOCAL_CONTEXT, Context, user_context_path
+from corral.stack.context import CONTEXT_FILE, Context, owned_by_this_process
 from corral.stack.servers import NatsServer, PostgresServer, free_port
 
 SERVICES: tuple[str, ...] = ("admission", "quota", "placement", "preemption")
@@ -79,7 +79,7 @@ class StackOptions:
     namespace: str = "corral"
     runtime: str = "sim"
     placement_standby: bool = True
-    write_user_context: bool = True
+    write_user_context: bool = False  # retired: the context lives only in the data folder (context.py)
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -109,8 +109,9 @@ class Stack:
                                            port=_reuse(previous.get("postgres"))).start()
             dsn = self.postgres.dsn
         log_dir = opts.data_dir / "logs"
-        self.context = Context(nats_url=nats_url, postgres_dsn=dsn, namespace=opts.namespace,
-                               data_dir=str(opts.data_dir.resolve()), log_dir=str(log_dir.resolve()))
+        self.context = owned_by_this_process(Context(
+            nats_url=nats_url, postgres_dsn=dsn, namespace=opts.namespace,
+            data_dir=str(opts.data_dir.resolve()), log_dir=str(log_dir.resolve())))
         self._save_ports()
         cluster_file = self._cluster_file()
         env = {**os.environ, **opts.extra_env,
@@ -132,12 +133,7 @@ class Stack:
             env, log_dir / "node-agents.log"))
         for p in self.processes:
             p.start()
-        self.context.save(opts.data_dir / "context.json")
-        paths = [LOCAL_CONTEXT] if opts.data_dir.resolve() == LOCAL_CONTEXT.parent.resolve() else []
-        if opts.write_user_context:
-            paths.append(user_context_path())
-        if paths:
-            self.context.save(*paths)
+        self.context.save(opts.data_dir / CONTEXT_FILE)  # `.corral/context.json` for the default data dir
         return self.context
 
     def _cluster_file(self) -> Path:

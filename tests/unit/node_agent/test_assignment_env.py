@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from corral.services.node_agent.assignment import (
+    AGENT_BIN,
     Assignment,
     RankAssignment,
     build_rank_env,
@@ -23,14 +24,24 @@ def _assignment(**changes: object) -> Assignment:
 
 def test_rank_env_is_what_torch_distributed_and_corral_worker_expect() -> None:
     a = _assignment()
-    env = build_rank_env(a, a.ranks[1], Path("/run/ctl"), {"PATH": "/bin"})
+    env = build_rank_env(a, a.ranks[1], Path("/run/ctl"), {"PATH": "/bin"}, interpreter_bin="/venv/bin")
     assert env == {
-        "PATH": "/bin", "PYTHONUNBUFFERED": "1", "LR": "0.1",
+        "PATH": "/venv/bin:/bin", "PYTHONUNBUFFERED": "1", "LR": "0.1",
         "CUDA_VISIBLE_DEVICES": "6,7", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
         "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
         "CORRAL_JOB_ID": "job-1", "CORRAL_CHECKPOINT_DIR": "/ckpt/job-1", "CORRAL_ATTEMPT": "1",
         "CORRAL_CONTROL": "/run/ctl", "CORRAL_CHECKPOINT_SIGNAL": "SIGUSR1",
     }
+
+
+def test_the_agents_own_interpreter_comes_first_on_the_workers_path() -> None:
+    """A job's `python` is the agent's interpreter even when whoever started the agent had no venv active."""
+    a = _assignment()
+    env = build_rank_env(a, a.ranks[0], Path("c"), {"PATH": "/usr/bin:/venv/bin:/bin"}, interpreter_bin="/venv/bin")
+    assert env["PATH"] == "/venv/bin:/usr/bin:/bin"
+    assert build_rank_env(a, a.ranks[0], Path("c"), {})["PATH"].split(":")[0] == AGENT_BIN
+    own = build_rank_env(_assignment(env={"PATH": "/opt/job/bin"}), a.ranks[0], Path("c"), {"PATH": "/bin"})
+    assert own["PATH"] == "/opt/job/bin"  # a job that sets PATH itself keeps it
 
 
 def test_resume_from_is_set_only_when_there_is_a_checkpoint() -> None:
