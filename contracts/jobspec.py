@@ -17,11 +17,11 @@ from corral.contracts.validation import convert_collecting, parse_document
 __all__ = [
     "MAX_PRIORITY",
     "PRIORITY_CLASSES",
-    "Priority",
     "TOPOLOGY_LEVELS",
     "Checkpoint",
     "GpuRequest",
     "JobSpec",
+    "Priority",
     "RestartPolicy",
     "Topology",
     "load_job_spec",

@@ -94,7 +94,8 @@ class Client:
         await self.publish_request(submitted, spec.submission_id or submitted.event_id)
         return job_id
 
-    async def verdict(self, job_id: str, timeout: float, interval: float = 0.05) -> ev.JobAdmitted | ev.JobRejected | None:
+    async def verdict(self, job_id: str, timeout: float,
+                      interval: float = 0.05) -> ev.JobAdmitted | ev.JobRejected | None:
         """Admission's verdict on a submitted job (JobAdmitted or JobRejected), read from the job's
         stream in the log; None when admission has not judged it within `timeout` (it still will:
         the submission waits in the inbox)."""
