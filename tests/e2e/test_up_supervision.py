@@ -29,7 +29,7 @@ from corral.client import Client
 from corral.contracts.jobspec import validate_job_spec
 from corral.projection import JobState
 from corral.stack.context import Context
-from corral.stack.servers import PostgresServer
+from corral.stack.servers import PostgresServer, process_state
 from tests.e2e.test_up import start_up
 
 
@@ -198,3 +198,20 @@ def test_the_next_up_continues_the_jobs_of_a_ctrl_c(tmp_path: Path) -> None:
         asyncio.run(continued())
     finally:
         interrupt(proc)
+
+
+def test_an_up_killed_with_kill_9_leaves_nothing_the_next_up_trips_on(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc, status, _ = start_up(data, tmp_path, "--runtime", "sim")
+    left = {p["name"]: int(p["pid"]) for p in [*status["processes"], *status["servers"]]}
+    proc.kill()  # its children (own sessions) keep running: servers on the data directory included
+    proc.wait(10)
+    assert all(process_state(pid) not in (None, "Z") for pid in left.values())
+    proc, status, _ = start_up(data, tmp_path, "--runtime", "sim")
+    try:
+        gone = {name: process_state(pid) for name, pid in left.items()}
+        assert all(state in (None, "Z") for state in gone.values()), gone
+        assert len(status["nodes"]) == 4
+    finally:
+        code, err = interrupt(proc)
+    assert code == 0, err

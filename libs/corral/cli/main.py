@@ -75,6 +75,7 @@ def up(
         stack.stop()
         fail(f"corral up failed: {exc}")
         return
+    stopping = _StopRequest()  # from here a signal asks for the ordered stop, never cuts it short
     elapsed = time.monotonic() - started
     if json_out:
         print_json({"nats": ctx.nats_url, "postgres": ctx.postgres_dsn, "namespace": ctx.namespace,
@@ -94,31 +95,35 @@ def up(
         print_table(f"{len(nodes)} nodes registered", ["NODE", "GPUS", "MODEL", "RACK"],
                     [(n["name"], n["gpus"], n["model"], n["rack"]) for n in nodes])
         console.print("Context written: other `corral` commands find this cluster. Ctrl-C stops everything.")
-    _run_until_interrupted(stack)
+    _run_until_interrupted(stack, stopping)
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _run_until_interrupted(stack: object) -> None:
+class _StopRequest:
+    """Set by Ctrl-C / SIGTERM once the stack is up (handlers installed on creation)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGINT, self._request)
+        signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum: int, frame: object) -> None:
+        if self.requested:
+            err_console.print("already stopping: placement first, node agents last; please wait")
+        self.requested = True
+
+
+def _run_until_interrupted(stack: object, stopping: _StopRequest) -> None:
     """Supervise until Ctrl-C / SIGTERM, then stop in order. A second Ctrl-C does not cut the
     ordered stop short (each phase has its own deadline)."""
     from corral.stack.up import Stack
 
     assert isinstance(stack, Stack)
-    stopping = False
-
-    def _stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        if stopping:
-            err_console.print("already stopping: placement first, node agents last; please wait")
-        stopping = True
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
     try:
-        while not stopping:
+        while not stopping.requested:
             stack.supervise()
             time.sleep(0.25)
     finally:
