@@ -10,6 +10,7 @@ folder printed a Postgres log dump.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -102,8 +103,11 @@ def test_up_restarts_dead_servers_and_a_crash_looping_service_with_backoff(tmp_p
 
         # placement may have crashed (and been restarted) during the outage: kill the current one
         placement = _recorded_pid(tmp_path / "data", "placement") or pid_of(status, "placement")
-        for _ in range(4):  # a crash loop: killed each time it is back
-            os.kill(placement, signal.SIGKILL)
+        kills = 0
+        while kills < 4:  # a crash loop: killed each time it is back
+            with contextlib.suppress(ProcessLookupError):  # it may have crashed on its own meanwhile
+                os.kill(placement, signal.SIGKILL)
+                kills += 1
             deadline = time.monotonic() + 30
             while (fresh := _recorded_pid(tmp_path / "data", "placement")) in (None, placement):
                 assert time.monotonic() < deadline, "placement was not restarted"
