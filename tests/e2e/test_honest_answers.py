@@ -74,6 +74,12 @@ async def test_submit_waits_for_the_verdict_and_exits_1_with_the_reason(make_sta
         good = write(tmp_path, "good.yaml", job_yaml("good", "team-a", 1, 1, 5))
         proc = corral(stack, "submit", good)
         assert "Admitted" in proc.stdout or "admitted" in proc.stdout, proc.stdout
+
+        # A submission_id used twice: admission drops the second; submit answers with the first job.
+        once = write(tmp_path, "once.yaml", job_yaml("once", "team-a", 1, 1, 5, "submission_id: nightly-42\n"))
+        first = as_json(corral(stack, "submit", once, "--json"))
+        again = as_json(corral(stack, "submit", once, "--json"))
+        assert first["state"] == again["state"] == "ADMITTED" and again["id"] == first["id"], (first, again)
     finally:
         await c.close()
 

@@ -62,7 +62,14 @@ def register(app: typer.Typer) -> None:
             job_id = await c.submit(spec)
             if no_wait_admission:
                 return {"id": job_id, "state": "SUBMITTED"}
-            verdict = await c.verdict(job_id, ADMISSION_TIMEOUT)
+            verdict = await c.verdict(job_id, DUPLICATE_CHECK_AFTER if spec.submission_id else ADMISSION_TIMEOUT)
+            if verdict is None and spec.submission_id:
+                # A submission_id already used is dropped by admission as a duplicate: the answer
+                # is the verdict on the job it first created.
+                first = (await c.view()).submissions.get(spec.submission_id)
+                if first is not None and first != job_id:
+                    job_id = first
+                verdict = await c.verdict(job_id, ADMISSION_TIMEOUT - DUPLICATE_CHECK_AFTER)
             judged = verdict_row(job_id, verdict)
             if not wait or judged["state"] != "ADMITTED":
                 return judged
@@ -254,6 +261,8 @@ def register(app: typer.Typer) -> None:
 
 #: How long `corral submit` waits for admission's verdict (milliseconds when the cluster is up).
 ADMISSION_TIMEOUT = 30.0
+#: With a submission_id, after this long without a verdict look for the job it first created.
+DUPLICATE_CHECK_AFTER = 3.0
 
 
 def verdict_row(job_id: str, verdict: Any) -> dict[str, Any]:
