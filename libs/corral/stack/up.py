@@ -305,7 +305,8 @@ class Stack:
     def _save_pids(self) -> None:
         """Every child's pid and command line, for the next start to find what a kill -9 left."""
         children = {p.name: {"pid": p.pid, "argv": p.argv} for p in self.processes if p.alive()}
-        (self.options.data_dir / "pids.json").write_text(json.dumps(children))
+        with contextlib.suppress(OSError):  # a data directory removed under us: nothing to record
+            (self.options.data_dir / "pids.json").write_text(json.dumps(children))
 
     def _stop_orphans(self) -> None:
         """Stop the children of a previous `corral up` still running (it was killed), deciders
