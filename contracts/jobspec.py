@@ -15,11 +15,13 @@ from corral.contracts.problems import Problem, SpecError
 from corral.contracts.validation import convert_collecting, parse_document
 
 __all__ = [
+    "MAX_PRIORITY",
     "PRIORITY_CLASSES",
     "TOPOLOGY_LEVELS",
     "Checkpoint",
     "GpuRequest",
     "JobSpec",
+    "Priority",
     "RestartPolicy",
     "Topology",
     "load_job_spec",
@@ -31,6 +33,13 @@ MAX_GPUS_PER_REPLICA = 1024
 
 PriorityClass = Literal["low", "normal", "high", "urgent"]
 PRIORITY_CLASSES: dict[str, int] = {"low": 100, "normal": 500, "high": 900, "urgent": 1000}
+#: Priorities are integers in 0..MAX_PRIORITY: unbounded ones let one user outrank everyone by
+#: typing more digits (and a queue's `max_priority` caps them further).
+MAX_PRIORITY = 10_000
+Priority = Annotated[int, msgspec.Meta(ge=0, le=MAX_PRIORITY,
+                                       description=f"0 (lowest) to {MAX_PRIORITY} (highest)")]
+PRIORITY_HINT = (f"use an integer from 0 to {MAX_PRIORITY} or one of low (100), normal (500), high (900), "
+                 "urgent (1000)")
 
 ReplicaLevel = Literal["nvlink", "node"]
 TopologyLevel = Literal["nvlink", "node", "rack", "zone"]
@@ -96,8 +105,8 @@ class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a user asks for. GPUs are whole: `replicas` x `gpus_per_replica` integers.
 
-    `priority` accepts an integer or a class name (low=100, normal=500, high=900, urgent=1000)
-    and is always an int after construction or decoding.
+    `priority` accepts an integer from 0 to 10000 or a class name (low=100, normal=500,
+    high=900, urgent=1000) and is always an int after construction or decoding.
     """
 
     name: Name
@@ -106,7 +115,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     if TYPE_CHECKING:  # after __post_init__ the value is always an int
         priority: int = 500
     else:
-        priority: int | PriorityClass = 500
+        priority: Priority | PriorityClass = 500
     replicas: Annotated[int, msgspec.Meta(ge=1, le=MAX_REPLICAS, description="gang size")] = 1
     gpus_per_replica: Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS_PER_REPLICA,
                                                   description="whole GPUs per replica")] = 1
@@ -127,7 +136,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         "name": "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
         "queue": "a queue path such as research/nlp (see `corral apply queues.yaml`)",
         "user": "a user name of letters, digits, '.', '_', '@', '+' or '-'",
-        "priority": "use an integer or one of low (100), normal (500), high (900), urgent (1000)",
+        "priority": PRIORITY_HINT,
         "replicas": f"the gang size: a whole number from 1 to {MAX_REPLICAS}",
         "gpus_per_replica": f"GPUs are whole: use an integer from 1 to {MAX_GPUS_PER_REPLICA} "
                             "(Corral does not share a GPU)",

@@ -8,13 +8,13 @@ it at `apply` names the line to fix instead of producing a quota that silently c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import msgspec
 
-from corral.contracts.jobspec import QueuePath
+from corral.contracts.jobspec import PRIORITY_CLASSES, PRIORITY_HINT, Priority, PriorityClass, QueuePath
 from corral.contracts.problems import Problem, SpecError
-from corral.contracts.validation import convert_collecting, parse_document
+from corral.contracts.validation import convert_collecting, parse_document, utf8_text
 
 __all__ = ["QueueSpec", "QueuesFile", "load_queues_file", "load_queues_text", "parent_of",
            "validate_queues"]
@@ -28,13 +28,19 @@ def parent_of(name: str) -> str | None:
 
 
 class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One queue. `max_gpus=None`: no ceiling beyond the cluster; `lend_limit=None`: lends all unused."""
+    """One queue. `max_gpus=None`: no ceiling beyond the cluster; `lend_limit=None`: lends all unused;
+    `max_priority=None`: jobs may ask for any priority (0..10000), else admission rejects a job
+    above it (a class name is stored as its integer)."""
 
     name: QueuePath
     guaranteed_gpus: Gpus = 0
     max_gpus: Gpus | None = None
     lend_limit: Gpus | None = None
     weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    if TYPE_CHECKING:  # after __post_init__ the value is always an int (or None)
+        max_priority: int | None = None
+    else:
+        max_priority: Priority | PriorityClass | None = None
 
     FIELD_HINTS: ClassVar[dict[str, str]] = {
         "name": "a queue path such as research/nlp",
@@ -42,9 +48,12 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         "max_gpus": "ceiling in whole GPUs, borrowing included (leave out for none)",
         "lend_limit": "how many unused guaranteed GPUs siblings may borrow (leave out for all)",
         "weight": "share of the surplus, a number > 0 (default 1)",
+        "max_priority": f"the highest priority a job of this queue may ask for: {PRIORITY_HINT[4:]}",
     }
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_priority, str):
+            msgspec.structs.force_setattr(self, "max_priority", PRIORITY_CLASSES[self.max_priority])
         problems = []
         if self.max_gpus is not None and self.max_gpus < self.guaranteed_gpus:
             problems.append(Problem(path="max_gpus", message=f"max_gpus {self.max_gpus} is below "
@@ -142,4 +151,4 @@ def load_queues_file(path: str | Path) -> QueuesFile:
     """Read a YAML/JSON queues file given by the caller (`.json` is JSON, otherwise YAML)."""
     p = Path(path)
     fmt: Literal["yaml", "json"] = "json" if p.suffix.lower() == ".json" else "yaml"
-    return load_queues_text(p.read_text(encoding="utf-8"), fmt)
+    return load_queues_text(utf8_text(p.read_bytes()), fmt)

@@ -107,7 +107,7 @@ class EventRegistry:
                                 field=problem.path, event_type=cls.type_name(),
                                 schema_version=cls.version()) from e
         except msgspec.DecodeError as e:
-            raise ContractError(f"malformed JSON: {e}") from e
+            raise ContractError(f"malformed JSON: {e}{_utf8_where(raw)}") from e
 
     def _upcast(self, header: _Header, raw: bytes | str) -> Event:
         try:
@@ -162,6 +162,18 @@ REGISTRY = EventRegistry(ALL_EVENTS)
 def encode(event: Event) -> bytes:
     """JSON bytes of an event (the bytes stored in the event log and published on the bus)."""
     return REGISTRY.encode(event)
+
+
+def _utf8_where(data: bytes | bytearray | memoryview | str) -> str:
+    """Where a payload stops being UTF-8 (' (byte 0xe9 at offset 312)'), or '' when it is UTF-8."""
+    if isinstance(data, str):
+        return ""
+    raw = bytes(data)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f" (the payload is not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+    return ""
 
 
 def decode(data: bytes | bytearray | memoryview | str) -> Event:

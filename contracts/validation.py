@@ -23,11 +23,29 @@ import yaml
 
 from corral.contracts.problems import Problem, SpecError, join_path, problem_from_validation_error
 
-__all__ = ["convert_collecting", "parse_document"]
+__all__ = ["convert_collecting", "parse_document", "utf8_text"]
 
 T = TypeVar("T")
 
 _MAX_REPR = 60
+
+
+def utf8_text(data: bytes) -> str:
+    """`data` as text, or SpecError naming the first byte that is not UTF-8 and where it is.
+
+    A spec saved in Latin-1 or UTF-16 (or a binary file given by mistake) gave a
+    UnicodeDecodeError traceback; a person needs the line and the fix.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = data[:exc.start]
+        line = before.count(b"\n") + 1
+        column = exc.start - (before.rfind(b"\n") + 1) + 1
+        raise SpecError([Problem(
+            path="", message=f"not UTF-8 text: byte 0x{data[exc.start]:02x} at line {line}, column {column} "
+                             f"(offset {exc.start}) is not valid UTF-8 ({exc.reason})",
+            hint="save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 FILE`)")]) from None
 
 
 def parse_document(text: str, fmt: Literal["yaml", "json"] | None = None) -> Any:

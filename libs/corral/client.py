@@ -112,6 +112,30 @@ class Client:
         await self.publish_request(submitted, spec.submission_id or submitted.event_id)
         return job_id
 
+    async def verdict(self, job_id: str, timeout: float,
+                      interval: float = 0.05) -> ev.JobAdmitted | ev.JobRejected | None:
+        """Admission's verdict on a submitted job (JobAdmitted or JobRejected), read from the job's
+        stream in the log; None when admission has not judged it within `timeout` (it still will:
+        the submission waits in the inbox)."""
+        deadline = time.monotonic() + timeout
+        stream = job_stream(job_id)
+        after = 1
+        while True:
+            for stored in await self.store.read_stream(stream, after):
+                after = stored.version + 1
+                if stored.type not in ("JobAdmitted", "JobRejected"):
+                    continue
+                try:
+                    event = decode(stored.data)
+                except ContractError:
+                    continue
+                if isinstance(event, (ev.JobAdmitted, ev.JobRejected)):
+                    return event
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(interval)
+            interval = min(interval * 2, 0.5)
+
     async def cancel(self, job_id: str, *, user: str | None = None, message: str = "") -> None:
         user = user or _user()
         request = ev.JobCancelRequested.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,

@@ -3,9 +3,11 @@
 Consumes JobSubmitted and JobCancelRequested from the inbox (published by `corral submit` or by any
 pipeline, deduplicated by `Nats-Msg-Id`). Appends the submission and the verdict to `job-<id>`
 with expected version 0, so a duplicate submission (same job id) is a no-op, never a second job.
-Checks beyond the schema (which decoding already enforced): the queue exists, and the request
-could ever fit this cluster's shape (the core's `static_feasibility`) — a job that can never be
-scheduled is rejected now instead of pending forever.
+Checks beyond the schema (which decoding already enforced): the queue exists, the priority is
+within the queue's `max_priority`, the cluster has as many (matching) GPUs as the job needs
+(EXCEEDS_CLUSTER, with both numbers), and the request could ever fit this cluster's shape (the
+core's `static_feasibility`) — a job that can never be scheduled is rejected now instead of
+pending forever.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import msgspec
 from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
+from corral.contracts.admission import RejectionCode
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream, queue_stream
+from corral.contracts.jobspec import JobSpec
 from corral.contracts.problems import Problem
 from corral.contracts.sizes import SPEC_TOO_LARGE, recorded_size, size_problem
 from corral.eventstore import Tracking
@@ -139,15 +143,26 @@ class Admission(Service):
             known = ", ".join(sorted(self.view.queues)) or "none yet"
             problems.append(Problem(path="queue", message=f"queue `{spec.queue}` does not exist",
                                     hint=f"use one of: {known} (or create it with `corral apply queues.yaml`)"))
-            reason = Reason(code="QUEUE_UNKNOWN", message=f"queue `{spec.queue}` does not exist; known: {known}",
+            reason = Reason(code=RejectionCode.QUEUE_UNKNOWN,
+                            message=f"queue `{spec.queue}` does not exist; known: {known}",
                             details={"queue": spec.queue})
         elif spec.queue in _non_leaf(self.view.queues):
             child = _first_child(self.view.queues, spec.queue)
             problems.append(Problem(path="queue", message=f"queue `{spec.queue}` has child queues",
                                     hint=f"submit to a leaf queue such as {child}"))
-            reason = Reason(code="QUEUE_NOT_LEAF", message=f"queue `{spec.queue}` is not a leaf queue")
+            reason = Reason(code=RejectionCode.QUEUE_NOT_LEAF, message=f"queue `{spec.queue}` is not a leaf queue")
+        if reason is None:
+            found = priority_above_cap(spec, self.view.queues[spec.queue].max_priority)
+            if found is not None:
+                problem, reason = found
+                problems.append(problem)
+        job = _core_job(submitted) if reason is None and self.view.nodes else None
+        if job is not None:
+            found = capacity_shortfall(job, self.view.cluster())
+            if found is not None:
+                problem, reason = found
+                problems.append(problem)
         if reason is None and self.view.nodes:
-            job = _core_job(submitted)
             blocked = core.static_feasibility(self.view.cluster(), job) if job else None
             if blocked is not None:
                 field = "topology" if blocked.code is core.ReasonCode.TOPOLOGY_UNSATISFIABLE else "gpu"
@@ -177,6 +192,39 @@ class Admission(Service):
                           details={"user": request.user or "unknown"}))
         if not await self.append({stream: [request, cancelled]}, tracking=tracking):
             raise Retry("job stream moved on; retrying the cancellation", delay=0.05)
+
+
+def priority_above_cap(spec: JobSpec, max_priority: int | None) -> tuple[Problem, Reason] | None:
+    """A job asking for more priority than its queue allows: the field, the cap and the fix."""
+    if max_priority is None or int(spec.priority) <= max_priority:
+        return None
+    message = (f"priority {int(spec.priority)} is above the `max_priority` {max_priority} of queue "
+               f"`{spec.queue}`")
+    return (Problem(path="priority", message=message,
+                    hint=f"ask for a priority of at most {max_priority}, or raise the queue's max_priority"),
+            Reason(code=RejectionCode.PRIORITY_ABOVE_QUEUE_MAX, message=message,
+                   details={"priority": int(spec.priority), "max_priority": max_priority, "queue": spec.queue}))
+
+
+def capacity_shortfall(job: core.Job, cluster: core.Cluster) -> tuple[Problem, Reason] | None:
+    """A job needing more GPUs than the whole cluster has (of the model/memory it asks for).
+
+    Checked before the shape (`static_feasibility`), whose TOPOLOGY_UNSATISFIABLE named no numbers
+    for what is plainly a count: "needs 64 GPUs; the cluster has 60". Every registered node
+    counts, lost ones too: a rejection is final, a lost node may come back.
+    """
+    request = job.gpu
+    have = sum(1 for node in cluster.nodes for gpu in node.gpus if request is None or request.matches(gpu))
+    need = job.total_gpus
+    if need <= have:
+        return None
+    what = f" {request.describe()}" if request is not None else ""
+    message = f"needs {need}{what} GPUs; the cluster has {have}"
+    field = "replicas" if job.replicas > 1 else "gpus_per_replica"
+    return (Problem(path=field, message=message,
+                    hint=f"ask for at most {have} GPUs in all (replicas x gpus_per_replica; see `corral nodes`)"),
+            Reason(code=RejectionCode.EXCEEDS_CLUSTER, message=f"can never be scheduled: {message}",
+                   details={"needs_gpus": need, "cluster_gpus": have}))
 
 
 def _non_leaf(queues: Mapping[str, object]) -> set[str]:

@@ -63,15 +63,17 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def queues(json_out: JsonOpt = False) -> None:
-        """The queue tree: guaranteed, max, in use, borrowed, lendable, pending, share of the cluster."""
+        """The queue tree: guaranteed, max, GPUs in use (placed), quota reserved (pending jobs too),
+        borrowed, lendable, pending jobs, share of the cluster in use."""
         rows = with_client(lambda c: _view_rows(c, queue_rows), bus=False)
         if json_out:
             print_json(rows)
             return
-        columns = ["QUEUE", "GUARANTEED", "MAX", "WEIGHT", "IN USE", "BORROWED", "LENDABLE", "PENDING", "SHARE"]
+        columns = ["QUEUE", "GUARANTEED", "MAX", "WEIGHT", "IN USE", "RESERVED", "BORROWED", "LENDABLE", "PENDING",
+                   "SHARE"]
         print_table(None, columns,
                     [(r["queue"], r["guaranteed"], "-" if r["max"] is None else r["max"], r["weight"], r["in_use"],
-                      r["borrowed"], r["lendable"], r["pending"], f"{r['share']:.0%}") for r in rows])
+                      r["reserved"], r["borrowed"], r["lendable"], r["pending"], f"{r['share']:.0%}") for r in rows])
 
     @app.command()
     def apply(file: Annotated[Path, typer.Argument(help="queues.yaml: {queues: [{name, guaranteed_gpus, ...}]}")],

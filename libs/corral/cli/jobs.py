@@ -16,6 +16,7 @@ from corral.cli.session import EXIT_FAILURE, context, with_client
 from corral.client import Client, check_spec_size
 from corral.contracts.jobspec import JobSpec, load_job_spec
 from corral.contracts.problems import SpecError
+from corral.contracts.validation import utf8_text
 from corral.projection import JobState
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -24,18 +25,19 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 def read_spec(file: str) -> JobSpec:
     """Load a spec from FILE or '-' (stdin); print every problem with its field and hint, exit 1."""
     try:
-        text = sys.stdin.read() if file == "-" else Path(file).read_text()
+        data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
     except OSError as exc:
         err_console.print(f"[red]error:[/red] cannot read {file}: {exc.strerror}", highlight=False)
         raise SystemExit(EXIT_FAILURE) from None
     fmt: Literal["yaml", "json"] | None = (
         "json" if file.endswith(".json") else ("yaml" if file.endswith((".yaml", ".yml")) else None))
     try:
-        spec = load_job_spec(text, fmt)
+        spec = load_job_spec(utf8_text(data), fmt)
         check_spec_size(spec)
         return spec
     except SpecError as exc:
-        err_console.print(f"[red]error:[/red] {file} is not a valid job spec:", highlight=False)
+        shown = "stdin" if file == "-" else file
+        err_console.print(f"[red]error:[/red] {shown} is not a valid job spec:", highlight=False)
         for p in exc.problems:
             err_console.print(f"  [bold]{p.path or '(top)'}[/bold]: {p.message}" + (f"\n    hint: {p.hint}" if p.hint
                                                                                      else ""), highlight=False)
@@ -49,15 +51,30 @@ def register(app: typer.Typer) -> None:
         wait: Annotated[bool, typer.Option("--wait", help="Follow the job until it runs (or ends).")] = False,
         until_done: Annotated[bool, typer.Option("--until-done", help="With --wait: follow to the end.")] = False,
         timeout: Annotated[float, typer.Option(help="Seconds --wait follows before giving up.")] = 600.0,
+        no_wait_admission: Annotated[bool, typer.Option(
+            "--no-wait-admission",
+            help="Return once the submission is on the bus, without waiting for admission's verdict.")] = False,
         json_out: JsonOpt = False,
     ) -> None:
-        """Submit a job (like sbatch). A bad spec lists each problem; nothing is published."""
+        """Submit a job (like sbatch) and wait for admission's verdict: exit 1 with the reason when it
+        is rejected. A bad spec lists each problem; nothing is published."""
         spec = read_spec(file)
 
         async def go(c: Client) -> dict[str, Any]:
             job_id = await c.submit(spec)
-            if not wait:
+            if no_wait_admission:
                 return {"id": job_id, "state": "SUBMITTED"}
+            verdict = await c.verdict(job_id, DUPLICATE_CHECK_AFTER if spec.submission_id else ADMISSION_TIMEOUT)
+            if verdict is None and spec.submission_id:
+                # A submission_id already used is dropped by admission as a duplicate: the answer
+                # is the verdict on the job it first created.
+                first = (await c.view()).submissions.get(spec.submission_id)
+                if first is not None and first != job_id:
+                    job_id = first
+                verdict = await c.verdict(job_id, ADMISSION_TIMEOUT - DUPLICATE_CHECK_AFTER)
+            judged = verdict_row(job_id, verdict)
+            if not wait or judged["state"] != "ADMITTED":
+                return judged
             done = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED}
             goal = done if until_done else done | {JobState.RUNNING}
             seen: set[str] = set()
@@ -84,8 +101,17 @@ def register(app: typer.Typer) -> None:
             raise SystemExit(EXIT_FAILURE) from None
         if json_out:
             print_json(result)
-        elif not wait:
+        elif result.get("state") == "REJECTED":
+            print_rejection(result)
+        elif result.get("state") == "SUBMITTED":
             console.print(f"Submitted job [bold]{result['id']}[/bold]", highlight=False)
+            if not no_wait_admission:
+                err_console.print(f"[yellow]warning:[/yellow] admission has not judged {result['id']} within "
+                                  f"{ADMISSION_TIMEOUT:.0f}s (is `corral up` running?); it will when it is back: "
+                                  f"see `corral why {result['id']}`", highlight=False)
+        elif not wait:
+            console.print(f"Submitted job [bold]{result['id']}[/bold]: admitted to queue {result['queue']} "
+                          f"(priority {result['prio']})", highlight=False)
         if result.get("state") in ("FAILED", "REJECTED", "CANCELLED"):
             raise SystemExit(EXIT_FAILURE)
 
@@ -241,6 +267,33 @@ def register(app: typer.Typer) -> None:
 def _shown(column: str, value: Any) -> Any:
     """Node lists break between nodes when a narrow terminal wraps them."""
     return value.replace(",", ", ") if column == "NODES" and value else value
+
+
+#: How long `corral submit` waits for admission's verdict (milliseconds when the cluster is up).
+ADMISSION_TIMEOUT = 30.0
+#: With a submission_id, after this long without a verdict look for the job it first created.
+DUPLICATE_CHECK_AFTER = 3.0
+
+
+def verdict_row(job_id: str, verdict: Any) -> dict[str, Any]:
+    """What `corral submit` reports: ADMITTED, REJECTED (reason and problems) or SUBMITTED (no verdict yet)."""
+    from corral.contracts import events as ev
+
+    if isinstance(verdict, ev.JobAdmitted):
+        return {"id": job_id, "state": "ADMITTED", "queue": verdict.queue, "prio": verdict.priority}
+    if isinstance(verdict, ev.JobRejected):
+        return {"id": job_id, "state": "REJECTED", "reason_code": verdict.reason.code,
+                "reason_message": verdict.reason.message,
+                "problems": [{"path": p.path, "message": p.message, "hint": p.hint} for p in verdict.problems]}
+    return {"id": job_id, "state": "SUBMITTED"}
+
+
+def print_rejection(result: dict[str, Any]) -> None:
+    err_console.print(f"[red]error:[/red] job {result['id']} was rejected: {result['reason_code']}: "
+                      f"{result['reason_message']}", highlight=False)
+    for p in result["problems"]:
+        err_console.print(f"  [bold]{p['path'] or '(top)'}[/bold]: {p['message']}"
+                          + (f"\n    hint: {p['hint']}" if p["hint"] else ""), highlight=False)
 
 
 def _summary(event: Any) -> str:

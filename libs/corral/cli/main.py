@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from corral.cli import cluster, demo, dlq, jobs, tools
-from corral.cli.output import console, fail, print_json, print_table
+from corral.cli.output import console, err_console, fail, print_json, print_table
 from corral.cli.session import ConnectionOptions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -54,7 +54,10 @@ def up(
              "agent, for large simulated clusters).")] = "process",
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Start NATS, Postgres, the five services and simulated node agents; Ctrl-C stops all."""
+    """Start NATS, Postgres, the five services and simulated node agents, and keep them running
+    (a dead one is restarted with backoff). Ctrl-C (or SIGTERM) stops all in order, placement
+    first, leaving jobs as they are: the next `corral up` continues them."""
+    from corral.stack.lock import AlreadyRunning
     from corral.stack.ready import wait_for_nodes
     from corral.stack.up import Stack, StackOptions
 
@@ -63,19 +66,32 @@ def up(
     ns: str = namespace or ConnectionOptions.namespace or "corral"
     started = time.monotonic()
     stack = Stack(StackOptions(data_dir=data_dir, cluster=cluster, cluster_file=cluster_file, nats_url=nats,
-                               postgres_dsn=postgres, namespace=ns, runtime=runtime))
+                               postgres_dsn=postgres, namespace=ns, runtime=runtime),
+                  say=lambda message: err_console.print(message, highlight=False))
+    signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM while starting stops what started, too
     try:
         ctx = stack.start()
         nodes = wait_for_nodes(ctx, stack, timeout=30.0)
+    except AlreadyRunning as exc:
+        fail(str(exc))
+        return
+    except KeyboardInterrupt:
+        err_console.print("interrupted while starting; stopping…")
+        stack.stop()
+        raise SystemExit(130) from None
     except Exception as exc:
         stack.stop()
         fail(f"corral up failed: {exc}")
         return
+    stopping = _StopRequest()  # from here a signal asks for the ordered stop, never cuts it short
     elapsed = time.monotonic() - started
     if json_out:
         print_json({"nats": ctx.nats_url, "postgres": ctx.postgres_dsn, "namespace": ctx.namespace,
                     "data_dir": ctx.data_dir, "started_in_seconds": round(elapsed, 2),
                     "processes": [{"name": p.name, "pid": p.pid} for p in stack.processes],
+                    "servers": [{"name": name, "pid": server.proc.pid}
+                                for name, server in (("nats", stack.nats), ("postgres", stack.postgres))
+                                if server is not None and server.proc is not None],
                     "nodes": nodes})
     else:
         console.print(f"[bold green]Corral is up[/bold green] in {elapsed:.1f}s  (data: {ctx.data_dir})")
@@ -88,7 +104,7 @@ def up(
                     [(n["name"], n["gpus"], n["model"], n["rack"]) for n in nodes])
         console.print(where_commands_find(Path(ctx.data_dir or data_dir)), highlight=False)
         console.print("Ctrl-C stops everything.")
-    _run_until_interrupted(stack)
+    _run_until_interrupted(stack, stopping)
 
 
 def where_commands_find(data_dir: Path) -> str:
@@ -100,28 +116,39 @@ def where_commands_find(data_dir: Path) -> str:
             f"`corral --context {data_dir} ...` (or CORRAL_CONTEXT={data_dir}).")
 
 
-def _run_until_interrupted(stack: object) -> None:
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+class _StopRequest:
+    """Set by Ctrl-C / SIGTERM once the stack is up (handlers installed on creation)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGINT, self._request)
+        signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum: int, frame: object) -> None:
+        if self.requested:
+            err_console.print("already stopping: placement first, node agents last; please wait")
+        self.requested = True
+
+
+def _run_until_interrupted(stack: object, stopping: _StopRequest) -> None:
+    """Supervise until Ctrl-C / SIGTERM, then stop in order. A second Ctrl-C does not cut the
+    ordered stop short (each phase has its own deadline)."""
     from corral.stack.up import Stack
 
     assert isinstance(stack, Stack)
-    stopping = False
-
-    def _stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
     try:
-        while not stopping:
-            for p in stack.dead():
-                console.print(f"[yellow]{p.name} exited; restarting it[/yellow]")
-                p.start()
-            time.sleep(0.5)
+        while not stopping.requested:
+            stack.supervise()
+            time.sleep(0.25)
     finally:
-        console.print("stopping…")
+        err_console.print("stopping: placement and preemption first, then quota and admission, node agents, "
+                          "servers; jobs stay as they are in the log…")
         stack.stop()
-        console.print("stopped.")
+        err_console.print("stopped.")
 
 
 jobs.register(app)

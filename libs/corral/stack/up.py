@@ -4,10 +4,24 @@ Why: a newcomer (and every end-to-end test) needs NATS JetStream, Postgres, the 
 simulated node agents running together, with no Docker and no servers installed. The services are
 separate OS processes, exactly as in production, so killing one (`kill -9`) behaves as it would on
 a real cluster. State lives in the data directory: a second `corral up` keeps every event.
+
+Supervision (`supervise`): a child found dead (service, node agents, nats-server, Postgres) is
+reaped and restarted with exponential backoff (`RestartBackoff`), never in a tight loop.
+
+Shutdown (`stop`) is ordered so that nothing is decided while the system goes down and the log
+keeps jobs as they are: placement and preemption first (no new placements or preemptions), then
+quota and admission, then the node agents (SIGTERM: a graceful agent stop leaves workers
+running, to be adopted by the next start), then nats-server and Postgres. Earlier, the agents
+went first, their workers' exits reached a placement still running, and every job FAILED.
+
+One `corral up` per data directory (`DataDirLock`); children left running by a `corral up` that
+was killed (kill -9) are found through `pids.json` and stopped, in the same order, before a new
+start, so two of them never share a store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,11 +32,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corral.stack.backoff import RestartBackoff
 from corral.stack.context import CONTEXT_FILE, Context, owned_by_this_process
-from corral.stack.servers import NatsServer, PostgresServer, free_port
+from corral.stack.lock import DataDirLock
+from corral.stack.servers import NatsServer, PostgresServer, ServerStartError, command_line, free_port, stop_orphan
 
 SERVICES: tuple[str, ...] = ("admission", "quota", "placement", "preemption")
 DEFAULT_CLUSTER = "4x8:H100"
+#: The order of a shutdown, and the seconds each phase is given before SIGKILL: deciders first,
+#: so no placement or preemption is decided while the rest goes down; node agents last.
+STOP_PHASES: tuple[tuple[tuple[str, ...], float], ...] = (
+    (("placement", "placement-standby", "preemption"), 10.0),
+    (("quota", "admission"), 10.0),
+    (("node-agents",), 30.0),
+)
 
 
 @dataclass
@@ -34,6 +57,7 @@ class ManagedProcess:
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    backoff: RestartBackoff = field(default_factory=RestartBackoff)
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -41,6 +65,32 @@ class ManagedProcess:
             self.proc = subprocess.Popen(
                 self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
+        self.backoff.started(time.monotonic())
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc is not None else None
+
+    def terminate(self) -> None:
+        """SIGTERM the process group without waiting (a shutdown phase signals all, then waits)."""
+        if self.alive() and self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def wait_gone(self, deadline: float) -> None:
+        """Wait until the process has exited, SIGKILL its group at `deadline` (monotonic)."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(5)
 
     @property
     def pid(self) -> int | None:
@@ -92,12 +142,19 @@ class Stack:
     postgres: PostgresServer | None = None
     processes: list[ManagedProcess] = field(default_factory=list)
     context: Context | None = None
+    say: Callable[[str], None] = field(default=lambda message: None)
+    lock: DataDirLock | None = None
+    server_backoff: dict[str, RestartBackoff] = field(default_factory=dict)
 
     # ---- start -------------------------------------------------------------------------------
     def start(self) -> Context:
+        """Start everything; AlreadyRunning when another `corral up` holds the data directory."""
         opts = self.options
         opts.data_dir.mkdir(parents=True, exist_ok=True)
         opts.data_dir = opts.data_dir.resolve()
+        self.lock = DataDirLock(opts.data_dir)
+        self.lock.acquire()
+        self._stop_orphans()
         previous = self._previous_ports()
         nats_url = opts.nats_url
         if not nats_url:
@@ -133,6 +190,7 @@ class Stack:
             env, log_dir / "node-agents.log"))
         for p in self.processes:
             p.start()
+        self._save_pids()
         self.context.save(opts.data_dir / CONTEXT_FILE)  # `.corral/context.json` for the default data dir
         return self.context
 
@@ -178,14 +236,91 @@ class Stack:
     def dead(self) -> Iterable[ManagedProcess]:
         return [p for p in self.processes if not p.alive()]
 
+    def supervise(self, now: float | None = None) -> None:
+        """One round of supervision: reap what died, schedule its restart with backoff, restart
+        what is due. Servers first: a service restarted without its Postgres would just crash."""
+        now = time.monotonic() if now is None else now
+        for name, server in (("nats", self.nats), ("postgres", self.postgres)):
+            if server is None:
+                continue
+            backoff = self.server_backoff.setdefault(name, RestartBackoff(initial=1.0))
+            if backoff.started_at is None and not backoff.waiting:
+                backoff.started(now)
+            if not backoff.waiting and not server.alive():
+                code = server.proc.returncode if server.proc is not None else None
+                delay = backoff.exited(now)
+                self.say(f"{name} exited ({code}); restarting it in {delay:.1f}s")
+            elif backoff.due(now):
+                try:
+                    server.start()
+                except (ServerStartError, OSError, subprocess.SubprocessError) as exc:
+                    delay = backoff.exited(time.monotonic())
+                    self.say(f"{name} did not start ({str(exc).splitlines()[0]}); trying again in {delay:.1f}s")
+                else:
+                    backoff.started(time.monotonic())
+                    self.say(f"{name} restarted (pid {server.proc.pid if server.proc else '?'})")
+                    self._save_pids()
+        for p in self.processes:
+            if not p.backoff.waiting and not p.alive():
+                delay = p.backoff.exited(now)
+                self.say(f"{p.name} exited ({p.returncode}); restarting it in {delay:.1f}s")
+            elif p.backoff.due(now):
+                p.start()
+                self.say(f"{p.name} restarted (pid {p.pid})")
+                self._save_pids()
+
     def stop(self) -> None:
-        for p in reversed(self.processes):
-            p.stop()
+        """Stop in STOP_PHASES order (deciders first, node agents last), then the servers."""
+        phased = {name for names, _ in STOP_PHASES for name in names}
+        phases = [(names, grace) for names, grace in STOP_PHASES]
+        phases.insert(1, (tuple(p.name for p in self.processes if p.name not in phased), 10.0))
+        for names, grace in phases:
+            group = [p for p in self.processes if p.name in names and p.proc is not None]
+            if not group:
+                continue
+            for p in group:
+                p.terminate()
+            deadline = time.monotonic() + grace
+            for p in group:
+                p.wait_gone(deadline)
+                self.say(f"stopped {p.name}")
+                p.proc = None
         self.processes.clear()
         if self.nats:
             self.nats.stop()
+            self.say("stopped nats")
         if self.postgres:
             self.postgres.stop()
+            self.say("stopped postgres")
+        self._save_pids()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    # ---- children left by a killed `corral up` --------------------------------------------------
+    def _save_pids(self) -> None:
+        """Every child's pid and command line, for the next start to find what a kill -9 left."""
+        children = {p.name: {"pid": p.pid, "argv": p.argv} for p in self.processes if p.alive()}
+        with contextlib.suppress(OSError):  # a data directory removed under us: nothing to record
+            (self.options.data_dir / "pids.json").write_text(json.dumps(children))
+
+    def _stop_orphans(self) -> None:
+        """Stop the children of a previous `corral up` still running (it was killed), deciders
+        first as in `stop`. A pid is only signalled when it still runs the recorded command."""
+        path = self.options.data_dir / "pids.json"
+        try:
+            recorded: dict[str, dict[str, object]] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        order = [n for names, _ in STOP_PHASES for n in names]
+        for name in sorted(recorded, key=lambda n: order.index(n) if n in order else 1):
+            pid, argv = recorded[name].get("pid"), recorded[name].get("argv")
+            if isinstance(pid, int) and command_line(pid) == argv:
+                self.say(f"stopping {name} (pid {pid}) left running by an earlier `corral up`")
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGTERM)
+                stop_orphan(pid, signal.SIGTERM, 30.0 if name == "node-agents" else 10.0)
+        path.unlink(missing_ok=True)
 
 
 def _reuse(port: int | None) -> int:

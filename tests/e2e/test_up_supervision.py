@@ -1,0 +1,221 @@
+"""`corral up` keeps the system running and stops it cleanly (issue 11, item 5).
+
+Reported on the landed code: Ctrl-C failed every running job (`FAILED WORKER_FAILED: rank 0 was
+killed; no restarts left`) while placement kept placing during the shutdown; a dead Postgres or
+nats-server was not restarted (zombies stayed; Postgres then refused "postmaster.pid already
+exists"); placement crash-looped 376 times with no backoff; a second `corral up` in the same
+folder printed a Postgres log dump.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.client import Client
+from corral.contracts.jobspec import validate_job_spec
+from corral.projection import JobState
+from corral.stack.context import Context
+from corral.stack.servers import PostgresServer, process_state
+from tests.e2e.test_up import start_up
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A directory outside pytest's basetemp: pytest resets `pytest-of-<user>` to mode 0700 when
+    another session starts, and the embedded Postgres (run as its own user under root) must
+    traverse to its data directory for the whole test."""
+    path = Path(tempfile.mkdtemp(prefix="corral-up-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def context_of(status: dict[str, Any]) -> Context:
+    return Context(nats_url=status["nats"], postgres_dsn=status["postgres"], namespace=status["namespace"])
+
+
+def pid_of(status: dict[str, Any], name: str) -> int:
+    return next(int(p["pid"]) for p in [*status["processes"], *status.get("servers", [])] if p["name"] == name)
+
+
+def interrupt(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=90)
+    return proc.returncode, err
+
+
+def test_a_second_up_in_the_same_folder_says_already_running(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc, _, _ = start_up(data, tmp_path, "--runtime", "sim")
+    try:
+        env = {**os.environ, "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path), "COLUMNS": "200"}
+        second = subprocess.run([sys.executable, "-m", "corral.cli.main", "up", "--data-dir", str(data)],
+                                capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+        assert second.returncode != 0
+        assert f"Already running (pid {proc.pid})" in second.stderr, second.stderr
+        assert "postmaster" not in second.stderr and "LOG:" not in second.stderr
+    finally:
+        code, _ = interrupt(proc)
+        assert code == 0
+
+
+def test_up_restarts_dead_servers_and_a_crash_looping_service_with_backoff(tmp_path: Path) -> None:
+    proc, status, _ = start_up(tmp_path / "data", tmp_path, "--runtime", "sim")
+    ctx = context_of(status)
+    try:
+        for server in ("postgres", "nats"):
+            os.kill(pid_of(status, server), signal.SIGKILL)
+
+        async def admitted_again() -> None:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    async with await Client.connect(ctx, timeout=2.0) as c:
+                        job = await c.submit(validate_job_spec({"name": "after", "queue": "default", "runtime": "sim",
+                                                                "duration_seconds": 1}))
+                        assert await c.verdict(job, 30) is not None
+                        return
+                except (OSError, TimeoutError, ConnectionError, AssertionError):
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+                except Exception as exc:  # asyncpg / nats errors while the servers come back
+                    if time.monotonic() > deadline or not type(exc).__module__.startswith(("nats", "asyncpg")):
+                        raise
+                    await asyncio.sleep(0.5)
+
+        asyncio.run(admitted_again())
+
+        # placement may have crashed (and been restarted) during the outage: kill the current one
+        placement = _recorded_pid(tmp_path / "data", "placement") or pid_of(status, "placement")
+        kills = 0
+        while kills < 4:  # a crash loop: killed each time it is back
+            with contextlib.suppress(ProcessLookupError):  # it may have crashed on its own meanwhile
+                os.kill(placement, signal.SIGKILL)
+                kills += 1
+            deadline = time.monotonic() + 30
+            while (fresh := _recorded_pid(tmp_path / "data", "placement")) in (None, placement):
+                assert time.monotonic() < deadline, "placement was not restarted"
+                time.sleep(0.05)
+            assert fresh is not None
+            placement = fresh
+    finally:
+        code, err = interrupt(proc)
+    assert code == 0, err
+    assert "postgres exited" in err and "postgres restarted" in err, err
+    assert "nats exited" in err and "nats restarted" in err, err
+    delays = [float(line.rsplit(" in ", 1)[1].rstrip("s")) for line in err.splitlines()
+              if line.startswith("placement exited")]
+    assert len(delays) >= 4 and all(b == min(30.0, 2 * a) for a, b in itertools.pairwise(delays)), err
+
+
+def _recorded_pid(data: Path, name: str) -> int | None:
+    """The pid `corral up` recorded for `name` (it rewrites pids.json on every restart)."""
+    try:
+        return int(json.loads((data / "pids.json").read_text())[name]["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def test_ctrl_c_stops_deciders_first_and_leaves_jobs_as_they_are(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc, status, _ = start_up(data, tmp_path, "--runtime", "sim")
+    ctx = context_of(status)
+
+    async def run_one() -> str:
+        async with await Client.connect(ctx) as c:
+            job = await c.submit(validate_job_spec({"name": "long", "queue": "default", "runtime": "sim",
+                                                    "duration_seconds": 600, "gpus_per_replica": 8}))
+            await c.wait_for(lambda v: job in v.jobs and v.jobs[job].state is JobState.RUNNING, 60)
+            return job
+
+    try:
+        job = asyncio.run(run_one())
+    finally:
+        code, err = interrupt(proc)
+    assert code == 0, err
+    stopped = [line.removeprefix("stopped ") for line in err.splitlines() if line.startswith("stopped ")]
+    assert stopped.index("node-agents") > max(stopped.index(n) for n in ("placement", "placement-standby",
+                                                                          "preemption", "quota", "admission"))
+    assert stopped[-2:] == ["nats", "postgres"], stopped
+
+    # The log as the shutdown left it, read with Postgres alone (no service may act on it first).
+    postgres = PostgresServer(data / "postgres").start()
+    try:
+        async def as_left() -> Any:
+            ctx = Context(nats_url="nats://127.0.0.1:1", postgres_dsn=postgres.dsn, namespace=status["namespace"])
+            async with await Client.connect(ctx, bus=False) as c:
+                return (await c.view()).jobs[job]
+
+        left = asyncio.run(as_left())
+    finally:
+        postgres.stop()
+    assert left.state is JobState.RUNNING and left.holding, left
+
+
+@pytest.mark.xfail(reason="needs the node-agent branch (a graceful agent stop leaves workers running) and the "
+                          "lifecycle branch (workers that did not survive are requeued, CLUSTER_RESTARTED)",
+                   strict=False)
+def test_the_next_up_continues_the_jobs_of_a_ctrl_c(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc, status, _ = start_up(data, tmp_path, "--runtime", "sim")
+    ctx = context_of(status)
+
+    async def run_one() -> str:
+        async with await Client.connect(ctx) as c:
+            job = await c.submit(validate_job_spec({"name": "long", "queue": "default", "runtime": "sim",
+                                                    "duration_seconds": 600, "gpus_per_replica": 8}))
+            await c.wait_for(lambda v: job in v.jobs and v.jobs[job].state is JobState.RUNNING, 60)
+            return job
+
+    try:
+        job = asyncio.run(run_one())
+    finally:
+        interrupt(proc)
+    proc, status, _ = start_up(data, tmp_path, "--runtime", "sim")
+    ctx = context_of(status)
+
+    async def continued() -> None:
+        async with await Client.connect(ctx) as c:
+            view = await c.wait_for(lambda v: v.jobs[job].state in (JobState.RUNNING, JobState.FAILED)
+                                    and v.jobs[job].attempt >= 0 and v.position > 0, 60)
+            await asyncio.sleep(8)  # exits reported at the stop would have failed it by now
+            view = await c.view()
+            assert view.jobs[job].state is JobState.RUNNING, view.jobs[job]
+
+    try:
+        asyncio.run(continued())
+    finally:
+        interrupt(proc)
+
+
+def test_an_up_killed_with_kill_9_leaves_nothing_the_next_up_trips_on(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc, status, _ = start_up(data, tmp_path, "--runtime", "sim")
+    left = {p["name"]: int(p["pid"]) for p in [*status["processes"], *status["servers"]]}
+    proc.kill()  # its children (own sessions) keep running: servers on the data directory included
+    proc.wait(10)
+    assert all(process_state(pid) not in (None, "Z") for pid in left.values())
+    proc, status, _ = start_up(data, tmp_path, "--runtime", "sim")
+    try:
+        gone = {name: process_state(pid) for name, pid in left.items()}
+        assert all(state in (None, "Z") for state in gone.values()), gone
+        assert len(status["nodes"]) == 4
+    finally:
+        code, err = interrupt(proc)
+    assert code == 0, err
