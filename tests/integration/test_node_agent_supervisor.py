@@ -1,6 +1,7 @@
 """The supervisor with real processes: env, logs, checkpoint/resume, escalation, crash handling.
 
-No NATS here: the supervisor reports through `AgentEvents`, recorded in memory.
+No NATS here: the supervisor reports through `AgentEvents`, recorded in memory. Every gang runs
+under its own stepd process (see `stepd`), so these also test the stepd.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from corral.services.node_agent.assignment import Assignment, RankAssignment, sim_command
-from corral.services.node_agent.restart_policy import FailJob, RestartGang
 from corral.services.node_agent.supervisor import ExitReason, GangEnd, GangOutcome, Supervisor
 from corral.worker import CHECKPOINTED_EXIT_CODE
 
@@ -35,17 +35,18 @@ class Recorder:
         self.calls.append((kind, payload))
         self.changed.set()
 
-    async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int) -> None:
+    async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int, *, at: float,
+                             cause: str | None) -> None:
         self._add("started", job_id=job_id, rank=rank, pid=pid, attempt=attempt)
 
-    async def worker_start_failed(self, job_id: str, rank: int, attempt: int, message: str) -> None:
-        self._add("start_failed", job_id=job_id, rank=rank, attempt=attempt, message=message)
+    async def worker_exited(self, job_id: str, rank: int, exit_code: int | None, attempt: int,
+                            reason: ExitReason, *, at: float, cause: str | None, message: str = "") -> None:
+        kind = "start_failed" if reason is ExitReason.START_FAILED else "exited"
+        self._add(kind, job_id=job_id, rank=rank, exit_code=exit_code, attempt=attempt, reason=reason,
+                  message=message)
 
-    async def worker_exited(self, job_id: str, rank: int, exit_code: int, attempt: int,
-                            reason: ExitReason) -> None:
-        self._add("exited", job_id=job_id, rank=rank, exit_code=exit_code, attempt=attempt, reason=reason)
-
-    async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int) -> None:
+    async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int, *, at: float,
+                              cause: str | None) -> None:
         self._add("checkpoint", job_id=job_id, path=path, step=step, rank=rank, attempt=attempt)
 
     async def gang_ended(self, outcome: GangOutcome) -> None:
@@ -195,10 +196,10 @@ async def test_a_crashed_rank_takes_the_local_gang_down_and_restarts_from_the_la
     assert sup.running_jobs() == []
     last_reported = events.of("checkpoint")[-1]  # rank 0 checkpointed every 3 steps before rank 1 crashed
     assert last_reported["step"] % 3 == 0
-    assert outcome.decision == RestartGang(attempt=2, restarts=1, resume_from=last_reported["path"])
+    assert outcome.resume_from == last_reported["path"]
 
     # The restart resumes from that checkpoint (attempt 2 does not crash: --fail-on-attempt is 1) ...
-    again = first.next_attempt(resume_from=outcome.decision.resume_from, crash_restart=True)
+    again = first.next_attempt(resume_from=outcome.resume_from, crash_restart=True)
     await sup.start(again)
     log0 = tmp_path / "logs" / "job-1" / "rank-0.log"
     await wait_for(lambda: "attempt=2 start" in log0.read_text())
@@ -210,7 +211,7 @@ async def test_a_crashed_rank_takes_the_local_gang_down_and_restarts_from_the_la
         60, python=PY, step_seconds=0.02, extra=("--fail-at-step", "2", "--fail-on-attempt", "3"))})
     await sup.start(failing)
     final = await asyncio.wait_for(sup.wait("job-1"), 15)
-    assert final is not None and isinstance(final.decision, FailJob)
+    assert final is not None and final.end is GangEnd.FAILED
 
 
 async def test_a_rank_that_cannot_start_stops_the_ranks_that_did(tmp_path: Path) -> None:
@@ -223,7 +224,6 @@ async def test_a_rank_that_cannot_start_stops_the_ranks_that_did(tmp_path: Path)
     outcome = await asyncio.wait_for(sup.wait("job-1"), 10)
     assert outcome is not None and outcome.end is GangEnd.FAILED
     assert (outcome.failed_rank, outcome.failed_exit_code) == (1, None)
-    assert isinstance(outcome.decision, FailJob) and "could not start" in outcome.decision.message
     assert [c["rank"] for c in events.of("start_failed")] == [1]
     assert [(c["rank"], c["reason"]) for c in events.of("exited")] == [(0, ExitReason.GANG_KILLED)]
 
@@ -255,7 +255,8 @@ async def test_a_redelivered_reservation_does_not_start_the_gang_twice(tmp_path:
 
 async def test_a_failing_event_callback_does_not_stop_supervision(tmp_path: Path) -> None:
     class Broken(Recorder):
-        async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int) -> None:
+        async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int, *, at: float,
+                                 cause: str | None) -> None:
             raise RuntimeError("bus is down")
 
     events = Broken()
