@@ -165,7 +165,8 @@ class NodeReports:
                             reason: ExitReason, *, at: float, cause: str | None, message: str = "") -> None:
         self._send(WorkerExited, job_id, at=at, cause=cause, key=(attempt, rank), rank=rank, node=self.node,
                    exit_code=exit_code if exit_code is not None and exit_code >= 0 else None,
-                   attempt=contract_attempt(attempt), reason=exit_reason(reason.value.upper(), exit_code, rank, message))
+                   attempt=contract_attempt(attempt),
+                   reason=exit_reason(reason.value.upper(), exit_code, rank, message))
 
     async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int, *, at: float,
                               cause: str | None) -> None:
