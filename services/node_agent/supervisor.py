@@ -351,6 +351,8 @@ class Supervisor:
     async def _follow(self, gang: _Gang) -> None:
         loop = asyncio.get_running_loop()
         checked = loop.time()
+        if gang.state is not None:  # read at adoption
+            await self._report(gang)
         while True:
             if self._refresh(gang):
                 await self._report(gang)
