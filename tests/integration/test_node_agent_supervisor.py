@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 import textwrap
 from collections.abc import Callable
@@ -265,3 +267,47 @@ async def test_a_failing_event_callback_does_not_stop_supervision(tmp_path: Path
     outcome = await asyncio.wait_for(sup.wait("job-1"), 10)
     assert outcome is not None and outcome.end is GangEnd.COMPLETED
     assert len(events.of("exited")) == 2
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return b") Z " not in open(f"/proc/{pid}/stat", "rb").read()
+
+
+async def test_a_killed_stepd_has_its_ranks_killed_and_reported_as_crashed(tmp_path: Path) -> None:
+    events = Recorder()
+    sup = Supervisor(events, tmp_path / "run")
+    await sup.start(assignment(tmp_path, UNTIL_STOPPED, ranks=2))
+    pids = sup.pids("job-1")
+    stepd = sup.stepd_pid("job-1")
+    assert stepd is not None and len(pids) == 2
+    os.kill(stepd, signal.SIGKILL)
+    outcome = await asyncio.wait_for(sup.wait("job-1"), 10)
+    assert outcome is not None and outcome.end is GangEnd.FAILED
+    assert [(c["rank"], c["reason"], c["exit_code"]) for c in events.of("exited")] == [
+        (0, ExitReason.CRASHED, None), (1, ExitReason.CRASHED, None)]
+    assert "stepd" in events.of("exited")[0]["message"]
+    await wait_for(lambda: not any(_alive(pid) for pid in pids.values()))
+
+
+async def test_a_second_supervisor_adopts_a_detached_gang_and_reports_it_again(tmp_path: Path) -> None:
+    first = Supervisor(Recorder(), tmp_path / "run")
+    started = await first.start(assignment(tmp_path, UNTIL_STOPPED, ranks=1))
+    await first.detach()
+    assert all(_alive(pid) for pid in started.pids.values())
+    events = Recorder()
+    second = Supervisor(events, tmp_path / "run")
+    [adopted] = await second.adopt()
+    assert (adopted.job_id, adopted.attempt, adopted.running) == ("job-1", 1, True)
+    assert second.running_jobs() == ["job-1"]
+    await wait_for(lambda: len(events.of("started")) == 1)
+    assert events.of("started")[0]["pid"] == started.pids[0]
+    late = await second.start(assignment(tmp_path, UNTIL_STOPPED, ranks=1))  # a redelivered reservation
+    assert late.already_running
+    outcome = await second.stop("job-1", grace_seconds=2)
+    assert outcome is not None and outcome.end is GangEnd.STOPPED and outcome.exits == {0: -15}
+    assert (tmp_path / "run" / "job-1" / "attempt-1" / "reported").exists()
+    assert await Supervisor(Recorder(), tmp_path / "run").adopt() == []  # nothing left to report
