@@ -129,8 +129,7 @@ class Stepd:
         for sig in (signal_module.SIGCHLD, WAKE_SIGNAL):
             signal_module.signal(sig, _nothing)
         signal_module.signal(signal_module.SIGTERM, self._on_term)
-        signal_module.signal(signal_module.SIGHUP, signal_module.SIG_IGN)
-        signal_module.signal(signal_module.SIGINT, signal_module.SIG_IGN)
+        # No SIG_IGN here: the ranks would inherit it. In its own session, no terminal signals it.
         self.spawn_all()
         self.state["phase"] = RUNNING
         self.save()
