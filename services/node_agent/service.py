@@ -88,7 +88,7 @@ CONSUMED_TYPES: tuple[str, ...] = (
 """Event types the agents' durable consumer reads from `<ns>.events.<Type>`."""
 
 _HISTORY_TYPES = ("JobSubmitted", *LEDGER_TYPES)
-_TRUST_ABSENCE_AFTER = 3600.0  # seconds: see `AgentHost.history_complete_before`
+_TRUST_ABSENCE_AFTER = 3600.0  # seconds: see `AgentHost.reservations_known_since`
 _ENDED = (JobCompleted, JobFailed, JobCancelled, JobRejected)
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 _HISTORY_FETCH = 512
@@ -234,9 +234,9 @@ class NodeAgent:
         log.info("%s: stopping %s attempt %d (%s)", self.node, job_id, contract_attempt(current), cause.type)
         self.supervisor.send_stop(job_id, self.options.stop_grace_seconds, cause=cause.event_id)
 
-    async def adopt(self, ledger: ReservationLedger, history_complete_before: float | None) -> None:
+    async def adopt(self, ledger: ReservationLedger, reservations_known_since: float | None) -> None:
         """Follow the stepds an earlier agent process left; stop (and wait for) those the log does
-        not keep on this node. `history_complete_before`: a gang launched after this time would
+        not keep on this node. `reservations_known_since`: a gang launched after this time would
         have its GangReserved in the history read (None: nothing can be concluded from absence)."""
         adopted = await self.supervisor.adopt()
         unwanted = []
@@ -244,7 +244,7 @@ class NodeAgent:
             if not gang.running:
                 continue
             verdict = ledger.verdict(gang.job_id, contract_attempt(gang.attempt), self.node)
-            complete = history_complete_before is not None and gang.launched_at >= history_complete_before
+            complete = reservations_known_since is not None and gang.launched_at >= reservations_known_since
             if should_stop(verdict, history_complete=complete):
                 log.warning("%s: adopted %s attempt %d is %s in the log; stopping it", self.node, gang.job_id,
                             contract_attempt(gang.attempt), verdict.value)
@@ -270,7 +270,7 @@ class AgentHost:
         self.publisher = publisher
         self.specs: dict[str, JobSpec] = {}
         self.ledger = ReservationLedger()
-        self.history_complete_before: float | None = None
+        self.reservations_known_since: float | None = None
         self.ready = asyncio.Event()
 
     def remember(self, event: Event) -> None:
@@ -288,9 +288,9 @@ class AgentHost:
         the specs of jobs submitted (JobSubmitted minus ended jobs) and the ledger of reservations
         (what adoption checks); returns how many events were read.
 
-        Also sets `history_complete_before`: if the stream never dropped a message, every gang's
-        reservation is in what was read (0.0); if it did (max age), only those placed well after
-        its oldest message (an hour) are sure to be."""
+        Also sets `reservations_known_since`: if the stream never dropped a message, the reservation
+        of every gang launched after its oldest message is in what was read; if it did (max age),
+        only those launched well after its oldest message (an hour) are sure to be."""
         names = self.bus.names
         subjects = [names.events_subject(t) for t in _HISTORY_TYPES]
         config = ConsumerConfig(filter_subjects=subjects, deliver_policy=DeliverPolicy.ALL,
@@ -314,10 +314,10 @@ class AgentHost:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        if complete:
-            self.history_complete_before = 0.0
-        elif oldest is not None:
-            self.history_complete_before = oldest + _TRUST_ABSENCE_AFTER
+        if oldest is not None:
+            # A stream recreated after a gang's launch (JetStream storage lost) starts after it:
+            # its oldest message is newer than the launch, and absence proves nothing.
+            self.reservations_known_since = oldest if complete else oldest + _TRUST_ABSENCE_AFTER
         return read
 
     async def on_event(self, delivery: Delivery) -> None:
@@ -397,7 +397,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
         try:
             # Before any event is handled and before the nodes register: placement must not place
             # on GPUs that workers it released still hold.
-            await asyncio.gather(*(agent.adopt(host.ledger, host.history_complete_before) for agent in agents))
+            await asyncio.gather(*(agent.adopt(host.ledger, host.reservations_known_since) for agent in agents))
         finally:
             host.ready.set()
         for agent in agents:

@@ -75,6 +75,7 @@ class TimerSupervisor:
         self._events = events
         self._gangs: dict[str, _TimerGang] = {}
         self._ended: OrderedDict[str, GangOutcome] = OrderedDict()
+        self._tasks: set[asyncio.Task[GangOutcome | None]] = set()
 
     def running_jobs(self) -> list[str]:
         return sorted(self._gangs)
@@ -98,14 +99,18 @@ class TimerSupervisor:
         if job_id not in self._gangs:
             return False
         self._gangs[job_id].cause = cause or self._gangs[job_id].cause
-        asyncio.get_running_loop().create_task(self.preempt(job_id, grace_seconds, signal))
+        self._keep(asyncio.get_running_loop().create_task(self.preempt(job_id, grace_seconds, signal)))
         return True
+
+    def _keep(self, task: asyncio.Task[GangOutcome | None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def send_stop(self, job_id: str, grace_seconds: float, *, cause: str | None = None) -> bool:
         if job_id not in self._gangs:
             return False
         self._gangs[job_id].cause = cause or self._gangs[job_id].cause
-        asyncio.get_running_loop().create_task(self.stop(job_id, grace_seconds))
+        self._keep(asyncio.get_running_loop().create_task(self.stop(job_id, grace_seconds)))
         return True
 
     async def start(self, assignment: Assignment, *, cause: str | None = None) -> GangStart:
