@@ -414,7 +414,8 @@ class Supervisor:
             gang.emitted.add(("checkpoint", i))
             await self._emit(self._events.checkpoint_done(a.job_id, Path(c["path"]), int(c["step"]), int(c["rank"]),
                                                           a.attempt, at=float(c["at"]), cause=c.get("cause")))
-        for r, rec in ranks:
+        # in the order they happened: the first crash must reach placement first (it names the cause)
+        for r, rec in sorted(ranks, key=lambda kv: (kv[1].get("exited_at") or 0.0, int(kv[0]))):
             if rec.get("exited_at") is None or ("exited", r) in gang.emitted:
                 continue
             gang.emitted.add(("exited", r))
