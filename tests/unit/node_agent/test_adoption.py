@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from corral.contracts.envelope import Reason, job_stream
+from corral.contracts.envelope import Event, Reason, job_stream
 from corral.contracts.events import GangReleased, GangReserved, JobCancelled, JobRequeued, RankPlacement
 from corral.services.node_agent.adoption import ReservationLedger, Verdict, should_stop
 
@@ -15,10 +15,10 @@ def reserved(job: str, attempt: int, *nodes: str) -> GangReserved:
                             world_size=len(nodes), master_addr="127.0.0.1", master_port=29500)
 
 
-def ledger(*events: object) -> ReservationLedger:
+def ledger(*events: Event) -> ReservationLedger:
     book = ReservationLedger()
     for e in events:
-        book.fold(e)  # type: ignore[arg-type]
+        book.fold(e)
     return book
 
 
