@@ -45,7 +45,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy

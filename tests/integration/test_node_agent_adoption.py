@@ -41,11 +41,11 @@ PY = sys.executable
 
 
 def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a rank whose stepd has not reaped it yet)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return b") Z " not in Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
         return False
-    return Path(f"/proc/{pid}/stat").exists() and b") Z " not in Path(f"/proc/{pid}/stat").read_bytes()
 
 
 def kill_leftovers(work_dir: Path) -> None:
@@ -218,7 +218,7 @@ async def test_an_adopted_gang_the_log_released_is_killed_before_the_node_regist
     registered = len(seen.of(NodeRegistered))
 
     await agents.start()
-    await wait_for(lambda: len(seen.of(WorkerExited, "job-x")) == 1)
+    await wait_for(lambda: len(seen.of(WorkerExited, "job-x")) == 1 and len(seen.of(NodeRegistered)) > registered)
     assert not alive(pid)
     [exited] = seen.of(WorkerExited, "job-x")
     assert exited.reason.code == "STOPPED" and exited.reason.details == {"signal": "SIGTERM"}
