@@ -9,6 +9,10 @@ One real node:
     --node NAME --inventory nvml [--rack R --zone Z --model M] --work-dir D
 discovers the GPUs with NVML; exits with status 2 and a clear message where NVML is absent.
 
+Workers outlive the agent (each gang runs under its own stepd): SIGTERM/SIGINT leave them running
+for the next agent to adopt (an upgrade). `--stop-workers-on-exit` (or
+CORRAL_AGENT_STOP_WORKERS_ON_EXIT=1) stops them first instead, as tests that clean up need.
+
 Environment: CORRAL_NATS_URL (required), CORRAL_NAMESPACE (default corral), CORRAL_LOG_DIR (rank
 logs go to `$CORRAL_LOG_DIR/workers/<job>/rank-<N>.log`, else `<work-dir>/logs/...`), CORRAL_LOG_LEVEL.
 """
@@ -127,6 +131,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-seconds", type=float, default=2.0, help="heartbeat period (default 2)")
     p.add_argument("--stop-grace", type=float, default=10.0,
                    help="seconds between SIGTERM and SIGKILL when a gang is stopped (default 10)")
+    p.add_argument("--stop-workers-on-exit", action="store_true",
+                   default=os.environ.get("CORRAL_AGENT_STOP_WORKERS_ON_EXIT", "") not in ("", "0", "false"),
+                   help="on SIGTERM/SIGINT stop every gang first (default: leave them running for the next "
+                   "agent to adopt; env CORRAL_AGENT_STOP_WORKERS_ON_EXIT=1)")
     return p
 
 
@@ -138,7 +146,8 @@ def options(args: argparse.Namespace, environ: os._Environ[str] | dict[str, str]
         return AgentOptions(work_dir=args.work_dir.resolve(), runtime=args.runtime,
                             job_log_dir=log_dir.resolve() if log_dir else None,
                             checkpoint_root=args.checkpoint_dir.resolve() if args.checkpoint_dir else None,
-                            heartbeat_seconds=args.heartbeat_seconds, stop_grace_seconds=args.stop_grace)
+                            heartbeat_seconds=args.heartbeat_seconds, stop_grace_seconds=args.stop_grace,
+                            stop_workers_on_exit=args.stop_workers_on_exit)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

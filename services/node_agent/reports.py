@@ -1,26 +1,34 @@
 """What a node agent tells the rest of Corral: its reports, built as events and published in order.
 
 Why a queue in front of the bus: the supervisor reports from inside its process handling (a rank
-starting, a rank exiting) and must never wait for NATS. Each report becomes an event once, with a
-fixed `event_id`, and one publisher task sends them in order to the inbox, retrying through an
-outage; JetStream drops a retried duplicate by `Nats-Msg-Id` = event_id, so placement records
-each report once.
+starting, a rank exiting) and must never wait for NATS. Each report becomes an event once, and one
+publisher task sends them in order to the inbox, retrying through an outage; JetStream drops a
+retried duplicate by `Nats-Msg-Id` = event_id, so placement records each report once.
+
+Why deterministic event ids: a restarted agent reports again what its stepds wrote down, since it
+cannot know which reports the dead process published. The id of a report is a ULID made from the
+time the stepd recorded (its milliseconds) and a hash of what is reported (node, kind, job, attempt,
+rank, ...), so the second copy has the same `Nats-Msg-Id` and placement's tracking row (keyed by
+it) drops it even outside JetStream's duplicate window.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import signal as signal_module
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 import nats.errors
 
 from corral.bus import Bus, Outgoing
-from corral.contracts.envelope import Event, Reason, job_stream
-from corral.contracts.events import CheckpointDone, GangReserved, WorkerExited, WorkerStarted
+from corral.contracts.envelope import Event, Reason, job_stream, new_event_id
+from corral.contracts.events import CheckpointDone, WorkerExited, WorkerStarted
 from corral.contracts.registry import encode
 from corral.contracts.subjects import Subjects
 
@@ -44,16 +52,18 @@ class ReportPublisher:
     def __init__(self, bus: Bus, subjects: Subjects) -> None:
         self._bus = bus
         self._subjects = subjects
-        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[Event, asyncio.Future[None]]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="node-agent-reports")
 
-    def send(self, event: Event) -> None:
-        """Queue `event` for the inbox; never blocks."""
-        self._queue.put_nowait(event)
+    def send(self, event: Event) -> asyncio.Future[None]:
+        """Queue `event` for the inbox; never blocks. The future is done once it is published."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((event, done))
+        return done
 
     async def flush(self, timeout: float) -> bool:
         """Wait until everything queued so far is published (True) or `timeout` passes (False)."""
@@ -75,13 +85,16 @@ class ReportPublisher:
         # Everything queued meanwhile goes out together, pipelined and in order (one round trip
         # for the lot instead of one per report: 64 nodes report several times per job each).
         while True:
-            events = [await self._queue.get()]
-            while not self._queue.empty() and len(events) < _BATCH:
-                events.append(self._queue.get_nowait())
+            items = [await self._queue.get()]
+            while not self._queue.empty() and len(items) < _BATCH:
+                items.append(self._queue.get_nowait())
             try:
-                await self._publish(events)
+                await self._publish([event for event, _ in items])
+                for _, done in items:
+                    if not done.done():
+                        done.set_result(None)
             finally:
-                for _ in events:
+                for _ in items:
                     self._queue.task_done()
 
     async def _publish(self, events: list[Event]) -> None:
@@ -109,60 +122,73 @@ def exit_reason(code: str, exit_code: int | None, rank: int, message: str = "") 
     return Reason(code=code, message=f"rank {rank}: {how}", details=details)
 
 
+def report_id(at: float, *key: object) -> str:
+    """The event id of a report: the same `at` and `key` give the same id (see the module doc)."""
+    digest = hashlib.sha256("\x1f".join(str(k) for k in key).encode()).digest()
+    return new_event_id(at, rand=digest[:10])
+
+
 class NodeReports:
     """The supervisor's `AgentEvents` for one node: every callback becomes an inbox event.
 
     Job reports go to stream `job-<id>` with correlation id = job id, actor `node-agent/<node>`,
-    and the GangReserved (or PreemptRequested) that caused them as causation when known.
+    the event that caused them (the GangReserved, a PreemptRequested, ...) as causation when known,
+    `occurred_at` = the time the stepd recorded, and a deterministic id (see `report_id`).
     """
 
     def __init__(self, node: str, publisher: ReportPublisher) -> None:
         self.node = node
         self.actor = f"node-agent/{node}"
         self._publisher = publisher
-        self._causes: dict[str, Event] = {}
-
-    def caused_by(self, job_id: str, event: GangReserved | Event) -> None:
-        """Remember the event that the next reports of `job_id` answer."""
-        self._causes[job_id] = event
+        self._last: dict[str, asyncio.Future[None]] = {}  # per job: its newest report's publication
 
     def forget(self, job_id: str) -> None:
-        self._causes.pop(job_id, None)
+        self._last.pop(job_id, None)
 
-    def _job_event(self, cls: type[E], job_id: str, **payload: Any) -> E:
-        return cls.new(stream=job_stream(job_id), actor=self.actor, causation=self._causes.get(job_id),
-                       correlation_id=job_id, job_id=job_id, **payload)
+    def _send(self, cls: type[E], job_id: str, *, at: float, cause: str | None, key: tuple[object, ...],
+              **payload: Any) -> None:
+        event = cls.new(stream=job_stream(job_id), actor=self.actor, correlation_id=job_id, job_id=job_id,
+                        now=datetime.fromtimestamp(at, UTC),
+                        event_id=report_id(at, self.node, cls.__name__, job_id, *key), **payload)
+        if cause:
+            event = msgspec.structs.replace(event, causation_id=cause)
+        self._last[job_id] = self._publisher.send(event)
 
     # --- AgentEvents ---------------------------------------------------------------------------
 
-    async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int) -> None:
-        self._publisher.send(self._job_event(WorkerStarted, job_id, rank=rank, node=self.node, pid=pid,
-                                             attempt=contract_attempt(attempt)))
+    async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int, *, at: float,
+                             cause: str | None) -> None:
+        self._send(WorkerStarted, job_id, at=at, cause=cause, key=(attempt, rank), rank=rank, node=self.node,
+                   pid=pid, attempt=contract_attempt(attempt))
 
-    async def worker_start_failed(self, job_id: str, rank: int, attempt: int, message: str) -> None:
-        self.rank_not_started(job_id, rank, contract_attempt(attempt), START_FAILED, message)
+    async def worker_exited(self, job_id: str, rank: int, exit_code: int | None, attempt: int,
+                            reason: ExitReason, *, at: float, cause: str | None, message: str = "") -> None:
+        self._send(WorkerExited, job_id, at=at, cause=cause, key=(attempt, rank), rank=rank, node=self.node,
+                   exit_code=exit_code if exit_code is not None and exit_code >= 0 else None,
+                   attempt=contract_attempt(attempt),
+                   reason=exit_reason(reason.value.upper(), exit_code, rank, message))
 
-    async def worker_exited(self, job_id: str, rank: int, exit_code: int, attempt: int,
-                            reason: ExitReason) -> None:
-        self._publisher.send(self._job_event(
-            WorkerExited, job_id, rank=rank, node=self.node,
-            exit_code=exit_code if exit_code >= 0 else None, attempt=contract_attempt(attempt),
-            reason=exit_reason(reason.value.upper(), exit_code, rank)))
-
-    async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int) -> None:
+    async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int, *, at: float,
+                              cause: str | None) -> None:
         if rank != 0:
             return  # one copy of a data-parallel state: rank 0's checkpoint is the job's
-        self._publisher.send(self._job_event(CheckpointDone, job_id, path=str(path), step=step, rank=rank,
-                                             attempt=contract_attempt(attempt)))
+        self._send(CheckpointDone, job_id, at=at, cause=cause, key=(attempt, rank, step, path), path=str(path),
+                   step=step, rank=rank, attempt=contract_attempt(attempt))
 
     async def gang_ended(self, outcome: GangOutcome) -> None:
+        """Returns once every report of the gang is published (the supervisor then marks it reported)."""
         log.info("%s: job %s attempt %d ended here: %s %s", self.node, outcome.job_id,
                  contract_attempt(outcome.attempt), outcome.end.value, dict(outcome.exits))
+        last = self._last.pop(outcome.job_id, None)
+        if last is not None:
+            await asyncio.shield(last)
 
     # --- reports the supervisor does not make ---------------------------------------------------
 
-    def rank_not_started(self, job_id: str, rank: int, attempt: int, code: str, message: str) -> None:
+    def rank_not_started(self, job_id: str, rank: int, attempt: int, code: str, message: str, *,
+                         cause: Event | None = None) -> None:
         """A WorkerExited for a rank that never ran (attempt in contract numbering)."""
-        self._publisher.send(self._job_event(
-            WorkerExited, job_id, rank=rank, node=self.node, exit_code=None, attempt=attempt,
-            reason=Reason(code=code, message=f"rank {rank}: {message}")))
+        at = cause.occurred_at.timestamp() if cause is not None else datetime.now(UTC).timestamp()
+        self._send(WorkerExited, job_id, at=at, cause=cause.event_id if cause else None,
+                   key=(attempt + 1, rank, "not-started"), rank=rank, node=self.node, exit_code=None,
+                   attempt=attempt, reason=Reason(code=code, message=f"rank {rank}: {message}"))

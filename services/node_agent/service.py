@@ -19,10 +19,18 @@ restarted process resumes from its acknowledged position: an agent never replays
 relaunches long-finished gangs. The job specs it needs from before that point are read once at
 start from the events stream (JobSubmitted minus ended jobs), before any event is handled.
 
-Shutdown (SIGTERM/SIGINT, or `stop` set): stop consuming, stop every local gang (SIGTERM, SIGKILL
-after `stop_grace_seconds`; their WorkerExited carry STOPPED), publish the pending reports, exit.
-A `kill -9` of the agent leaves its workers running as orphans (each rank is its own session);
-placement notices the missing heartbeats and releases the node's jobs.
+Workers outlive the agent: each gang attempt runs under its own stepd (see `stepd`,
+`supervisor`), which records every start and exit in the node's run dir. At start, before any
+event is handled or the node registers, the agents adopt the stepds an earlier process left
+(`Supervisor.adopt`): their exits that happened meanwhile are reported (deterministic event ids:
+a second copy is dropped), running ones are listed in the heartbeats, and those the log no longer
+keeps on this node (released, requeued, ended, superseded: `adoption.ReservationLedger`, folded
+from the events stream with the job specs) are stopped and waited for.
+
+Shutdown (SIGTERM/SIGINT, or `stop` set): stop consuming, publish the pending reports, exit. The
+stepds keep running (an upgrade: the next agent adopts them) unless `stop_workers_on_exit` is set:
+then every gang is stopped first (SIGTERM, SIGKILL after `stop_grace_seconds`; their WorkerExited
+carry STOPPED). The `sim-timer` runtime's gangs live in the agent and end with it, unreported.
 """
 
 from __future__ import annotations
@@ -33,11 +41,10 @@ import hashlib
 import logging
 import re
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -65,6 +72,7 @@ from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode, encode
 from corral.contracts.subjects import Subjects
 
+from .adoption import LEDGER_TYPES, ReservationLedger, should_stop
 from .reports import START_FAILED, NodeReports, ReportPublisher
 from .reservation import AgentRuntime, build_assignment, contract_attempt, local_ranks
 from .supervisor import Supervisor
@@ -78,7 +86,8 @@ CONSUMED_TYPES: tuple[str, ...] = (
 )
 """Event types the agents' durable consumer reads from `<ns>.events.<Type>`."""
 
-_SPEC_HISTORY_TYPES = ("JobSubmitted", "JobCompleted", "JobFailed", "JobCancelled", "JobRejected")
+_HISTORY_TYPES = ("JobSubmitted", *LEDGER_TYPES)
+_TRUST_ABSENCE_AFTER = 3600.0  # seconds: see `AgentHost.reservations_known_since`
 _ENDED = (JobCompleted, JobFailed, JobCancelled, JobRejected)
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 _HISTORY_FETCH = 512
@@ -122,6 +131,7 @@ class AgentOptions:
     stop_grace_seconds: float = 10.0
     kill_grace_seconds: float = 5.0
     python: str = sys.executable
+    stop_workers_on_exit: bool = False  # a graceful stop leaves workers running unless this is set
 
     def __post_init__(self) -> None:
         if self.runtime not in ("sim", "sim-timer", "process"):
@@ -151,9 +161,9 @@ class NodeAgent:
         self.reports = NodeReports(self.node, publisher)
         self.supervisor: Supervisor | TimerSupervisor = (
             TimerSupervisor(self.reports) if options.runtime == "sim-timer" else
-            Supervisor(self.reports, options.work_dir / self.node / "run", kill_grace=options.kill_grace_seconds))
+            Supervisor(self.reports, options.work_dir / self.node / "run", kill_grace=options.kill_grace_seconds,
+                       python=options.python))
         self._heartbeats = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     # --- what the node says about itself --------------------------------------------------------
 
@@ -200,20 +210,12 @@ class NodeAgent:
             return
         if assignment is None:
             return
-        self.reports.caused_by(job, event)
-        started = await self.supervisor.start(assignment)
-        if started.failed:
-            failed_rank = next(iter(started.failed))
-            skipped = [r.rank for r in share.ranks if r.rank not in started.pids and r.rank not in started.failed]
-            for rank in skipped:
-                self.reports.rank_not_started(job, rank, event.attempt, "GANG_KILLED",
-                                              f"not started: rank {failed_rank} on {self.node} could not start")
+        await self.supervisor.start(assignment, cause=event.event_id)
 
     def _not_started(self, event: GangReserved, ranks: list[int], message: str) -> None:
         log.error("%s: cannot start %s attempt %d: %s", self.node, event.job_id, event.attempt, message)
-        self.reports.caused_by(event.job_id, event)
         for rank in ranks:
-            self.reports.rank_not_started(event.job_id, rank, event.attempt, START_FAILED, message)
+            self.reports.rank_not_started(event.job_id, rank, event.attempt, START_FAILED, message, cause=event)
 
     def on_preempt(self, event: PreemptRequested) -> None:
         """Checkpoint signal now; SIGTERM, then SIGKILL at the event's deadline (in the background)."""
@@ -221,39 +223,46 @@ class NodeAgent:
         if self.supervisor.running_attempt(job) is None:
             return
         grace = max(0.0, (event.deadline - datetime.now(UTC)).total_seconds())
-        self.reports.caused_by(job, event)
         log.info("%s: preempting %s for %s (signal %s, %.1fs grace)", self.node, job, event.for_job_id,
                  event.signal, grace)
-        self._background(self.supervisor.preempt(job, grace, event.signal))
+        self.supervisor.send_preempt(job, grace, event.signal, cause=event.event_id)
 
     def on_stop(self, job_id: str, *, up_to_attempt: int | None, cause: Event) -> None:
         """Stop `job_id` here if its running attempt is <= `up_to_attempt` (contract numbering;
-        None: any attempt). SIGTERM, SIGKILL after the stop grace, in the background."""
+        None: any attempt). SIGTERM, SIGKILL after the stop grace (carried out by the stepd)."""
         current = self.supervisor.running_attempt(job_id)
         if current is None:
             return
         if up_to_attempt is not None and contract_attempt(current) > up_to_attempt:
             return
-        self.reports.caused_by(job_id, cause)
         log.info("%s: stopping %s attempt %d (%s)", self.node, job_id, contract_attempt(current), cause.type)
-        self._background(self.supervisor.stop(job_id, self.options.stop_grace_seconds))
+        self.supervisor.send_stop(job_id, self.options.stop_grace_seconds, cause=cause.event_id)
 
-    def _background(self, work: Awaitable[object]) -> None:
-        async def run() -> None:
-            try:
-                await work
-            except Exception:
-                log.exception("%s: background supervisor call failed", self.node)
-
-        task = asyncio.create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def adopt(self, ledger: ReservationLedger, reservations_known_since: float | None) -> None:
+        """Follow the stepds an earlier agent process left; stop (and wait for) those the log does
+        not keep on this node. `reservations_known_since`: a gang launched after this time would
+        have its GangReserved in the history read (None: nothing can be concluded from absence)."""
+        adopted = await self.supervisor.adopt()
+        unwanted = []
+        for gang in adopted:
+            if not gang.running:
+                continue
+            verdict = ledger.verdict(gang.job_id, contract_attempt(gang.attempt), self.node)
+            complete = reservations_known_since is not None and gang.launched_at >= reservations_known_since
+            if should_stop(verdict, history_complete=complete):
+                log.warning("%s: adopted %s attempt %d is %s in the log; stopping it", self.node, gang.job_id,
+                            contract_attempt(gang.attempt), verdict.value)
+                unwanted.append(gang.job_id)
+            else:
+                log.info("%s: adopted %s attempt %d (%s in the log)", self.node, gang.job_id,
+                         contract_attempt(gang.attempt), verdict.value)
+        await asyncio.gather(*(self.supervisor.stop(job, self.options.kill_grace_seconds) for job in unwanted))
 
     async def close(self) -> None:
-        """Stop every gang on this node and wait for the background calls to finish."""
-        await self.supervisor.close(self.options.stop_grace_seconds)
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Leave the gangs to their stepds (default), or stop them all (`stop_workers_on_exit`)."""
+        if self.options.stop_workers_on_exit:
+            await self.supervisor.close(self.options.stop_grace_seconds)
+        await self.supervisor.detach()
 
 
 class AgentHost:
@@ -264,10 +273,13 @@ class AgentHost:
         self.agents = {agent.node: agent for agent in agents}
         self.publisher = publisher
         self.specs: dict[str, JobSpec] = {}
+        self.ledger = ReservationLedger()
+        self.reservations_known_since: float | None = None
         self.ready = asyncio.Event()
 
     def remember(self, event: Event) -> None:
         """Keep the spec of every job that may still be placed; forget jobs that ended."""
+        self.ledger.fold(event)
         if isinstance(event, JobSubmitted):
             self.specs[event.job_id] = event.spec
         elif isinstance(event, _ENDED):
@@ -276,26 +288,40 @@ class AgentHost:
                 agent.reports.forget(event.job_id)
 
     async def load_history(self) -> int:
-        """Read the specs of jobs submitted before this process's consumer existed (JobSubmitted
-        minus ended jobs) with a throwaway consumer; returns how many events were read."""
+        """Read what happened before this process's consumer existed with a throwaway consumer:
+        the specs of jobs submitted (JobSubmitted minus ended jobs) and the ledger of reservations
+        (what adoption checks); returns how many events were read.
+
+        Also sets `reservations_known_since`: if the stream never dropped a message, the reservation
+        of every gang launched after its oldest message is in what was read; if it did (max age),
+        only those launched well after its oldest message (an hour) are sure to be."""
         names = self.bus.names
-        subjects = [names.events_subject(t) for t in _SPEC_HISTORY_TYPES]
+        subjects = [names.events_subject(t) for t in _HISTORY_TYPES]
         config = ConsumerConfig(filter_subjects=subjects, deliver_policy=DeliverPolicy.ALL,
                                 ack_policy=AckPolicy.NONE, inactive_threshold=60.0, mem_storage=True)
         stream = names.stream(EVENTS)
+        info = await self.bus.js.stream_info(stream)
+        complete = info.state.first_seq <= 1
         sub = await self.bus.js.pull_subscribe(subjects[0], stream=stream, config=config)
         read = 0
+        oldest: float | None = None
         try:
             remaining = int((await sub.consumer_info()).num_pending)
             while remaining > 0:
                 for msg in await sub.fetch(min(remaining, _HISTORY_FETCH), timeout=5.0):
                     read += 1
+                    if oldest is None:
+                        oldest = msg.metadata.timestamp.timestamp()
                     remaining = int(msg.metadata.num_pending)
                     with contextlib.suppress(ContractError):
                         self.remember(decode(msg.data))
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        if oldest is not None:
+            # A stream recreated after a gang's launch (JetStream storage lost) starts after it:
+            # its oldest message is newer than the launch, and absence proves nothing.
+            self.reservations_known_since = oldest if complete else oldest + _TRUST_ABSENCE_AFTER
         return read
 
     async def on_event(self, delivery: Delivery) -> None:
@@ -372,6 +398,10 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
                      ", ".join(names), durable, len(host.specs), read)
         except Exception:
             log.exception("node agents: could not read past job specs; continuing with new ones only")
+        try:
+            # Before any event is handled and before the nodes register: placement must not place
+            # on GPUs that workers it released still hold.
+            await asyncio.gather(*(agent.adopt(host.ledger, host.reservations_known_since) for agent in agents))
         finally:
             host.ready.set()
         for agent in agents:

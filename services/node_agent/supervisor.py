@@ -1,12 +1,23 @@
-"""Runs a node's share of gangs as real processes: launch, watch, preempt, tear down.
+"""The agent's side of a node's gangs: start a stepd per gang attempt, follow it, command it, adopt it.
 
-Why a separate, bus-free class: everything here is about processes and signals, and it must be
-testable with real processes but without NATS. The node-agent service is a thin adapter: it turns
-GangReserved / PreemptRequested events into `start` / `preempt` calls and the `AgentEvents`
-callbacks back into WorkerStarted / WorkerExited / CheckpointDone events.
+The problem: ranks used to be children of the agent, so the agent's death orphaned them and lost
+their exits, and its graceful stop killed them. Now each gang attempt runs under its own stepd
+(`stepd.py`, its own session): the ranks' truth is the stepd's `state.json` (see `step_files`),
+and this class only turns that file into reports and the agent's decisions into commands.
 
-Every rank runs in its own process group (its own session), so a signal reaches the rank and
-everything it spawned (data loaders, torchrun children) and nothing else.
+- `start` writes `launch.json`, spawns the stepd and waits until it has spawned the ranks;
+- a watcher task per gang polls `state.json` (inode/mtime, every `poll_interval`) and calls the
+  `AgentEvents` callbacks for whatever is new: each report carries the time the stepd recorded,
+  so the service builds the same event id from it every time (a report sent twice is one report);
+- `preempt` / `stop` append a command and wake the stepd; `send_*` do it without waiting;
+- `adopt` (agent start) finds the attempt folders of stepds started by an earlier agent process:
+  live ones are followed as if started here, ended ones are reported, a stepd that died without
+  finishing has its leftover ranks killed and their exits recorded on its behalf;
+- `detach` (graceful agent stop) forgets the stepds and leaves them running; `close` stops them.
+
+When every report of an ended attempt is published (`gang_ended` returned), the folder is marked
+`reported` and is never reported again. Every rank runs in its own process group, so a signal
+reaches the rank and everything it spawned and nothing else.
 """
 
 from __future__ import annotations
@@ -17,21 +28,45 @@ import enum
 import logging
 import os
 import signal as signal_module
+import subprocess
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import Any, Protocol
 
-from corral.worker import CHECKPOINTED_EXIT_CODE, signal_from_name
-
-from .assignment import Assignment, RankAssignment, build_rank_env, rank_log_path
-from .control import CheckpointReport, ControlChannel
+from .assignment import Assignment
+from .control import CheckpointReport
+from .step_files import (
+    ABANDONED,
+    COMMANDS,
+    ENDED,
+    LAUNCH,
+    REPORTED,
+    STARTING,
+    STATE,
+    STATE_VERSION,
+    STEPD_LOG,
+    WAKE_SIGNAL,
+    Launch,
+    abandon,
+    attempt_dir,
+    create_json,
+    file_version,
+    is_alive,
+    read_commands,
+    read_launch,
+    read_state,
+    signal_group,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
 
 _ENDED_KEPT = 4096
+_LIVENESS_EVERY = 0.5  # seconds between checks that a stepd still lives
 
 
 class ExitReason(enum.StrEnum):
@@ -39,10 +74,11 @@ class ExitReason(enum.StrEnum):
 
     COMPLETED = "completed"  # exit 0
     CHECKPOINTED = "checkpointed"  # exit 85 (CHECKPOINTED_EXIT_CODE)
-    CRASHED = "crashed"  # any other exit outside a preemption / stop
+    CRASHED = "crashed"  # any other exit outside a preemption / stop (or its stepd died)
     PREEMPTED = "preempted"  # ended during a preemption without the checkpointed code
-    GANG_KILLED = "gang_killed"  # ended after a peer rank crashed or could not start
+    GANG_KILLED = "gang_killed"  # ended (or never started) after a peer rank crashed or could not start
     STOPPED = "stopped"  # ended by `stop()` (gang released, job cancelled, node draining)
+    START_FAILED = "start_failed"  # could not be spawned
 
 
 class GangEnd(enum.StrEnum):
@@ -51,7 +87,7 @@ class GangEnd(enum.StrEnum):
     COMPLETED = "completed"  # every rank exited 0
     CHECKPOINTED = "checkpointed"  # ranks stopped on their own after a checkpoint (0/85, some 85)
     PREEMPTED = "preempted"  # ended by `preempt()`; `checkpoint` says where to resume
-    FAILED = "failed"  # a rank crashed or could not start (placement decides restart or fail)
+    FAILED = "failed"  # a rank crashed or could not start
     STOPPED = "stopped"  # ended by `stop()`
 
 
@@ -60,8 +96,8 @@ class GangOutcome:
     """The end of one attempt of a gang on this node.
 
     `exits` maps global rank -> exit code (negative: killed by that signal; missing: never
-    started). `checkpoint` is the newest checkpoint known for the job (a report from this attempt,
-    lowest rank first, else the one it resumed from).
+    started or no code known). `checkpoint` is the newest checkpoint of this attempt (lowest rank
+    first); `resume_from` that one's path, else the one the attempt resumed from.
     """
 
     job_id: str
@@ -83,86 +119,90 @@ class GangStart:
     pids: Mapping[int, int]
     failed: Mapping[int, str]
     already_running: bool = False
-    already_ended: bool = False  # a redelivered reservation for an attempt that has ended: not relaunched
+    already_ended: bool = False  # a redelivered reservation for an attempt launched here before
 
     @property
     def ok(self) -> bool:
         return not self.failed
 
 
+@dataclass(frozen=True)
+class AdoptedGang:
+    """A gang attempt found at `adopt`: `running` if its stepd still supervises live ranks."""
+
+    job_id: str
+    attempt: int
+    launched_at: float
+    running: bool
+
+
 class AgentEvents(Protocol):
-    """What the supervisor reports; the service adapter publishes these as events."""
+    """What the supervisor reports; the service adapter publishes these as events.
 
-    async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int) -> None: ...
+    `at` is the wall-clock time the stepd recorded (the same on every report of the same fact);
+    `cause` the id of the event that caused it (the GangReserved, a PreemptRequested, ...).
+    """
 
-    async def worker_start_failed(self, job_id: str, rank: int, attempt: int, message: str) -> None: ...
+    async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int, *, at: float,
+                             cause: str | None) -> None: ...
 
-    async def worker_exited(self, job_id: str, rank: int, exit_code: int, attempt: int,
-                            reason: ExitReason) -> None: ...
+    async def worker_exited(self, job_id: str, rank: int, exit_code: int | None, attempt: int,
+                            reason: ExitReason, *, at: float, cause: str | None, message: str = "") -> None: ...
 
-    async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int) -> None: ...
+    async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int, *, at: float,
+                              cause: str | None) -> None: ...
 
     async def gang_ended(self, outcome: GangOutcome) -> None: ...
 
 
-class _State(enum.Enum):
-    RUNNING = "running"
-    PREEMPTING = "preempting"
-    FAILING = "failing"
-    STOPPING = "stopping"
-
-
-@dataclass
-class _Rank:
-    spec: RankAssignment
-    process: asyncio.subprocess.Process
-    log_file: IO[bytes]
-    control: ControlChannel
-    exit_code: int | None = None
-    report: CheckpointReport | None = None
-
-
-@dataclass
+@dataclass(eq=False)
 class _Gang:
-    assignment: Assignment
-    ranks: dict[int, _Rank] = field(default_factory=dict)
-    state: _State = _State.RUNNING
-    failed_rank: int | None = None
-    failed_exit_code: int | None = None
-    start_failed: bool = False
+    folder: Path
+    launch: Launch
+    proc: subprocess.Popen[bytes] | None = None  # the stepd when this process started it
+    stepd_pid: int | None = None
+    stepd_started: str | None = None
+    version: tuple[int, int, int] | None = None
+    state: dict[str, Any] | None = None
+    emitted: set[tuple[Any, ...]] = field(default_factory=set)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
-    ended: asyncio.Future[GangOutcome] | None = None
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    ended: asyncio.Future[GangOutcome] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    task: asyncio.Task[None] | None = None
 
-    def live(self) -> list[_Rank]:
-        return [r for r in self.ranks.values() if r.exit_code is None]
+    @property
+    def assignment(self) -> Assignment:
+        return self.launch.assignment
 
-    def newest_report(self) -> CheckpointReport | None:
-        reports = [r.report for r in self.ranks.values() if r.report is not None]
-        return min(reports, key=lambda rep: rep.rank) if reports else None
+    @property
+    def phase(self) -> str | None:
+        return self.state["phase"] if self.state else None
 
 
 class Supervisor:
-    """The processes of every gang this node runs, keyed by job id (one attempt at a time).
+    """Every gang attempt this node runs, through its stepd, keyed by job id (one attempt at a time).
 
-    `run_dir` holds the per-attempt control files. `kill_grace` bounds how long crashed-gang and
-    `stop()` teardown waits between SIGTERM and SIGKILL.
+    `run_dir` holds one folder per attempt. `kill_grace` is the stepd's SIGTERM -> SIGKILL delay
+    for the peers of a crashed rank. `base_env` is the environment the stepd (and so each rank)
+    starts from; `python` the interpreter that runs the stepd.
     """
 
     def __init__(self, events: AgentEvents, run_dir: Path, *, kill_grace: float = 5.0,
-                 poll_interval: float = 0.05, base_env: Mapping[str, str] | None = None) -> None:
+                 poll_interval: float = 0.05, base_env: Mapping[str, str] | None = None,
+                 python: str = sys.executable) -> None:
         self._events = events
         self._run_dir = run_dir
         self._kill_grace = kill_grace
         self._poll_interval = poll_interval
         self._base_env = dict(os.environ if base_env is None else base_env)
+        self._python = python
         self._gangs: dict[str, _Gang] = {}
+        self._others: set[_Gang] = set()  # older attempts still ending (adopted next to a newer one)
         self._ended: OrderedDict[str, GangOutcome] = OrderedDict()  # newest outcome per job, bounded
 
     @staticmethod
     async def _emit(call: Awaitable[None]) -> None:
         """Await one `AgentEvents` call. A failing callback is a bug in the adapter; it is logged
-        and must not stop the supervisor from watching (and eventually killing) the processes."""
+        and must not stop the supervisor from following (and eventually finishing) the gang."""
         try:
             await call
         except Exception:
@@ -181,7 +221,14 @@ class Supervisor:
     def pids(self, job_id: str) -> dict[int, int]:
         """Global rank -> pid of the live ranks of a job (empty if it does not run here)."""
         gang = self._gangs.get(job_id)
-        return {r.spec.rank: r.process.pid for r in gang.live()} if gang else {}
+        if gang is None or gang.state is None:
+            return {}
+        return {int(r): rec["pid"] for r, rec in gang.state["ranks"].items()
+                if rec.get("pid") and rec.get("exited_at") is None}
+
+    def stepd_pid(self, job_id: str) -> int | None:
+        gang = self._gangs.get(job_id)
+        return gang.stepd_pid if gang else None
 
     def last_outcome(self, job_id: str) -> GangOutcome | None:
         """How the newest ended attempt of `job_id` ended here (recent jobs only)."""
@@ -190,242 +237,356 @@ class Supervisor:
     async def wait(self, job_id: str) -> GangOutcome | None:
         """Wait for the current attempt of `job_id` to end; if none runs, its last outcome (or None)."""
         gang = self._gangs.get(job_id)
-        if gang is None or gang.ended is None:
+        if gang is None:
             return self._ended.get(job_id)
         return await asyncio.shield(gang.ended)
 
     # --- start ---------------------------------------------------------------------------------
 
-    async def start(self, assignment: Assignment) -> GangStart:
-        """Start every local rank of `assignment` as its own process group.
+    def _launched_here(self, job_id: str, attempt: int) -> bool:
+        """Whether this or a later attempt of `job_id` was launched on this node (by any agent process)."""
+        job_dir = self._run_dir / job_id
+        with contextlib.suppress(OSError):
+            for folder in job_dir.iterdir():
+                number = folder.name.removeprefix("attempt-")
+                if number.isdigit() and int(number) >= attempt and (folder / LAUNCH).exists():
+                    return True
+        return False
+
+    async def start(self, assignment: Assignment, *, cause: str | None = None) -> GangStart:
+        """Launch the stepd of `assignment` and wait until it has spawned every local rank.
 
         Idempotent for the same (job, attempt): a redelivered reservation returns the running one,
-        and one for an attempt that already ended here is not relaunched (`already_ended`).
-        A rank that cannot be spawned makes the whole local gang stop (reported as FAILED with a
-        restart decision), since its peers would block forever in their first collective.
+        and one for an attempt launched here before (even by an earlier agent process) is not
+        relaunched (`already_ended`). A rank that cannot be spawned makes the stepd stop the
+        others (their peers would block forever in their first collective).
         """
-        existing = self._gangs.get(assignment.job_id)
+        job = assignment.job_id
+        existing = self._gangs.get(job)
         if existing is not None:
             if existing.assignment.attempt != assignment.attempt:
-                raise RuntimeError(f"job {assignment.job_id}: attempt {existing.assignment.attempt} still "
+                raise RuntimeError(f"job {job}: attempt {existing.assignment.attempt} still "
                                    f"runs here; stop it before starting attempt {assignment.attempt}")
-            return GangStart(assignment.job_id, assignment.attempt,
-                             {r.spec.rank: r.process.pid for r in existing.ranks.values()}, {},
-                             already_running=True)
-        previous = self._ended.get(assignment.job_id)
-        if previous is not None and previous.attempt >= assignment.attempt:
-            return GangStart(assignment.job_id, assignment.attempt, {}, {}, already_ended=True)
-        gang = _Gang(assignment=assignment, ended=asyncio.get_running_loop().create_future())
-        self._gangs[assignment.job_id] = gang
-        control_dir = self._run_dir / assignment.job_id / f"attempt-{assignment.attempt}"
-        control_dir.mkdir(parents=True, exist_ok=True)
-        failed: dict[int, str] = {}
-        for spec in assignment.ranks:
-            try:
-                rank = await self._spawn(assignment, spec, control_dir / f"rank-{spec.rank}.control")
-            except OSError as exc:
-                failed[spec.rank] = f"{type(exc).__name__}: {exc}"
-                await self._emit(self._events.worker_start_failed(
-                    assignment.job_id, spec.rank, assignment.attempt, failed[spec.rank]))
-                break
-            gang.ranks[spec.rank] = rank
-            await self._emit(self._events.worker_started(
-                assignment.job_id, spec.rank, rank.process.pid, assignment.attempt))
-        pids = {r.spec.rank: r.process.pid for r in gang.ranks.values()}
-        if failed:
-            gang.start_failed = True
-            gang.failed_rank = next(iter(failed))
-            gang.state = _State.FAILING
-        for rank in gang.ranks.values():
-            gang.tasks.append(asyncio.create_task(self._watch_rank(gang, rank)))
-        gang.tasks.append(asyncio.create_task(self._poll_control(gang)))
-        if failed:
-            if gang.ranks:
-                gang.tasks.append(asyncio.create_task(self._terminate(gang, self._kill_grace)))
-            else:
-                await self._finish(gang)
-        return GangStart(assignment.job_id, assignment.attempt, pids, failed)
-
-    async def _spawn(self, assignment: Assignment, spec: RankAssignment, control: Path) -> _Rank:
-        log_path = rank_log_path(assignment, spec)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = log_path.open("ab")
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        log_file.write(f"==== corral job {assignment.job_id} attempt {assignment.attempt} rank {spec.rank} "
-                       f"node_rank {assignment.node_rank} started {stamp} ====\n".encode())
-        log_file.flush()
-        env = build_rank_env(assignment, spec, control, self._base_env)
+            return GangStart(job, assignment.attempt, self._started_pids(existing), {}, already_running=True)
+        if self._launched_here(job, assignment.attempt):
+            return GangStart(job, assignment.attempt, {}, {}, already_ended=True)
+        folder = attempt_dir(self._run_dir, job, assignment.attempt)
+        folder.mkdir(parents=True, exist_ok=True)
+        launch = Launch(assignment=assignment, cause=cause, kill_grace=self._kill_grace, launched_at=time.time())
+        write_json(folder / LAUNCH, launch.to_json())
+        gang = _Gang(folder=folder, launch=launch)
+        self._gangs[job] = gang
         try:
-            process = await asyncio.create_subprocess_exec(
-                *assignment.command, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=log_file,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-                cwd=str(assignment.workdir) if assignment.workdir else None)
+            with (folder / STEPD_LOG).open("ab") as out:
+                gang.proc = subprocess.Popen(
+                    [self._python, "-m", "corral.services.node_agent.stepd", str(folder)], env=self._base_env,
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                    close_fds=True)
+            gang.stepd_pid = gang.proc.pid
         except OSError as exc:
-            log_file.write(f"==== could not start: {exc} ====\n".encode())
-            log_file.close()
-            raise
-        return _Rank(spec=spec, process=process, log_file=log_file, control=ControlChannel(control))
-
-    # --- watching ------------------------------------------------------------------------------
-
-    async def _watch_rank(self, gang: _Gang, rank: _Rank) -> None:
-        code = await rank.process.wait()
-        await self._drain_control(gang)
-        rank.exit_code = code
-        rank.log_file.write(f"==== exited with code {code} ====\n".encode())
-        rank.log_file.close()
-        _signal_group(rank.process.pid, signal_module.SIGKILL)  # leftovers the rank spawned
-        reason = self._classify(gang, rank, code)
-        gang.changed.set()
-        await self._emit(self._events.worker_exited(
-            gang.assignment.job_id, rank.spec.rank, code, gang.assignment.attempt, reason))
-        if reason is ExitReason.CRASHED and gang.state is _State.RUNNING:
-            gang.state = _State.FAILING
-            gang.failed_rank, gang.failed_exit_code = rank.spec.rank, code
-            gang.tasks.append(asyncio.create_task(self._terminate(gang, self._kill_grace)))
-        if not gang.live():
-            await self._finish(gang)
+            self._write_start_failed(gang, f"the stepd could not start: {type(exc).__name__}: {exc}")
+        gang.task = asyncio.create_task(self._watch(gang), name=f"stepd-{job}")
+        while not (gang.ended.done() or (gang.phase is not None and gang.phase != STARTING)):
+            gang.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(gang.changed.wait(), 1.0)
+        if gang.phase in (ENDED, ABANDONED):
+            await asyncio.shield(gang.ended)  # nothing started: the gang is over before we return
+        state = gang.state or {"ranks": {}}
+        failed = {int(r): rec.get("message") or "" for r, rec in state["ranks"].items()
+                  if rec.get("reason") == ExitReason.START_FAILED}
+        return GangStart(job, assignment.attempt, self._started_pids(gang), failed)
 
     @staticmethod
-    def _classify(gang: _Gang, rank: _Rank, code: int) -> ExitReason:
-        if code == 0:
-            return ExitReason.COMPLETED
-        if code == CHECKPOINTED_EXIT_CODE:
-            return ExitReason.CHECKPOINTED
-        if gang.state is _State.PREEMPTING:
-            return ExitReason.PREEMPTED
-        if gang.state is _State.STOPPING:
-            return ExitReason.STOPPED
-        if gang.state is _State.FAILING:
-            return ExitReason.GANG_KILLED  # the peers of a crashed rank die of it one way or another
-        return ExitReason.CRASHED
+    def _started_pids(gang: _Gang) -> dict[int, int]:
+        state = gang.state or {"ranks": {}}
+        return {int(r): rec["pid"] for r, rec in state["ranks"].items() if rec.get("pid")}
 
-    async def _poll_control(self, gang: _Gang) -> None:
-        while gang.live():
-            await self._drain_control(gang)
-            await asyncio.sleep(self._poll_interval)
+    def _write_start_failed(self, gang: _Gang, message: str) -> None:
+        """The stepd never ran: claim its folder and record every rank as not started."""
+        a = gang.assignment
+        now = time.time()
+        ranks = {str(r.rank): {"pid": None, "exit_code": None, "started_at": None, "exited_at": now,
+                               "reason": ExitReason.START_FAILED.value, "message": message, "cause": gang.launch.cause}
+                 for r in a.ranks}
+        state = {"version": STATE_VERSION, "job_id": a.job_id, "attempt": a.attempt, "phase": ENDED,
+                 "mode": "failing", "end": GangEnd.FAILED.value, "ranks": ranks, "checkpoints": [],
+                 "failed_rank": a.ranks[0].rank, "failed_exit_code": None, "commands_done": 0}
+        if not create_json(gang.folder / STATE, state):
+            log.warning("%s: the stepd wrote its state after all", gang.folder)
 
-    async def _drain_control(self, gang: _Gang) -> None:
-        for rank in gang.ranks.values():
-            for report in rank.control.read_new():
-                if report.attempt != gang.assignment.attempt:
+    # --- following a stepd ---------------------------------------------------------------------
+
+    def _stepd_alive(self, gang: _Gang) -> bool:
+        if gang.proc is not None:
+            return gang.proc.poll() is None  # also reaps it
+        return is_alive(gang.stepd_pid, gang.stepd_started)
+
+    def _refresh(self, gang: _Gang) -> bool:
+        """Read state.json if it changed; True if it did."""
+        version = file_version(gang.folder / STATE)
+        if version == gang.version:
+            return False
+        state = read_state(gang.folder)
+        if state is None:
+            return False
+        gang.version = version
+        gang.state = state
+        if gang.stepd_pid is None or gang.proc is None:
+            gang.stepd_pid = state.get("stepd_pid")
+        gang.stepd_started = state.get("stepd_started") or gang.stepd_started
+        gang.changed.set()
+        return True
+
+    async def _watch(self, gang: _Gang) -> None:
+        try:
+            await self._follow(gang)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug: say so loudly, keep the agent running
+            log.exception("%s: following its stepd failed", gang.folder)
+            if not gang.ended.done():
+                gang.ended.set_result(self._outcome(gang))
+
+    async def _follow(self, gang: _Gang) -> None:
+        loop = asyncio.get_running_loop()
+        checked = loop.time()
+        if gang.state is not None:  # read at adoption
+            await self._report(gang)
+        while True:
+            if self._refresh(gang):
+                await self._report(gang)
+            if gang.phase in (ENDED, ABANDONED):
+                break
+            if loop.time() - checked >= _LIVENESS_EVERY:
+                checked = loop.time()
+                if not self._stepd_alive(gang):
+                    if self._refresh(gang):
+                        await self._report(gang)
+                    if gang.phase not in (ENDED, ABANDONED):
+                        self._stepd_died(gang)
                     continue
-                rank.report = report
-                gang.changed.set()
-                await self._emit(self._events.checkpoint_done(
-                    gang.assignment.job_id, report.path, report.step, report.rank, report.attempt))
+            await asyncio.sleep(self._poll_interval)
+        if gang.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(gang.proc.wait, 10)
+        await self._finish(gang)
+
+    def _stepd_died(self, gang: _Gang) -> None:
+        """The stepd is gone without writing an end: kill what is left of its ranks and record their
+        exits on its behalf (no exit code is known), so the gang is reported and ends."""
+        state = gang.state
+        if state is None:
+            tail = ""
+            with contextlib.suppress(OSError):
+                tail = (gang.folder / STEPD_LOG).read_text(errors="replace")[-500:].strip()
+            self._write_start_failed(gang, "the stepd exited before starting the ranks" + (f": {tail}" if tail else ""))
+            return
+        log.error("%s attempt %d: its stepd (pid %s) died; killing what is left of its ranks",
+                  gang.assignment.job_id, gang.assignment.attempt, gang.stepd_pid)
+        now = time.time()
+        for r, rec in state["ranks"].items():
+            if rec.get("exited_at") is not None:
+                continue
+            if is_alive(rec.get("pid"), rec.get("pid_started")):
+                signal_group(rec["pid"], signal_module.SIGKILL)
+            rec.update(exited_at=now, exit_code=None, reason=ExitReason.CRASHED.value,
+                       message=f"its stepd (pid {gang.stepd_pid}) died; the rank was killed")
+            if state.get("failed_rank") is None:
+                state["failed_rank"] = int(r)
+        state.update(phase=ENDED, mode="failing", end=GangEnd.FAILED.value)
+        write_json(gang.folder / STATE, state)
+
+    async def _report(self, gang: _Gang) -> None:
+        """Call the callbacks for what `gang.state` holds that this process has not reported yet."""
+        state = gang.state
+        assert state is not None
+        a = gang.assignment
+        ranks = sorted(state["ranks"].items(), key=lambda kv: int(kv[0]))
+        for r, rec in ranks:
+            if rec.get("pid") and rec.get("started_at") is not None and ("started", r) not in gang.emitted:
+                gang.emitted.add(("started", r))
+                await self._emit(self._events.worker_started(a.job_id, int(r), int(rec["pid"]), a.attempt,
+                                                             at=float(rec["started_at"]), cause=gang.launch.cause))
+        for i, c in enumerate(state.get("checkpoints", [])):
+            if ("checkpoint", i) in gang.emitted:
+                continue
+            gang.emitted.add(("checkpoint", i))
+            await self._emit(self._events.checkpoint_done(a.job_id, Path(c["path"]), int(c["step"]), int(c["rank"]),
+                                                          a.attempt, at=float(c["at"]), cause=c.get("cause")))
+        # in the order they happened: the first crash must reach placement first (it names the cause)
+        for r, rec in sorted(ranks, key=lambda kv: (kv[1].get("exited_at") or 0.0, int(kv[0]))):
+            if rec.get("exited_at") is None or ("exited", r) in gang.emitted:
+                continue
+            gang.emitted.add(("exited", r))
+            await self._emit(self._events.worker_exited(
+                a.job_id, int(r), rec.get("exit_code"), a.attempt, ExitReason(rec["reason"]),
+                at=float(rec["exited_at"]), cause=rec.get("cause"), message=rec.get("message") or ""))
 
     async def _finish(self, gang: _Gang) -> None:
         a = gang.assignment
-        if self._gangs.get(a.job_id) is not gang or gang.ended is None or gang.ended.done():
-            return
-        del self._gangs[a.job_id]
-        exits = {r.spec.rank: r.exit_code for r in gang.ranks.values() if r.exit_code is not None}
-        report = gang.newest_report()
-        resume_from = report.path if report else a.resume_from
-        if gang.state is _State.FAILING:
-            end = GangEnd.FAILED
-        elif all(code == 0 for code in exits.values()):
-            end = GangEnd.COMPLETED
-        elif gang.state is _State.PREEMPTING:
-            end = GangEnd.PREEMPTED
-        elif gang.state is _State.STOPPING:
-            end = GangEnd.STOPPED
-        else:
-            end = GangEnd.CHECKPOINTED
-        outcome = GangOutcome(job_id=a.job_id, attempt=a.attempt, end=end, exits=exits, checkpoint=report,
-                              resume_from=resume_from, failed_rank=gang.failed_rank,
-                              failed_exit_code=gang.failed_exit_code)
-        gang.ended.set_result(outcome)
+        if self._gangs.get(a.job_id) is gang:
+            del self._gangs[a.job_id]
+        self._others.discard(gang)
+        outcome = self._outcome(gang)
+        if not gang.ended.done():
+            gang.ended.set_result(outcome)
         self._ended.pop(a.job_id, None)
         self._ended[a.job_id] = outcome
         while len(self._ended) > _ENDED_KEPT:
             self._ended.popitem(last=False)
-        await self._emit(self._events.gang_ended(outcome))
+        await self._emit(self._events.gang_ended(outcome))  # returns once its reports are published
+        with contextlib.suppress(OSError):
+            (gang.folder / REPORTED).touch()
 
-    # --- preemption and teardown ---------------------------------------------------------------
+    @staticmethod
+    def _outcome(gang: _Gang) -> GangOutcome:
+        a = gang.assignment
+        state = gang.state or {"ranks": {}, "checkpoints": []}
+        exits = {int(r): int(rec["exit_code"]) for r, rec in state["ranks"].items()
+                 if rec.get("exit_code") is not None}
+        newest: dict[int, CheckpointReport] = {}
+        for c in state.get("checkpoints", []):
+            newest[int(c["rank"])] = CheckpointReport(rank=int(c["rank"]), attempt=a.attempt, path=Path(c["path"]),
+                                                      step=int(c["step"]))
+        report = newest[min(newest)] if newest else None
+        try:
+            end = GangEnd(state.get("end") or GangEnd.STOPPED)
+        except ValueError:
+            end = GangEnd.FAILED
+        return GangOutcome(job_id=a.job_id, attempt=a.attempt, end=end, exits=exits, checkpoint=report,
+                           resume_from=report.path if report else a.resume_from,
+                           failed_rank=state.get("failed_rank"), failed_exit_code=state.get("failed_exit_code"))
+
+    # --- commands ------------------------------------------------------------------------------
+
+    def _command(self, gang: _Gang, command: dict[str, Any]) -> None:
+        """Append `command` to the gang's commands.json (atomically) and wake its stepd."""
+        commands = read_commands(gang.folder)
+        commands.append(command)
+        write_json(gang.folder / COMMANDS, commands)
+        if gang.proc is not None:
+            if gang.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    gang.proc.send_signal(WAKE_SIGNAL)
+        elif gang.stepd_pid and is_alive(gang.stepd_pid, gang.stepd_started):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(gang.stepd_pid, WAKE_SIGNAL)
+
+    def send_preempt(self, job_id: str, grace_seconds: float, signal: str | None = None, *,
+                     cause: str | None = None) -> bool:
+        """Tell the stepd to preempt the gang (see `preempt`) without waiting; False if nothing runs."""
+        gang = self._gangs.get(job_id)
+        if gang is None:
+            return False
+        self._command(gang, {"op": "preempt", "signal": signal, "deadline": time.time() + grace_seconds,
+                             "cause": cause})
+        return True
+
+    def send_stop(self, job_id: str, grace_seconds: float, *, cause: str | None = None) -> bool:
+        """Tell the stepd to stop the gang (SIGTERM, SIGKILL after the grace); False if nothing runs."""
+        gang = self._gangs.get(job_id)
+        if gang is None:
+            return False
+        self._command(gang, {"op": "stop", "grace": grace_seconds, "cause": cause})
+        return True
 
     async def preempt(self, job_id: str, grace_seconds: float, signal: str | None = None, *,
-                      exit_after_report: float = 2.0) -> GangOutcome | None:
-        """Ask the job's ranks to checkpoint and stop, then make sure they do by the deadline.
+                      cause: str | None = None) -> GangOutcome | None:
+        """Ask the job's ranks to checkpoint and stop, and wait for the gang to end.
 
-        1. send `signal` (default: the job's checkpoint signal, SIGUSR1) to every rank's group;
-        2. wait until each rank reported a checkpoint or exited, then up to `exit_after_report`
-           seconds for reporting ranks to exit by themselves;
-        3. SIGTERM the survivors when that is over, or at the latest `min(5s, 20% of grace)` before
-           the deadline;
-        4. SIGKILL whatever is left at the deadline.
+        The stepd: 1. sends `signal` (default: the job's checkpoint signal) to every rank's group;
+        2. waits until each rank reported a checkpoint or exited, then up to 2 s for reporting
+        ranks to exit by themselves; 3. SIGTERMs the survivors then, or at the latest
+        `min(5s, 20% of grace)` before the deadline; 4. SIGKILLs whatever is left at the deadline.
 
-        Returns the outcome: PREEMPTED, or whatever ended it first (e.g. CHECKPOINTED when a peer
-        node's signal made these ranks checkpoint and stop before this call); for a job that no
-        longer runs here, its last outcome, or None if it never ran here.
+        Returns the outcome: PREEMPTED, or whatever ended it first; for a job that no longer runs
+        here, its last outcome, or None if it never ran here.
         """
         gang = self._gangs.get(job_id)
-        if gang is None or gang.ended is None:
+        if gang is None:
             return self._ended.get(job_id)
-        if gang.state is not _State.RUNNING:
-            return await asyncio.shield(gang.ended)
-        gang.state = _State.PREEMPTING
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace_seconds
-        term_at = deadline - min(5.0, 0.2 * grace_seconds)
-        sig = signal_from_name(signal or gang.assignment.checkpoint_signal)
-        for rank in gang.live():
-            _signal_group(rank.process.pid, sig)
-        await self._wait_until(gang, lambda: all(r.report is not None for r in gang.live()), term_at)
-        await self._wait_until(gang, lambda: not gang.live(), min(term_at, loop.time() + exit_after_report))
-        await self._escalate(gang, deadline)
+        self.send_preempt(job_id, grace_seconds, signal, cause=cause)
         return await asyncio.shield(gang.ended)
 
-    async def stop(self, job_id: str, grace_seconds: float) -> GangOutcome | None:
-        """SIGTERM the job's ranks, SIGKILL them after `grace_seconds` (gang released, job cancelled)."""
+    async def stop(self, job_id: str, grace_seconds: float, *, cause: str | None = None) -> GangOutcome | None:
+        """SIGTERM the job's ranks, SIGKILL them after `grace_seconds`, and wait for the end."""
         gang = self._gangs.get(job_id)
-        if gang is None or gang.ended is None:
+        if gang is None:
             return None
-        if gang.state is _State.RUNNING:
-            gang.state = _State.STOPPING
-        await self._terminate(gang, grace_seconds)
+        self.send_stop(job_id, grace_seconds, cause=cause)
         return await asyncio.shield(gang.ended)
 
     async def close(self, grace_seconds: float = 2.0) -> None:
-        """Stop every gang (agent shutdown)."""
-        await asyncio.gather(*(self.stop(job_id, grace_seconds) for job_id in list(self._gangs)))
+        """Stop every gang and wait for their ends (an agent told to stop its workers on exit)."""
+        others = list(self._others)
+        for gang in others:
+            self._command(gang, {"op": "stop", "grace": grace_seconds, "cause": None})
+        await asyncio.gather(*(self.stop(job_id, grace_seconds) for job_id in list(self._gangs)),
+                             *(asyncio.shield(g.ended) for g in others))
 
-    async def _terminate(self, gang: _Gang, grace_seconds: float) -> None:
-        for rank in gang.live():
-            _signal_group(rank.process.pid, signal_module.SIGTERM)
-        await self._escalate(gang, asyncio.get_running_loop().time() + grace_seconds, term=False)
+    async def detach(self) -> None:
+        """Stop following the stepds and leave them running (a graceful agent stop: an upgrade).
+        The next agent process adopts them (`adopt`)."""
+        tasks = [g.task for g in [*self._gangs.values(), *self._others] if g.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._gangs.clear()
+        self._others.clear()
 
-    async def _escalate(self, gang: _Gang, deadline: float, *, term: bool = True) -> None:
-        if term:
-            for rank in gang.live():
-                _signal_group(rank.process.pid, signal_module.SIGTERM)
-        await self._wait_until(gang, lambda: not gang.live(), deadline)
-        for rank in gang.live():
-            log.warning("job %s rank %s ignored SIGTERM; SIGKILL", gang.assignment.job_id, rank.spec.rank)
-            _signal_group(rank.process.pid, signal_module.SIGKILL)
-        if gang.ended is not None:
-            await asyncio.shield(gang.ended)
+    # --- adoption ------------------------------------------------------------------------------
 
-    @staticmethod
-    async def _wait_until(gang: _Gang, condition: _Condition, deadline: float) -> None:
-        loop = asyncio.get_running_loop()
-        while not condition():
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            gang.changed.clear()
-            if condition():
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(gang.changed.wait(), remaining)
+    async def adopt(self) -> list[AdoptedGang]:
+        """Follow the gang attempts an earlier agent process left in `run_dir` (call once, at start).
 
+        Returns each attempt found that still has something to report: `running` ones have a live
+        stepd; the others ended while no agent was there (their reports go out now) or lost their
+        stepd (their ranks are killed and reported as CRASHED).
+        """
+        found: list[_Gang] = []
+        if self._run_dir.is_dir():
+            for job_dir in sorted(self._run_dir.iterdir()):
+                if not job_dir.is_dir():
+                    continue
+                for folder in job_dir.glob("attempt-*"):
+                    gang = self._adoptable(folder)
+                    if gang is not None:
+                        found.append(gang)
+        adopted: list[AdoptedGang] = []
+        for gang in sorted(found, key=lambda g: (g.assignment.job_id, g.assignment.attempt)):
+            job = gang.assignment.job_id
+            older = self._gangs.get(job)
+            if older is not None:  # two attempts of one job here: only the newest may run
+                self._others.add(older)
+                self._command(older, {"op": "stop", "grace": self._kill_grace, "cause": None})
+            self._gangs[job] = gang
+            running = gang.phase not in (ENDED, ABANDONED) and self._stepd_alive(gang)
+            adopted.append(AdoptedGang(job, gang.assignment.attempt, gang.launch.launched_at, running))
+            log.info("adopted %s attempt %d (stepd pid %s, %s)", job, gang.assignment.attempt, gang.stepd_pid,
+                     "running" if running else gang.phase)
+            gang.task = asyncio.create_task(self._watch(gang), name=f"stepd-{job}")
+        return adopted
 
-class _Condition(Protocol):
-    def __call__(self) -> bool: ...
+    def _adoptable(self, folder: Path) -> _Gang | None:
+        if (folder / REPORTED).exists():
+            return None
+        launch = read_launch(folder)
+        if launch is None:
+            return None
+        a = launch.assignment
+        if read_state(folder) is None and abandon(folder, a.job_id, a.attempt,
+                                                  "the agent restarted before the stepd wrote its state"):
+            log.warning("%s: launched but never started (the agent stopped first); abandoned", folder)
+            (folder / REPORTED).touch()
+            return None
+        state = read_state(folder)
+        if state is None or state.get("phase") == ABANDONED:
+            with contextlib.suppress(OSError):
+                (folder / REPORTED).touch()
+            return None
+        gang = _Gang(folder=folder, launch=launch, stepd_pid=state.get("stepd_pid"),
+                     stepd_started=state.get("stepd_started"))
+        self._refresh(gang)
+        return gang
 
-
-def _signal_group(pgid: int, sig: signal_module.Signals) -> None:
-    """Signal a rank's process group; a group that is already gone is not an error."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)

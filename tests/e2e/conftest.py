@@ -40,7 +40,9 @@ def make_stack(tmp_path: Path, nats_url: str, postgres_dsn: str, namespace: str)
             data_dir=tmp_path / f"stack{len(stacks)}", cluster=cluster, cluster_file=cluster_file,
             nats_url=nats_url, postgres_dsn=postgres_dsn, namespace=namespace, runtime=runtime,
             write_user_context=False,
-            extra_env={"CORRAL_NODE_LOST_SECONDS": "6", "CORRAL_LOG_LEVEL": "INFO", **(env or {})}))
+            # the agents' workers outlive a graceful stop (an upgrade); a test's stack must not leave any
+            extra_env={"CORRAL_NODE_LOST_SECONDS": "6", "CORRAL_LOG_LEVEL": "INFO",
+                       "CORRAL_AGENT_STOP_WORKERS_ON_EXIT": "1", **(env or {})}))
         stack.start()
         stacks.append(stack)
         return stack

@@ -1,7 +1,9 @@
-"""Failures end to end: a crashed rank restarts the gang from its checkpoint; a silent node is lost."""
+"""Failures end to end: a crashed rank restarts the gang from its checkpoint; a silent node is lost;
+a killed node agent's workers keep running and their exits are reported by the next agent."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 
 from corral.contracts import events as ev
@@ -61,6 +63,46 @@ async def test_a_node_that_stops_heartbeating_is_lost_and_its_jobs_requeued(make
         assert requeued[0].reason.code == "NODE_LOST"
         stack.process("node-agents").start()  # the nodes come back and register again
         await c.wait_for(lambda v: v.jobs[job].state is JobState.RUNNING and v.jobs[job].attempt == 1, 60)
+    except BaseException:
+        print(dump_logs(stack))
+        raise
+    finally:
+        await c.close()
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a rank whose stepd has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return b") Z " not in stat.read()
+    except OSError:
+        return False
+
+
+async def test_a_rank_that_ends_while_the_node_agents_are_killed_completes_its_job(make_stack: StackFactory) -> None:
+    # Issue 11 item 3: the exit happened while no agent ran, so nobody reported it; the job stayed
+    # RUNNING forever. The node is not declared lost (the agents are back well within 60 s).
+    stack = make_stack(cluster="1x8:H100", env={"CORRAL_NODE_LOST_SECONDS": "60"})
+    c = await connect(stack)
+    try:
+        await with_queues(c, [{"name": "team-a", "guaranteed_gpus": 8}], nodes=1)
+        job = await c.submit(validate_job_spec({"name": "short", "queue": "team-a", "gpus_per_replica": 2,
+                                                "runtime": "sim", "duration_seconds": 3}))
+        await c.wait_for(lambda v: job in v.jobs and v.jobs[job].state is JobState.RUNNING, 60)
+        [started] = [e for _, e in await c.job_events(job) if isinstance(e, ev.WorkerStarted)]
+        stack.process("node-agents").kill(signal.SIGKILL)
+        assert _alive(started.pid), "the worker outlives its agent"
+        for _ in range(200):  # the rank finishes its 3 s of work while no agent runs
+            if not _alive(started.pid):
+                break
+            await asyncio.sleep(0.1)
+        assert not _alive(started.pid)
+        assert (await c.view()).jobs[job].state is JobState.RUNNING
+        stack.process("node-agents").start()
+        view = await c.wait_for(lambda v: v.jobs[job].state.terminal, 60)
+        assert view.jobs[job].state is JobState.COMPLETED and view.jobs[job].attempt == 0
+        exits = [e for _, e in await c.job_events(job) if isinstance(e, ev.WorkerExited)]
+        assert [(e.rank, e.exit_code) for e in exits] == [(0, 0)]
     except BaseException:
         print(dump_logs(stack))
         raise

@@ -104,7 +104,8 @@ async def cluster(nats_url: str, namespace: str, tmp_path: Path) -> AsyncIterato
     await bus.ensure_streams()
     seen = Seen()
     await _subscribe(bus, seen)
-    options = AgentOptions(work_dir=tmp_path / "nodes", heartbeat_seconds=0.2, stop_grace_seconds=3.0)
+    options = AgentOptions(work_dir=tmp_path / "nodes", heartbeat_seconds=0.2, stop_grace_seconds=3.0,
+                           stop_workers_on_exit=True)
     c = Cluster(bus, seen, options)
     ready = asyncio.Event()
 
@@ -189,6 +190,9 @@ async def test_preempted_gang_checkpoints_stops_and_resumes_from_its_step(cluste
     await wait_for(lambda: len(seen.of(WorkerStarted, "job-p")) == 4)
     log0 = cluster.options.logs / "job-p" / "rank-0.log"
     await wait_for(lambda: log0.exists() and "step=5\n" in log0.read_text())
+    # every rank has installed its checkpoint-signal handler (a rank still starting dies of SIGUSR1)
+    logs = [cluster.options.logs / "job-p" / f"rank-{r}.log" for r in range(4)]
+    await wait_for(lambda: all(p.exists() and "step=1\n" in p.read_text() for p in logs))
     preempt = PreemptRequested.new(stream=job_stream("job-p"), actor="preemption", correlation_id="job-p",
                                    victim_job_id="job-p", for_job_id="job-urgent",
                                    deadline=datetime.now(UTC) + timedelta(seconds=20),
@@ -280,7 +284,7 @@ async def test_agent_started_after_the_submission_knows_the_spec_from_the_stream
     await bus.ensure_streams()
     seen = Seen()
     await _subscribe(bus, seen)
-    early = Cluster(bus, seen, AgentOptions(work_dir=tmp_path / "nodes"))
+    early = Cluster(bus, seen, AgentOptions(work_dir=tmp_path / "nodes", stop_workers_on_exit=True))
     await early.publish(submitted("job-early", duration_seconds=0.2))
     await early.publish(submitted("job-over", duration_seconds=0.2))
     await early.publish(JobCompleted.new(stream=job_stream("job-over"), actor="placement", job_id="job-over"))
@@ -312,7 +316,7 @@ def test_durable_name_is_stable_per_node_set() -> None:
     assert durable_name(["a", "b"]).startswith("node-agents-")
 
 
-async def test_service_process_registers_and_stops_its_workers_on_sigterm(
+async def test_service_process_with_stop_workers_on_exit_stops_its_workers_on_sigterm(
         nats_url: str, namespace: str, tmp_path: Path) -> None:
     bus = await Bus.connect(nats_url, namespace)
     await bus.ensure_streams()
@@ -324,7 +328,8 @@ async def test_service_process_registers_and_stops_its_workers_on_sigterm(
            "CORRAL_LOG_DIR": str(tmp_path / "logs")}
     proc = await asyncio.create_subprocess_exec(
         PY, "-m", "corral.services.node_agent", "--cluster-file", str(shorthand), "--runtime", "sim",
-        "--work-dir", str(tmp_path / "nodes"), "--heartbeat-seconds", "0.3", "--stop-grace", "3", env=env)
+        "--work-dir", str(tmp_path / "nodes"), "--heartbeat-seconds", "0.3", "--stop-grace", "3",
+        "--stop-workers-on-exit", env=env)
     try:
         await wait_for(lambda: len(seen.of(NodeRegistered)) == 1)
         c = Cluster(bus, seen, AgentOptions(work_dir=tmp_path))

@@ -1,12 +1,15 @@
 """The supervisor with real processes: env, logs, checkpoint/resume, escalation, crash handling.
 
-No NATS here: the supervisor reports through `AgentEvents`, recorded in memory.
+No NATS here: the supervisor reports through `AgentEvents`, recorded in memory. Every gang runs
+under its own stepd process (see `stepd`), so these also test the stepd.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 import textwrap
 from collections.abc import Callable
@@ -34,17 +37,18 @@ class Recorder:
         self.calls.append((kind, payload))
         self.changed.set()
 
-    async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int) -> None:
+    async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int, *, at: float,
+                             cause: str | None) -> None:
         self._add("started", job_id=job_id, rank=rank, pid=pid, attempt=attempt)
 
-    async def worker_start_failed(self, job_id: str, rank: int, attempt: int, message: str) -> None:
-        self._add("start_failed", job_id=job_id, rank=rank, attempt=attempt, message=message)
+    async def worker_exited(self, job_id: str, rank: int, exit_code: int | None, attempt: int,
+                            reason: ExitReason, *, at: float, cause: str | None, message: str = "") -> None:
+        kind = "start_failed" if reason is ExitReason.START_FAILED else "exited"
+        self._add(kind, job_id=job_id, rank=rank, exit_code=exit_code, attempt=attempt, reason=reason,
+                  message=message)
 
-    async def worker_exited(self, job_id: str, rank: int, exit_code: int, attempt: int,
-                            reason: ExitReason) -> None:
-        self._add("exited", job_id=job_id, rank=rank, exit_code=exit_code, attempt=attempt, reason=reason)
-
-    async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int) -> None:
+    async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int, *, at: float,
+                              cause: str | None) -> None:
         self._add("checkpoint", job_id=job_id, path=path, step=step, rank=rank, attempt=attempt)
 
     async def gang_ended(self, outcome: GangOutcome) -> None:
@@ -253,7 +257,8 @@ async def test_a_redelivered_reservation_does_not_start_the_gang_twice(tmp_path:
 
 async def test_a_failing_event_callback_does_not_stop_supervision(tmp_path: Path) -> None:
     class Broken(Recorder):
-        async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int) -> None:
+        async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int, *, at: float,
+                                 cause: str | None) -> None:
             raise RuntimeError("bus is down")
 
     events = Broken()
@@ -262,3 +267,47 @@ async def test_a_failing_event_callback_does_not_stop_supervision(tmp_path: Path
     outcome = await asyncio.wait_for(sup.wait("job-1"), 10)
     assert outcome is not None and outcome.end is GangEnd.COMPLETED
     assert len(events.of("exited")) == 2
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return b") Z " not in stat.read()
+    except OSError:
+        return False
+
+
+async def test_a_killed_stepd_has_its_ranks_killed_and_reported_as_crashed(tmp_path: Path) -> None:
+    events = Recorder()
+    sup = Supervisor(events, tmp_path / "run")
+    await sup.start(assignment(tmp_path, UNTIL_STOPPED, ranks=2))
+    pids = sup.pids("job-1")
+    stepd = sup.stepd_pid("job-1")
+    assert stepd is not None and len(pids) == 2
+    os.kill(stepd, signal.SIGKILL)
+    outcome = await asyncio.wait_for(sup.wait("job-1"), 10)
+    assert outcome is not None and outcome.end is GangEnd.FAILED
+    assert [(c["rank"], c["reason"], c["exit_code"]) for c in events.of("exited")] == [
+        (0, ExitReason.CRASHED, None), (1, ExitReason.CRASHED, None)]
+    assert "stepd" in events.of("exited")[0]["message"]
+    await wait_for(lambda: not any(_alive(pid) for pid in pids.values()))
+
+
+async def test_a_second_supervisor_adopts_a_detached_gang_and_reports_it_again(tmp_path: Path) -> None:
+    first = Supervisor(Recorder(), tmp_path / "run")
+    started = await first.start(assignment(tmp_path, UNTIL_STOPPED, ranks=1))
+    await first.detach()
+    assert all(_alive(pid) for pid in started.pids.values())
+    events = Recorder()
+    second = Supervisor(events, tmp_path / "run")
+    [adopted] = await second.adopt()
+    assert (adopted.job_id, adopted.attempt, adopted.running) == ("job-1", 1, True)
+    assert second.running_jobs() == ["job-1"]
+    await wait_for(lambda: len(events.of("started")) == 1)
+    assert events.of("started")[0]["pid"] == started.pids[0]
+    late = await second.start(assignment(tmp_path, UNTIL_STOPPED, ranks=1))  # a redelivered reservation
+    assert late.already_running
+    outcome = await second.stop("job-1", grace_seconds=2)
+    assert outcome is not None and outcome.end is GangEnd.STOPPED and outcome.exits == {0: -15}
+    assert (tmp_path / "run" / "job-1" / "attempt-1" / "reported").exists()
+    assert await Supervisor(Recorder(), tmp_path / "run").adopt() == []  # nothing left to report

@@ -17,17 +17,16 @@ class Recorder:
         self.calls: list[tuple[object, ...]] = []
         self.outcomes: list[GangOutcome] = []
 
-    async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int) -> None:
+    async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int, *, at: float,
+                             cause: str | None) -> None:
         self.calls.append(("started", rank, attempt))
 
-    async def worker_start_failed(self, job_id: str, rank: int, attempt: int, message: str) -> None:
-        self.calls.append(("start_failed", rank))
-
-    async def worker_exited(self, job_id: str, rank: int, exit_code: int, attempt: int,
-                            reason: ExitReason) -> None:
+    async def worker_exited(self, job_id: str, rank: int, exit_code: int | None, attempt: int,
+                            reason: ExitReason, *, at: float, cause: str | None, message: str = "") -> None:
         self.calls.append(("exited", rank, exit_code, reason))
 
-    async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int) -> None:
+    async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int, *, at: float,
+                              cause: str | None) -> None:
         self.calls.append(("checkpoint", rank, step, path))
 
     async def gang_ended(self, outcome: GangOutcome) -> None:

@@ -1,0 +1,210 @@
+"""The files through which a node agent and a job's stepd talk: one folder per job attempt.
+
+Why files: the stepd (`stepd.py`, one process per gang attempt on a node) must outlive the agent
+(a `kill -9`, an upgrade). What it knows has to be readable by whichever agent process comes next,
+so it is written down, not held in a socket: `state.json` is the truth about the ranks (pids,
+start and exit times, exit codes and why, checkpoints), rewritten atomically (tmp + rename) on
+every change. The agent reads it (polling its inode and mtime) and reports from it; the agent's
+commands (preempt, stop) go the other way in `commands.json`, an append-only list, each also
+followed by SIGUSR2 to wake the stepd.
+
+    <run_dir>/<job>/attempt-<N>/
+        launch.json     the agent: the Assignment, the causing event, grace; written before spawning
+        state.json      the stepd (the ONE writer while it lives); first created with a hard link,
+                        so an agent that finds launch.json alone can claim the folder as abandoned
+        commands.json   the agent: [{"op": "preempt"|"stop", ...}], never reordered
+        reported        the agent: every report of this attempt was published (nothing to redo)
+        stepd.log       the stepd's own output
+        rank-<r>.control  each rank's control file (checkpoint reports, see `control`)
+
+No fsync: the files need to survive the agent process, not the machine; a machine that goes down
+takes its ranks with it, and placement's NodeLost covers that. Stdlib only: the stepd imports this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal as signal_module
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .assignment import Assignment, RankAssignment
+
+STATE_VERSION = 1
+
+LAUNCH = "launch.json"
+STATE = "state.json"
+COMMANDS = "commands.json"
+REPORTED = "reported"
+STEPD_LOG = "stepd.log"
+WAKE_SIGNAL = signal_module.SIGUSR2
+
+# state["phase"]
+STARTING, RUNNING, ENDED, ABANDONED = "starting", "running", "ended", "abandoned"
+
+
+def attempt_dir(run_dir: Path, job_id: str, attempt: int) -> Path:
+    return run_dir / job_id / f"attempt-{attempt}"
+
+
+def control_path(folder: Path, rank: int) -> Path:
+    return folder / f"rank-{rank}.control"
+
+
+# --- JSON files ---------------------------------------------------------------------------------
+
+def read_json(path: Path) -> Any:
+    """The content of `path`, or None when it is missing or not (yet) valid JSON."""
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def write_json(path: Path, content: Any) -> None:
+    """Replace `path` atomically: a reader sees the old or the new content, never a mix."""
+    tmp = _tmp(path)
+    tmp.write_text(json.dumps(content, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def create_json(path: Path, content: Any) -> bool:
+    """Create `path` atomically unless it exists (a hard link refuses to overwrite): True if created."""
+    tmp = _tmp(path)
+    tmp.write_text(json.dumps(content, sort_keys=True))
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def file_version(path: Path) -> tuple[int, int, int] | None:
+    """What changes when `path` is replaced or rewritten (inode, mtime, size); None if missing."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+# --- process identity ---------------------------------------------------------------------------
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot, /proc/<pid>/stat field 22), or
+    None when the process does not exist, is a zombie, or there is no /proc. A pid alone can be
+    reused after its process ended; (pid, start time) names one process for the machine's uptime."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2:].split()
+    if len(fields) < 20 or fields[0] == b"Z":
+        return None
+    return fields[19].decode()
+
+
+def is_alive(pid: int | None, start_time: str | None) -> bool:
+    """Whether the process `pid` that started at `start_time` still runs (not a reused pid).
+
+    Without /proc (not Linux) the start time cannot be read back; existence is all we can check."""
+    if not pid or pid <= 0:
+        return False
+    if Path("/proc/self/stat").exists():
+        now = process_start_time(pid)
+        return now is not None and (start_time is None or now == start_time)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """Signal a rank's process group; a group that is already gone is not an error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+# --- the Assignment as JSON ----------------------------------------------------------------------
+
+def assignment_to_json(a: Assignment) -> dict[str, Any]:
+    return {
+        "job_id": a.job_id, "attempt": a.attempt, "world_size": a.world_size, "node_rank": a.node_rank,
+        "master_addr": a.master_addr, "master_port": a.master_port,
+        "ranks": [{"rank": r.rank, "local_rank": r.local_rank, "gpus": list(r.gpus)} for r in a.ranks],
+        "command": list(a.command), "checkpoint_dir": str(a.checkpoint_dir), "log_dir": str(a.log_dir),
+        "env": dict(a.env), "resume_from": str(a.resume_from) if a.resume_from else None,
+        "checkpoint_signal": a.checkpoint_signal, "max_restarts": a.max_restarts, "restarts": a.restarts,
+        "workdir": str(a.workdir) if a.workdir else None,
+    }
+
+
+def assignment_from_json(d: dict[str, Any]) -> Assignment:
+    return Assignment(
+        job_id=d["job_id"], attempt=int(d["attempt"]), world_size=int(d["world_size"]),
+        node_rank=int(d["node_rank"]), master_addr=d["master_addr"], master_port=int(d["master_port"]),
+        ranks=tuple(RankAssignment(int(r["rank"]), int(r["local_rank"]), tuple(int(g) for g in r["gpus"]))
+                    for r in d["ranks"]),
+        command=tuple(d["command"]), checkpoint_dir=Path(d["checkpoint_dir"]), log_dir=Path(d["log_dir"]),
+        env=dict(d.get("env") or {}), resume_from=Path(d["resume_from"]) if d.get("resume_from") else None,
+        checkpoint_signal=d.get("checkpoint_signal") or "SIGUSR1", max_restarts=int(d.get("max_restarts", 0)),
+        restarts=int(d.get("restarts", 0)), workdir=Path(d["workdir"]) if d.get("workdir") else None,
+    )
+
+
+@dataclass(frozen=True)
+class Launch:
+    """launch.json: what the stepd runs and how."""
+
+    assignment: Assignment
+    cause: str | None  # event id of the GangReserved that launched it (causation of the reports)
+    kill_grace: float  # SIGTERM -> SIGKILL for the peers of a crashed rank
+    launched_at: float  # wall clock
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "assignment": assignment_to_json(self.assignment), "cause": self.cause,
+                "kill_grace": self.kill_grace, "launched_at": self.launched_at}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Launch:
+        return cls(assignment=assignment_from_json(d["assignment"]), cause=d.get("cause"),
+                   kill_grace=float(d.get("kill_grace", 5.0)), launched_at=float(d.get("launched_at", 0.0)))
+
+
+def read_launch(folder: Path) -> Launch | None:
+    raw = read_json(folder / LAUNCH)
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return Launch.from_json(raw)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def read_state(folder: Path) -> dict[str, Any] | None:
+    raw = read_json(folder / STATE)
+    return raw if isinstance(raw, dict) and "phase" in raw else None
+
+
+def read_commands(folder: Path) -> list[dict[str, Any]]:
+    raw = read_json(folder / COMMANDS)
+    return [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
+
+
+def abandon(folder: Path, job_id: str, attempt: int, message: str) -> bool:
+    """Claim a folder whose stepd never wrote its state: True if claimed (no rank will ever run)."""
+    return create_json(folder / STATE, {"version": STATE_VERSION, "job_id": job_id, "attempt": attempt,
+                                        "phase": ABANDONED, "message": message, "ranks": {}, "checkpoints": []})

@@ -1,0 +1,350 @@
+"""`python -m corral.services.node_agent.stepd <attempt-dir>`: one gang attempt's ranks on one node.
+
+The problem: ranks used to be children of the node-agent process. A `kill -9` of the agent left
+them running as orphans whose exits nobody saw, and a graceful stop of the agent (an upgrade,
+Ctrl-C of `corral up`) killed every one of them. Slurm solves this with slurmstepd, a small
+per-step supervisor that outlives slurmd; this is Corral's.
+
+The agent writes `launch.json` (see `step_files`) and starts this process in its own session; it
+then owns the ranks: it launches them (each in its own process group, env and log exactly as
+before), waits for them, writes every start, checkpoint report and exit (code or signal, and why)
+to `state.json` atomically, carries out the agent's commands from `commands.json` (preempt: the
+checkpoint signal, SIGTERM, SIGKILL at the deadline; stop: SIGTERM, SIGKILL after the grace) and
+tears the local gang down when one rank crashes. It exits once every rank has ended and the final
+state is written. It never talks to NATS: whichever agent runs reports from the state file.
+
+Why signals + a command file rather than a socket: the state must be on disk anyway for the next
+agent; a unix socket path would have to fit in 108 bytes (run dirs are deep) and a socket adds a
+connection lifecycle to both sides. A command is a line in a file the agent rewrites atomically,
+and SIGUSR2 only says "look now" (the stepd also looks at every wake-up, so a lost signal costs
+one poll period). SIGTERM to the stepd itself stops the gang (SIGTERM, SIGKILL after kill_grace).
+
+It is a plain loop on `select` (a wake-up pipe fed by SIGCHLD, SIGUSR2 and SIGTERM) and imports only
+the standard library and the agent's stdlib-only modules: one of these runs per gang per node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import signal as signal_module
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from corral.worker import CHECKPOINTED_EXIT_CODE, signal_from_name
+
+from .assignment import build_rank_env, rank_log_path
+from .control import ControlChannel
+from .step_files import (
+    ENDED,
+    RUNNING,
+    STARTING,
+    STATE,
+    STATE_VERSION,
+    WAKE_SIGNAL,
+    Launch,
+    control_path,
+    create_json,
+    process_start_time,
+    read_commands,
+    read_launch,
+    signal_group,
+    write_json,
+)
+
+log = logging.getLogger("corral.stepd")
+
+POLL_RUNNING = 0.25  # control files while nothing is pending; exits and commands wake us at once
+POLL_BUSY = 0.05  # while preempting (waiting for checkpoint reports)
+EXIT_AFTER_REPORT = 2.0  # a rank that reported its checkpoint gets this long to exit by itself
+
+# state["mode"]: what the gang is doing; decides the reason of an exit (see `classify`)
+M_RUNNING, M_PREEMPTING, M_STOPPING, M_FAILING = "running", "preempting", "stopping", "failing"
+
+
+def classify(mode: str, code: int) -> str:
+    """The ExitReason value of a rank exit (see `supervisor.ExitReason`)."""
+    if code == 0:
+        return "completed"
+    if code == CHECKPOINTED_EXIT_CODE:
+        return "checkpointed"
+    if mode == M_PREEMPTING:
+        return "preempted"
+    if mode == M_STOPPING:
+        return "stopped"
+    if mode == M_FAILING:
+        return "gang_killed"  # the peers of a crashed rank die of it one way or another
+    return "crashed"
+
+
+def gang_end(state: dict[str, Any]) -> str:
+    """The GangEnd value of a finished attempt."""
+    codes = [r.get("exit_code") for r in state["ranks"].values()]
+    if state["mode"] == M_FAILING:
+        return "failed"
+    if codes and all(c == 0 for c in codes):
+        return "completed"
+    if state["mode"] == M_PREEMPTING:
+        return "preempted"
+    if state["mode"] == M_STOPPING:
+        return "stopped"
+    return "checkpointed"
+
+
+class Stepd:
+    def __init__(self, folder: Path, launch: Launch) -> None:
+        self.folder = folder
+        self.launch = launch
+        self.a = launch.assignment
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.controls: dict[int, ControlChannel] = {}
+        self.reported: set[int] = set()  # ranks that reported a checkpoint during a preemption
+        self.kill_at: float | None = None
+        self.preempting: dict[str, Any] | None = None
+        self.term_requested = False
+        self.dirty = False
+        self.state: dict[str, Any] = {
+            "version": STATE_VERSION, "job_id": self.a.job_id, "attempt": self.a.attempt, "phase": STARTING,
+            "mode": M_RUNNING, "stepd_pid": os.getpid(), "stepd_started": process_start_time(os.getpid()),
+            "cause": launch.cause, "ranks": {}, "checkpoints": [], "commands_done": 0,
+            "failed_rank": None, "failed_exit_code": None, "end": None, "updated_at": time.time(),
+        }
+
+    # --- the loop ----------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        if not create_json(self.folder / STATE, self.state):
+            log.warning("%s: the agent abandoned this attempt before we started; not running it", self.folder)
+            return 0
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal_module.set_wakeup_fd(wake_w)
+        for sig in (signal_module.SIGCHLD, WAKE_SIGNAL):
+            signal_module.signal(sig, _nothing)
+        signal_module.signal(signal_module.SIGTERM, self._on_term)
+        # No SIG_IGN here: the ranks would inherit it. In its own session, no terminal signals it.
+        self.spawn_all()
+        self.state["phase"] = RUNNING
+        self.save()
+        while True:
+            now = time.monotonic()
+            self.read_commands(now)
+            self.drain_controls()
+            self.reap(now)
+            self.escalate(now)
+            if not self.live():
+                break
+            if self.dirty:
+                self.save()
+            with contextlib.suppress(InterruptedError):
+                select.select([wake_r], [], [], self.timeout(now))
+            with contextlib.suppress(BlockingIOError):
+                while os.read(wake_r, 512):
+                    pass
+        self.state["phase"] = ENDED
+        self.state["end"] = gang_end(self.state)
+        self.save()
+        log.info("%s attempt %d ended: %s", self.a.job_id, self.a.attempt, self.state["end"])
+        return 0
+
+    def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        self.term_requested = True
+
+    def live(self) -> list[int]:
+        return [int(r) for r, rec in self.state["ranks"].items() if rec.get("exited_at") is None]
+
+    def save(self) -> None:
+        self.state["updated_at"] = time.time()
+        write_json(self.folder / STATE, self.state)
+        self.dirty = False
+
+    def timeout(self, now: float) -> float:
+        due = [POLL_BUSY if self.preempting else POLL_RUNNING]
+        if self.kill_at is not None:
+            due.append(self.kill_at - now)
+        if self.preempting is not None:
+            due += [self.preempting["term_at"] - now, self.preempting["deadline"] - now]
+        return max(0.0, min(due))
+
+    # --- ranks ---------------------------------------------------------------------------------
+
+    def spawn_all(self) -> None:
+        failed: int | None = None
+        for spec in self.a.ranks:
+            rec: dict[str, Any] = {"pid": None, "pid_started": None, "started_at": None, "exit_code": None,
+                                   "exited_at": None, "reason": None, "message": None, "cause": self.launch.cause}
+            self.state["ranks"][str(spec.rank)] = rec
+            if failed is not None:
+                rec.update(exited_at=time.time(), reason="gang_killed",
+                           message=f"not started: rank {failed} on this node could not start")
+                continue
+            try:
+                self.procs[spec.rank] = self.spawn(spec.rank)
+            except OSError as exc:
+                failed = spec.rank
+                rec.update(exited_at=time.time(), reason="start_failed", message=f"{type(exc).__name__}: {exc}")
+                continue
+            proc = self.procs[spec.rank]
+            rec.update(pid=proc.pid, pid_started=process_start_time(proc.pid), started_at=time.time())
+            self.controls[spec.rank] = ControlChannel(control_path(self.folder, spec.rank))
+        if failed is not None:
+            self.state.update(mode=M_FAILING, failed_rank=failed)
+            self.terminate(self.launch.kill_grace, time.monotonic())
+
+    def spawn(self, rank: int) -> subprocess.Popen[bytes]:
+        spec = next(r for r in self.a.ranks if r.rank == rank)
+        log_path = rank_log_path(self.a, spec)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log_file:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            log_file.write(f"==== corral job {self.a.job_id} attempt {self.a.attempt} rank {spec.rank} "
+                           f"node_rank {self.a.node_rank} started {stamp} ====\n".encode())
+            log_file.flush()
+            env = build_rank_env(self.a, spec, control_path(self.folder, spec.rank), os.environ)
+            try:
+                return subprocess.Popen(
+                    list(self.a.command), env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                    cwd=str(self.a.workdir) if self.a.workdir else None)
+            except OSError as exc:
+                log_file.write(f"==== could not start: {exc} ====\n".encode())
+                raise
+
+    def reap(self, now: float) -> None:
+        for rank, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del self.procs[rank]
+            self.drain_controls()
+            rec = self.state["ranks"][str(rank)]
+            reason = classify(self.state["mode"], code)
+            rec.update(exit_code=code, exited_at=time.time(), reason=reason, cause=self.state["cause"])
+            self.dirty = True
+            signal_group(proc.pid, signal_module.SIGKILL)  # leftovers the rank spawned
+            spec = next(r for r in self.a.ranks if r.rank == rank)
+            with contextlib.suppress(OSError), rank_log_path(self.a, spec).open("ab") as out:
+                out.write(f"==== exited with code {code} ====\n".encode())
+            if reason == "crashed" and self.state["mode"] == M_RUNNING:
+                self.state.update(mode=M_FAILING, failed_rank=rank, failed_exit_code=code)
+                self.terminate(self.launch.kill_grace, now)
+
+    def drain_controls(self) -> None:
+        for rank, channel in self.controls.items():
+            for report in channel.read_new():
+                if report.attempt != self.a.attempt:
+                    continue
+                self.reported.add(rank)
+                self.state["checkpoints"].append({"rank": report.rank, "path": str(report.path),
+                                                  "step": report.step, "at": time.time(),
+                                                  "cause": self.state["cause"]})
+                self.dirty = True
+
+    # --- commands and escalation -----------------------------------------------------------------
+
+    def read_commands(self, now: float) -> None:
+        if self.term_requested:
+            self.term_requested = False
+            self.stop(self.launch.kill_grace, None, now)
+        commands = read_commands(self.folder)
+        done = int(self.state["commands_done"])
+        for command in commands[done:]:
+            op = command.get("op")
+            try:
+                if op == "stop":
+                    self.stop(float(command.get("grace", self.launch.kill_grace)), command.get("cause"), now)
+                elif op == "preempt":
+                    self.preempt(command.get("signal"), float(command["deadline"]), command.get("cause"), now)
+                else:
+                    log.warning("ignoring unknown command %r", command)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("ignoring bad command %r: %s", command, exc)
+        if len(commands) > done:
+            self.state["commands_done"] = len(commands)
+            self.dirty = True
+
+    def stop(self, grace: float, cause: str | None, now: float) -> None:
+        if self.state["mode"] == M_RUNNING:
+            self.state["mode"] = M_STOPPING
+        if cause:
+            self.state["cause"] = cause
+        self.dirty = True
+        self.terminate(grace, now)
+
+    def preempt(self, signal_name: str | None, deadline_wall: float, cause: str | None, now: float) -> None:
+        if self.state["mode"] != M_RUNNING:
+            return  # already going down (crash, stop, an earlier preemption)
+        self.state["mode"] = M_PREEMPTING
+        if cause:
+            self.state["cause"] = cause
+        self.dirty = True
+        grace = max(0.0, deadline_wall - time.time())
+        deadline = now + grace
+        self.preempting = {"deadline": deadline, "term_at": deadline - min(5.0, 0.2 * grace),
+                           "reported_at": None, "termed": False, "killed": False}
+        sig = signal_from_name(signal_name or self.a.checkpoint_signal)
+        for rank in self.live_procs():
+            signal_group(self.procs[rank].pid, sig)
+
+    def live_procs(self) -> list[int]:
+        return sorted(self.procs)
+
+    def terminate(self, grace: float, now: float) -> None:
+        for rank in self.live_procs():
+            signal_group(self.procs[rank].pid, signal_module.SIGTERM)
+        at = now + grace
+        self.kill_at = at if self.kill_at is None else min(self.kill_at, at)
+
+    def escalate(self, now: float) -> None:
+        p = self.preempting
+        if p is not None and self.procs:
+            if not p["termed"]:
+                if p["reported_at"] is None and all(r in self.reported for r in self.procs):
+                    p["reported_at"] = now
+                term_time = p["term_at"] if p["reported_at"] is None else min(p["term_at"],
+                                                                              p["reported_at"] + EXIT_AFTER_REPORT)
+                if now >= term_time:
+                    p["termed"] = True
+                    for rank in self.live_procs():
+                        signal_group(self.procs[rank].pid, signal_module.SIGTERM)
+            if now >= p["deadline"] and not p["killed"]:
+                p["killed"] = True
+                self.kill_all("preemption deadline")
+        if self.kill_at is not None and now >= self.kill_at and self.procs:
+            self.kill_at = None
+            self.kill_all("grace over")
+
+    def kill_all(self, why: str) -> None:
+        for rank in self.live_procs():
+            log.warning("job %s rank %d still runs (%s); SIGKILL", self.a.job_id, rank, why)
+            signal_group(self.procs[rank].pid, signal_module.SIGKILL)
+
+
+def _nothing(signum: int, frame: FrameType | None) -> None:
+    """A Python handler, so that the signal reaches the wake-up pipe (SIGCHLD is ignored by default)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s stepd[%(process)d] %(levelname)s %(message)s")
+    if len(args) != 1:
+        print("usage: python -m corral.services.node_agent.stepd <attempt-dir>", file=sys.stderr)
+        return 2
+    folder = Path(args[0])
+    launch = read_launch(folder)
+    if launch is None:
+        print(f"stepd: {folder}/launch.json is missing or unreadable", file=sys.stderr)
+        return 2
+    return Stepd(folder, launch).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

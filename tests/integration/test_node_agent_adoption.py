@@ -1,0 +1,230 @@
+"""Workers outlive their agent: a `kill -9` or a graceful stop of the agent, then a new agent adopts.
+
+Reported bug (issue 11, item 3): after `kill -9` of the node agents, the workers kept running as
+orphans, their exits were never reported, and the restarted agent knew nothing of them. These run
+real agents (in-process or as `python -m corral.services.node_agent`), real stepds and sim workers
+against a real nats-server; the agents' reports are read from the inbox subjects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from corral.bus import Bus
+from corral.bus.naming import EVENTS
+from corral.contracts.cluster import parse_cluster_shorthand
+from corral.contracts.envelope import Reason, job_stream
+from corral.contracts.events import (
+    CheckpointDone,
+    GangReleased,
+    NodeHeartbeat,
+    NodeRegistered,
+    PreemptRequested,
+    WorkerExited,
+    WorkerStarted,
+)
+from corral.services.node_agent.service import AgentHost, AgentOptions, durable_name, run_agents
+from corral.services.node_agent.step_files import read_json
+from corral.worker import CHECKPOINTED_EXIT_CODE
+from tests.integration.test_node_agent_service import Cluster, Seen, _subscribe, reserved, submitted, wait_for
+
+PY = sys.executable
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a rank whose stepd has not reaped it yet)."""
+    try:
+        return b") Z " not in Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+
+
+def kill_leftovers(work_dir: Path) -> None:
+    """Whatever a failed test left running: every stepd and rank group under `work_dir`."""
+    for state_file in work_dir.glob("*/run/*/attempt-*/state.json"):
+        state = read_json(state_file) or {}
+        for rec in (state.get("ranks") or {}).values():
+            if rec.get("pid") and rec.get("exited_at") is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(rec["pid"], signal.SIGKILL)
+        if state.get("stepd_pid") and state.get("phase") != "ended":
+            with contextlib.suppress(OSError):
+                os.kill(state["stepd_pid"], signal.SIGKILL)
+
+
+class Agents:
+    """One in-process node-agent host for `1x2:H100` (node-0), started and stopped at will."""
+
+    def __init__(self, nats_url: str, namespace: str, options: AgentOptions) -> None:
+        self.nats_url, self.namespace, self.options = nats_url, namespace, options
+        self.stop_event = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.host: AgentHost | None = None
+
+    async def start(self) -> AgentHost:
+        ready = asyncio.Event()
+
+        def on_ready(host: AgentHost) -> None:
+            self.host = host
+            ready.set()
+
+        self.stop_event = asyncio.Event()
+        inventories = parse_cluster_shorthand("1x2:H100").inventories()
+        self.task = asyncio.create_task(run_agents(self.nats_url, self.namespace, inventories, self.options,
+                                                   self.stop_event, on_ready=on_ready))
+        await asyncio.wait_for(ready.wait(), 30)
+        assert self.host is not None
+        return self.host
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        if self.task is not None:
+            await asyncio.wait_for(self.task, 30)
+            self.task = None
+
+
+@pytest.fixture
+async def env(nats_url: str, namespace: str, tmp_path: Path) -> AsyncIterator[tuple[Cluster, Agents]]:
+    bus = await Bus.connect(nats_url, namespace)
+    await bus.ensure_streams()
+    seen = Seen()
+    await _subscribe(bus, seen)
+    options = AgentOptions(work_dir=tmp_path / "nodes", runtime="sim", heartbeat_seconds=0.2, stop_grace_seconds=3.0,
+                           kill_grace_seconds=2.0)
+    agents = Agents(nats_url, namespace, options)
+    try:
+        yield Cluster(bus, seen, options), agents
+    finally:
+        with contextlib.suppress(Exception):
+            await agents.stop()
+        kill_leftovers(options.work_dir)
+        await bus.close()
+
+
+def beats_after(seen: Seen, count: int) -> list[NodeHeartbeat]:
+    return seen.of(NodeHeartbeat)[count:]
+
+
+async def test_exit_while_the_agent_was_killed_is_reported_by_the_restarted_agent(
+        nats_url: str, namespace: str, tmp_path: Path) -> None:
+    bus = await Bus.connect(nats_url, namespace)
+    await bus.ensure_streams()
+    seen = Seen()
+    await _subscribe(bus, seen)
+    shorthand = tmp_path / "cluster.shorthand"
+    shorthand.write_text("1x2:H100\n")
+    work = tmp_path / "nodes"
+    env = {**os.environ, "CORRAL_NATS_URL": nats_url, "CORRAL_NAMESPACE": namespace}
+    argv = [PY, "-m", "corral.services.node_agent", "--cluster-file", str(shorthand), "--runtime", "sim",
+            "--work-dir", str(work), "--heartbeat-seconds", "0.2"]
+    agent = await asyncio.create_subprocess_exec(*argv, env=env)
+    again: asyncio.subprocess.Process | None = None
+    try:
+        await wait_for(lambda: len(seen.of(NodeRegistered)) == 1)
+        c = Cluster(bus, seen, AgentOptions(work_dir=work))
+        await c.publish(submitted("job-k", duration_seconds=2.0))
+        await c.publish(reserved("job-k", [(0, "node-0", [0])]))
+        await wait_for(lambda: len(seen.of(WorkerStarted, "job-k")) == 1)
+        pid = seen.of(WorkerStarted, "job-k")[0].pid
+        agent.kill()  # kill -9 of the agent process, not of its process group
+        await agent.wait()
+        assert alive(pid), "the worker outlives its agent"
+        await wait_for(lambda: not alive(pid), 20)  # the rank ends while no agent runs
+        assert seen.of(WorkerExited, "job-k") == []
+        beats = len(seen.of(NodeHeartbeat))
+
+        again = await asyncio.create_subprocess_exec(*argv, env=env)
+        await wait_for(lambda: len(seen.of(WorkerExited, "job-k")) >= 1)
+        [exited] = {e.event_id: e for e in seen.of(WorkerExited, "job-k")}.values()
+        assert exited.exit_code == 0 and exited.reason.code == "COMPLETED" and exited.attempt == 0
+        # The restarted agent reports the start again; the same event id makes it one report.
+        started = seen.of(WorkerStarted, "job-k")
+        assert len(started) == 2 and started[0].event_id == started[1].event_id
+        await wait_for(lambda: len(beats_after(seen, beats)) >= 3)
+        assert all("job-k" not in h.running_job_ids for h in beats_after(seen, beats))
+    finally:
+        for proc in (agent, again):
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        kill_leftovers(work)
+        await bus.close()
+
+
+async def test_a_graceful_stop_leaves_the_worker_running_and_the_next_agent_adopts_and_preempts_it(
+        env: tuple[Cluster, Agents]) -> None:
+    c, agents = env
+    seen = c.seen
+    await agents.start()
+    await c.publish(submitted("job-g", replicas=2, duration_seconds=120.0))
+    gang = reserved("job-g", [(0, "node-0", [0]), (1, "node-0", [1])])
+    await c.publish(gang)
+    await wait_for(lambda: len(seen.of(WorkerStarted, "job-g")) == 2)
+    pids = [e.pid for e in seen.of(WorkerStarted, "job-g")]
+    logs = [c.options.logs / "job-g" / f"rank-{r}.log" for r in range(2)]
+    await wait_for(lambda: all(p.exists() and "step=1\n" in p.read_text() for p in logs))
+
+    await agents.stop()  # SIGTERM of the agent: an upgrade
+    assert all(alive(pid) for pid in pids) and seen.of(WorkerExited, "job-g") == []
+    beats = len(seen.of(NodeHeartbeat))
+
+    await agents.start()
+    await wait_for(lambda: any("job-g" in h.running_job_ids for h in beats_after(seen, beats)))
+    assert all(alive(pid) for pid in pids)
+    preempt = PreemptRequested.new(stream=job_stream("job-g"), actor="preemption", correlation_id="job-g",
+                                   victim_job_id="job-g", for_job_id="job-urgent",
+                                   deadline=datetime.now(UTC) + timedelta(seconds=20),
+                                   reason=Reason(code="PREEMPTED_FOR_PRIORITY", message="job-urgent waits"))
+    await c.publish(preempt)
+    await wait_for(lambda: len(seen.of(CheckpointDone, "job-g")) == 1
+                   and len({e.rank for e in seen.of(WorkerExited, "job-g")}) == 2)
+    done = seen.of(CheckpointDone, "job-g")[0]
+    assert done.causation_id == preempt.event_id and done.attempt == 0
+    assert all(e.exit_code == CHECKPOINTED_EXIT_CODE and e.reason.code == "CHECKPOINTED"
+               for e in seen.of(WorkerExited, "job-g"))
+    assert len({e.event_id for e in seen.of(WorkerStarted, "job-g")}) == 2  # re-reports keep their ids
+    beats = len(seen.of(NodeHeartbeat))
+    await wait_for(lambda: len(beats_after(seen, beats)) >= 2)
+    assert all("job-g" not in h.running_job_ids for h in beats_after(seen, beats))
+
+
+async def test_an_adopted_gang_the_log_released_is_killed_before_the_node_registers(
+        env: tuple[Cluster, Agents]) -> None:
+    c, agents = env
+    seen = c.seen
+    await agents.start()
+    await c.publish(submitted("job-x", duration_seconds=120.0))
+    await c.publish(reserved("job-x", [(0, "node-0", [1])]))
+    await wait_for(lambda: len(seen.of(WorkerStarted, "job-x")) == 1)
+    pid = seen.of(WorkerStarted, "job-x")[0].pid
+    await agents.stop()
+    assert alive(pid)
+
+    # While no agent runs, placement releases the gang (e.g. the node looked lost) and the agents'
+    # durable consumer is gone (expired): only the log can tell the next agent.
+    await c.publish(GangReleased.new(stream=job_stream("job-x"), actor="placement", correlation_id="job-x",
+                                     job_id="job-x", attempt=0,
+                                     reason=Reason(code="NODE_LOST", message="node node-0 was lost")))
+    await c.bus.js.delete_consumer(c.bus.names.stream(EVENTS), durable_name(["node-0"]))
+    registered = len(seen.of(NodeRegistered))
+
+    await agents.start()
+    await wait_for(lambda: len(seen.of(WorkerExited, "job-x")) == 1 and len(seen.of(NodeRegistered)) > registered)
+    assert not alive(pid)
+    [exited] = seen.of(WorkerExited, "job-x")
+    assert exited.reason.code == "STOPPED" and exited.reason.details == {"signal": "SIGTERM"}
+    # killed (and reported) before the node offered its GPUs again
+    order = [e for e in seen.events if isinstance(e, WorkerExited | NodeRegistered)]
+    assert order.index(exited) < order.index(seen.of(NodeRegistered)[registered])
+    beats = len(seen.of(NodeHeartbeat))
+    await wait_for(lambda: len(beats_after(seen, beats)) >= 2)
+    assert all("job-x" not in h.running_job_ids for h in beats_after(seen, beats))
