@@ -276,10 +276,23 @@ class QueueConfigured(Event, frozen=True, kw_only=True):
     queue: QueueSpec
 
 
+# --- access ---------------------------------------------------------------------------------
+
+
+class AccessDenied(Event, frozen=True, kw_only=True):
+    """A request refused because its sender may not make it (e.g. cancelling another user's job);
+    `reason.code` says which rule, `user` is the sender named by the request's subject."""
+
+    user: str
+    request: str  # the refused request's event type
+    job_id: JobId | None = None
+    reason: Reason
+
+
 ALL_EVENTS: tuple[type[Event], ...] = (
     JobSubmitted, JobCancelRequested, JobAdmitted, JobRejected, QuotaReserved, QuotaReleased,
     GangReserved, GpusAllocated, GpusReleased, PlacementPending, PreemptRequested, CheckpointDone,
     GangReleased, JobRequeued, WorkerStarted, WorkerExited, JobRunning, JobCompleted, JobFailed, JobCancelled,
-    NodeRegistered, NodeHeartbeat, NodeLost, QueueConfigured,
+    NodeRegistered, NodeHeartbeat, NodeLost, QueueConfigured, AccessDenied,
 )
 

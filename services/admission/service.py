@@ -11,6 +11,7 @@ scheduled is rejected now instead of pending forever.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream, queue_stream
 from corral.contracts.problems import Problem
+from corral.contracts.subjects import Subjects
 from corral.eventstore import Tracking
 from corral.services.runtime import Service
 
@@ -29,7 +31,9 @@ log = logging.getLogger("corral.admission")
 
 class Admission(Service):
     name = "admission"
-    inbox = ("JobSubmitted", "JobCancelRequested")
+    #: `user.*.<Type>`: requests on a subject naming their sender (see `corral.bus.auth`); the bare
+    #: subjects are writable only by a superuser (tests, single-user tools).
+    inbox = ("JobSubmitted", "JobCancelRequested", "user.*.JobSubmitted", "user.*.JobCancelRequested")
     events = ("NodeRegistered", "QueueConfigured")
     #: What judging and cancelling need: nodes, queues, which jobs exist and which have ended.
     consumes = ("NodeRegistered", "NodeLost", "QueueConfigured", "JobSubmitted", "JobRejected", "JobCompleted",
@@ -38,15 +42,21 @@ class Admission(Service):
 
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
         tracking = self.tracking(delivery)
+        sender = self._sender(delivery)
+        event = as_sent_by(event, sender)
         if isinstance(event, ev.JobSubmitted):
             await self._admit(event, tracking)
         elif isinstance(event, ev.JobCancelRequested):
-            await self._cancel(event, tracking)
+            await self._cancel(event, tracking, sender=sender)
+
+    def _sender(self, delivery: Delivery) -> str | None:
+        return Subjects(self.bus.namespace).sender_of(delivery.subject, "user")
 
     async def handle_inbox_batch(self, items: Sequence[tuple[Event, Delivery]]) -> list[BaseException | None]:
         """Every submission of a fetched batch judged and appended in ONE commit (a commit per
         submission was admission's limit under a stream of them). A batch with a cancellation in it
         is handled one by one, in order, as before."""
+        items = [(as_sent_by(event, self._sender(delivery)), delivery) for event, delivery in items]
         submits = [i for i, (event, _) in enumerate(items) if isinstance(event, ev.JobSubmitted)]
         if len(submits) < 2 or len(submits) != len(items):
             return await super().handle_inbox_batch(items)
@@ -140,7 +150,7 @@ class Admission(Service):
         return ev.JobAdmitted.new(queue=spec.queue, priority=int(spec.priority), replicas=spec.replicas,
                                   gpus_per_replica=spec.gpus_per_replica, **common)
 
-    async def _cancel(self, request: ev.JobCancelRequested, tracking: Tracking) -> None:
+    async def _cancel(self, request: ev.JobCancelRequested, tracking: Tracking, *, sender: str | None = None) -> None:
         # We are sent only some of a job's events (`consumes`): read the rest before deciding.
         await self.refresh_stream(job_stream(request.job_id))
         job = self.view.jobs.get(request.job_id)
@@ -148,6 +158,15 @@ class Admission(Service):
             await self.append({}, tracking=tracking)
             return
         stream = job_stream(request.job_id)
+        denied = cancel_denied(sender, job.user, admins())
+        if denied is not None:
+            log.warning("job %s: cancel by %s refused: %s", request.job_id, sender, denied.message)
+            refusal = ev.AccessDenied.new(stream=stream, actor="admission", causation=request,
+                                          correlation_id=request.job_id, user=sender or "unknown",
+                                          request=request.type, job_id=request.job_id, reason=denied)
+            if not await self.append({stream: [refusal]}, tracking=tracking):
+                raise Retry("job stream moved on; recording the refusal again", delay=0.05)
+            return
         cancelled = ev.JobCancelled.new(
             stream=stream, actor=f"user/{request.user}" if request.user else "admission", causation=request,
             correlation_id=request.job_id, job_id=request.job_id,
@@ -155,6 +174,30 @@ class Admission(Service):
                           details={"user": request.user or "unknown"}))
         if not await self.append({stream: [request, cancelled]}, tracking=tracking):
             raise Retry("job stream moved on; retrying the cancellation", delay=0.05)
+
+
+def admins() -> frozenset[str]:
+    """Identities that may cancel any job: `$CORRAL_ADMINS` (comma-separated), set by `corral up`."""
+    return frozenset(u.strip() for u in os.environ.get("CORRAL_ADMINS", "").split(",") if u.strip())
+
+
+def as_sent_by(event: Event, sender: str | None) -> Event:
+    """The request as its sender made it: the user is the one its subject names (the NATS identity
+    that published it, enforced by the server), never the one written in the message."""
+    if sender is None or not isinstance(event, ev.JobSubmitted | ev.JobCancelRequested):
+        return event
+    if event.user == sender and event.actor == f"user/{sender}":
+        return event
+    return msgspec.structs.replace(event, user=sender, actor=f"user/{sender}")
+
+
+def cancel_denied(sender: str | None, owner: str | None, admin_users: frozenset[str]) -> Reason | None:
+    """Only the job's owner or an admin cancels it; None when allowed (a sender-less request came
+    on a subject only a superuser may publish to)."""
+    if sender is None or sender == owner or sender in admin_users:
+        return None
+    return Reason(code="NOT_OWNER", message=f"{sender} may not cancel a job of {owner or 'another user'}: "
+                  "only its owner or an admin may", details={"user": sender, "owner": owner or "unknown"})
 
 
 def _non_leaf(queues: Mapping[str, object]) -> set[str]:

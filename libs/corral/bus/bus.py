@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -34,6 +36,21 @@ from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace
 DUPLICATE_WINDOW = 120.0  # seconds; a republish later than this is a new message to JetStream
 _NO_RESPONDERS = "503"  # status header NATS sends to the reply subject when no stream took a publish
 _STREAM_IN_USE = 10058  # JetStream error code: stream name already in use with another config
+
+
+def _identity(path: str | None) -> dict[str, Any]:
+    """nats.connect arguments of a credentials file: user, password and the identity's inbox prefix
+    (its permissions allow replies only there)."""
+    if not path:
+        return {}
+    raw = json.loads(Path(path).read_text())
+    return {"user": raw["user"], "password": raw["password"], "role": raw.get("role"),
+            "inbox_prefix": raw.get("inbox_prefix") or f"_INBOX.{raw['user']}"}
+
+
+#: Roles whose identity may only read stream info (see `corral.bus.auth`): they wait for the streams.
+_STREAM_READERS = ("agent", "submitter")
+_STREAMS_WAIT = 60.0
 
 
 class StreamMissing(NoStreamResponseError):
@@ -78,12 +95,21 @@ class Bus:
         self._ack_prefix: str | None = None
         self._acks: dict[str, asyncio.Future[Any]] = {}
         self._ack_seq = 0
+        #: False for identities that may not create streams: `ensure_streams` waits for them instead.
+        self.manages_streams = True
 
     @classmethod
-    async def connect(cls, url: str, namespace: str = "corral", *, name: str | None = None) -> Bus:
+    async def connect(cls, url: str, namespace: str = "corral", *, name: str | None = None,
+                      credentials: str | None = None) -> Bus:
+        """`credentials`: a credentials file written by `corral up` (see `corral.stack.credentials`);
+        default: the file named by `$CORRAL_NATS_CREDENTIALS`, if set."""
         names = Namespace(namespace)
-        nc = await nats.connect(url, name=name or f"corral-{namespace}", max_reconnect_attempts=-1)
-        return cls(nc, names)
+        identity = _identity(credentials or os.environ.get("CORRAL_NATS_CREDENTIALS"))
+        role = identity.pop("role", None)
+        nc = await nats.connect(url, name=name or f"corral-{namespace}", max_reconnect_attempts=-1, **identity)
+        bus = cls(nc, names)
+        bus.manages_streams = role not in _STREAM_READERS
+        return bus
 
     @property
     def namespace(self) -> str:
@@ -128,14 +154,38 @@ class Bus:
         ]
 
     async def ensure_streams(self) -> None:
-        """Create the streams, or bring an existing one to the declared config. Idempotent."""
+        """Create the streams, or bring an existing one to the declared config. Idempotent.
+
+        A stream already as declared is left alone without a create call, so clients whose identity
+        may only read stream info (node agents, submitters: see `corral.bus.auth`) pass here."""
         for config in self.stream_configs():
+            if await self._stream_as_declared(config):
+                continue
+            if not self.manages_streams:
+                await self._wait_for_stream(config)
+                continue
             try:
                 await self.js.add_stream(config)
             except BadRequestError as exc:
                 if exc.err_code != _STREAM_IN_USE:
                     raise
                 await self.js.update_stream(config)
+
+    async def _wait_for_stream(self, config: StreamConfig) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _STREAMS_WAIT
+        while not await self._stream_as_declared(config):
+            if loop.time() > deadline:
+                raise StreamMissing(config.subjects[0] if config.subjects else config.name or "?")
+            await asyncio.sleep(0.2)
+
+    async def _stream_as_declared(self, config: StreamConfig) -> bool:
+        try:
+            existing = (await self.js.stream_info(config.name)).config.as_dict()
+        except (NotFoundError, APIError, TimeoutError):
+            return False
+        declared = config.as_dict()
+        return all(existing.get(key) == value for key, value in declared.items() if value is not None)
 
     # -- publishing -----------------------------------------------------------------------------
 

@@ -33,6 +33,9 @@ class Context:
     namespace: str = DEFAULT_NAMESPACE
     data_dir: str | None = None
     log_dir: str | None = None
+    #: NATS credentials file of this person's identity (written 0600 by `corral up`; see
+    #: `corral.stack.credentials`). None: connect without credentials.
+    credentials: str | None = None
 
     def save(self, *paths: Path) -> None:
         for path in paths:
@@ -67,4 +70,5 @@ def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
     same = saved is not None and saved.nats_url == nats and saved.postgres_dsn == dsn
     return Context(nats_url=nats, postgres_dsn=dsn, namespace=ns,
                    data_dir=saved.data_dir if same and saved else None,
-                   log_dir=os.environ.get("CORRAL_LOG_DIR") or (saved.log_dir if same and saved else None))
+                   log_dir=os.environ.get("CORRAL_LOG_DIR") or (saved.log_dir if same and saved else None),
+                   credentials=os.environ.get("CORRAL_CREDENTIALS") or (saved.credentials if same and saved else None))
