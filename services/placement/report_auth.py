@@ -32,7 +32,8 @@ def report_refused(event: Event, sender: str | None, view: ClusterView) -> str |
         return None  # an unknown job: placement records nothing for it anyway
     nodes = {rank.node for rank in job.ranks}
     if sender not in nodes:
-        return f"node {sender} holds no rank of job {event.job_id} (its gang is on {', '.join(sorted(nodes)) or 'no node'})"
+        where = ", ".join(sorted(nodes)) or "no node"
+        return f"node {sender} holds no rank of job {event.job_id} (its gang is on {where})"
     rank = getattr(event, "rank", None)
     if rank is not None and not any(r.node == sender and r.rank == rank for r in job.ranks):
         return f"node {sender} does not hold rank {rank} of job {event.job_id}"

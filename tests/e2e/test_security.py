@@ -34,7 +34,6 @@ from corral.contracts.subjects import Subjects
 from corral.stack.context import Context
 from corral.stack.up import Stack, StackOptions
 
-
 NS = "corral"
 
 
@@ -50,7 +49,8 @@ async def secured(postgres_server_dsn: str) -> AsyncIterator[Stack]:
     await admin.execute(f'CREATE DATABASE "{name}"')
     await admin.close()
     data = Path(tempfile.mkdtemp(prefix="corral-sec-"))
-    stack = Stack(StackOptions(data_dir=data, cluster="2x8:H100", postgres_dsn=_with_database(postgres_server_dsn, name),
+    dsn = _with_database(postgres_server_dsn, name)
+    stack = Stack(StackOptions(data_dir=data, cluster="2x8:H100", postgres_dsn=dsn,
                                namespace=NS, write_user_context=False, submitters=("bob",),
                                extra_env={"CORRAL_LOG_LEVEL": "INFO"}))
     stack.start()
