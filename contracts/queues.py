@@ -35,6 +35,8 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     max_gpus: Gpus | None = None
     lend_limit: Gpus | None = None
     weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    #: Who may submit to this queue (user names, as their NATS identities); None: everyone.
+    submitters: list[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")]] | None = None
 
     FIELD_HINTS: ClassVar[dict[str, str]] = {
         "name": "a queue path such as research/nlp",
@@ -42,6 +44,7 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         "max_gpus": "ceiling in whole GPUs, borrowing included (leave out for none)",
         "lend_limit": "how many unused guaranteed GPUs siblings may borrow (leave out for all)",
         "weight": "share of the surplus, a number > 0 (default 1)",
+        "submitters": "user names allowed to submit here, e.g. [alice, bob] (leave out for everyone)",
     }
 
     def __post_init__(self) -> None:

@@ -134,6 +134,11 @@ class Admission(Service):
             problems.append(Problem(path="queue", message=f"queue `{spec.queue}` has child queues",
                                     hint=f"submit to a leaf queue such as {child}"))
             reason = Reason(code="QUEUE_NOT_LEAF", message=f"queue `{spec.queue}` is not a leaf queue")
+        if reason is None:
+            refused = queue_access_refused(self.view.queues[spec.queue], submitted.user, int(spec.priority), admins())
+            if refused is not None:
+                problems.append(refused[0])
+                reason = refused[1]
         if reason is None and self.view.nodes:
             job = _core_job(submitted)
             blocked = core.static_feasibility(self.view.cluster(), job) if job else None
@@ -198,6 +203,25 @@ def cancel_denied(sender: str | None, owner: str | None, admin_users: frozenset[
         return None
     return Reason(code="NOT_OWNER", message=f"{sender} may not cancel a job of {owner or 'another user'}: "
                   "only its owner or an admin may", details={"user": sender, "owner": owner or "unknown"})
+
+
+def queue_access_refused(queue: Any, user: str | None, priority: int,
+                         admin_users: frozenset[str]) -> tuple[Problem, Reason] | None:
+    """The queues file names who may submit to a queue (`submitters`) and its highest priority
+    (`max_priority`); None when this submission is within both."""
+    submitters = getattr(queue, "submitters", None)
+    if submitters is not None and user not in submitters and user not in admin_users:
+        return (Problem(path="queue", message=f"{user or 'an unnamed user'} may not submit to queue `{queue.name}`",
+                        hint=f"submit to a queue that lists you, or ask an admin (allowed: {', '.join(submitters)})"),
+                Reason(code="ACCESS_DENIED_QUEUE", message=f"{user} may not submit to queue `{queue.name}`",
+                       details={"user": user or "unknown", "queue": queue.name}))
+    top = getattr(queue, "max_priority", None)
+    if top is not None and priority > int(top):
+        return (Problem(path="priority", message=f"priority {priority} exceeds queue `{queue.name}`'s maximum {top}",
+                        hint=f"use a priority of at most {top}"),
+                Reason(code="ACCESS_DENIED_PRIORITY", message=f"priority {priority} above queue `{queue.name}`'s {top}",
+                       details={"priority": priority, "max_priority": int(top), "queue": queue.name}))
+    return None
 
 
 def _non_leaf(queues: Mapping[str, object]) -> set[str]:

@@ -217,3 +217,16 @@ async def test_apply_queues_as_non_admin_is_refused(secured: Stack) -> None:
         queue = validate_queues({"queues": [{"name": "bobs", "guaranteed_gpus": 16}]}).resolved()[0]
         configured = ev.QueueConfigured.new(stream="queue-bobs", actor="user/bob", queue=queue)
         assert await _refused(bob.bus, Subjects(NS).inbox("QueueConfigured"), configured)
+
+
+async def test_submit_to_a_queue_not_listing_you_is_rejected(secured: Stack) -> None:
+    async with await Client.connect(_ctx(secured, None)) as admin:
+        await admin.apply_queues(validate_queues({"queues": [{"name": "private", "guaranteed_gpus": 0,
+                                                               "submitters": ["carol"]}]}))
+        await admin.wait_for(lambda v: "private" in v.queues, 20)
+    async with await Client.connect(_ctx(secured, "bob")) as bob:
+        job_id = await bob.submit(_spec(queue="private"))
+        view = await bob.wait_for(lambda v: job_id in v.jobs and v.jobs[job_id].state.terminal, 20)
+        assert view is not None
+        rejected = [e for _, e in await bob.events() if isinstance(e, ev.JobRejected) and e.job_id == job_id]
+        assert rejected and rejected[0].reason.code == "ACCESS_DENIED_QUEUE", rejected
