@@ -74,3 +74,20 @@ async def test_a_row_deleted_by_a_superuser_is_named(postgres_dsn: str) -> None:
     await _as_superuser(postgres_dsn, "DELETE FROM events WHERE position = 5")
     result = await verify_chain(postgres_dsn)
     assert result.first_bad_position == 5, result.message
+
+
+def test_corral_events_export_writes_a_bundle_that_verifies(postgres_dsn: str, tmp_path: Path) -> None:
+    import asyncio
+
+    from typer.testing import CliRunner
+
+    from corral.cli.main import app
+
+    asyncio.run(_log(postgres_dsn))
+    bundle = tmp_path / "export.jsonl"
+    env = {"CORRAL_NATS_URL": "nats://127.0.0.1:1", "CORRAL_POSTGRES_DSN": postgres_dsn,
+           "CORRAL_CONTEXT": str(tmp_path / "none.json")}
+    result = CliRunner().invoke(app, ["events", "--export", str(bundle)], env=env)
+    assert result.exit_code == 0, result.output
+    assert "Exported 9 event(s)" in result.output
+    assert verify_bundle(bundle).ok
