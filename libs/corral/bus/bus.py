@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 from nats.js.api import (
@@ -105,6 +106,9 @@ class Bus:
         default: the file named by `$CORRAL_NATS_CREDENTIALS`, if set."""
         names = Namespace(namespace)
         identity = _identity(credentials or os.environ.get("CORRAL_NATS_CREDENTIALS"))
+        url_user = urlsplit(url).username
+        if not identity and url_user:  # nats://user:password@host: replies only on the user's inbox
+            identity = {"inbox_prefix": f"_INBOX.{url_user}"}
         role = identity.pop("role", None)
         nc = await nats.connect(url, name=name or f"corral-{namespace}", max_reconnect_attempts=-1, **identity)
         bus = cls(nc, names)
