@@ -180,6 +180,16 @@ async def test_node_cannot_report_as_another_node(secured: Stack) -> None:
                                   exit_code=0, reason=Reason(code="COMPLETED", message="forged"))
         assert await _refused(bus, Subjects(NS).node_report("evil", "WorkerExited"), job)
         assert await _refused(bus, Subjects(NS).inbox("WorkerExited"), job)
+        # A fake node registering (it held a job STARTING for 84 s on the open bus), on its own
+        # subject or the bare one; and a node-0 registration naming the fake node on node-0's subject.
+        fake = ev.NodeRegistered.new(stream="node-evil", actor="node-agent/evil", node="evil", gpus=[],
+                                     nvlink_domains=[], rack="r", zone="z")
+        assert await _refused(bus, Subjects(NS).node_report("evil", "NodeRegistered"), fake)
+        assert await _refused(bus, Subjects(NS).inbox("NodeRegistered"), fake)
+        assert not await _refused(bus, Subjects(NS).node_report("node-0", "NodeRegistered"), fake)
+    await asyncio.sleep(1.5)
+    async with await Client.connect(_ctx(secured, None), bus=False) as reader:
+        assert "evil" not in (await reader.view()).nodes
 
 
 async def test_submit_as_another_user_is_recorded_as_the_sender(secured: Stack) -> None:
