@@ -22,3 +22,7 @@ class RejectionCode(StrEnum):
     """The job's priority is above its queue's `max_priority`."""
     EXCEEDS_CLUSTER = "EXCEEDS_CLUSTER"
     """The job needs more (matching) GPUs than the whole cluster has."""
+    ACCESS_DENIED_QUEUE = "ACCESS_DENIED_QUEUE"
+    """The submitting identity is not among the queue's `submitters`."""
+    NOT_OWNER = "NOT_OWNER"
+    """A cancellation by someone who neither owns the job nor is an admin (an AccessDenied event)."""

@@ -294,10 +294,23 @@ class EventNotRelayed(Event, frozen=True, kw_only=True):
     reason: Reason
 
 
+# --- access ---------------------------------------------------------------------------------
+
+
+class AccessDenied(Event, frozen=True, kw_only=True):
+    """A request refused because its sender may not make it (e.g. cancelling another user's job);
+    `reason.code` says which rule, `user` is the sender named by the request's subject."""
+
+    user: str
+    request: str  # the refused request's event type
+    job_id: JobId | None = None
+    reason: Reason
+
+
 ALL_EVENTS: tuple[type[Event], ...] = (
     JobSubmitted, JobCancelRequested, JobAdmitted, JobRejected, QuotaReserved, QuotaReleased,
     GangReserved, GpusAllocated, GpusReleased, PlacementPending, PreemptRequested, CheckpointDone,
     GangReleased, JobRequeued, WorkerStarted, WorkerExited, JobRunning, JobCompleted, JobFailed, JobCancelled,
-    NodeRegistered, NodeHeartbeat, NodeLost, QueueConfigured, EventNotRelayed,
+    NodeRegistered, NodeHeartbeat, NodeLost, QueueConfigured, EventNotRelayed, AccessDenied,
 )
 

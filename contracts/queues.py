@@ -41,6 +41,8 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         max_priority: int | None = None
     else:
         max_priority: Priority | PriorityClass | None = None
+    #: Who may submit to this queue (user names, as their NATS identities); None: everyone.
+    submitters: list[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")]] | None = None
 
     FIELD_HINTS: ClassVar[dict[str, str]] = {
         "name": "a queue path such as research/nlp",
@@ -49,6 +51,7 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         "lend_limit": "how many unused guaranteed GPUs siblings may borrow (leave out for all)",
         "weight": "share of the surplus, a number > 0 (default 1)",
         "max_priority": f"the highest priority a job of this queue may ask for: {PRIORITY_HINT[4:]}",
+        "submitters": "user names allowed to submit here, e.g. [alice, bob] (leave out for everyone)",
     }
 
     def __post_init__(self) -> None:

@@ -9,6 +9,11 @@ unique prefix (e.g. `t3f9a`) isolates them completely. The default prefix is `co
 - `<prefix>.inbox.QueueConfigured`: `corral apply queues.yaml`; quota records it.
 - `<prefix>.inbox.<NodeRegistered|WorkerStarted|WorkerExited|CheckpointDone>`: node agent reports;
   placement records them in the log.
+- `<prefix>.inbox.node.<node>.<Type>`: the same reports, on a subject naming the reporting node, so
+  NATS permissions let a node identity publish only its own (see `corral.bus.auth`); placement
+  accepts a report only when the subject's node is the report's node and holds the gang.
+- `<prefix>.inbox.user.<user>.<JobSubmitted|JobCancelRequested>`: a request on a subject naming the
+  submitting identity: the user recorded is the subject's (the credential's), never the spec's.
 - `<prefix>.heartbeat.<node>`: node heartbeats on core NATS (not JetStream, not the log).
 - `<prefix>.dlq.<STREAM>.<seq>`: what a consumer could never process, one entry per original
   message (see `corral.bus.naming.Namespace.dead_letter_subject`; the consumer is in its headers).
@@ -30,6 +35,8 @@ __all__ = [
     "INBOX_JOB_SUBMITTED",
     "INBOX_TYPES",
     "INBOX_WILDCARD",
+    "NODE_REPORT_TYPES",
+    "USER_REQUEST_TYPES",
     "Subjects",
     "inbox_subject_for",
     "subject_for",
@@ -40,6 +47,11 @@ DEFAULT_PREFIX = "corral"
 #: agents (their reports; agents have no database, placement records what they say).
 INBOX_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested", "QueueConfigured",
                                 "NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone")
+#: Reports a node agent publishes on `<prefix>.inbox.node.<node>.<Type>`.
+NODE_REPORT_TYPES: tuple[str, ...] = ("NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone")
+#: Requests a submitter publishes on `<prefix>.inbox.user.<user>.<Type>`.
+USER_REQUEST_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested")
+_IDENTITY_TOKEN = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
 
@@ -59,6 +71,27 @@ class Subjects(msgspec.Struct, frozen=True):
         if type_name not in INBOX_TYPES:
             raise ValueError(f"{type_name} is not an inbox type; inbox types: {', '.join(INBOX_TYPES)}")
         return f"{self.prefix}.inbox.{type_name}"
+
+    def node_report(self, node: str, type_name: str) -> str:
+        """`<prefix>.inbox.node.<node>.<Type>`: a node agent's report, on a subject naming its node."""
+        if type_name not in NODE_REPORT_TYPES:
+            raise ValueError(f"{type_name} is not a node report; reports: {', '.join(NODE_REPORT_TYPES)}")
+        return f"{self.prefix}.inbox.node.{_identity_token('node', node)}.{type_name}"
+
+    def user_request(self, user: str, type_name: str) -> str:
+        """`<prefix>.inbox.user.<user>.<Type>`: a submitter's request, on a subject naming its user."""
+        if type_name not in USER_REQUEST_TYPES:
+            raise ValueError(f"{type_name} is not a user request; requests: {', '.join(USER_REQUEST_TYPES)}")
+        return f"{self.prefix}.inbox.user.{_identity_token('user', user)}.{type_name}"
+
+    def sender_of(self, subject: str, kind: str) -> str | None:
+        """The node (kind "node") or user (kind "user") named by an inbox subject; None if the
+        subject names none (an old-style `<prefix>.inbox.<Type>` subject)."""
+        head = f"{self.prefix}.inbox.{kind}."
+        if not subject.startswith(head):
+            return None
+        name, _, rest = subject[len(head):].partition(".")
+        return name.replace("~", ".") if name and rest and "." not in rest else None
 
     def heartbeat(self, node: str) -> str:
         return f"{self.prefix}.heartbeat.{node}"
@@ -111,6 +144,13 @@ class Subjects(msgspec.Struct, frozen=True):
 
     def inbox_subject_for(self, event: Event) -> str:
         return self.inbox(event.type)
+
+
+def _identity_token(kind: str, name: str) -> str:
+    """A node or user name as one subject token: a dot (allowed in node names) becomes `~`."""
+    if not _IDENTITY_TOKEN.match(name):
+        raise ValueError(f"{kind} name {name!r} cannot be a subject token: use letters, digits, '.', '_' or '-'")
+    return name.replace(".", "~")
 
 
 _DEFAULT = Subjects()

@@ -21,6 +21,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from corral.bus.auth import nats_authorization, superuser
 from corral.stack.servers import NatsServer, PostgresServer
 
 
@@ -107,9 +108,12 @@ def nats_url(tmp_path: Path, _docker: dict[str, str]) -> Iterator[str]:
         yield external
         return
     data = Path(tempfile.mkdtemp(prefix="corral-test-nats-"))
-    server = NatsServer(data).start()
+    # With auth, as `corral up` runs it: the URL carries a superuser (tests publish anywhere); an
+    # anonymous client cannot connect (see corral.bus.auth).
+    password = secrets.token_urlsafe(16)
+    server = NatsServer(data, authorization=nats_authorization([superuser("corral-test", password)])).start()
     try:
-        yield server.url
+        yield f"nats://corral-test:{password}@{server.host}:{server.port}"
     finally:
         server.stop()
         shutil.rmtree(data, ignore_errors=True)

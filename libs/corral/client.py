@@ -23,10 +23,11 @@ from corral.contracts.problems import ContractError, SpecError
 from corral.contracts.queues import QueuesFile
 from corral.contracts.registry import decode, encode
 from corral.contracts.sizes import recorded_size, size_problem
-from corral.contracts.subjects import Subjects
+from corral.contracts.subjects import USER_REQUEST_TYPES, Subjects
 from corral.eventstore import EventStore, StoredEvent
 from corral.projection import ClusterView
 from corral.stack.context import Context
+from corral.stack.credentials import NatsCredentials
 
 
 def _user() -> str:
@@ -75,7 +76,8 @@ class Client:
         nats = None
         if bus:
             try:
-                nats = await asyncio.wait_for(Bus.connect(ctx.nats_url, ctx.namespace, name="corral-cli"), timeout)
+                nats = await asyncio.wait_for(Bus.connect(ctx.nats_url, ctx.namespace, name="corral-cli",
+                                                          credentials=ctx.credentials), timeout)
                 await nats.ensure_streams()  # idempotent; a request must never race the services' start
             except BaseException:
                 await store.close()
@@ -100,12 +102,31 @@ class Client:
         return self._bus
 
     # ---- requests (inbox) --------------------------------------------------------------------
+    @property
+    def identity(self) -> str | None:
+        """The NATS identity this client connects as (its context's credentials), if any."""
+        if not self.ctx.credentials:
+            return None
+        return NatsCredentials.load(self.ctx.credentials).user
+
+    def _request_subject(self, event: Event) -> str:
+        """With an identity, jobs and cancels go to `<ns>.inbox.user.<user>.<Type>`: NATS lets it
+        publish only under its own name, and admission records that name (see `corral.bus.auth`).
+        Without one (an open bus, the tests' superuser), the bare `<ns>.inbox.<Type>`."""
+        user = getattr(event, "user", None)
+        if self.identity is not None and user and event.type in USER_REQUEST_TYPES:
+            try:
+                return self.subjects.user_request(user, event.type)
+            except ValueError:
+                pass  # a name that cannot be a subject token: only an open bus takes it
+        return self.subjects.inbox(event.type)
+
     async def publish_request(self, event: Event, msg_id: str | None = None) -> None:
-        await self.bus.publish(self.subjects.inbox(event.type), encode(event), msg_id or event.event_id)
+        await self.bus.publish(self._request_subject(event), encode(event), msg_id or event.event_id)
 
     async def submit(self, spec: JobSpec, *, job_id: str | None = None, user: str | None = None) -> str:
         job_id = job_id or new_job_id()
-        user = user or spec.user or _user()
+        user = user or self.identity or spec.user or _user()
         submitted = ev.JobSubmitted.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,
                                         job_id=job_id, spec=spec, submission_id=spec.submission_id, user=user)
         refuse_oversized(submitted, self.bus.limits.max_spec_bytes)
@@ -137,7 +158,7 @@ class Client:
             interval = min(interval * 2, 0.5)
 
     async def cancel(self, job_id: str, *, user: str | None = None, message: str = "") -> None:
-        user = user or _user()
+        user = user or self.identity or _user()
         request = ev.JobCancelRequested.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,
                                             job_id=job_id, user=user, message=message or f"cancelled by {user}")
         await self.publish_request(request)

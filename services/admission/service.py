@@ -13,6 +13,7 @@ pending forever.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from corral.contracts.envelope import Event, Reason, job_stream, node_stream, qu
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.problems import Problem
 from corral.contracts.sizes import SPEC_TOO_LARGE, recorded_size, size_problem
+from corral.contracts.subjects import Subjects
 from corral.eventstore import Tracking
 from corral.services.runtime import Service
 
@@ -34,7 +36,9 @@ log = logging.getLogger("corral.admission")
 
 class Admission(Service):
     name = "admission"
-    inbox = ("JobSubmitted", "JobCancelRequested")
+    #: `user.*.<Type>`: requests on a subject naming their sender (see `corral.bus.auth`); the bare
+    #: subjects are writable only by a superuser (tests, single-user tools).
+    inbox = ("JobSubmitted", "JobCancelRequested", "user.*.JobSubmitted", "user.*.JobCancelRequested")
     events = ("NodeRegistered", "QueueConfigured")
     #: What judging and cancelling need: nodes, queues, which jobs exist and which have ended.
     consumes = ("NodeRegistered", "NodeLost", "QueueConfigured", "JobSubmitted", "JobRejected", "JobCompleted",
@@ -43,15 +47,21 @@ class Admission(Service):
 
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
         tracking = self.tracking(delivery)
+        sender = self._sender(delivery)
+        event = as_sent_by(event, sender)
         if isinstance(event, ev.JobSubmitted):
             await self._admit(event, tracking)
         elif isinstance(event, ev.JobCancelRequested):
-            await self._cancel(event, tracking)
+            await self._cancel(event, tracking, sender=sender)
+
+    def _sender(self, delivery: Delivery) -> str | None:
+        return Subjects(self.bus.namespace).sender_of(delivery.subject, "user")
 
     async def handle_inbox_batch(self, items: Sequence[tuple[Event, Delivery]]) -> list[BaseException | None]:
         """Every submission of a fetched batch judged and appended in ONE commit (a commit per
         submission was admission's limit under a stream of them). A batch with a cancellation in it
         is handled one by one, in order, as before."""
+        items = [(as_sent_by(event, self._sender(delivery)), delivery) for event, delivery in items]
         submits = [i for i, (event, _) in enumerate(items) if isinstance(event, ev.JobSubmitted)]
         if len(submits) < 2 or len(submits) != len(items):
             return await super().handle_inbox_batch(items)
@@ -156,6 +166,11 @@ class Admission(Service):
             if found is not None:
                 problem, reason = found
                 problems.append(problem)
+        if reason is None:
+            refused = queue_access_refused(self.view.queues[spec.queue], submitted.user, admins())
+            if refused is not None:
+                problems.append(refused[0])
+                reason = refused[1]
         job = _core_job(submitted) if reason is None and self.view.nodes else None
         if job is not None:
             found = capacity_shortfall(job, self.view.cluster())
@@ -177,7 +192,7 @@ class Admission(Service):
         return ev.JobAdmitted.new(queue=spec.queue, priority=int(spec.priority), replicas=spec.replicas,
                                   gpus_per_replica=spec.gpus_per_replica, **common)
 
-    async def _cancel(self, request: ev.JobCancelRequested, tracking: Tracking) -> None:
+    async def _cancel(self, request: ev.JobCancelRequested, tracking: Tracking, *, sender: str | None = None) -> None:
         # We are sent only some of a job's events (`consumes`): read the rest before deciding.
         await self.refresh_stream(job_stream(request.job_id))
         job = self.view.jobs.get(request.job_id)
@@ -185,6 +200,15 @@ class Admission(Service):
             await self.append({}, tracking=tracking)
             return
         stream = job_stream(request.job_id)
+        denied = cancel_denied(sender, job.user, admins())
+        if denied is not None:
+            log.warning("job %s: cancel by %s refused: %s", request.job_id, sender, denied.message)
+            refusal = ev.AccessDenied.new(stream=stream, actor="admission", causation=request,
+                                          correlation_id=request.job_id, user=sender or "unknown",
+                                          request=request.type, job_id=request.job_id, reason=denied)
+            if not await self.append({stream: [refusal]}, tracking=tracking):
+                raise Retry("job stream moved on; recording the refusal again", delay=0.05)
+            return
         cancelled = ev.JobCancelled.new(
             stream=stream, actor=f"user/{request.user}" if request.user else "admission", causation=request,
             correlation_id=request.job_id, job_id=request.job_id,
@@ -225,6 +249,41 @@ def capacity_shortfall(job: core.Job, cluster: core.Cluster) -> tuple[Problem, R
                     hint=f"ask for at most {have} GPUs in all (replicas x gpus_per_replica; see `corral nodes`)"),
             Reason(code=RejectionCode.EXCEEDS_CLUSTER, message=f"can never be scheduled: {message}",
                    details={"needs_gpus": need, "cluster_gpus": have}))
+def admins() -> frozenset[str]:
+    """Identities that may cancel any job: `$CORRAL_ADMINS` (comma-separated), set by `corral up`."""
+    return frozenset(u.strip() for u in os.environ.get("CORRAL_ADMINS", "").split(",") if u.strip())
+
+
+def as_sent_by(event: Event, sender: str | None) -> Event:
+    """The request as its sender made it: the user is the one its subject names (the NATS identity
+    that published it, enforced by the server), never the one written in the message."""
+    if sender is None or not isinstance(event, ev.JobSubmitted | ev.JobCancelRequested):
+        return event
+    if event.user == sender and event.actor == f"user/{sender}":
+        return event
+    return msgspec.structs.replace(event, user=sender, actor=f"user/{sender}")
+
+
+def cancel_denied(sender: str | None, owner: str | None, admin_users: frozenset[str]) -> Reason | None:
+    """Only the job's owner or an admin cancels it; None when allowed (a sender-less request came
+    on a subject only a superuser may publish to)."""
+    if sender is None or sender == owner or sender in admin_users:
+        return None
+    return Reason(code=RejectionCode.NOT_OWNER, message=f"{sender} may not cancel a job of {owner or 'another user'}: "
+                  "only its owner or an admin may", details={"user": sender, "owner": owner or "unknown"})
+
+
+def queue_access_refused(queue: Any, user: str | None,
+                         admin_users: frozenset[str]) -> tuple[Problem, Reason] | None:
+    """The queues file names who may submit to a queue (`submitters`; its highest priority is
+    `priority_above_cap`'s); None when this submitter may."""
+    submitters = queue.submitters
+    if submitters is not None and user not in submitters and user not in admin_users:
+        return (Problem(path="queue", message=f"{user or 'an unnamed user'} may not submit to queue `{queue.name}`",
+                        hint=f"submit to a queue that lists you, or ask an admin (allowed: {', '.join(submitters)})"),
+                Reason(code=RejectionCode.ACCESS_DENIED_QUEUE, message=f"{user} may not submit to queue `{queue.name}`",
+                       details={"user": user or "unknown", "queue": queue.name}))
+    return None
 
 
 def _non_leaf(queues: Mapping[str, object]) -> set[str]:

@@ -98,7 +98,7 @@ class ReportPublisher:
                     self._queue.task_done()
 
     async def _publish(self, events: list[Event]) -> None:
-        messages = [Outgoing(self._subjects.inbox(e.type), encode(e), e.event_id) for e in events]
+        messages = [Outgoing(report_subject(self._subjects, e), encode(e), e.event_id) for e in events]
         while True:
             try:
                 await self._bus.publish_many(messages)
@@ -108,6 +108,13 @@ class ReportPublisher:
                 log.warning("node agent: publishing %d report(s) from %s %s failed (%s); retrying", len(events),
                             events[0].type, events[0].event_id, exc)
                 await asyncio.sleep(_RETRY_PAUSE)
+
+
+def report_subject(subjects: Subjects, event: Event) -> str:
+    """`<ns>.inbox.node.<node>.<Type>`: the node is the report's (or its actor's `node-agent/<node>`),
+    the only subject this node's NATS identity may publish it on (see `corral.bus.auth`)."""
+    node = getattr(event, "node", None) or event.actor.removeprefix("node-agent/")
+    return subjects.node_report(node, event.type)
 
 
 def exit_reason(code: str, exit_code: int | None, rank: int, message: str = "") -> Reason:

@@ -37,9 +37,10 @@ from corral.contracts import events as ev
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
-from corral.contracts.subjects import Subjects
+from corral.contracts.subjects import NODE_REPORT_TYPES, Subjects
 from corral.eventstore import Tracking
 from corral.projection import Fence, JobState, JobView
+from corral.services.placement.report_auth import report_refused
 from corral.services.runtime import Service
 from corral.translate import wire_reason
 
@@ -48,7 +49,10 @@ log = logging.getLogger("corral.placement")
 class Placement(Service):
     name = "placement"
     lease = "placement"
-    inbox = ("NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone")
+    #: `node.*.<Report>`: reports on a subject naming the node that sent them (a node identity may
+    #: publish only its own, see `corral.bus.auth`); the bare subjects only a superuser may publish.
+    inbox = ("NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone",
+             *(f"node.*.{t}" for t in NODE_REPORT_TYPES))
     config = core.SchedulerConfig(preemption=False, reclaim=False, quotas=False)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -115,6 +119,8 @@ class Placement(Service):
         the lifecycle's limit under load: each job sends at least a start and an exit). Node
         registrations, rare, make the batch go one by one, in order, as before."""
         reports = ev.WorkerStarted | ev.WorkerExited | ev.CheckpointDone
+        if any(self._report_refused(event, delivery) for event, delivery in items):
+            return await super().handle_inbox_batch(items)  # one by one: each refusal on its own
         if len(items) < 2 or not all(isinstance(event, reports) for event, _ in items):
             return await super().handle_inbox_batch(items)
         batches: dict[str, list[Event]] = {}
@@ -130,8 +136,17 @@ class Placement(Service):
             return [None] * len(items)
         return await super().handle_inbox_batch(items)
 
+    def _report_refused(self, event: Event, delivery: Delivery) -> str | None:
+        sender = Subjects(self.bus.namespace).sender_of(delivery.subject, "node")
+        return report_refused(event, sender, self.view)
+
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
         tracking = self.tracking(delivery)
+        refused = self._report_refused(event, delivery)
+        if refused is not None:
+            log.warning("report %s %s on %s ignored: %s", event.type, event.event_id, delivery.subject, refused)
+            await self.append({}, tracking=tracking)  # its tracking row only: nothing changes
+            return
         if isinstance(event, ev.NodeRegistered):
             stream = node_stream(event.node)
             known = self.view.nodes.get(event.node)

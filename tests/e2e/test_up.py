@@ -55,7 +55,9 @@ def test_up_starts_from_nothing_registers_nodes_and_a_restart_keeps_state(tmp_pa
         saved = json.loads((data / "context.json").read_text())
         assert not (tmp_path / "corral" / "context.json").exists(), "no account-wide context (issue 13)"
         assert saved["nats_url"] == status["nats"]
-        ctx = Context(nats_url=status["nats"], postgres_dsn=status["postgres"], namespace=status["namespace"])
+        # the saved context carries the admin's NATS credentials (an anonymous client cannot connect)
+        ctx = Context.load(tmp_path / "corral" / "context.json")
+        assert (ctx.nats_url, ctx.postgres_dsn) == (status["nats"], status["postgres"])
 
         async def submit() -> str:
             async with await Client.connect(ctx) as c:
@@ -71,7 +73,9 @@ def test_up_starts_from_nothing_registers_nodes_and_a_restart_keeps_state(tmp_pa
     proc, status, _ = start_up(data, tmp_path)
     try:
         assert len(status["nodes"]) == 4
-        ctx = Context(nats_url=status["nats"], postgres_dsn=status["postgres"], namespace=status["namespace"])
+        # the saved context carries the admin's NATS credentials (an anonymous client cannot connect)
+        ctx = Context.load(tmp_path / "corral" / "context.json")
+        assert (ctx.nats_url, ctx.postgres_dsn) == (status["nats"], status["postgres"])
 
         async def check() -> None:
             async with await Client.connect(ctx) as c:

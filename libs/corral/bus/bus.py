@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 from nats.js.api import (
@@ -32,7 +35,7 @@ from corral.bus.delivery import MSG_ID, Handler
 from corral.bus.limits import BusLimits
 from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace
 from corral.bus.unavailable import UnavailableBackoff
-from corral.contracts.subjects import INBOX_TYPES
+from corral.contracts.subjects import INBOX_TYPES, NODE_REPORT_TYPES, USER_REQUEST_TYPES
 
 DUPLICATE_WINDOW = 120.0  # seconds; a republish later than this is a new message to JetStream
 _NO_RESPONDERS = "503"  # status header NATS sends to the reply subject when no stream took a publish
@@ -47,6 +50,25 @@ def _api_error(error: dict[str, Any]) -> APIError:
         return APIError.from_error(error)
     except APIError as exc:
         return exc
+def _identity(path: str | None) -> dict[str, Any]:
+    """nats.connect arguments of a credentials file: user, password and the identity's inbox prefix
+    (its permissions allow replies only there)."""
+    if not path:
+        return {}
+    raw = json.loads(Path(path).read_text())
+    return {"user": raw["user"], "password": raw["password"], "role": raw.get("role"),
+            "inbox_prefix": raw.get("inbox_prefix") or f"_INBOX.{raw['user']}"}
+
+
+#: Roles whose identity may only read stream info (see `corral.bus.auth`): they wait for the streams.
+_STREAM_READERS = ("agent", "submitter")
+_STREAMS_WAIT = 60.0
+
+
+def _matches(subject: str, pattern: str) -> bool:
+    """Whether a concrete subject matches a NATS subject pattern with `*` tokens (no `>`)."""
+    tokens, wanted = subject.split("."), pattern.split(".")
+    return len(tokens) == len(wanted) and all(w in ("*", t) for t, w in zip(tokens, wanted, strict=True))
 
 
 class StreamMissing(NoStreamResponseError):
@@ -92,13 +114,24 @@ class Bus:
         self._ack_prefix: str | None = None
         self._acks: dict[str, asyncio.Future[Any]] = {}
         self._ack_seq = 0
+        #: False for identities that may not create streams: `ensure_streams` waits for them instead.
+        self.manages_streams = True
 
     @classmethod
     async def connect(cls, url: str, namespace: str = "corral", *, name: str | None = None,
-                      limits: BusLimits | None = None) -> Bus:
+                      limits: BusLimits | None = None, credentials: str | None = None) -> Bus:
+        """`credentials`: a credentials file written by `corral up` (see `corral.stack.credentials`);
+        default: the file named by `$CORRAL_NATS_CREDENTIALS`, if set."""
         names = Namespace(namespace)
-        nc = await nats.connect(url, name=name or f"corral-{namespace}", max_reconnect_attempts=-1)
-        return cls(nc, names, limits)
+        identity = _identity(credentials or os.environ.get("CORRAL_NATS_CREDENTIALS"))
+        url_user = urlsplit(url).username
+        if not identity and url_user:  # nats://user:password@host: replies only on the user's inbox
+            identity = {"inbox_prefix": f"_INBOX.{url_user}"}
+        role = identity.pop("role", None)
+        nc = await nats.connect(url, name=name or f"corral-{namespace}", max_reconnect_attempts=-1, **identity)
+        bus = cls(nc, names, limits)
+        bus.manages_streams = role not in _STREAM_READERS
+        return bus
 
     @property
     def max_message_bytes(self) -> int:
@@ -108,8 +141,12 @@ class Bus:
         return min(self.limits.max_event_bytes, server) if server > 0 else self.limits.max_event_bytes
 
     def inbox_subjects(self) -> list[str]:
-        """The inbox subjects some Corral service reads: the only ones the inbox stream takes."""
-        return [self.names.inbox_subject(t) for t in INBOX_TYPES]
+        """The inbox subjects some Corral service reads: the only ones the inbox stream takes
+        (the bare `<ns>.inbox.<Type>`, which only a superuser may publish to, and the ones that name
+        their sender: `<ns>.inbox.node.<node>.<Report>` and `<ns>.inbox.user.<user>.<Request>`)."""
+        return ([self.names.inbox_subject(t) for t in INBOX_TYPES]
+                + [f"{self.names.name}.inbox.node.*.{t}" for t in NODE_REPORT_TYPES]
+                + [f"{self.names.name}.inbox.user.*.{t}" for t in USER_REQUEST_TYPES])
 
     @property
     def namespace(self) -> str:
@@ -164,14 +201,38 @@ class Bus:
         ]
 
     async def ensure_streams(self) -> None:
-        """Create the streams, or bring an existing one to the declared config. Idempotent."""
+        """Create the streams, or bring an existing one to the declared config. Idempotent.
+
+        A stream already as declared is left alone without a create call, so clients whose identity
+        may only read stream info (node agents, submitters: see `corral.bus.auth`) pass here."""
         for config in self.stream_configs():
+            if await self._stream_as_declared(config):
+                continue
+            if not self.manages_streams:
+                await self._wait_for_stream(config)
+                continue
             try:
                 await self.js.add_stream(config)
             except BadRequestError as exc:
                 if exc.err_code != _STREAM_IN_USE:
                     raise
                 await self.js.update_stream(config)
+
+    async def _wait_for_stream(self, config: StreamConfig) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _STREAMS_WAIT
+        while not await self._stream_as_declared(config):
+            if loop.time() > deadline:
+                raise StreamMissing(config.subjects[0] if config.subjects else config.name or "?")
+            await asyncio.sleep(0.2)
+
+    async def _stream_as_declared(self, config: StreamConfig) -> bool:
+        try:
+            existing = (await self.js.stream_info(config.name)).config.as_dict()
+        except (NotFoundError, APIError, TimeoutError):
+            return False
+        declared = config.as_dict()
+        return all(existing.get(key) == value for key, value in declared.items() if value is not None)
 
     # -- publishing -----------------------------------------------------------------------------
 
@@ -231,7 +292,8 @@ class Bus:
 
     def _check_subject(self, subject: str) -> None:
         """Refuse subjects that would go nowhere: outside our namespace, or an inbox no one reads."""
-        if self.names.kind_of(subject) == INBOX and subject not in self.inbox_subjects():
+        known = self.inbox_subjects()
+        if self.names.kind_of(subject) == INBOX and not any(_matches(subject, k) for k in known):
             raise ValueError(f"no Corral service reads {subject!r}: the inbox subjects are "
                              f"{', '.join(self.inbox_subjects())}")
 

@@ -11,7 +11,7 @@ import typer
 
 from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.present import JOB_COLUMNS, job_row, node_rows, queue_rows
-from corral.cli.session import EXIT_FAILURE, with_client
+from corral.cli.session import EXIT_FAILURE, context, with_client
 from corral.client import Client
 from corral.contracts.problems import SpecError
 from corral.contracts.queues import load_queues_file
@@ -113,8 +113,19 @@ def register(app: typer.Typer) -> None:
         follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events.")] = False,
         limit: Annotated[int, typer.Option(help="At most this many (newest), 0 = all.")] = 200,
         json_out: JsonOpt = False,
+        export: Annotated[Path | None, typer.Option(
+            "--export", help="Write the whole log with its hash chain to this file (verifies offline).")] = None,
     ) -> None:
         """The audit log from Postgres: every decision with its actor and reason."""
+        if export is not None:
+            from corral.eventstore.chain import export_bundle
+
+            count = asyncio.run(export_bundle(context().postgres_dsn, export))
+            if json_out:
+                print_json({"exported": count, "file": str(export)})
+            else:
+                console.print(f"Exported {count} event(s) with their hash chain to {export}")
+            return
         types = [t.strip() for t in type_.split(",")] if type_ else None
         start = parse_time(since) if since else None
 

@@ -17,6 +17,7 @@ from corral.client import Client, check_spec_size
 from corral.contracts.jobspec import JobSpec, load_job_spec
 from corral.contracts.problems import SpecError
 from corral.contracts.validation import utf8_text
+from corral.job_logs import LogsRefused, job_log_files, read_log
 from corral.projection import JobState
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -245,22 +246,22 @@ def register(app: typer.Typer) -> None:
              json_out: JsonOpt = False) -> None:
         """Worker output captured by the node agents (all ranks, or one)."""
         ctx = context()
-        base = Path(ctx.log_dir or ".corral/logs") / "workers" / job
-        if not base.exists():
-            base = Path(ctx.log_dir or ".corral/logs") / job
-        files = sorted(base.glob("rank-*.log")) if base.exists() else []
-        if rank is not None:
-            files = [f for f in files if f.name == f"rank-{rank}.log"]
+        log_dir = Path(ctx.log_dir or ".corral/logs")
+        found = job_log_files(log_dir, job, rank)
+        if isinstance(found, LogsRefused):
+            err_console.print(f"[red]error:[/red] {found.message}", highlight=False)
+            raise SystemExit(EXIT_FAILURE)
+        files, base = found, log_dir / "workers" / job
         if not files:
             err_console.print(f"[red]error:[/red] no logs for job {job!r}"
                               + (f" rank {rank}" if rank is not None else "") + f" under {base}", highlight=False)
             raise SystemExit(EXIT_FAILURE)
         if json_out:
-            print_json({f.stem: f.read_text(errors="replace") for f in files})
+            print_json({f.stem: read_log(f) for f in files})
             return
         for f in files:
             console.rule(f.stem)
-            sys.stdout.write(f.read_text(errors="replace"))
+            sys.stdout.write(read_log(f))
             sys.stdout.flush()
 
 

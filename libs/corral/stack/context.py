@@ -43,6 +43,9 @@ class Context:
     log_dir: str | None = None
     pid: int | None = None  # the `corral up` process that runs this cluster
     host: str | None = None  # ... on this host
+    #: NATS credentials file of this person's identity (written 0600 by `corral up`; see
+    #: `corral.stack.credentials`). None: connect without credentials.
+    credentials: str | None = None
 
     def save(self, *paths: Path) -> None:
         for path in paths:
@@ -131,4 +134,5 @@ def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
     return Context(nats_url=nats, postgres_dsn=dsn, namespace=ns,
                    data_dir=saved.data_dir if same and saved else None,
                    log_dir=os.environ.get("CORRAL_LOG_DIR") or (saved.log_dir if same and saved else None),
-                   pid=saved.pid if same and saved else None, host=saved.host if same and saved else None)
+                   pid=saved.pid if same and saved else None, host=saved.host if same and saved else None,
+                   credentials=os.environ.get("CORRAL_CREDENTIALS") or (saved.credentials if same and saved else None))

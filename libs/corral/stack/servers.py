@@ -116,6 +116,8 @@ class NatsServer:
     host: str = "127.0.0.1"
     port: int = 0
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    #: An `authorization { ... }` block (see `corral.bus.auth.nats_authorization`); empty: open.
+    authorization: str = field(default="", repr=False)
 
     @property
     def url(self) -> str:
@@ -139,7 +141,9 @@ class NatsServer:
             "  max_file_store: 8GB\n"
             "}\n"
             "max_payload: 8MB\n"
+            + self.authorization
         )
+        conf.chmod(0o600)  # it holds the identities' passwords
         log = self.data_dir / "nats.log"
         with log.open("ab") as out:
             self.proc = subprocess.Popen(

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corral.stack import credentials
 from corral.stack.backoff import RestartBackoff
 from corral.stack.context import CONTEXT_FILE, Context, owned_by_this_process
 from corral.stack.lock import DataDirLock
@@ -131,6 +132,9 @@ class StackOptions:
     placement_standby: bool = True
     write_user_context: bool = False  # retired: the context lives only in the data folder (context.py)
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: Submitter identities to create besides the admin (the person running `corral up`); each gets
+    #: `<data_dir>/credentials/<user>.json` (see `corral.stack.credentials`).
+    submitters: tuple[str, ...] = ()
 
 
 @dataclass
@@ -157,8 +161,13 @@ class Stack:
         self._stop_orphans()
         previous = self._previous_ports()
         nats_url = opts.nats_url
+        cluster_file = self._cluster_file()
+        keyring: credentials.Keyring | None = None
         if not nats_url:
-            self.nats = NatsServer(opts.data_dir / "nats", port=_reuse(previous.get("nats"))).start()
+            # Our own NATS: nobody connects without an identity (see corral.bus.auth).
+            keyring = self._keyring(cluster_file)
+            self.nats = NatsServer(opts.data_dir / "nats", port=_reuse(previous.get("nats")),
+                                   authorization=keyring.authorization()).start()
             nats_url = self.nats.url
         dsn = opts.postgres_dsn
         if not dsn:
@@ -166,15 +175,19 @@ class Stack:
                                            port=_reuse(previous.get("postgres"))).start()
             dsn = self.postgres.dsn
         log_dir = opts.data_dir / "logs"
+        admin = credentials.admin_name()
         self.context = owned_by_this_process(Context(
             nats_url=nats_url, postgres_dsn=dsn, namespace=opts.namespace,
-            data_dir=str(opts.data_dir.resolve()), log_dir=str(log_dir.resolve())))
+            data_dir=str(opts.data_dir.resolve()), log_dir=str(log_dir.resolve()),
+            credentials=str(keyring.path(admin)) if keyring else None))
         self._save_ports()
-        cluster_file = self._cluster_file()
         env = {**os.environ, **opts.extra_env,
                "CORRAL_NATS_URL": nats_url, "CORRAL_POSTGRES_DSN": dsn,
                "CORRAL_NAMESPACE": opts.namespace, "CORRAL_LOG_DIR": str(log_dir.resolve()),
                "PYTHONUNBUFFERED": "1"}
+        env.pop(credentials.CREDENTIALS_ENV, None)
+        if keyring is not None:
+            env["CORRAL_ADMINS"] = admin
         py = sys.executable
         for name in SERVICES:
             self.processes.append(ManagedProcess(
@@ -188,11 +201,30 @@ class Stack:
             [py, "-m", "corral.services.node_agent", "--cluster-file", str(cluster_file),
              "--runtime", opts.runtime, "--work-dir", str((opts.data_dir / "nodes").resolve())],
             env, log_dir / "node-agents.log"))
+        if keyring is not None:
+            for p in self.processes:
+                user = "svc-" + p.name.removesuffix("-standby") if p.name != "node-agents" else self._agent_user
+                p.env = {**p.env, credentials.CREDENTIALS_ENV: str(keyring.path(user))}
         for p in self.processes:
             p.start()
         self._save_pids()
         self.context.save(opts.data_dir / CONTEXT_FILE)  # `.corral/context.json` for the default data dir
         return self.context
+
+    _agent_user: str = "agent"
+
+    def _keyring(self, cluster_file: Path) -> credentials.Keyring:
+        """Every identity of this installation (created once, kept across restarts)."""
+        from corral.services.node_agent.__main__ import read_cluster
+        from corral.services.node_agent.service import durable_name
+
+        nodes = [inv.node for inv in read_cluster(cluster_file).inventories()]
+        durable = durable_name(nodes)
+        keyring = credentials.generate(self.options.data_dir, self.options.namespace, services=SERVICES,
+                                       agents=[(nodes, durable)], admin=credentials.admin_name(),
+                                       submitters=self.options.submitters)
+        self._agent_user = f"agent-{durable}"
+        return keyring
 
     def _cluster_file(self) -> Path:
         """The cluster the simulated agents declare: given, or remembered from the last run."""

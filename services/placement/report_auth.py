@@ -1,0 +1,40 @@
+"""Which node reports placement records: only a node's own, and only about gangs it holds.
+
+Why: NATS permissions let a node-agent identity publish only on `<ns>.inbox.node.<its node>.>`
+(see `corral.bus.auth`), but the report's body is still written by that agent: node-1 could publish,
+on its own subject, a WorkerExited naming node-0, or a CheckpointDone for a job running elsewhere
+(pointing `CORRAL_RESUME_FROM` at /etc/shadow). A report counts only when the subject's node is the
+report's node and that node holds a rank of the job's current gang. Pure and I/O-free.
+"""
+
+from __future__ import annotations
+
+from corral.contracts import events as ev
+from corral.contracts.envelope import Event
+from corral.projection import ClusterView
+
+
+def report_refused(event: Event, sender: str | None, view: ClusterView) -> str | None:
+    """Why `event`, received on a subject naming node `sender`, must be ignored; None: record it.
+
+    `sender` None: a bare `<ns>.inbox.<Type>` subject, which only a superuser may publish to."""
+    if sender is None:
+        return None
+    if isinstance(event, ev.NodeRegistered):
+        return None if event.node == sender else f"node {sender} registered as {event.node}"
+    if isinstance(event, ev.WorkerStarted | ev.WorkerExited):
+        if event.node != sender:
+            return f"node {sender} reported for node {event.node}"
+    elif not isinstance(event, ev.CheckpointDone):
+        return f"{event.type} is not a node report"
+    job = view.jobs.get(event.job_id)
+    if job is None:
+        return None  # an unknown job: placement records nothing for it anyway
+    nodes = {rank.node for rank in job.ranks}
+    if sender not in nodes:
+        where = ", ".join(sorted(nodes)) or "no node"
+        return f"node {sender} holds no rank of job {event.job_id} (its gang is on {where})"
+    rank = getattr(event, "rank", None)
+    if rank is not None and not any(r.node == sender and r.rank == rank for r in job.ranks):
+        return f"node {sender} does not hold rank {rank} of job {event.job_id}"
+    return None

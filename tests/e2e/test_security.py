@@ -1,0 +1,242 @@
+"""Who may do what on the bus: one test per attack demonstrated on the open NATS (issue 12).
+
+Each attack here succeeded before NATS identities (`corral.bus.auth`): a plain `nats.connect(url)`
+published a GangReserved that ran a forged command as root, forged reports changed jobs, anyone
+submitted as alice or cancelled her jobs. The stack is `corral up`'s, with its own NATS (auth on),
+on the session Postgres; the attacker holds a stolen node-agent credential or a plain submitter's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+import nats
+import pytest
+
+from corral.bus import Bus
+from corral.client import Client
+from corral.contracts import events as ev
+from corral.contracts.envelope import Reason, job_stream
+from corral.contracts.jobspec import JobSpec
+from corral.contracts.queues import validate_queues
+from corral.contracts.registry import encode
+from corral.contracts.subjects import Subjects
+from corral.stack.context import Context
+from corral.stack.up import Stack, StackOptions
+
+NS = "corral"
+
+
+def _with_database(dsn: str, database: str) -> str:
+    return dsn.rpartition("/")[0] + "/" + database
+
+
+@pytest.fixture(scope="module")
+async def secured(postgres_server_dsn: str) -> AsyncIterator[Stack]:
+    """`corral up` with its own (authenticated) NATS, 2 nodes x 8 GPUs, submitter `bob`."""
+    name = f"t_{secrets.token_hex(6)}"
+    admin = await asyncpg.connect(_with_database(postgres_server_dsn, "postgres"))
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    data = Path(tempfile.mkdtemp(prefix="corral-sec-"))
+    dsn = _with_database(postgres_server_dsn, name)
+    stack = Stack(StackOptions(data_dir=data, cluster="2x8:H100", postgres_dsn=dsn,
+                               namespace=NS, write_user_context=False, submitters=("bob",),
+                               extra_env={"CORRAL_LOG_LEVEL": "INFO"}))
+    stack.start()
+    try:
+        async with await Client.connect(stack.context) as client:  # type: ignore[arg-type]
+            await client.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 16}]}))
+            await client.wait_for(lambda v: "team-a" in v.queues and len(v.nodes) >= 2, 30)
+        yield stack
+    finally:
+        stack.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _ctx(stack: Stack, user: str | None) -> Context:
+    assert stack.context is not None
+    # None: the admin, i.e. the person who ran `corral up` (the context's credentials)
+    creds = stack.context.credentials if user is None else str(stack.options.data_dir / "credentials" / f"{user}.json")
+    return Context(nats_url=stack.context.nats_url, postgres_dsn=stack.context.postgres_dsn, namespace=NS,
+                   credentials=creds)
+
+
+def _agent_user(stack: Stack) -> str:
+    return next(p.stem for p in (stack.options.data_dir / "credentials").glob("agent-*.json"))
+
+
+@contextlib.asynccontextmanager
+async def _bus_as(stack: Stack, user: str) -> AsyncIterator[Bus]:
+    assert stack.context is not None
+    bus = await Bus.connect(stack.context.nats_url, NS,
+                            credentials=str(stack.options.data_dir / "credentials" / f"{user}.json"))
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+async def _refused(bus: Bus, subject: str, event: ev.Event) -> bool:
+    """True when the server refuses the publish (no stream ack ever comes back)."""
+    try:
+        await bus.publish(subject, encode(event), event.event_id, timeout=1.5)
+    except (TimeoutError, nats.errors.Error):
+        return True
+    return False
+
+
+def _spec(**kw: Any) -> JobSpec:
+    return msgspec.convert({"name": "sec", "queue": "team-a", "replicas": 1, "gpus_per_replica": 8,
+                            "runtime": "sim", "duration_seconds": 600, **kw}, JobSpec)
+
+
+async def _running_job(stack: Stack, user: str | None = None) -> tuple[str, Client]:
+    client = await Client.connect(_ctx(stack, user))
+    job_id = await client.submit(_spec())
+    await client.wait_for(lambda v: v.jobs.get(job_id) is not None and v.jobs[job_id].state.name == "RUNNING", 30)
+    return job_id, client
+
+
+async def test_anonymous_client_cannot_connect(secured: Stack) -> None:
+    assert secured.context is not None
+    with pytest.raises(Exception):  # noqa: B017 - any refusal: auth violation or no servers
+        nc = await nats.connect(secured.context.nats_url, allow_reconnect=False, max_reconnect_attempts=0,
+                                connect_timeout=2)
+        await nc.close()
+
+
+@pytest.mark.parametrize("who", ["agent", "bob"])
+async def test_forged_gang_reserved_starts_nothing(secured: Stack, who: str) -> None:
+    """The RCE: a JobSubmitted then a GangReserved published on the events subjects."""
+    user = _agent_user(secured) if who == "agent" else who
+    job_id = "jforged" + secrets.token_hex(4)
+    spec = _spec(runtime="process", command=["sh", "-c", "id > /tmp/corral-pwned"])
+    subjects = Subjects(NS)
+    async with _bus_as(secured, user) as bus:
+        submitted = ev.JobSubmitted.new(stream=job_stream(job_id), actor="user/x", job_id=job_id, spec=spec)
+        reserved = ev.GangReserved.new(stream=job_stream(job_id), actor="placement", job_id=job_id,
+                                       ranks=[ev.RankPlacement(rank=0, node="node-0", gpus=[0, 1])],
+                                       world_size=1, master_addr="127.0.0.1", master_port=29500)
+        assert await _refused(bus, subjects.event("JobSubmitted"), submitted)
+        assert await _refused(bus, subjects.event("GangReserved"), reserved)
+    async with await Client.connect(_ctx(secured, None), bus=False) as reader:
+        await asyncio.sleep(1.0)
+        assert job_id not in (await reader.view()).jobs
+
+
+@pytest.mark.parametrize("forged", ["WorkerExited", "CheckpointDone", "PreemptRequested", "GangReleased",
+                                    "JobCompleted"])
+async def test_forged_events_change_nothing(secured: Stack, forged: str) -> None:
+    job_id, client = await _running_job(secured)
+    try:
+        job = (await client.view()).jobs[job_id]
+        node = job.ranks[0].node
+        common: dict[str, Any] = {"stream": job_stream(job_id), "actor": "placement", "job_id": job_id}
+        event: ev.Event = {
+            "WorkerExited": lambda: ev.WorkerExited.new(**common, rank=0, node=node, exit_code=0, attempt=job.attempt,
+                                                        reason=Reason(code="COMPLETED", message="forged")),
+            "CheckpointDone": lambda: ev.CheckpointDone.new(**common, path="/etc/shadow", rank=0, attempt=job.attempt),
+            "PreemptRequested": lambda: ev.PreemptRequested.new(
+                stream=job_stream(job_id), actor="preemption", victim_job_id=job_id, for_job_id=job_id,
+                deadline=datetime.now(UTC), signal="SIGKILL", reason=Reason(code="PREEMPTED", message="forged")),
+            "GangReleased": lambda: ev.GangReleased.new(**common, attempt=job.attempt,
+                                                        reason=Reason(code="PREEMPTED", message="forged")),
+            "JobCompleted": lambda: ev.JobCompleted.new(**common),
+        }[forged]()
+        async with _bus_as(secured, _agent_user(secured)) as bus:
+            assert await _refused(bus, Subjects(NS).event(forged), event)
+            if forged in ("WorkerExited", "CheckpointDone"):
+                # The same report, on the agent's own inbox subject, from a node without this gang.
+                other = "node-1" if node == "node-0" else "node-0"
+                if isinstance(event, ev.WorkerExited):
+                    event = msgspec.structs.replace(event, node=other)
+                event = msgspec.structs.replace(event, actor=f"node-agent/{other}")
+                assert not await _refused(bus, Subjects(NS).node_report(other, forged), event)
+        await asyncio.sleep(2.0)
+        after = (await client.view()).jobs[job_id]
+        assert after.state.name == "RUNNING", after
+        assert after.attempt == job.attempt
+        assert getattr(after, "checkpoint", None) in (None, getattr(job, "checkpoint", None))
+    finally:
+        await client.cancel(job_id)
+        await client.close()
+
+
+async def test_node_cannot_report_as_another_node(secured: Stack) -> None:
+    """A node identity publishes only its own nodes' reports and heartbeats."""
+    async with _bus_as(secured, _agent_user(secured)) as bus:
+        job = ev.WorkerExited.new(stream=job_stream("jx"), actor="node-agent/evil", job_id="jx", rank=0, node="evil",
+                                  exit_code=0, reason=Reason(code="COMPLETED", message="forged"))
+        assert await _refused(bus, Subjects(NS).node_report("evil", "WorkerExited"), job)
+        assert await _refused(bus, Subjects(NS).inbox("WorkerExited"), job)
+        # A fake node registering (it held a job STARTING for 84 s on the open bus), on its own
+        # subject or the bare one; and a node-0 registration naming the fake node on node-0's subject.
+        fake = ev.NodeRegistered.new(stream="node-evil", actor="node-agent/evil", node="evil", gpus=[],
+                                     nvlink_domains=[], rack="r", zone="z")
+        assert await _refused(bus, Subjects(NS).node_report("evil", "NodeRegistered"), fake)
+        assert await _refused(bus, Subjects(NS).inbox("NodeRegistered"), fake)
+        assert not await _refused(bus, Subjects(NS).node_report("node-0", "NodeRegistered"), fake)
+    await asyncio.sleep(1.5)
+    async with await Client.connect(_ctx(secured, None), bus=False) as reader:
+        assert "evil" not in (await reader.view()).nodes
+
+
+async def test_submit_as_another_user_is_recorded_as_the_sender(secured: Stack) -> None:
+    async with await Client.connect(_ctx(secured, "bob")) as bob:
+        job_id = await bob.submit(_spec(user="alice"))  # the spec's user is a label, not an identity
+        await bob.wait_for(lambda v: job_id in v.jobs, 20)
+        assert (await bob.view()).jobs[job_id].user == "bob"
+        forged = ev.JobSubmitted.new(stream=job_stream("jalice"), actor="user/alice", job_id="jalice",
+                                     spec=_spec(), user="alice")
+        assert await _refused(bob.bus, Subjects(NS).user_request("alice", "JobSubmitted"), forged)
+        assert await _refused(bob.bus, Subjects(NS).inbox("JobSubmitted"), forged)
+        await bob.cancel(job_id)
+
+
+async def test_cancel_another_users_job_is_denied(secured: Stack) -> None:
+    job_id, admin = await _running_job(secured, user=None)  # submitted by the admin (`corral up`'s user)
+    try:
+        async with await Client.connect(_ctx(secured, "bob")) as bob:
+            await bob.cancel(job_id)
+            events = [e for _, e in await admin.events() if isinstance(e, ev.AccessDenied) and e.job_id == job_id]
+            for _ in range(40):
+                if events:
+                    break
+                await asyncio.sleep(0.25)
+                events = [e for _, e in await admin.events() if isinstance(e, ev.AccessDenied) and e.job_id == job_id]
+            assert events and events[0].user == "bob" and events[0].reason.code == "NOT_OWNER", events
+        assert (await admin.view()).jobs[job_id].state.name == "RUNNING"
+    finally:
+        await admin.cancel(job_id)
+        await admin.close()
+
+
+async def test_apply_queues_as_non_admin_is_refused(secured: Stack) -> None:
+    async with await Client.connect(_ctx(secured, "bob")) as bob:
+        queue = validate_queues({"queues": [{"name": "bobs", "guaranteed_gpus": 16}]}).resolved()[0]
+        configured = ev.QueueConfigured.new(stream="queue-bobs", actor="user/bob", queue=queue)
+        assert await _refused(bob.bus, Subjects(NS).inbox("QueueConfigured"), configured)
+
+
+async def test_submit_to_a_queue_not_listing_you_is_rejected(secured: Stack) -> None:
+    async with await Client.connect(_ctx(secured, None)) as admin:
+        await admin.apply_queues(validate_queues({"queues": [{"name": "private", "guaranteed_gpus": 0,
+                                                               "submitters": ["carol"]}]}))
+        await admin.wait_for(lambda v: "private" in v.queues, 20)
+    async with await Client.connect(_ctx(secured, "bob")) as bob:
+        job_id = await bob.submit(_spec(queue="private"))
+        view = await bob.wait_for(lambda v: job_id in v.jobs and v.jobs[job_id].state.terminal, 20)
+        assert view is not None
+        rejected = [e for _, e in await bob.events() if isinstance(e, ev.JobRejected) and e.job_id == job_id]
+        assert rejected and rejected[0].reason.code == "ACCESS_DENIED_QUEUE", rejected

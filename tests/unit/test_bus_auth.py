@@ -1,0 +1,56 @@
+"""The permission sets of `corral.bus.auth` and the sender-naming subjects (issue 12)."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.bus import auth
+from corral.contracts.subjects import Subjects
+
+
+def test_only_services_may_publish_events() -> None:
+    svc = auth.service("corral", "placement", "pw")
+    agent = auth.agent("corral", ["node-0"], "node-agent-node-0", "pw")
+    bob = auth.submitter("corral", "bob", "pw")
+    admin = auth.submitter("corral", "root", "pw", admin=True)
+    assert "corral.events.>" in svc.publish
+    for ident in (agent, bob, admin):
+        assert not any(p.startswith("corral.events") or p in (">", "corral.>") for p in ident.publish), ident
+
+
+def test_an_agent_publishes_only_its_own_nodes_reports_and_acks_only_its_durable() -> None:
+    agent = auth.agent("corral", ["node-0", "gpu.1"], "d1", "pw")
+    assert "corral.inbox.node.node-0.>" in agent.publish and "corral.inbox.node.gpu~1.>" in agent.publish
+    assert "corral.heartbeat.node-0" in agent.publish
+    assert not any(p.startswith("corral.inbox.user") or p == "corral.inbox.QueueConfigured" for p in agent.publish)
+    assert [p for p in agent.publish if p.startswith("$JS.ACK")] == ["$JS.ACK.CORRAL_EVENTS.d1.>"]
+    assert not any("STREAM.CREATE" in p or "STREAM.UPDATE" in p or "DELETE" in p for p in agent.publish)
+    assert agent.subscribe == ("_INBOX.agent-d1.>",)
+
+
+def test_a_submitter_publishes_only_under_its_own_name() -> None:
+    bob = auth.submitter("corral", "bob", "pw")
+    requests = [p for p in bob.publish if p.startswith("corral.")]
+    assert requests == ["corral.inbox.user.bob.JobSubmitted", "corral.inbox.user.bob.JobCancelRequested"]
+    admin = auth.submitter("corral", "root", "pw", admin=True)
+    assert "corral.inbox.QueueConfigured" in admin.publish and "corral.inbox.QueueConfigured" not in bob.publish
+
+
+def test_the_config_block_lists_every_identity_once() -> None:
+    text = auth.nats_authorization([auth.superuser("t", "p w\"q"), auth.submitter("corral", "bob", "x")])
+    assert text.startswith("authorization {") and '"p w\\"q"' in text and text.count("user:") == 2
+    with pytest.raises(ValueError, match="twice"):
+        auth.nats_authorization([auth.superuser("t", "a"), auth.superuser("t", "b")])
+    with pytest.raises(ValueError):
+        auth.submitter("corral", "bad.name", "x")
+
+
+def test_subjects_name_their_sender() -> None:
+    s = Subjects("corral")
+    assert s.node_report("gpu.1", "WorkerExited") == "corral.inbox.node.gpu~1.WorkerExited"
+    assert s.sender_of("corral.inbox.node.gpu~1.WorkerExited", "node") == "gpu.1"
+    assert s.sender_of("corral.inbox.user.bob.JobSubmitted", "user") == "bob"
+    assert s.sender_of("corral.inbox.JobSubmitted", "user") is None
+    assert s.sender_of("corral.inbox.user.bob.x.JobSubmitted", "user") is None
+    with pytest.raises(ValueError):
+        s.user_request("bob", "QueueConfigured")
