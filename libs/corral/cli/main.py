@@ -111,6 +111,8 @@ cluster.register(app)
 tools.register(app)
 tools.register_sim(app)
 demo.register(app)
+from corral.cli import audit as _audit  # noqa: E402  (corral audit verify)
+_audit.register(app)
 
 
 def main() -> None:
