@@ -16,8 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
-from corral.audit import Accounting, AllocationRow, AuditReport, Entry, audit, compare_allocations
 from corral.audit import DEFAULT_CHECKS as _DEFAULT
+from corral.audit import Accounting, AllocationRow, AuditReport, Entry, audit, compare_allocations
 from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.session import EXIT_FAILURE, EXIT_NO_CLUSTER, context
 from corral.contracts.problems import ContractError

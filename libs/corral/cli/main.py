@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli import cluster, demo, jobs, tools
+from corral.cli import audit, cluster, demo, jobs, tools
 from corral.cli.output import console, fail, print_json, print_table
 from corral.cli.session import ConnectionOptions
 
@@ -111,8 +111,7 @@ cluster.register(app)
 tools.register(app)
 tools.register_sim(app)
 demo.register(app)
-from corral.cli import audit as _audit  # noqa: E402  (corral audit verify)
-_audit.register(app)
+audit.register(app)
 
 
 def main() -> None:
