@@ -331,10 +331,10 @@ class Chaos:
 
     # ---- the end -----------------------------------------------------------------------------
     async def quiesce(self, ctx: Context) -> ClusterView:
-        """Wait until every accepted job is in the log and terminal, running or waiting, and no
-        job is between states (starting, preempting, released, not yet judged)."""
+        """Wait until every accepted job is in the log and ended or waiting (the jobs are short: a
+        job still running at the timeout is judged by its processes: none means stuck)."""
         deadline = time.monotonic() + self.plan.quiesce_timeout
-        between = (JobState.SUBMITTED, JobState.STARTING, JobState.PREEMPTING, JobState.REQUEUING)
+        between = (JobState.SUBMITTED, JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING, JobState.REQUEUING)
         view = ClusterView()
         while True:
             with contextlib.suppress(Exception):
