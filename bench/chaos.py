@@ -74,8 +74,9 @@ class Plan:
 
     @classmethod
     def smoke(cls, seed: int) -> Plan:
-        return cls(seed=seed, fault_seconds=45.0, submitters=4, jobs_per_submitter=12, duration=(2.0, 6.0),
-                   kill_every=(6.0, 10.0), stop_for=(5.0, 8.0), stops=1, nats_down=2.0, postgres_down=10.0,
+        # Postgres stays down 50 s: past the ~43 s after which today's services dead-letter.
+        return cls(seed=seed, fault_seconds=60.0, submitters=4, jobs_per_submitter=16, duration=(3.0, 8.0),
+                   kill_every=(6.0, 10.0), stop_for=(5.0, 8.0), stops=1, nats_down=2.0, postgres_down=50.0,
                    quiesce_timeout=90.0, audit_grace=30.0)
 
 
@@ -94,6 +95,10 @@ def fault_schedule(plan: Plan, rng: random.Random) -> list[Fault]:
     while t < plan.fault_seconds:
         faults.append(Fault(t, "kill9", rng.choice(SERVICE_TARGETS)))
         t += rng.uniform(*plan.kill_every)
+    kills = list(faults)
+    for i, target in enumerate(("node-agents", "placement")):  # every run kills these at least once
+        if kills and not any(f.target == target for f in kills):
+            kills[(len(kills) // 3) * (i + 1) % len(kills)].target = target
     for i in range(plan.stops):
         faults.append(Fault(plan.fault_seconds * (i + 0.5) / max(plan.stops, 1) + rng.uniform(-1, 1), "sigstop",
                             rng.choice(SERVICE_TARGETS), rng.uniform(*plan.stop_for)))
@@ -117,7 +122,8 @@ def job_spec(plan: Plan, rng: random.Random, n: int, submitter: int) -> JobSpec:
     elif kind == "gang":
         spec.update(replicas=2, gpus_per_replica=plan.gpus)
     elif kind == "crash":
-        spec.update(replicas=rng.choice((1, 2)), gpus_per_replica=rng.choice((2, 4)),
+        replicas = rng.choice((1, 2))  # a crashing 2-node gang frees whole nodes: what others wait for
+        spec.update(replicas=replicas, gpus_per_replica=plan.gpus if replicas == 2 else rng.choice((2, 4)),
                     restart={"max_restarts": rng.choice((0, 1))},
                     env={"CORRAL_SIM_ARGS": "--fail-at-step 8 --fail-rank 0 --checkpoint-every 4"})
     else:
@@ -265,9 +271,9 @@ class Chaos:
             elif f.kind == "sigstop":
                 stops.append(asyncio.create_task(self._sigstop(f.target, f.seconds)))
             elif f.kind == "nats_restart":
-                await self._restart_server(self.nats, "nats", f.seconds)
+                stops.append(asyncio.create_task(self._restart_server(self.nats, "nats", f.seconds)))
             elif f.kind == "postgres_restart":
-                await self._restart_server(self.postgres, "postgres", f.seconds)
+                stops.append(asyncio.create_task(self._restart_server(self.postgres, "postgres", f.seconds)))
         await asyncio.gather(*stops)
 
     async def _sigstop(self, target: str, seconds: float) -> None:
