@@ -10,6 +10,7 @@ themselves are the pure `corral.audit` module.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Annotated, Any
@@ -19,7 +20,7 @@ import typer
 from corral.audit import DEFAULT_CHECKS as _DEFAULT
 from corral.audit import Accounting, AllocationRow, AuditReport, Entry, audit, compare_allocations
 from corral.cli.output import console, err_console, print_json, print_table
-from corral.cli.session import EXIT_FAILURE, EXIT_NO_CLUSTER, context
+from corral.cli.session import EXIT_FAILURE, EXIT_NO_CLUSTER, ConnectionOptions, context
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
 
@@ -88,11 +89,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Fold the whole log: no GPU held twice, no gang half placed, one live attempt per job, no job
         lost or stuck, no preemption loop, allocations table = fold. Exit 1 at the first violation."""
-        ctx = context()
+        # Only the log is read: a --postgres DSN (or CORRAL_POSTGRES_DSN) is enough, e.g. for a restored copy.
+        dsn = ConnectionOptions.postgres or os.environ.get("CORRAL_POSTGRES_DSN") or context().postgres_dsn
         try:
-            report, undecodable = asyncio.run(read_log(ctx.postgres_dsn, grace))
+            report, undecodable = asyncio.run(read_log(dsn, grace))
         except (TimeoutError, OSError, ConnectionError) as exc:
-            err_console.print(f"[red]error:[/red] cannot read the event log at {ctx.postgres_dsn} "
+            err_console.print(f"[red]error:[/red] cannot read the event log at {dsn} "
                               f"({type(exc).__name__}: {exc}); is `corral up` running?", highlight=False)
             raise SystemExit(EXIT_NO_CLUSTER) from None
         if json_out:
