@@ -238,13 +238,14 @@ class _Job:
 class Accounting:
     """Every accepted submission (JobAdmitted) is, at the head, terminal, running, or waiting with a
     reason (PlacementPending, QuotaReserved, JobRequeued). A job starting or preempting, or waiting
-    without a reason, for longer than `grace` of log time before the head is stuck or lost; jobs
-    that changed within `grace` of the head are not judged (the cluster is still deciding)."""
+    without a reason, for longer than `grace` before the head is stuck or lost; jobs that changed
+    within `grace` of the head are not judged (the cluster is still deciding). The head's time is
+    the last event's, or `now` when given and later (a quiet log has no events to mark time by)."""
 
     name = "accounting"
 
-    def __init__(self, grace: timedelta = timedelta(seconds=60)) -> None:
-        self.grace = grace
+    def __init__(self, grace: timedelta = timedelta(seconds=60), now: datetime | None = None) -> None:
+        self.grace, self.now = grace, now
         self.jobs: dict[str, _Job] = {}
 
     def _set(self, entry: Entry, job_id: str, phase: _Phase, reason: str | None = None) -> None:
@@ -290,10 +291,11 @@ class Accounting:
         if head is None:
             return []
         out: list[Violation] = []
+        at = max(head.recorded_at, self.now) if self.now is not None else head.recorded_at
         for job_id, j in self.jobs.items():
             if not j.admitted and j.phase is not _Phase.SUBMITTED:
                 continue
-            age = head.recorded_at - j.since
+            age = at - j.since
             if j.phase in (_Phase.TERMINAL, _Phase.RUNNING) or age <= self.grace:
                 continue
             secs = f"{age.total_seconds():.0f} s"

@@ -258,3 +258,15 @@ def test_dropping_one_release_is_always_found(jobs: list[tuple[str, int, int, bo
     table: set[AllocationRow] = set()  # the complete ledger frees everything
     found = report.violations + compare_allocations(ledger.open_allocations(), table, report.head_position)
     assert found, "a dropped release went unnoticed"
+
+
+def test_a_quiet_log_is_judged_at_now_when_given() -> None:
+    from corral.audit import Accounting
+
+    log = Log()
+    log.admit("a")
+    log.place("a", [("n1", [0])])  # starting, and then nothing more is written
+    assert kinds(log) == []
+    later = log.t + timedelta(minutes=5)
+    report = audit(log.entries, [Accounting(now=later)])
+    assert [v.invariant for v in report.violations] == [Invariant.JOB_STUCK]

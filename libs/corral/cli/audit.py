@@ -52,6 +52,7 @@ async def read_log(dsn: str, grace_seconds: float) -> tuple[AuditReport, int]:
                             undecodable += 1
 
             collected = [e async for e in entries()]
+            now = await conn.fetchval("SELECT now()")
             table = [AllocationRow(r["node"], r["gpu"], r["job_id"], r["attempt"]) for r in await conn.fetch(
                 "SELECT node, gpu, job_id, attempt FROM allocations WHERE released_by IS NULL")]
     finally:
@@ -59,7 +60,7 @@ async def read_log(dsn: str, grace_seconds: float) -> tuple[AuditReport, int]:
     checks = [make() for make in _DEFAULT]
     for i, check in enumerate(checks):
         if isinstance(check, Accounting):
-            checks[i] = Accounting(grace=timedelta(seconds=grace_seconds))
+            checks[i] = Accounting(grace=timedelta(seconds=grace_seconds), now=now)
     report = audit(collected, checks)
     ledger = report.ledger()
     if ledger is not None:
@@ -82,8 +83,8 @@ def register(app: typer.Typer) -> None:
 
     @audit_app.command()
     def verify(
-        grace: Annotated[float, typer.Option(help="Jobs that changed within this many seconds of the log's head "
-                                                  "are not judged lost or stuck (still being decided).")] = 60.0,
+        grace: Annotated[float, typer.Option(help="Jobs that changed within this many seconds of now (or of the "
+                                                  "log's head, if later) are not judged lost or stuck.")] = 60.0,
         limit: Annotated[int, typer.Option(help="Show at most this many violations in the table.")] = 20,
         json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     ) -> None:
