@@ -432,7 +432,7 @@ async def run(plan: Plan, root: Path) -> dict[str, Any]:
             "stuck": len(stuck), "stuck_jobs": stuck[:30],
             "workers_of_ended_jobs": len(leaked), "workers_of_ended_jobs_list": leaked[:30],
             "gpu_double_use": len(sampler.incidents), "gpu_double_use_incidents": list(sampler.incidents.values())[:30],
-            "sampler_samples": sampler.samples,
+            "sampler_samples": sampler.samples, "worker_processes_seen": len(sampler.pids),
             "audit_ok": bool(audit.get("ok")), "audit": audit,
             "fault_log": chaos.log,
         }
@@ -464,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
     summary = {k: result[k] for k in ("seed", "seconds", "faults_injected", "service_restarts", "accepted_jobs",
-                                      "final_states", "lost", "stuck", "gpu_double_use", "audit_ok", "ok")}
+                                      "final_states", "lost", "stuck", "gpu_double_use", "worker_processes_seen",
+                                      "audit_ok", "ok")}
     print(json.dumps(summary, indent=2, default=str))
     if not result["audit_ok"]:
         print("audit:", json.dumps({k: result["audit"].get(k) for k in
