@@ -75,7 +75,7 @@ class Plan:
     @classmethod
     def smoke(cls, seed: int) -> Plan:
         # Postgres stays down 50 s: past the ~43 s after which today's services dead-letter.
-        return cls(seed=seed, fault_seconds=60.0, submitters=4, jobs_per_submitter=16, duration=(3.0, 8.0),
+        return cls(seed=seed, fault_seconds=60.0, submitters=4, jobs_per_submitter=18, duration=(3.0, 10.0),
                    kill_every=(6.0, 10.0), stop_for=(5.0, 8.0), stops=1, nats_down=2.0, postgres_down=50.0,
                    quiesce_timeout=90.0, audit_grace=30.0)
 
@@ -127,8 +127,9 @@ def job_spec(plan: Plan, rng: random.Random, n: int, submitter: int) -> JobSpec:
                     restart={"max_restarts": rng.choice((0, 1))},
                     env={"CORRAL_SIM_ARGS": "--fail-at-step 8 --fail-rank 0 --checkpoint-every 4"})
     else:
+        # Long and low: they keep the cluster full, so freed GPUs are taken at once and urgent jobs preempt.
         spec.update(gpus_per_replica=rng.choice((4, 8)), priority="low", preemptible=True,
-                    checkpoint={"signal": "SIGUSR1", "grace_seconds": 5},
+                    duration_seconds=duration * 3, checkpoint={"signal": "SIGUSR1", "grace_seconds": 5},
                     env={"CORRAL_SIM_ARGS": "--checkpoint-every 5"})
     return validate_job_spec(spec)
 
