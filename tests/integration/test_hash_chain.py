@@ -91,3 +91,20 @@ def test_corral_events_export_writes_a_bundle_that_verifies(postgres_dsn: str, t
     assert result.exit_code == 0, result.output
     assert "Exported 9 event(s)" in result.output
     assert verify_bundle(bundle).ok
+
+
+def test_corral_audit_verify_names_a_row_a_superuser_changed(postgres_dsn: str, tmp_path: Path) -> None:
+    import asyncio
+
+    from typer.testing import CliRunner
+
+    from corral.cli.main import app
+
+    asyncio.run(_log(postgres_dsn))
+    asyncio.run(_as_superuser(postgres_dsn, "UPDATE events SET data = '{\"user\": \"mallory\", \"n\": 2}' "
+                                            "WHERE position = 2"))
+    env = {"CORRAL_NATS_URL": "nats://127.0.0.1:1", "CORRAL_POSTGRES_DSN": postgres_dsn,
+           "CORRAL_CONTEXT": str(tmp_path / "none.json"), "COLUMNS": "200"}
+    result = CliRunner().invoke(app, ["audit", "verify", "--json"], env=env)
+    assert result.exit_code == 1, result.output
+    assert json.loads(result.output)["hash_chain"]["first_bad_position"] == 2

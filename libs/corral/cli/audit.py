@@ -23,6 +23,7 @@ from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.session import EXIT_FAILURE, EXIT_NO_CLUSTER, ConnectionOptions, context
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
+from corral.eventstore.chain import verify_chain
 
 _BATCH = 5000
 
@@ -94,19 +95,26 @@ def register(app: typer.Typer) -> None:
         dsn = ConnectionOptions.postgres or os.environ.get("CORRAL_POSTGRES_DSN") or context().postgres_dsn
         try:
             report, undecodable = asyncio.run(read_log(dsn, grace))
+            chain = asyncio.run(verify_chain(dsn))
         except (TimeoutError, OSError, ConnectionError) as exc:
             err_console.print(f"[red]error:[/red] cannot read the event log at {dsn} "
                               f"({type(exc).__name__}: {exc}); is `corral up` running?", highlight=False)
             raise SystemExit(EXIT_NO_CLUSTER) from None
         if json_out:
-            print_json(report_dict(report, undecodable))
+            print_json({**report_dict(report, undecodable),
+                        "hash_chain": {"ok": chain.ok, "checked": chain.checked,
+                                       "first_bad_position": chain.first_bad_position, "message": chain.message}})
         else:
             console.print(f"Audited {report.events} events (head position {report.head_position}"
                           + (f", {undecodable} undecodable" if undecodable else "") + ").", highlight=False)
             print_table(None, ["CHECK", "VIOLATIONS"],
                         [(c.name, sum(1 for v in report.violations if v.invariant.check == c.name))
                          for c in report.checks] +
-                        [("allocations_table", report.by_invariant().get("ALLOCATIONS_DIFFER", 0))])
+                        [("allocations_table", report.by_invariant().get("ALLOCATIONS_DIFFER", 0)),
+                         ("hash_chain", 0 if chain.ok else 1)])
+            if not chain.ok:
+                console.print(f"[red]FAILED[/red]: the log's hash chain breaks at position "
+                              f"{chain.first_bad_position}: {chain.reason}", highlight=False)
             if report.violations:
                 first = report.first
                 assert first is not None
@@ -116,8 +124,9 @@ def register(app: typer.Typer) -> None:
                             ["POSITION", "INVARIANT", "JOB", "NODE", "WHAT"],
                             [(v.position, v.invariant, v.job_id, v.node, v.message)
                              for v in report.violations[:limit]])
-            else:
-                console.print("[green]OK[/green]: every invariant holds at every position.")
-        if not report.ok:
+            elif chain.ok:
+                console.print("[green]OK[/green]: every invariant holds at every position, and the hash chain "
+                              "is intact.")
+        if not report.ok or not chain.ok:
             raise SystemExit(EXIT_FAILURE)
 
