@@ -52,7 +52,7 @@ def corral(cwd: Path, env: dict[str, str], *args: str, check: bool = True) -> su
 
 
 def submitted(proc: subprocess.CompletedProcess[str]) -> str:
-    match = re.search(r"Submitted job (\S+)", proc.stdout)
+    match = re.search(r"Submitted job ([A-Za-z0-9_-]+)", proc.stdout)
     assert match, proc.stdout
     return match.group(1)
 
