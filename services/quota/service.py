@@ -18,9 +18,8 @@ from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event, Reason, job_stream, queue_stream
-from corral.core.ordering import order_pending, tree_for
-from corral.core.quota import QueueTree, QueueUsage, quota_check
-from corral.projection import JobState, JobView
+from corral.core.reservation import Reserve, reserve_quota
+from corral.projection import JobState
 from corral.services.runtime import Service
 from corral.translate import wire_reason
 
@@ -66,41 +65,30 @@ class Quota(Service):
         await self.append(batches)
 
     async def _reserve(self) -> None:
-        waiting = [j for j in self.view.active.values()
-                   if j.state is JobState.PENDING and not j.quota_gpus and j.spec is not None]
-        if not waiting or not self.view.queues:
+        pending = [j for j in self.view.active.values() if j.state is JobState.PENDING and j.spec is not None]
+        if not self.view.queues or not any(not j.quota_gpus for j in pending):
             return
-        now = self.clock()
-        snapshot = self.view.snapshot(now, pending=waiting)
-        tree = tree_for(snapshot, self.config)
-        usage = QueueUsage.of(tree, snapshot.running)
-        for held in self.view.active.values():  # reserved but not yet placed counts too
-            if held.quota_gpus and not held.holding and tree.known(held.queue):
-                usage.add(held.queue, held.quota_gpus)
-        by_id = {j.job_id: j for j in waiting}
+        # a reservation not given back yet (its job ended, was released or requeued) still counts
+        held = [(j.queue, j.quota_gpus) for j in self.view.active.values()
+                if j.quota_gpus and not j.holding and (j.state is not JobState.PENDING or j.quota_stale)]
+        pending = [j for j in pending if not j.quota_stale]
+        snapshot = self.view.snapshot(self.clock(), pending=pending)
+        by_id = {j.job_id: j for j in pending}
+        reserved = {j.job_id for j in pending if j.quota_gpus}
         batches: dict[str, list[Event]] = {}
-        for pending in order_pending(snapshot, self.config, tree=tree):
-            job = by_id[pending.job.id]
-            blocked = quota_check(snapshot, pending.job, usage, tree=tree)
-            if blocked is None:
-                borrowed = _borrowed(tree, usage, job)
-                usage.add(job.queue, job.gpus)
+        for decision in reserve_quota(snapshot, self.config, reserved=reserved, held=held):
+            job = by_id[decision.job_id]
+            if isinstance(decision, Reserve):
                 self._emit(batches, ev.QuotaReserved.new(
                     stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
-                    queue=job.queue, gpus=job.gpus, borrowed=borrowed))
-            elif self.reason_news(job, str(blocked.code), blocked.message):
+                    queue=job.queue, gpus=decision.gpus, borrowed=decision.borrowed))
+            elif self.reason_news(job, str(decision.reason.code), decision.reason.message):
                 self._emit(batches, ev.PlacementPending.new(
                     stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
-                    reason=wire_reason(blocked)))
+                    reason=wire_reason(decision.reason)))
         await self.append(batches)  # all or nothing: after a lost race the next reconcile decides again
 
     @staticmethod
     def _emit(batches: dict[str, list[Event]], event: Event) -> None:
         batches.setdefault(event.stream, []).append(event)
 
-
-def _borrowed(tree: QueueTree, usage: QueueUsage, job: JobView) -> int:
-    """GPUs of this reservation above the queue's own guarantee (what a reclaim may take back)."""
-    guarantee = tree.guarantee.get(job.queue, 0)
-    used = usage.held.get(job.queue, 0)
-    return max(0, min(job.gpus, used + job.gpus - guarantee))
