@@ -17,15 +17,17 @@ a job is reserved only if the preemption decision on the state this round create
 it back. Jobs that no waiting job could ever preempt (within their guarantees at every level, or
 not preemptible, or nothing of higher priority waits in their queue) are reserved on the quota
 check alone, as before, so a big guaranteed gang still reaches placement and its reservation.
-For the others ("exposed": see `_exposed`) the round is played out with the core's own
+For the others ("exposed": see `_Exposure`) the round is played out with the core's own
 decisions, the same ones the services take:
 1. placement: `schedule` with preemption, reclaim and quotas off (the placement service's config)
    over every job holding quota, this round's included;
 2. preemption: `schedule` with the full config (the preemption service's) on the state where
    those jobs run;
-a job reserved this round that (2) picks as a victim is not reserved, nor is an exposed one that
-(1) cannot start now and (2) does not make a preemptor: holding quota, it would start later, on
-whatever GPUs come free first, and be reclaimed then. Not reserving a job changes the round, so
+a job reserved this round that (2) picks as a victim is not reserved, nor is one exposed already
+at its turn in the order (it borrows, or a job of higher priority waits in its queue) that (1)
+cannot start now and (2) does not make a preemptor: holding quota, it would start later, on
+whatever GPUs come free first, and be reclaimed then. A job within its guarantees at its turn is
+reserved even when it cannot start yet, as before. Not reserving a job changes the round, so
 it is played again until no job reserved in it is a victim (each pass drops at least one job).
 """
 
@@ -92,6 +94,8 @@ def reserve_quota(
     )
     out: list[Reserve | Pending] = []
     admitted: list[Job] = []
+    exposure = _Exposure(snapshot, config, tree)
+    borrowing: set[str] = set()  # exposed with the usage at their turn: they wait without quota
     for p in order:
         job = p.job
         blocked = quota_check(snapshot, job, usage, tree=tree, quotas=config.quotas)
@@ -101,48 +105,53 @@ def reserve_quota(
         out.append(Reserve(job.id, job.total_gpus, _borrowed(tree, usage, job)))
         usage.add(job.queue, job.total_gpus)
         admitted.append(job)
-    exposed = _exposed(snapshot, config, tree, usage, admitted)
-    if not exposed:
+        if exposure.of(job, usage):
+            borrowing.add(job.id)
+    # with every reservation of the round counted, more may be exposed (a later one pushed their
+    # queue over its guarantee): those are checked against preemption too, but may wait with quota
+    if not borrowing and not any(exposure.of(j, usage) for j in admitted):
         return out
-    refused = _played_out(snapshot, config, reserved, [j.id for j in admitted], exposed)
+    refused = _played_out(snapshot, config, reserved, [j.id for j in admitted], borrowing)
     return [Pending(d.job_id, refused[d.job_id]) if d.job_id in refused else d for d in out]
 
 
-def _exposed(
-    snapshot: Snapshot, config: SchedulerConfig, tree: QueueTree, usage: QueueUsage, admitted: Sequence[Job]
-) -> set[str]:
-    """Jobs reserved this round that a waiting job could preempt once they run (a superset of
-    what `preemption._kind` may accept, with `usage` counting every reservation of the round):
+class _Exposure:
+    """Whether a job reserved this round could be preempted by a waiting job once it runs (a
+    superset of what `preemption._kind` may accept, given queue usage `usage`):
     - a waiting job of higher priority in the same queue (priority preemption);
     - a queue on the job's path above its guarantee, with a waiting job in a sibling subtree of it
       (reclaim: that job may be entitled);
     - any job under LAS with preemption (attained service changes as jobs run).
     A job that is not preemptible, or is protected by `min_runtime_seconds` right after its start,
     is never a victim in the round it starts."""
-    if not admitted or not (config.preemption or config.reclaim):
-        return set()
-    las = config.preemption and config.order is OrderPolicy.LAS
-    top_priority: dict[str, int] = {}
-    below: dict[str, int] = {}  # known waiting jobs per subtree (ROOT: all of them)
-    for p in snapshot.pending:
-        q = p.job.queue
-        top_priority[q] = max(top_priority.get(q, p.job.priority), p.job.priority)
-        if tree.known(q):
-            for a in (*tree.path(q), ROOT):
-                below[a] = below.get(a, 0) + 1
-    reclaim = config.reclaim and config.quotas
-    out: set[str] = set()
-    for job in admitted:
-        if not job.preemptible or job.min_runtime_seconds > 0:
-            continue
-        if las or (config.preemption and top_priority.get(job.queue, job.priority) > job.priority):
-            out.add(job.id)
-        elif reclaim and tree.known(job.queue):
-            for q in tree.path(job.queue):
-                if usage.active.get(q, 0) > tree.guarantee[q] and below.get(tree.parent(q), 0) > below.get(q, 0):
-                    out.add(job.id)
-                    break
-    return out
+
+    def __init__(self, snapshot: Snapshot, config: SchedulerConfig, tree: QueueTree):
+        self.tree = tree
+        self.any = config.preemption or config.reclaim
+        self.las = config.preemption and config.order is OrderPolicy.LAS
+        self.priority = config.preemption
+        self.reclaim = config.reclaim and config.quotas
+        self.top_priority: dict[str, int] = {}
+        self.below: dict[str, int] = {}  # known waiting jobs per subtree (ROOT: all of them)
+        for p in snapshot.pending:
+            q = p.job.queue
+            self.top_priority[q] = max(self.top_priority.get(q, p.job.priority), p.job.priority)
+            if tree.known(q):
+                for a in (*tree.path(q), ROOT):
+                    self.below[a] = self.below.get(a, 0) + 1
+
+    def of(self, job: Job, usage: QueueUsage) -> bool:
+        if not self.any or not job.preemptible or job.min_runtime_seconds > 0:
+            return False
+        if self.las or (self.priority and self.top_priority.get(job.queue, job.priority) > job.priority):
+            return True
+        if not self.reclaim or not self.tree.known(job.queue):
+            return False
+        tree, below = self.tree, self.below
+        return any(
+            usage.active.get(q, 0) > tree.guarantee[q] and below.get(tree.parent(q), 0) > below.get(q, 0)
+            for q in tree.path(job.queue)
+        )
 
 
 def _played_out(
@@ -150,7 +159,7 @@ def _played_out(
     config: SchedulerConfig,
     reserved: Collection[str],
     admitted: Sequence[str],
-    exposed: set[str],
+    borrowing: set[str],
 ) -> dict[str, Reason]:
     """Play the round (placement, then preemption) and return the jobs of `admitted` not to
     reserve after all, with why; see the module docstring."""
@@ -183,7 +192,7 @@ def _played_out(
                 if v in keep and v not in drop:
                     drop[v] = _taken_back(by_id[v].job, by_id[d.job_id].job, d.reason)
         preemptors = {d.job_id for d in preempts}
-        for i in sorted(exposed & keep):
+        for i in sorted(borrowing & keep):
             if i not in placed and i not in preemptors and i not in drop:
                 drop[i] = _cannot_start(by_id[i].job, waits.get(i))
         if not drop:
