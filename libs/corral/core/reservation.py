@@ -109,9 +109,10 @@ def reserve_quota(
             borrowing.add(job.id)
     # with every reservation of the round counted, more may be exposed (a later one pushed their
     # queue over its guarantee): those are checked against preemption too, but may wait with quota
-    if not borrowing and not any(exposure.of(j, usage) for j in admitted):
+    exposed = {j.id for j in admitted if j.id in borrowing or exposure.of(j, usage)}
+    if not exposed:
         return out
-    refused = _played_out(snapshot, config, reserved, [j.id for j in admitted], borrowing)
+    refused = _played_out(snapshot, config, reserved, [j.id for j in admitted], exposed, borrowing)
     return [Pending(d.job_id, refused[d.job_id]) if d.job_id in refused else d for d in out]
 
 
@@ -159,10 +160,13 @@ def _played_out(
     config: SchedulerConfig,
     reserved: Collection[str],
     admitted: Sequence[str],
+    exposed: set[str],
     borrowing: set[str],
 ) -> dict[str, Reason]:
     """Play the round (placement, then preemption) and return the jobs of `admitted` not to
-    reserve after all, with why; see the module docstring."""
+    reserve after all, with why; see the module docstring. Only `exposed` jobs can be victims
+    (`_Exposure` is a superset of what preemption accepts): when none of them starts and no
+    `borrowing` job waits, the preemption step (a whole cycle over the backlog) is skipped."""
     now, cluster, queues = snapshot.now, snapshot.cluster, snapshot.queues
     placing = placement_config(config)
     by_id = {p.job.id: p for p in snapshot.pending}
@@ -177,6 +181,9 @@ def _played_out(
                 placed[d.job_id] = d.placement
             elif isinstance(d, Pending):
                 waits[d.job_id] = d.reason
+        waiting = sorted(i for i in borrowing & keep if i not in placed)
+        if not waiting and not any(i in exposed for i in placed):
+            return refused
         started = tuple(_started(by_id[i], placement, now) for i, placement in placed.items())
         after = Snapshot(
             now,
@@ -192,8 +199,8 @@ def _played_out(
                 if v in keep and v not in drop:
                     drop[v] = _taken_back(by_id[v].job, by_id[d.job_id].job, d.reason)
         preemptors = {d.job_id for d in preempts}
-        for i in sorted(borrowing & keep):
-            if i not in placed and i not in preemptors and i not in drop:
+        for i in waiting:
+            if i not in preemptors and i not in drop:
                 drop[i] = _cannot_start(by_id[i].job, waits.get(i))
         if not drop:
             return refused
