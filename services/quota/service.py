@@ -10,7 +10,9 @@ Quota is given back when a job ends or its GPUs are released (preemption, node l
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 import msgspec
 
@@ -18,9 +20,8 @@ from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event, Reason, job_stream, queue_stream
-from corral.core.ordering import order_pending, tree_for
-from corral.core.quota import QueueTree, QueueUsage, quota_check
-from corral.projection import JobState, JobView
+from corral.core.reservation import Reserve, reserve_quota
+from corral.projection import JobState
 from corral.services.runtime import Service
 from corral.translate import wire_reason
 
@@ -47,9 +48,22 @@ class Quota(Service):
         if not await self.append({stream: [event]}, tracking=tracking):
             raise Retry("queue stream moved on; retrying", delay=0.05)
 
+    #: A reservation round that had to be played out against preemption (see
+    #: corral.core.reservation) is a whole scheduling cycle over the backlog, like a victim search:
+    #: after one that took long, wait a few times its duration before the next, so that it uses
+    #: at most about a fifth of this process's time. Cheap rounds are not delayed.
+    slow_round_seconds = 0.25
+    _next_reserve = float("-inf")
+
     async def reconcile(self) -> None:
         await self._release()
-        await self._reserve()
+        wait = self._next_reserve - time.monotonic()
+        if wait > 0:
+            asyncio.get_running_loop().call_later(wait, self.changed.set)
+            return
+        took = await self._reserve()
+        if took > self.slow_round_seconds:
+            self._next_reserve = time.monotonic() + 4 * took
 
     async def _release(self) -> None:
         # One append for all of this reconcile's decisions: a commit per event was the log's limit.
@@ -65,42 +79,36 @@ class Quota(Service):
             batches[released.stream] = [released]
         await self.append(batches)
 
-    async def _reserve(self) -> None:
-        waiting = [j for j in self.view.active.values()
-                   if j.state is JobState.PENDING and not j.quota_gpus and j.spec is not None]
-        if not waiting or not self.view.queues:
-            return
-        now = self.clock()
-        snapshot = self.view.snapshot(now, pending=waiting)
-        tree = tree_for(snapshot, self.config)
-        usage = QueueUsage.of(tree, snapshot.running)
-        for held in self.view.active.values():  # reserved but not yet placed counts too
-            if held.quota_gpus and not held.holding and tree.known(held.queue):
-                usage.add(held.queue, held.quota_gpus)
-        by_id = {j.job_id: j for j in waiting}
+    async def _reserve(self) -> float:
+        """Reserve quota where the core says so; returns the seconds the decision took."""
+        pending = [j for j in self.view.active.values() if j.state is JobState.PENDING and j.spec is not None]
+        if not self.view.queues or not any(not j.quota_gpus for j in pending):
+            return 0.0
+        # a reservation not given back yet (its job ended, was released or requeued) still counts
+        held = [(j.queue, j.quota_gpus) for j in self.view.active.values()
+                if j.quota_gpus and not j.holding and (j.state is not JobState.PENDING or j.quota_stale)]
+        pending = [j for j in pending if not j.quota_stale]
+        snapshot = self.view.snapshot(self.clock(), pending=pending)
+        by_id = {j.job_id: j for j in pending}
+        reserved = {j.job_id for j in pending if j.quota_gpus}
         batches: dict[str, list[Event]] = {}
-        for pending in order_pending(snapshot, self.config, tree=tree):
-            job = by_id[pending.job.id]
-            blocked = quota_check(snapshot, pending.job, usage, tree=tree)
-            if blocked is None:
-                borrowed = _borrowed(tree, usage, job)
-                usage.add(job.queue, job.gpus)
+        started = time.monotonic()
+        decisions = reserve_quota(snapshot, self.config, reserved=reserved, held=held)
+        took = time.monotonic() - started
+        for decision in decisions:
+            job = by_id[decision.job_id]
+            if isinstance(decision, Reserve):
                 self._emit(batches, ev.QuotaReserved.new(
                     stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
-                    queue=job.queue, gpus=job.gpus, borrowed=borrowed))
-            elif self.reason_news(job, str(blocked.code), blocked.message):
+                    queue=job.queue, gpus=decision.gpus, borrowed=decision.borrowed))
+            elif self.reason_news(job, str(decision.reason.code), decision.reason.message):
                 self._emit(batches, ev.PlacementPending.new(
                     stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
-                    reason=wire_reason(blocked)))
+                    reason=wire_reason(decision.reason)))
         await self.append(batches)  # all or nothing: after a lost race the next reconcile decides again
+        return took
 
     @staticmethod
     def _emit(batches: dict[str, list[Event]], event: Event) -> None:
         batches.setdefault(event.stream, []).append(event)
 
-
-def _borrowed(tree: QueueTree, usage: QueueUsage, job: JobView) -> int:
-    """GPUs of this reservation above the queue's own guarantee (what a reclaim may take back)."""
-    guarantee = tree.guarantee.get(job.queue, 0)
-    used = usage.held.get(job.queue, 0)
-    return max(0, min(job.gpus, used + job.gpus - guarantee))

@@ -20,6 +20,9 @@ Phases, callable on their own because the live services split the work:
         quota service: None when the queue tree admits `job` now (guarantee, borrowing, lend
         limits, max_gpus); else QUEUE_UNKNOWN / MAX_GPUS_EXCEEDED / QUOTA_EXCEEDED. `usage` is a
         `QueueUsage` (QueueUsage.of(QueueTree.of(snapshot), snapshot.running) by default).
+    reserve_quota(snapshot, config=SchedulerConfig(), *, reserved=(), held=()) -> list[Reserve | Pending]
+        quota service (corral.core.reservation): order + quota_check for each waiting job, and
+        no reservation for a job the same round's preemption would take back at once.
     find_placement(cluster, free, job) -> Placement | Reason
         placement service: `free` is a `FreeGpus` index, built with
         FreeGpus.from_running(cluster, running) or FreeGpus.from_mapping(cluster, {node: [gpu]}).

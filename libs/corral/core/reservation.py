@@ -1,0 +1,244 @@
+"""Quota reservation: which waiting jobs get their queue's quota this round (the quota service).
+
+Quota is reserved job by job in fair-share order (`order_pending`), each checked against the queue
+tree (`quota_check`) with the usage of everything running or already reserved. A reservation lets
+placement start the job as soon as it fits.
+
+The problem: quota, placement and preemption are separate services deciding on the same state,
+and quota alone did not ask what preemption would do next. A 3x8 gang of a borrowing queue was
+reserved while the lending queue's guaranteed job waited for GPUs; placement backfilled the gang
+(the guaranteed job's EASY reservation expected to start only when running jobs end), and the
+next preemption round reclaimed it for that job at once: the freshly started gang has no work to
+lose, so it is the cheapest victim. Requeued, it got quota again, and it went round five times.
+
+The rule (Kueue's, for `reclaimWithinCohort` and priority preemption: a workload that would be
+preempted by the next scheduling step is not admitted; the preemptor's capacity is kept for it):
+a job is reserved only if the preemption decision on the state this round creates does not take
+it back. Jobs that no waiting job could ever preempt (within their guarantees at every level, or
+not preemptible, or nothing of higher priority waits in their queue) are reserved on the quota
+check alone, as before, so a big guaranteed gang still reaches placement and its reservation.
+For the others ("exposed": see `_Exposure`) the round is played out with the core's own
+decisions, the same ones the services take:
+1. placement: `schedule` with preemption, reclaim and quotas off (the placement service's config)
+   over every job holding quota, this round's included;
+2. preemption: `schedule` with the full config (the preemption service's) on the state where
+   those jobs run;
+a job reserved this round that (2) picks as a victim is not reserved, nor is one exposed already
+at its turn in the order (it borrows, or a job of higher priority waits in its queue) that (1)
+cannot start now and (2) does not make a preemptor: holding quota, it would start later, on
+whatever GPUs come free first, and be reclaimed then. A job within its guarantees at its turn is
+reserved even when it cannot start yet, as before. Not reserving a job changes the round, so
+it is played again until no job reserved in it is a victim (each pass drops at least one job).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+
+from corral.core.cycle import schedule
+from corral.core.decisions import Pending, Place, Preempt, Reason, ReasonCode
+from corral.core.model import (
+    Job,
+    OrderPolicy,
+    PendingJob,
+    Placement,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+)
+from corral.core.ordering import order_pending, tree_for
+from corral.core.quota import ROOT, QueueTree, QueueUsage, quota_check
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """Reserve `gpus` of the job's queue for it; `borrowed` of them are above the queue's own
+    guarantee (what a reclaim may take back)."""
+
+    job_id: str
+    gpus: int
+    borrowed: int
+
+
+def placement_config(config: SchedulerConfig) -> SchedulerConfig:
+    """What the placement service decides with: the same order and backfill, over jobs that hold
+    quota already, without preemption, reclaim or quota checks (services/placement/service.py)."""
+    return dataclasses.replace(config, preemption=False, reclaim=False, quotas=False)
+
+
+def reserve_quota(
+    snapshot: Snapshot,
+    config: SchedulerConfig = SchedulerConfig(),
+    *,
+    reserved: Collection[str] = frozenset(),
+    held: Iterable[tuple[str, int]] = (),
+) -> list[Reserve | Pending]:
+    """One decision per pending job not in `reserved`, in fair-share order: Reserve, or Pending
+    with the reason. `snapshot.pending` holds every job waiting for GPUs; `reserved` names those
+    among them that already hold quota (they count as used and are not decided again); `held` is
+    (queue, GPUs) still reserved by jobs neither running nor pending (not given back yet).
+    `config` is the preemption service's: the one whose decisions must not undo these."""
+    tree = tree_for(snapshot, config)
+    usage = QueueUsage.of(tree, snapshot.running)
+    for queue, gpus in held:
+        if tree.known(queue):
+            usage.add(queue, gpus)
+    waiting = [p for p in snapshot.pending if p.job.id not in reserved]
+    for p in snapshot.pending:  # reserved but not yet placed counts too
+        if p.job.id in reserved and tree.known(p.job.queue):
+            usage.add(p.job.queue, p.job.total_gpus)
+    order = order_pending(
+        Snapshot(snapshot.now, snapshot.cluster, snapshot.queues, tuple(waiting), snapshot.running), config, tree=tree
+    )
+    out: list[Reserve | Pending] = []
+    admitted: list[Job] = []
+    exposure = _Exposure(snapshot, config, tree)
+    borrowing: set[str] = set()  # exposed with the usage at their turn: they wait without quota
+    for p in order:
+        job = p.job
+        blocked = quota_check(snapshot, job, usage, tree=tree, quotas=config.quotas)
+        if blocked is not None:
+            out.append(Pending(job.id, blocked))
+            continue
+        out.append(Reserve(job.id, job.total_gpus, _borrowed(tree, usage, job)))
+        usage.add(job.queue, job.total_gpus)
+        admitted.append(job)
+        if exposure.of(job, usage):
+            borrowing.add(job.id)
+    # with every reservation of the round counted, more may be exposed (a later one pushed their
+    # queue over its guarantee): those are checked against preemption too, but may wait with quota
+    exposed = {j.id for j in admitted if j.id in borrowing or exposure.of(j, usage)}
+    if not exposed:
+        return out
+    refused = _played_out(snapshot, config, reserved, [j.id for j in admitted], exposed, borrowing)
+    return [Pending(d.job_id, refused[d.job_id]) if d.job_id in refused else d for d in out]
+
+
+class _Exposure:
+    """Whether a job reserved this round could be preempted by a waiting job once it runs (a
+    superset of what `preemption._kind` may accept, given queue usage `usage`):
+    - a waiting job of higher priority in the same queue (priority preemption);
+    - a queue on the job's path above its guarantee, with a waiting job in a sibling subtree of it
+      (reclaim: that job may be entitled);
+    - any job under LAS with preemption (attained service changes as jobs run).
+    A job that is not preemptible, or is protected by `min_runtime_seconds` right after its start,
+    is never a victim in the round it starts."""
+
+    def __init__(self, snapshot: Snapshot, config: SchedulerConfig, tree: QueueTree):
+        self.tree = tree
+        self.any = config.preemption or config.reclaim
+        self.las = config.preemption and config.order is OrderPolicy.LAS
+        self.priority = config.preemption
+        self.reclaim = config.reclaim and config.quotas
+        self.top_priority: dict[str, int] = {}
+        self.below: dict[str, int] = {}  # known waiting jobs per subtree (ROOT: all of them)
+        for p in snapshot.pending:
+            q = p.job.queue
+            self.top_priority[q] = max(self.top_priority.get(q, p.job.priority), p.job.priority)
+            if tree.known(q):
+                for a in (*tree.path(q), ROOT):
+                    self.below[a] = self.below.get(a, 0) + 1
+
+    def of(self, job: Job, usage: QueueUsage) -> bool:
+        if not self.any or not job.preemptible or job.min_runtime_seconds > 0:
+            return False
+        if self.las or (self.priority and self.top_priority.get(job.queue, job.priority) > job.priority):
+            return True
+        if not self.reclaim or not self.tree.known(job.queue):
+            return False
+        tree, below = self.tree, self.below
+        return any(
+            usage.active.get(q, 0) > tree.guarantee[q] and below.get(tree.parent(q), 0) > below.get(q, 0)
+            for q in tree.path(job.queue)
+        )
+
+
+def _played_out(
+    snapshot: Snapshot,
+    config: SchedulerConfig,
+    reserved: Collection[str],
+    admitted: Sequence[str],
+    exposed: set[str],
+    borrowing: set[str],
+) -> dict[str, Reason]:
+    """Play the round (placement, then preemption) and return the jobs of `admitted` not to
+    reserve after all, with why; see the module docstring. Only `exposed` jobs can be victims
+    (`_Exposure` is a superset of what preemption accepts): when none of them starts and no
+    `borrowing` job waits, the preemption step (a whole cycle over the backlog) is skipped."""
+    now, cluster, queues = snapshot.now, snapshot.cluster, snapshot.queues
+    placing = placement_config(config)
+    by_id = {p.job.id: p for p in snapshot.pending}
+    keep = set(admitted)
+    refused: dict[str, Reason] = {}
+    while True:
+        holders = tuple(p for p in snapshot.pending if p.job.id in keep or p.job.id in reserved)
+        placed: dict[str, Placement] = {}
+        waits: dict[str, Reason] = {}
+        for d in schedule(Snapshot(now, cluster, queues, holders, snapshot.running), placing):
+            if isinstance(d, Place):
+                placed[d.job_id] = d.placement
+            elif isinstance(d, Pending):
+                waits[d.job_id] = d.reason
+        waiting = sorted(i for i in borrowing & keep if i not in placed)
+        if not waiting and not any(i in exposed for i in placed):
+            return refused
+        started = tuple(_started(by_id[i], placement, now) for i, placement in placed.items())
+        after = Snapshot(
+            now,
+            cluster,
+            queues,
+            tuple(p for p in snapshot.pending if p.job.id not in placed),
+            snapshot.running + started,
+        )
+        preempts = [d for d in schedule(after, config, explain=False) if isinstance(d, Preempt)]
+        drop: dict[str, Reason] = {}
+        for d in preempts:
+            for v in d.victims:
+                if v in keep and v not in drop:
+                    drop[v] = _taken_back(by_id[v].job, by_id[d.job_id].job, d.reason)
+        preemptors = {d.job_id for d in preempts}
+        for i in waiting:
+            if i not in preemptors and i not in drop:
+                drop[i] = _cannot_start(by_id[i].job, waits.get(i))
+        if not drop:
+            return refused
+        refused.update(drop)
+        keep.difference_update(drop)
+
+
+def _started(p: PendingJob, placement: Placement, now: float) -> RunningJob:
+    return RunningJob(p.job, placement, now, attained_gpu_seconds=p.attained_gpu_seconds, preempted_by=p.preempted_by)
+
+
+def _taken_back(job: Job, by: Job, why: Reason) -> Reason:
+    how = "reclaim the GPUs its queue would borrow" if why.code is ReasonCode.RECLAIMED_FOR_GUARANTEE else "preempt it"
+    return Reason(
+        ReasonCode.RESERVED_FOR,
+        f"not reserved: job {by.id} of queue {by.queue} waits and would {how} at once "
+        f"({why.code}); queue {job.queue}'s quota is reserved for {job.id} once it would not",
+        (("reserved_for", by.id), ("preempt_reason", str(why.code))),
+    )
+
+
+def _cannot_start(job: Job, why: Reason | None) -> Reason:
+    """An exposed job that could not start now: it waits without quota, for placement's reason."""
+    suffix = (
+        "; a job a waiting job could preempt gets quota only when it can start at once "
+        "(so it is not started later on GPUs that job is owed)"
+    )
+    if why is None:
+        return Reason(
+            ReasonCode.GANG_DOES_NOT_FIT,
+            f"needs {job.shape}; it cannot start now" + suffix,
+            (("needs_gpus", job.total_gpus),),
+        )
+    return Reason(why.code, why.message + suffix, why.details)
+
+
+def _borrowed(tree: QueueTree, usage: QueueUsage, job: Job) -> int:
+    """GPUs of this reservation above the queue's own guarantee (what a reclaim may take back)."""
+    guarantee = tree.guarantee.get(job.queue, 0)
+    used = usage.held.get(job.queue, 0)
+    return max(0, min(job.total_gpus, used + job.total_gpus - guarantee))
