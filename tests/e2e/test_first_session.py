@@ -173,7 +173,7 @@ async def test_two_clusters_in_two_folders_each_folder_reaches_only_its_own(
     stacks = []
     try:
         for folder, dsn, ns in ((a, postgres_dsn, "clustera"), (b, other_db, "clusterb")):
-            stack = Stack(StackOptions(data_dir=folder / ".corral", cluster="1x8:H100", nats_url=nats_url,
+            stack = Stack(StackOptions(data_dir=folder / ".corral", cluster="2x8:H100", nats_url=nats_url,
                                        postgres_dsn=dsn, namespace=ns, runtime="sim"))
             stack.start()
             stacks.append(stack)

@@ -56,7 +56,7 @@ def test_up_starts_from_nothing_registers_nodes_and_a_restart_keeps_state(tmp_pa
         assert not (tmp_path / "corral" / "context.json").exists(), "no account-wide context (issue 13)"
         assert saved["nats_url"] == status["nats"]
         # the saved context carries the admin's NATS credentials (an anonymous client cannot connect)
-        ctx = Context.load(tmp_path / "corral" / "context.json")
+        ctx = Context.load(data / "context.json")
         assert (ctx.nats_url, ctx.postgres_dsn) == (status["nats"], status["postgres"])
 
         async def submit() -> str:
@@ -74,7 +74,7 @@ def test_up_starts_from_nothing_registers_nodes_and_a_restart_keeps_state(tmp_pa
     try:
         assert len(status["nodes"]) == 4
         # the saved context carries the admin's NATS credentials (an anonymous client cannot connect)
-        ctx = Context.load(tmp_path / "corral" / "context.json")
+        ctx = Context.load(data / "context.json")
         assert (ctx.nats_url, ctx.postgres_dsn) == (status["nats"], status["postgres"])
 
         async def check() -> None:

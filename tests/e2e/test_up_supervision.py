@@ -62,7 +62,8 @@ def kill_left_workers(under: Path) -> None:
 
 
 def context_of(status: dict[str, Any]) -> Context:
-    return Context(nats_url=status["nats"], postgres_dsn=status["postgres"], namespace=status["namespace"])
+    """The context `corral up` saved: it carries the admin's NATS credentials (no anonymous client)."""
+    return Context.load(Path(status["data_dir"]) / "context.json")
 
 
 def pid_of(status: dict[str, Any], name: str) -> int:

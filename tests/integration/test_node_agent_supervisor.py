@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corral.services.node_agent.assignment import Assignment, RankAssignment, sim_command
+from corral.services.node_agent.assignment import AGENT_BIN, Assignment, RankAssignment, sim_command
 from corral.services.node_agent.supervisor import ExitReason, GangEnd, GangOutcome, Supervisor
 from corral.worker import CHECKPOINTED_EXIT_CODE
 
@@ -98,7 +98,9 @@ async def test_launched_rank_sees_exactly_the_specified_environment(tmp_path: Pa
     assert outcome is not None and outcome.end is GangEnd.COMPLETED
     env = json.loads((tmp_path / "ckpt" / "env-3.json").read_text())
     assert env == {
-        "PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1",  # inherited / default; stale RANK dropped
+        # inherited, with the agent's own interpreter's folder first (a job's `python` is the agent's);
+        # PYTHONUNBUFFERED by default; the stale RANK dropped
+        "PATH": f"{AGENT_BIN}:/usr/bin:/bin", "PYTHONUNBUFFERED": "1",
         "CUDA_VISIBLE_DEVICES": "6,7", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
         "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29501",
         "LR": "0.5", "CORRAL_JOB_ID": "env-job", "CORRAL_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
