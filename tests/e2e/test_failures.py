@@ -58,11 +58,14 @@ async def test_a_node_that_stops_heartbeating_is_lost_and_its_jobs_requeued(make
         lost = [e for _, e in await c.events(types=["NodeLost"])]
         assert lost and lost[0].reason.code == "HEARTBEAT_MISSED"
         view = await c.wait_for(lambda v: v.jobs[job].state is JobState.PENDING, 30)
-        assert view.jobs[job].attempt == 1 and not view.jobs[job].holding
+        # Requeued from its node; on a loaded machine the two nodes' limits can expire seconds apart,
+        # and the job may have been placed on the other node and lost with it too: once per node.
+        attempt = view.jobs[job].attempt
+        assert 1 <= attempt <= 2 and not view.jobs[job].holding
         requeued = [e for _, e in await c.job_events(job) if isinstance(e, ev.JobRequeued)]
-        assert requeued[0].reason.code == "NODE_LOST"
+        assert len(requeued) == attempt and all(r.reason.code == "NODE_LOST" for r in requeued)
         stack.process("node-agents").start()  # the nodes come back and register again
-        await c.wait_for(lambda v: v.jobs[job].state is JobState.RUNNING and v.jobs[job].attempt == 1, 60)
+        await c.wait_for(lambda v: v.jobs[job].state is JobState.RUNNING and v.jobs[job].attempt == attempt, 60)
     except BaseException:
         print(dump_logs(stack))
         raise
