@@ -157,7 +157,7 @@ def run_once(snapshot: Snapshot, config: SchedulerConfig) -> tuple[float, list[f
     place_time = 0.0
     for p in order:
         s = time.perf_counter()
-        d = cycle.decide(p)
+        d = cycle.decide(p, None)  # on its own: the per-job time, sharing nothing
         dt = time.perf_counter() - s
         per_job.append(dt)
         if isinstance(d, Place):

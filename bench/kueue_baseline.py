@@ -45,6 +45,7 @@ from corral.contracts.queues import validate_queues
 
 QUEUES_PER_COHORT, NOMINAL, BORROWING_LIMIT = 6, 20, 100
 FULL_WORKLOADS, PER_COHORT, NODES_PER_COHORT = 15_000, 3_000, 15
+SMOKE_WORKLOADS = 60
 KUEUE: dict[str, Any] = {"wall_s": 351.1, "per_s": 15_000 / 351.1,
                          "avg_admission_s": {"small": 215.5, "medium": 76.8, "large": 6.7}}
 
@@ -150,6 +151,8 @@ async def run(args: argparse.Namespace, context: Any) -> dict[str, Any]:
         leaves = set(leaf_queues(cohorts))
         await client.wait_for(lambda v: leaves <= set(v.queues), 30)
         timed = schedule(cohorts)
+        if args.smoke:  # the first workloads of one cohort: checks the script end to end, no figures
+            timed = timed[:SMOKE_WORKLOADS]
         ids = [job_id for _, job_id, _ in timed]
         after = await log_position(client)
         span = timed[-1][0]
@@ -207,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait after the last submission")
     parser.add_argument("--data-dir", type=Path, help="keep the stack's data and logs here")
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"only the first {SMOKE_WORKLOADS} workloads of one cohort (what the test suite runs)")
     args = parser.parse_args(argv)
     if args.workloads % PER_COHORT or not PER_COHORT <= args.workloads <= FULL_WORKLOADS:
         parser.error(f"--workloads must be {PER_COHORT}, {2 * PER_COHORT}, ... or {FULL_WORKLOADS} "

@@ -149,20 +149,22 @@ def _recorded_pid(data: Path, name: str) -> int | None:
         return None
 
 
+async def run_long_job(ctx: Context) -> str:
+    """A 600 s job holding a whole node, once it runs."""
+    async with await Client.connect(ctx) as c:
+        job = await c.submit(validate_job_spec({"name": "long", "queue": "default", "runtime": "sim",
+                                                "duration_seconds": 600, "gpus_per_replica": 8}))
+        await c.wait_for(lambda v: job in v.jobs and v.jobs[job].state is JobState.RUNNING, 60)
+        return job
+
+
 def test_ctrl_c_stops_deciders_first_and_leaves_jobs_as_they_are(tmp_path: Path) -> None:
     data = tmp_path / "data"
     proc, status, _ = start_up(data, tmp_path, "--runtime", "sim")
     ctx = context_of(status)
 
-    async def run_one() -> str:
-        async with await Client.connect(ctx) as c:
-            job = await c.submit(validate_job_spec({"name": "long", "queue": "default", "runtime": "sim",
-                                                    "duration_seconds": 600, "gpus_per_replica": 8}))
-            await c.wait_for(lambda v: job in v.jobs and v.jobs[job].state is JobState.RUNNING, 60)
-            return job
-
     try:
-        job = asyncio.run(run_one())
+        job = asyncio.run(run_long_job(ctx))
     finally:
         code, err = interrupt(proc)
     assert code == 0, err
@@ -190,15 +192,8 @@ def test_the_next_up_continues_the_jobs_of_a_ctrl_c(tmp_path: Path) -> None:
     proc, status, _ = start_up(data, tmp_path, "--runtime", "sim")
     ctx = context_of(status)
 
-    async def run_one() -> str:
-        async with await Client.connect(ctx) as c:
-            job = await c.submit(validate_job_spec({"name": "long", "queue": "default", "runtime": "sim",
-                                                    "duration_seconds": 600, "gpus_per_replica": 8}))
-            await c.wait_for(lambda v: job in v.jobs and v.jobs[job].state is JobState.RUNNING, 60)
-            return job
-
     try:
-        job = asyncio.run(run_one())
+        job = asyncio.run(run_long_job(ctx))
     finally:
         interrupt(proc)
     proc, status, _ = start_up(data, tmp_path, "--runtime", "sim")

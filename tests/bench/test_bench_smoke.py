@@ -1,0 +1,58 @@
+"""Every benchmark in bench/ runs in a smoke size here, so none can silently break.
+
+Why: bench/core.py had stopped running (it called `_Cycle.decide` with an old signature) and no
+test noticed: the figures in bench/README.md are only as good as the scripts that print them.
+Sizes are tiny: these check that each script runs end to end and prints its figures, never how
+fast (speed targets are met in the full-size runs, bench/README.md).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+PHILLY = BENCH.parent.parent / "shared" / "traces" / "philly_2017_sep_oct.csv"
+
+
+def run(script: str, *args: str, timeout: float = 300) -> str:
+    done = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_core_cycle_bench_runs() -> None:
+    assert "decisions/s" in run("core.py", "--jobs", "50", "--nodes", "8", "--repeat", "1")
+
+
+def test_openb_fill_bench_runs() -> None:
+    assert "best-fit" in run("openb_fill.py", "--seeds", "1")
+
+
+def test_eventstore_bench_runs() -> None:
+    assert "events/s" in run("eventstore.py", "--events", "200", "--concurrency", "2")
+
+
+@pytest.mark.skipif(not PHILLY.is_file(), reason=f"the Philly trace is not at {PHILLY}")
+def test_philly_replay_bench_runs() -> None:
+    out = run("sim_philly.py", "--limit", "200", "--cluster", "8x8:H100", "--policies", "fifo,corral")
+    assert "Jain's fairness" in out
+
+
+def test_live_system_bench_runs() -> None:
+    out = run("e2e.py", "--rate", "5", "--seconds", "2")
+    assert "placements/s" in out and "CPU per job" in out
+
+
+def test_kueue_shaped_bench_runs() -> None:
+    assert "avg time to admission" in run("kueue_baseline.py", "--smoke")
+
+
+def test_compiled_core_builds() -> None:
+    """bench/compiled.py builds the core with mypyc (~1 min; rebuilt only when the core changes)."""
+    out = run("compiled.py", timeout=600)
+    assert "mypyc" in out
