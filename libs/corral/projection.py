@@ -92,6 +92,7 @@ class JobView:
     reason: Reason | None = None  # the last reason: why pending, rejected, failed, preempted
     preempt: ev.PreemptRequested | None = None
     preempted_by: set[str] = field(default_factory=set)
+    preempted_at: list[float] = field(default_factory=list)  # when each attempt was asked to checkpoint
     started_ranks: set[int] = field(default_factory=set)
     exited_ranks: dict[int, int | None] = field(default_factory=dict)
     checkpoint: str | None = None
@@ -147,12 +148,13 @@ class JobView:
         the core's per-job memos (see `core.cycle.class_id`) hit across reconciles."""
         job = self.core_job()
         cached = self._core_pending
-        # preempted_by only ever grows (see `_preempt_requested`): its size is its version
+        # preempted_by and preempted_at only ever grow (see `_preempt_requested`): their sizes are a version
         if cached is not None and cached[0] is job and cached[1] == self.attained_gpu_seconds \
-                and cached[2] == len(self.preempted_by):
+                and cached[2] == len(self.preempted_by) + len(self.preempted_at):
             return cached[3]
-        pending = core.PendingJob(job, self.attained_gpu_seconds, frozenset(self.preempted_by))
-        self._core_pending = (job, self.attained_gpu_seconds, len(self.preempted_by), pending)
+        pending = core.PendingJob(job, self.attained_gpu_seconds, frozenset(self.preempted_by),
+                                  tuple(self.preempted_at))
+        self._core_pending = (job, self.attained_gpu_seconds, len(self.preempted_by) + len(self.preempted_at), pending)
         return pending
 
     def core_placement(self) -> core.Placement:
@@ -326,6 +328,7 @@ class ClusterView:
                     preempting=j.state is JobState.PREEMPTING,
                     attained_gpu_seconds=j.attained_gpu_seconds,
                     preempted_by=frozenset(j.preempted_by),
+                    preempted_at=tuple(j.preempted_at),
                 )
                 for j in sorted(self.running_jobs(), key=lambda j: j.job_id)
             ) + fenced,
@@ -383,6 +386,8 @@ def _pending(view: ClusterView, e: ev.PlacementPending) -> None:
 def _preempt_requested(view: ClusterView, e: ev.PreemptRequested) -> None:
     j = view.job(e.victim_job_id)
     if j.state.holds_gpus:
+        if j.state is not JobState.PREEMPTING:  # asked again for the same attempt: no new preemption
+            j.preempted_at.append(e.occurred_at.timestamp())
         j.state, j.preempt, j.reason = JobState.PREEMPTING, e, e.reason
         j.preempted_by.add(e.for_job_id)
         j.gang = _moved(j.gang, GangEvent.PREEMPT)

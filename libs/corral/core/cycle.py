@@ -210,7 +210,7 @@ class _Cycle:
         """Running jobs that may be victims this cycle, cheapest first (costs are fixed for it)."""
         if self._eligible is None:
             now = self.now
-            costed = [(victim_cost_key(r, now), r) for r in self.running if statically_eligible(r, now)]
+            costed = [(victim_cost_key(r, now), r) for r in self.running if statically_eligible(r, now, self.config)]
             costed.sort(key=_FIRST)
             self._eligible = [r for _, r in costed]
             for r in self._eligible:

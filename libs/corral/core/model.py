@@ -279,7 +279,9 @@ class RunningJob:
     """A job holding GPUs. `preempting` means it was asked to checkpoint and still holds its GPUs.
 
     `attained_gpu_seconds` is service attained in earlier runs (LAS adds the current run to it);
-    `preempted_by` lists preemptors that already preempted it once, so they never do again.
+    `preempted_by` lists preemptors that already preempted it once, so they never do again;
+    `preempted_at` holds when its earlier attempts were asked to checkpoint (the preemption budget,
+    `SchedulerConfig.preemption_budget`, spares a job preempted that often lately).
     """
 
     job: Job
@@ -289,6 +291,7 @@ class RunningJob:
     preempting: bool = False
     attained_gpu_seconds: float = 0.0
     preempted_by: frozenset[str] = frozenset()
+    preempted_at: tuple[float, ...] = ()
 
     def attained(self, now: float) -> float:
         return self.attained_gpu_seconds + max(0.0, now - self.start_time) * self.job.total_gpus
@@ -307,11 +310,13 @@ class RunningJob:
 
 @dataclass(frozen=True, slots=True)
 class PendingJob:
-    """A job waiting for GPUs, with its attained service (for LAS) and the preemptors that hit it."""
+    """A job waiting for GPUs, with its attained service (for LAS), the preemptors that hit it and
+    when (carried into its `RunningJob` when it starts again)."""
 
     job: Job
     attained_gpu_seconds: float = 0.0
     preempted_by: frozenset[str] = frozenset()
+    preempted_at: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,7 +372,11 @@ class SchedulerConfig:
 
     quotas: enforce guarantee/borrowing limits (max_gpus is always enforced);
     las_preemption_ratio: under LAS, a pending job may preempt a running one whose attained
-    service is at least this many times its own (and more than `las_min_gap_gpu_seconds` apart).
+    service is at least this many times its own (and more than `las_min_gap_gpu_seconds` apart);
+    preemption_budget: a job already preempted this many times within the last
+    `preemption_budget_seconds` is no victim until the oldest of them ages out (no preemption
+    loops: a low-priority job in a busy cluster is otherwise taken back each time it restarts;
+    Slurm's PreemptExemptTime and KAI's min-runtime protect the same way). 0 turns it off.
     """
 
     order: OrderPolicy = OrderPolicy.FAIR_SHARE
@@ -377,6 +386,8 @@ class SchedulerConfig:
     quotas: bool = True
     las_preemption_ratio: float = 2.0
     las_min_gap_gpu_seconds: float = 3600.0
+    preemption_budget: int = 2
+    preemption_budget_seconds: float = 600.0
 
     @classmethod
     def named(cls, policy: str) -> SchedulerConfig:

@@ -8,7 +8,8 @@ Rules (the issue's, enforced here and checked by property tests):
 - under LAS, a job with much less attained service may preempt one with much more;
 - never a victim: non-preemptible jobs, jobs younger than `min_runtime_seconds`, jobs already
   preempting, a job already preempted once by this preemptor, or the job that preempted it (no
-  ping-pong);
+  ping-pong), a job that spent its preemption budget (preempted `preemption_budget` times within
+  `preemption_budget_seconds`: no loops);
 - victims minimise lost work (GPU-seconds since their last checkpoint), then their number;
 - never preempt unless the preemptor provably fits once the victims are gone: the placement is
   simulated on the index (Statement, rolled back) and the quota re-checked.
@@ -55,9 +56,19 @@ def victim_cost_key(r: RunningJob, now: float) -> tuple[float, int, int, str]:
     return (r.lost_work(now), r.job.priority, -r.placement.gpu_count, r.job.id)
 
 
-def statically_eligible(r: RunningJob, now: float) -> bool:
+def budget_spent(preempted_at: Sequence[float], now: float, config: SchedulerConfig) -> bool:
+    """Whether a job preempted at `preempted_at` has no preemption left in the budget's window."""
+    budget = config.preemption_budget
+    if budget <= 0 or len(preempted_at) < budget:
+        return False
+    window = config.preemption_budget_seconds
+    return sum(1 for t in preempted_at if now - t < window) >= budget
+
+
+def statically_eligible(r: RunningJob, now: float, config: SchedulerConfig) -> bool:
     """Whether a running job may ever be a victim this cycle, whoever the preemptor."""
-    return not r.preempting and r.job.preemptible and now - r.start_time >= r.job.min_runtime_seconds
+    return (not r.preempting and r.job.preemptible and now - r.start_time >= r.job.min_runtime_seconds
+            and not budget_spent(r.preempted_at, now, config))
 
 
 def _lca_children(tree: QueueTree, a: str, b: str) -> tuple[str, str]:
@@ -81,7 +92,7 @@ def _kind(
 ) -> ReasonCode | None:
     job = pending.job
     now = snapshot.now
-    if r.preempting or not r.job.preemptible or now - r.start_time < r.job.min_runtime_seconds:
+    if not statically_eligible(r, now, config):
         return None
     if job.id in r.preempted_by or r.job.id in pending.preempted_by or r.job.id == job.id:
         return None

@@ -209,7 +209,8 @@ def _played_out(
 
 
 def _started(p: PendingJob, placement: Placement, now: float) -> RunningJob:
-    return RunningJob(p.job, placement, now, attained_gpu_seconds=p.attained_gpu_seconds, preempted_by=p.preempted_by)
+    return RunningJob(p.job, placement, now, attained_gpu_seconds=p.attained_gpu_seconds, preempted_by=p.preempted_by,
+                      preempted_at=p.preempted_at)
 
 
 def _taken_back(job: Job, by: Job, why: Reason) -> Reason:

@@ -207,6 +207,7 @@ class Simulator:
         self._remaining: dict[str, float] = {j.id: j.duration for j in workload.jobs}
         self._attained: dict[str, float] = {}
         self._preempted_by: dict[str, frozenset[str]] = {}
+        self._preempted_at: dict[str, tuple[float, ...]] = {}
         self._jobs: dict[str, Job] = {}
         # read-only views of the state's jobs: every change goes through the state
         self._pending: Mapping[str, PendingJob] = self._state.pending
@@ -372,7 +373,8 @@ class Simulator:
         record.lost_gpu_seconds += (elapsed - saved) * gpus
         if run.preemptor is not None:
             self._preempted_by[job_id] = self._preempted_by.get(job_id, frozenset()) | {run.preemptor}
-        self._add_pending(PendingJob(running.job, self._attained[job_id], self._preempted_by.get(job_id, frozenset())))
+        self._add_pending(PendingJob(running.job, self._attained[job_id], self._preempted_by.get(job_id, frozenset()),
+                                     self._preempted_at.get(job_id, ())))
 
     # -- one cycle ------------------------------------------------------------------------------
     def _cycle(self, now: float) -> None:
@@ -423,7 +425,8 @@ class Simulator:
         run = _Run(self._epoch, now, ranks, gpus)
         self._runs[job_id] = run
         self._state.add_running(
-            RunningJob(job, placement, now, None, False, pending.attained_gpu_seconds, pending.preempted_by)
+            RunningJob(job, placement, now, None, False, pending.attained_gpu_seconds, pending.preempted_by,
+                       pending.preempted_at)
         )
         record = self._records[job_id]
         if record.start is None:
@@ -441,6 +444,7 @@ class Simulator:
         if running.preempting:
             return
         run.preemptor = preemptor
+        self._preempted_at[victim] = (*self._preempted_at.get(victim, ()), now)
         self._state.replace_running(
             RunningJob(
                 running.job,
@@ -450,6 +454,7 @@ class Simulator:
                 True,
                 running.attained_gpu_seconds,
                 running.preempted_by,
+                running.preempted_at,
             )
         )
         grace = running.job.checkpoint_grace_seconds
@@ -467,7 +472,8 @@ class Simulator:
             last = run.start + math.floor((now - run.start) / interval) * interval
             r = self._running[job_id]
             self._state.replace_running(
-                RunningJob(r.job, r.placement, r.start_time, last, r.preempting, r.attained_gpu_seconds, r.preempted_by)
+                RunningJob(r.job, r.placement, r.start_time, last, r.preempting, r.attained_gpu_seconds, r.preempted_by,
+                           r.preempted_at)
             )
             run.next_checkpoint = last + interval
             heapq.heappush(heap, (run.next_checkpoint, epoch, job_id, epoch))

@@ -38,6 +38,7 @@ from corral.core import (
     find_placement,
     schedule,
 )
+from corral.core.preemption import budget_spent
 
 # CORE_PROPERTY_EXAMPLES=2000 for a longer hunt; the default keeps the suite fast
 SETTINGS = settings(
@@ -141,7 +142,7 @@ def simulate(cluster, queues, config, seed, cycles, simple, check):
             end = r.expected_end()
             if r.preempting:
                 del running[r.job.id]
-                pending[r.job.id] = PendingJob(r.job, r.attained(now), r.preempted_by)
+                pending[r.job.id] = PendingJob(r.job, r.attained(now), r.preempted_by, r.preempted_at)
             elif end is not None and end <= now:
                 del running[r.job.id]
         for _ in range(rng.randint(0, 4)):
@@ -155,16 +156,18 @@ def simulate(cluster, queues, config, seed, cycles, simple, check):
             if isinstance(d, Place):
                 p = pending.pop(d.job_id)
                 running[d.job_id] = RunningJob(
-                    p.job, d.placement, now, attained_gpu_seconds=p.attained_gpu_seconds, preempted_by=p.preempted_by
+                    p.job, d.placement, now, attained_gpu_seconds=p.attained_gpu_seconds, preempted_by=p.preempted_by,
+                    preempted_at=p.preempted_at,
                 )
             elif isinstance(d, Preempt):
                 for v in d.victims:
                     r = running[v]
-                    running[v] = dataclasses.replace(r, preempting=True, preempted_by=r.preempted_by | {d.job_id})
+                    running[v] = dataclasses.replace(r, preempting=True, preempted_by=r.preempted_by | {d.job_id},
+                                                     preempted_at=(*r.preempted_at, now))
                 if simple:  # victims release at once; their preemptor waits for the next cycle
                     for v in d.victims:
                         r = running.pop(v)
-                        pending[v] = PendingJob(r.job, r.attained(now), r.preempted_by)
+                        pending[v] = PendingJob(r.job, r.attained(now), r.preempted_by, r.preempted_at)
 
 
 # -- invariants ------------------------------------------------------------------------------------
@@ -231,6 +234,10 @@ def check_invariants(snap: Snapshot, config: SchedulerConfig, decisions) -> None
                 assert not r.preempting
                 assert snap.now - r.start_time >= r.job.min_runtime_seconds
                 assert job.id not in r.preempted_by and v not in p.preempted_by, "preemption loop"
+                # the budget: never a victim when preempted `preemption_budget` times within the window
+                recent = [t for t in r.preempted_at if snap.now - t < config.preemption_budget_seconds]
+                assert config.preemption_budget == 0 or len(recent) < config.preemption_budget, (
+                    f"{v} preempted at {r.preempted_at} and again at {snap.now}: a preemption loop")
                 if r.job.queue == job.queue:
                     assert r.job.priority < job.priority or config.order.value == "las"
                 else:
@@ -324,6 +331,7 @@ def check_guarantee(snap: Snapshot, config: SchedulerConfig, decisions) -> None:
                 and not r.preempting
                 and r.job.preemptible
                 and snap.now - r.start_time >= r.job.min_runtime_seconds
+                and not budget_spent(r.preempted_at, snap.now, config)
                 and j.id not in r.preempted_by
                 and r.job.id not in p.preempted_by
             )

@@ -107,6 +107,30 @@ def test_cheaper_victim_that_is_not_preemptible_or_too_young_is_never_chosen():
     assert d.victims == ("old",)
 
 
+def test_a_job_preempted_twice_in_ten_minutes_is_spared_until_the_first_ages_out():
+    """The chaos run's loop: a low-priority job restarted after each preemption was the cheapest
+    victim again (no work to lose), preempted 3 times in 11 s. Two preemptions in the budget's
+    window (600 s) spend it; the next preemptor takes another victim or waits."""
+    cluster = Cluster.uniform(1, 8, "H100")
+    now = 10_000.0
+    looped = running(job("looped", gpus=4), [("n000", (0, 1, 2, 3))], start=now - 5,
+                     preempted_at=(now - 300, now - 20))
+    other = running(job("other", gpus=4), [("n000", (4, 5, 6, 7))], start=0.0)
+    [d] = schedule(snapshot(cluster, [job("urgent", gpus=4, priority=1000)], [looped, other], now=now))
+    assert isinstance(d, Preempt) and d.victims == ("other",)  # though `looped` loses less work
+
+    [d] = schedule(snapshot(cluster, [job("urgent", gpus=8, priority=1000)], [looped, other], now=now))
+    assert isinstance(d, Pending)  # the whole node would need `looped` too
+
+    later = now + 301  # the preemption at now-300 is out of the window: one left in it
+    [d] = schedule(snapshot(cluster, [job("urgent", gpus=8, priority=1000)], [looped, other], now=later))
+    assert isinstance(d, Preempt) and d.victims == ("looped", "other")
+
+    off = SchedulerConfig(preemption_budget=0)
+    [d] = schedule(snapshot(cluster, [job("urgent", gpus=4, priority=1000)], [looped, other], now=now), off)
+    assert isinstance(d, Preempt) and d.victims == ("looped",)
+
+
 def test_a_priority_tie_never_preempts():
     cluster = Cluster.uniform(1, 8, "H100")
     run = [running(job("r", gpus=8, priority=5), [("n000", tuple(range(8)))])]
