@@ -22,10 +22,10 @@ A gang's life:
 
 RELEASING is the fence: the job-level decision is taken (the job completes, fails or waits again,
 the agents stop the ranks), but each node's GPUs stay allocated until that node confirms every
-rank of the attempt there has exited (a WorkerExited for each), or the node is lost, or its
-heartbeats, up to one received after the release, have not listed the job for
-`Limits.release_confirm` seconds (which also covers ranks that never started). Only then is that
-node's GpusReleased appended.
+rank of the attempt there has exited (a WorkerExited for each), or its heartbeats, up to one
+received after the release, have not listed the job for `Limits.release_confirm` seconds (which
+also covers ranks that never started). Only then is that node's GpusReleased appended. A lost
+node is no proof (see `_confirmed`): its GPUs stay held until it is back and says so.
 
 Placement also reconciles the agents' heartbeats with what it believes runs: a RUNNING or
 PREEMPTING gang that a live node's heartbeats have not listed for `Limits.workers_lost` seconds
@@ -321,9 +321,13 @@ def _free(gang: Gang, released_at: float, now: float, limits: Limits) -> tuple[F
 
 
 def _confirmed(gang: Gang, node: str, released_at: float, now: float, limits: Limits) -> bool:
-    """Nothing of the gang runs on `node` any more."""
-    if node in gang.lost_nodes:
-        return True
+    """Nothing of the gang runs on `node` any more. A lost node proves nothing: it was lost because
+    placement stopped hearing it (a stalled or partitioned agent), its ranks may still run, and
+    the agent registers it again as soon as it hears of the loss. Freeing its GPUs then (as
+    before) let the next gang start beside the old ranks, which the agent was still stopping:
+    two jobs on one GPU for ~20 s in a chaos run. A lost node's GPUs cannot be placed on anyway;
+    they are freed when it is back and its heartbeats stop listing the gang (a node that comes
+    back after a reboot lists nothing: 3 s)."""
     unexited = _unexited(gang, node)
     if not unexited:
         return True

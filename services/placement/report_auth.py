@@ -4,7 +4,8 @@ Why: NATS permissions let a node-agent identity publish only on `<ns>.inbox.node
 (see `corral.bus.auth`), but the report's body is still written by that agent: node-1 could publish,
 on its own subject, a WorkerExited naming node-0, or a CheckpointDone for a job running elsewhere
 (pointing `CORRAL_RESUME_FROM` at /etc/shadow). A report counts only when the subject's node is the
-report's node and that node holds a rank of the job's current gang. Pure and I/O-free.
+report's node and that node holds a rank of the job's current gang (or of the report's attempt,
+while that released attempt is fenced). Pure and I/O-free.
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ def report_refused(event: Event, sender: str | None, view: ClusterView) -> str |
     job = view.jobs.get(event.job_id)
     if job is None:
         return None  # an unknown job: placement records nothing for it anyway
-    nodes = {rank.node for rank in job.ranks}
+    # The attempt's own ranks: the current gang's, or a released attempt's still fenced (its ranks
+    # are stopping after a requeue, and their exits are what frees the GPUs).
+    fence = job.fences.get(event.attempt)
+    ranks = fence.ranks if fence is not None and event.attempt != job.attempt else job.ranks
+    nodes = {rank.node for rank in ranks}
     if sender not in nodes:
         where = ", ".join(sorted(nodes)) or "no node"
         return f"node {sender} holds no rank of job {event.job_id} (its gang is on {where})"
     rank = getattr(event, "rank", None)
-    if rank is not None and not any(r.node == sender and r.rank == rank for r in job.ranks):
+    if rank is not None and not any(r.node == sender and r.rank == rank for r in ranks):
         return f"node {sender} does not hold rank {rank} of job {event.job_id}"
     return None

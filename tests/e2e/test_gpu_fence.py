@@ -8,6 +8,7 @@ WorkerExited is recorded: a job waiting for those GPUs is placed only after that
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 
 from corral.contracts import events as ev
@@ -65,4 +66,55 @@ async def test_gpus_of_a_crashed_gang_are_placed_again_only_after_every_rank_exi
         print(dump_logs(stack))
         raise
     finally:
+        await c.close()
+
+
+# runs until its SIGTERM, then takes 3 s to stop
+STOPS_IN_3S = """
+import signal, sys, time
+stop_at = []
+signal.signal(signal.SIGTERM, lambda *_: stop_at.append(time.monotonic() + 3.0))
+while not stop_at or time.monotonic() < stop_at[0]:
+    time.sleep(0.05)
+sys.exit(0)
+"""
+
+
+async def test_a_lost_node_that_comes_back_gets_no_new_gang_until_the_old_ranks_are_gone(
+        make_stack: StackFactory) -> None:
+    """The 20-minute chaos run's double use: the node agent stalls (SIGSTOP) past the node-lost
+    limit; placement declares the node lost and requeues its gang (NODE_LOST). Freeing the node's
+    GPUs at that moment was wrong: when the agent runs again it registers the node, the requeued
+    job is placed there at once, and the old ranks are still stopping. The GPUs must stay held
+    until the node's own word (an exit, or heartbeats no longer listing the job) says they are gone."""
+    stack = make_stack(cluster="1x8:H100", runtime="process")
+    c = await connect(stack)
+    agents = stack.process("node-agents")
+    try:
+        await with_queues(c, [{"name": "team-a", "guaranteed_gpus": 8}], nodes=1)
+        job = await c.submit(validate_job_spec({
+            "name": "outlives-its-node", "queue": "team-a", "gpus_per_replica": 8,
+            "runtime": "process", "command": [sys.executable, "-c", STOPS_IN_3S]}))
+        await c.wait_for(lambda v: job in v.jobs and v.jobs[job].state is JobState.RUNNING, 60)
+        agents.kill(signal.SIGSTOP)
+        try:
+            await c.wait_for(lambda v: v.jobs[job].attempt == 1, 60)  # lost (6 s) and requeued
+        finally:
+            agents.kill(signal.SIGCONT)
+        await c.wait_for(lambda v: v.jobs[job].state is JobState.RUNNING and v.jobs[job].attempt == 1, 60)
+        trail = await c.job_events(job)
+        exited = [stored.position for stored, e in trail if isinstance(e, ev.WorkerExited) and e.attempt == 0]
+        again = [stored.position for stored, e in trail if isinstance(e, ev.GangReserved) and e.attempt == 1]
+        assert exited and again, dump_logs(stack)
+        assert again[0] > exited[0], (
+            f"attempt 1 of {job} was placed (position {again[0]}) on the GPUs of attempt 0, whose rank was "
+            f"still stopping (its WorkerExited is at {exited[0]})")
+        freed = [stored.position for stored, e in await c.events(types=["GpusReleased"])
+                 if e.job_id == job and e.attempt == 0]
+        assert freed and freed[0] > exited[0]
+    except BaseException:
+        print(dump_logs(stack))
+        raise
+    finally:
+        agents.kill(signal.SIGCONT)
         await c.close()
