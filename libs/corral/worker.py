@@ -43,7 +43,7 @@ ENV_CHECKPOINT_DIR = "CORRAL_CHECKPOINT_DIR"
 ENV_RESUME_FROM = "CORRAL_RESUME_FROM"
 ENV_CONTROL = "CORRAL_CONTROL"
 ENV_JOB_ID = "CORRAL_JOB_ID"
-ENV_ATTEMPT = "CORRAL_ATTEMPT"
+ENV_ATTEMPT = "CORRAL_ATTEMPT"  # which attempt of the job this is, counted from 0 (the first run)
 
 _FALLBACK_CHECKPOINT_DIR = "corral-checkpoints"
 
@@ -135,7 +135,7 @@ def report_checkpoint(path: Path | str, step: int) -> None:
         "path": str(Path(path).resolve()),
         "step": int(step),
         "rank": int(os.environ.get("RANK", "0")),
-        "attempt": int(os.environ.get(ENV_ATTEMPT, "1")),
+        "attempt": int(os.environ.get(ENV_ATTEMPT, "0")),
         "pid": os.getpid(),
     }
     line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
@@ -182,7 +182,7 @@ def run_sim(duration: float, step_seconds: float, fail_at_step: int | None, fail
     """
     install()
     rank = int(os.environ.get("RANK", "0"))
-    attempt = int(os.environ.get(ENV_ATTEMPT, "1"))
+    attempt = int(os.environ.get(ENV_ATTEMPT, "0"))
     total_steps = max(1, round(duration / step_seconds))
     resume = resume_path()
     step = _read_sim_step(resume) if resume else 0
@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--step-seconds", type=float, default=0.1, help="length of one step (default 0.1)")
     sim.add_argument("--fail-at-step", type=int, default=None, help="crash when reaching this step")
     sim.add_argument("--fail-rank", type=int, default=0, help="the global rank that crashes (default 0)")
-    sim.add_argument("--fail-on-attempt", type=int, default=1, help="crash only on this attempt (default 1)")
+    sim.add_argument("--fail-on-attempt", type=int, default=0,
+                     help="crash only on this attempt (counted from 0, the first run; default 0)")
     sim.add_argument("--fail-code", type=int, default=3, help="exit code of the crash (default 3)")
     sim.add_argument("--checkpoint-every", type=int, default=None, help="rank 0 checkpoints every N steps")
     args = parser.parse_args(argv)

@@ -46,7 +46,7 @@ class RankAssignment:
 class Assignment:
     """The part of a gang reservation this node runs, for one attempt.
 
-    `attempt` counts every launch of the gang (1 first, +1 after each requeue or restart);
+    `attempt` counts every launch of the gang (0 first, +1 after each requeue or restart);
     `restarts` counts only crash restarts, which `max_restarts` bounds. `resume_from` is set after
     a requeue or restart and becomes `CORRAL_RESUME_FROM`.
     """
@@ -72,8 +72,8 @@ class Assignment:
         if not self.job_id or "/" in self.job_id or self.job_id.startswith("."):
             raise ValueError(f"assignment: job_id {self.job_id!r} must be non-empty, without '/' "
                              "and not start with '.' (it names log and control folders)")
-        if self.attempt < 1:
-            raise ValueError(f"assignment {self.job_id}: attempt must be >= 1, got {self.attempt}")
+        if self.attempt < 0:
+            raise ValueError(f"assignment {self.job_id}: attempt must be >= 0 (0 is the first run), got {self.attempt}")
         if not self.command:
             raise ValueError(f"assignment {self.job_id}: command is empty; give the program and its args")
         if not self.ranks:

@@ -32,7 +32,6 @@ from corral.contracts.events import CheckpointDone, WorkerExited, WorkerStarted
 from corral.contracts.registry import encode
 from corral.contracts.subjects import Subjects
 
-from .reservation import contract_attempt
 from .supervisor import ExitReason, GangOutcome
 
 log = logging.getLogger(__name__)
@@ -166,13 +165,13 @@ class NodeReports:
     async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int, *, at: float,
                              cause: str | None) -> None:
         self._send(WorkerStarted, job_id, at=at, cause=cause, key=(attempt, rank), rank=rank, node=self.node,
-                   pid=pid, attempt=contract_attempt(attempt))
+                   pid=pid, attempt=attempt)
 
     async def worker_exited(self, job_id: str, rank: int, exit_code: int | None, attempt: int,
                             reason: ExitReason, *, at: float, cause: str | None, message: str = "") -> None:
         self._send(WorkerExited, job_id, at=at, cause=cause, key=(attempt, rank), rank=rank, node=self.node,
                    exit_code=exit_code if exit_code is not None and exit_code >= 0 else None,
-                   attempt=contract_attempt(attempt),
+                   attempt=attempt,
                    reason=exit_reason(reason.value.upper(), exit_code, rank, message))
 
     async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int, *, at: float,
@@ -180,12 +179,12 @@ class NodeReports:
         if rank != 0:
             return  # one copy of a data-parallel state: rank 0's checkpoint is the job's
         self._send(CheckpointDone, job_id, at=at, cause=cause, key=(attempt, rank, step, path), path=str(path),
-                   step=step, rank=rank, attempt=contract_attempt(attempt))
+                   step=step, rank=rank, attempt=attempt)
 
     async def gang_ended(self, outcome: GangOutcome) -> None:
         """Returns once every report of the gang is published (the supervisor then marks it reported)."""
         log.info("%s: job %s attempt %d ended here: %s %s", self.node, outcome.job_id,
-                 contract_attempt(outcome.attempt), outcome.end.value, dict(outcome.exits))
+                 outcome.attempt, outcome.end.value, dict(outcome.exits))
         last = self._last.pop(outcome.job_id, None)
         if last is not None:
             await asyncio.shield(last)
@@ -194,8 +193,8 @@ class NodeReports:
 
     def rank_not_started(self, job_id: str, rank: int, attempt: int, code: str, message: str, *,
                          cause: Event | None = None) -> None:
-        """A WorkerExited for a rank that never ran (attempt in contract numbering)."""
+        """A WorkerExited for a rank that never ran."""
         at = cause.occurred_at.timestamp() if cause is not None else datetime.now(UTC).timestamp()
         self._send(WorkerExited, job_id, at=at, cause=cause.event_id if cause else None,
-                   key=(attempt + 1, rank, "not-started"), rank=rank, node=self.node, exit_code=None,
+                   key=(attempt, rank, "not-started"), rank=rank, node=self.node, exit_code=None,
                    attempt=attempt, reason=Reason(code=code, message=f"rank {rank}: {message}"))

@@ -4,8 +4,9 @@ Why a pure module: the rank arithmetic (local rank, NODE_RANK) and the choice of
 agent's contract with torch.distributed and with placement; they are decided here without I/O,
 so every node of a gang computes the same answer from the same event.
 
-Attempts: the contracts count attempts from 0 (first run), the supervisor from 1. The agent's
-`Assignment.attempt` is `event.attempt + 1`; reports convert back with `contract_attempt`.
+Attempts are counted from 0 (the first run) everywhere: events, `Assignment.attempt`, the stepd's
+folders (`attempt-0`), `CORRAL_ATTEMPT` and the rank logs (files of step-file version 1, written
+by agents that counted from 1, are read back into this numbering by `step_files`).
 """
 
 from __future__ import annotations
@@ -30,11 +31,6 @@ SIM_ARGS_ENV = "CORRAL_SIM_ARGS"
 """A job's env may set this to extra `corral.worker sim` options, e.g. "--fail-at-step 5"."""
 
 DEFAULT_SIM_SECONDS = 60.0
-
-
-def contract_attempt(assignment_attempt: int) -> int:
-    """The attempt number events carry (0-based) for a supervisor attempt (1-based)."""
-    return assignment_attempt - 1
 
 
 @dataclass(frozen=True)
@@ -86,7 +82,7 @@ def build_assignment(event: GangReserved, node: str, spec: JobSpec, *, runtime: 
         return None
     return Assignment(
         job_id=event.job_id,
-        attempt=event.attempt + 1,
+        attempt=event.attempt,
         world_size=event.world_size,
         node_rank=share.node_rank,
         master_addr=event.master_addr,

@@ -74,7 +74,7 @@ from corral.contracts.subjects import Subjects
 
 from .adoption import LEDGER_TYPES, ReservationLedger, should_stop
 from .reports import START_FAILED, NodeReports, ReportPublisher
-from .reservation import AgentRuntime, build_assignment, contract_attempt, local_ranks
+from .reservation import AgentRuntime, build_assignment, local_ranks
 from .supervisor import Supervisor
 from .timer_supervisor import TimerSupervisor
 
@@ -187,15 +187,15 @@ class NodeAgent:
         share = local_ranks(event, self.node)
         if share is None:
             return
-        job, attempt = event.job_id, event.attempt + 1
+        job, attempt = event.job_id, event.attempt
         current = self.supervisor.running_attempt(job)
         if current is not None and current > attempt:
             log.info("%s: ignoring GangReserved of %s attempt %d: attempt %d already runs", self.node, job,
-                     event.attempt, contract_attempt(current))
+                     event.attempt, current)
             return
         if current is not None and current < attempt:
             log.warning("%s: %s attempt %d still runs when attempt %d is reserved; stopping it", self.node,
-                        job, contract_attempt(current), event.attempt)
+                        job, current, event.attempt)
             await self.supervisor.stop(job, self.options.stop_grace_seconds)
         if spec is None:
             self._not_started(event, [r.rank for r in share.ranks],
@@ -233,9 +233,9 @@ class NodeAgent:
         current = self.supervisor.running_attempt(job_id)
         if current is None:
             return
-        if up_to_attempt is not None and contract_attempt(current) > up_to_attempt:
+        if up_to_attempt is not None and current > up_to_attempt:
             return
-        log.info("%s: stopping %s attempt %d (%s)", self.node, job_id, contract_attempt(current), cause.type)
+        log.info("%s: stopping %s attempt %d (%s)", self.node, job_id, current, cause.type)
         self.supervisor.send_stop(job_id, self.options.stop_grace_seconds, cause=cause.event_id)
 
     async def adopt(self, ledger: ReservationLedger, reservations_known_since: float | None) -> None:
@@ -247,15 +247,15 @@ class NodeAgent:
         for gang in adopted:
             if not gang.running:
                 continue
-            verdict = ledger.verdict(gang.job_id, contract_attempt(gang.attempt), self.node)
+            verdict = ledger.verdict(gang.job_id, gang.attempt, self.node)
             complete = reservations_known_since is not None and gang.launched_at >= reservations_known_since
             if should_stop(verdict, history_complete=complete):
                 log.warning("%s: adopted %s attempt %d is %s in the log; stopping it", self.node, gang.job_id,
-                            contract_attempt(gang.attempt), verdict.value)
+                            gang.attempt, verdict.value)
                 unwanted.append(gang.job_id)
             else:
                 log.info("%s: adopted %s attempt %d (%s in the log)", self.node, gang.job_id,
-                         contract_attempt(gang.attempt), verdict.value)
+                         gang.attempt, verdict.value)
         await asyncio.gather(*(self.supervisor.stop(job, self.options.kill_grace_seconds) for job in unwanted))
 
     async def close(self) -> None:

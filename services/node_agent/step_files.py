@@ -27,13 +27,13 @@ import contextlib
 import json
 import os
 import signal as signal_module
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .assignment import Assignment, RankAssignment
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 1: attempts counted from 1 (read back as attempt - 1)
 
 LAUNCH = "launch.json"
 STATE = "state.json"
@@ -180,7 +180,10 @@ class Launch:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Launch:
-        return cls(assignment=assignment_from_json(d["assignment"]), cause=d.get("cause"),
+        assignment = assignment_from_json(d["assignment"])
+        if d.get("version", 1) == 1:  # an agent of before counted attempts from 1
+            assignment = replace(assignment, attempt=assignment.attempt - 1)
+        return cls(assignment=assignment, cause=d.get("cause"),
                    kill_grace=float(d.get("kill_grace", 5.0)), launched_at=float(d.get("launched_at", 0.0)))
 
 

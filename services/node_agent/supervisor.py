@@ -248,8 +248,8 @@ class Supervisor:
         job_dir = self._run_dir / job_id
         with contextlib.suppress(OSError):
             for folder in job_dir.iterdir():
-                number = folder.name.removeprefix("attempt-")
-                if number.isdigit() and int(number) >= attempt and (folder / LAUNCH).exists():
+                launch = read_launch(folder) if folder.name.startswith("attempt-") else None
+                if launch is not None and launch.assignment.attempt >= attempt:
                     return True
         return False
 

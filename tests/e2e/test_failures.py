@@ -12,7 +12,7 @@ from corral.projection import JobState
 from tests.e2e.conftest import Cluster, StackFactory, connect, dump_logs, with_queues
 
 
-def crashing(max_restarts: int, fail_on_attempt: int = 1) -> object:
+def crashing(max_restarts: int, fail_on_attempt: int = 0) -> object:
     return validate_job_spec({
         "name": "crashy", "queue": "team-a", "replicas": 2, "gpus_per_replica": 4, "runtime": "sim",
         "duration_seconds": 3, "restart": {"max_restarts": max_restarts},

@@ -211,7 +211,7 @@ async def test_preempted_gang_checkpoints_stops_and_resumes_from_its_step(cluste
     await cluster.publish(reserved("job-p", [(0, "node-1", [2]), (1, "node-1", [3]), (2, "node-0", [2]),
                                              (3, "node-0", [3])], attempt=1, resume_from=done.path))
     await wait_for(lambda: len([e for e in seen.of(WorkerStarted, "job-p") if e.attempt == 1]) == 4)
-    await wait_for(lambda: f"attempt=2 start step={done.step} " in log0.read_text())
+    await wait_for(lambda: f"attempt=1 start step={done.step} " in log0.read_text())
 
 
 async def test_process_rank_gets_the_torch_distributed_environment(cluster: Cluster, tmp_path: Path) -> None:
@@ -240,7 +240,7 @@ async def test_process_rank_gets_the_torch_distributed_environment(cluster: Clus
         assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "3"
         assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(gang.master_port)
         assert env["CORRAL_JOB_ID"] == "job-env" and env["CORRAL_CHECKPOINT_DIR"] == str(ckpt)
-        assert env["CORRAL_RESUME_FROM"] == "/ckpt/step-7.pt" and env["CORRAL_ATTEMPT"] == "3"
+        assert env["CORRAL_RESUME_FROM"] == "/ckpt/step-7.pt" and env["CORRAL_ATTEMPT"] == "2"
         assert env["LR"] == "0.5" and env["CORRAL_CHECKPOINT_SIGNAL"] == "SIGUSR1"
     assert envs[0]["LOCAL_WORLD_SIZE"] == "2" and envs[1]["LOCAL_WORLD_SIZE"] == "1"
     assert all(e.attempt == 2 for e in seen.of(WorkerStarted, "job-env"))

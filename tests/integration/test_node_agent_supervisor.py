@@ -66,7 +66,7 @@ async def wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> None
 
 
 def assignment(tmp_path: Path, command: tuple[str, ...], *, ranks: int = 2, **extra: Any) -> Assignment:
-    return Assignment(job_id=extra.pop("job_id", "job-1"), attempt=extra.pop("attempt", 1),
+    return Assignment(job_id=extra.pop("job_id", "job-1"), attempt=extra.pop("attempt", 0),
                       world_size=ranks, node_rank=0, master_addr="127.0.0.1", master_port=29555,
                       ranks=tuple(RankAssignment(r, r, (r,)) for r in range(ranks)), command=command,
                       checkpoint_dir=tmp_path / "ckpt", log_dir=tmp_path / "logs", **extra)
@@ -125,9 +125,9 @@ async def test_each_rank_output_goes_to_its_log_appended_across_attempts(tmp_pat
     await sup.start(first.next_attempt(resume_from=None, crash_restart=False))
     await sup.wait("job-1")
     text = (tmp_path / "logs" / "job-1" / "rank-1.log").read_text()
-    assert "out from rank 1 attempt 1" in text and "out from rank 1 attempt 2" in text
+    assert "out from rank 1 attempt 0" in text and "out from rank 1 attempt 1" in text
     assert "err from rank 1" in text
-    assert text.index("attempt 1 rank 1") < text.index("attempt 2 rank 1")
+    assert text.index("attempt 0 rank 1") < text.index("attempt 1 rank 1")
     assert "out from rank 0" not in text
 
 
@@ -152,8 +152,8 @@ async def test_sim_worker_checkpoints_on_preemption_and_resumes_from_that_step(t
 
     resumed = first.next_attempt(resume_from=outcome.resume_from, crash_restart=False)
     await sup.start(resumed)
-    await wait_for(lambda: "attempt=2 start" in log0.read_text())
-    assert f"sim rank=0 attempt=2 start step={step} " in log0.read_text()
+    await wait_for(lambda: "attempt=1 start" in log0.read_text())
+    assert f"sim rank=0 attempt=1 start step={step} " in log0.read_text()
     await sup.stop("job-1", grace_seconds=2)
 
 
@@ -202,17 +202,17 @@ async def test_a_crashed_rank_takes_the_local_gang_down_and_restarts_from_the_la
     assert last_reported["step"] % 3 == 0
     assert outcome.resume_from == last_reported["path"]
 
-    # The restart resumes from that checkpoint (attempt 2 does not crash: --fail-on-attempt is 1) ...
+    # The restart resumes from that checkpoint (attempt 1 does not crash: --fail-on-attempt is 0) ...
     again = first.next_attempt(resume_from=outcome.resume_from, crash_restart=True)
     await sup.start(again)
     log0 = tmp_path / "logs" / "job-1" / "rank-0.log"
-    await wait_for(lambda: "attempt=2 start" in log0.read_text())
-    assert f"attempt=2 start step={last_reported['step']} " in log0.read_text()
+    await wait_for(lambda: "attempt=1 start" in log0.read_text())
+    assert f"attempt=1 start step={last_reported['step']} " in log0.read_text()
     await sup.stop("job-1", grace_seconds=2)
     # ... and a crash with no restart left fails the job.
     last = again.next_attempt(resume_from=None, crash_restart=True)
     failing = Assignment(**{**last.__dict__, "command": sim_command(
-        60, python=PY, step_seconds=0.02, extra=("--fail-at-step", "2", "--fail-on-attempt", "3"))})
+        60, python=PY, step_seconds=0.02, extra=("--fail-at-step", "2", "--fail-on-attempt", "2"))})
     await sup.start(failing)
     final = await asyncio.wait_for(sup.wait("job-1"), 15)
     assert final is not None and final.end is GangEnd.FAILED
@@ -303,7 +303,7 @@ async def test_a_second_supervisor_adopts_a_detached_gang_and_reports_it_again(t
     events = Recorder()
     second = Supervisor(events, tmp_path / "run")
     [adopted] = await second.adopt()
-    assert (adopted.job_id, adopted.attempt, adopted.running) == ("job-1", 1, True)
+    assert (adopted.job_id, adopted.attempt, adopted.running) == ("job-1", 0, True)
     assert second.running_jobs() == ["job-1"]
     await wait_for(lambda: len(events.of("started")) == 1)
     assert events.of("started")[0]["pid"] == started.pids[0]
@@ -311,5 +311,5 @@ async def test_a_second_supervisor_adopts_a_detached_gang_and_reports_it_again(t
     assert late.already_running
     outcome = await second.stop("job-1", grace_seconds=2)
     assert outcome is not None and outcome.end is GangEnd.STOPPED and outcome.exits == {0: -15}
-    assert (tmp_path / "run" / "job-1" / "attempt-1" / "reported").exists()
+    assert (tmp_path / "run" / "job-1" / "attempt-0" / "reported").exists()
     assert await Supervisor(Recorder(), tmp_path / "run").adopt() == []  # nothing left to report

@@ -28,12 +28,12 @@ def test_node_rank_follows_the_node_of_the_lowest_rank_and_local_ranks_follow_ra
     assert local_ranks(event, "c") is None
 
 
-def test_assignment_counts_attempts_from_one_and_never_restarts_locally(tmp_path: Path) -> None:
+def test_assignment_counts_attempts_as_events_do_and_never_restarts_locally(tmp_path: Path) -> None:
     spec = JobSpec(name="j", queue="q", runtime="process", command=["train"], env={"A": "1"})
     a = build_assignment(gang([(0, "a", [0])], attempt=2, resume_from="/c/s.pt"), "a", spec, runtime="process",
                          python="py", checkpoint_root=tmp_path, log_dir=tmp_path / "logs")
     assert a is not None
-    assert (a.attempt, a.max_restarts, a.command, a.resume_from) == (3, 0, ("train",), Path("/c/s.pt"))
+    assert (a.attempt, a.max_restarts, a.command, a.resume_from) == (2, 0, ("train",), Path("/c/s.pt"))
     assert a.checkpoint_dir == tmp_path / "j" and a.env == {"A": "1"}
 
 
