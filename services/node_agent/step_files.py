@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .assignment import Assignment, RankAssignment
+from .run_as import WorkerUser
 
 STATE_VERSION = 1
 
@@ -149,6 +150,7 @@ def assignment_to_json(a: Assignment) -> dict[str, Any]:
         "env": dict(a.env), "resume_from": str(a.resume_from) if a.resume_from else None,
         "checkpoint_signal": a.checkpoint_signal, "max_restarts": a.max_restarts, "restarts": a.restarts,
         "workdir": str(a.workdir) if a.workdir else None,
+        "user": a.user.to_json() if a.user else None,
     }
 
 
@@ -162,6 +164,7 @@ def assignment_from_json(d: dict[str, Any]) -> Assignment:
         env=dict(d.get("env") or {}), resume_from=Path(d["resume_from"]) if d.get("resume_from") else None,
         checkpoint_signal=d.get("checkpoint_signal") or "SIGUSR1", max_restarts=int(d.get("max_restarts", 0)),
         restarts=int(d.get("restarts", 0)), workdir=Path(d["workdir"]) if d.get("workdir") else None,
+        user=WorkerUser.from_json(d["user"]) if d.get("user") else None,
     )
 
 
