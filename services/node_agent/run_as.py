@@ -140,10 +140,11 @@ def _may(st: os.stat_result, user: WorkerUser, bit_owner: int, bit_group: int, b
     return bool(st.st_mode & bit_other)
 
 
-def unsearchable(path: Path, user: WorkerUser) -> Path | None:
-    """The first directory on the way to `path` (itself excluded) that `user` may not search
-    (mode bits; ACLs are not read), or None. `os.access` cannot answer this: it asks as the agent."""
-    for parent in reversed(Path(os.path.abspath(path)).parents):
+def unsearchable(path: Path, user: WorkerUser, *, itself: bool = False) -> Path | None:
+    """The first directory on the way to `path` (and `path` itself if `itself`) that `user` may not
+    search (mode bits; ACLs are not read), or None. `os.access` cannot answer: it asks as the agent."""
+    absolute = Path(os.path.abspath(path))
+    for parent in [*reversed(absolute.parents), *([absolute] if itself else [])]:
         try:
             st = os.stat(parent)
         except OSError:
@@ -153,14 +154,19 @@ def unsearchable(path: Path, user: WorkerUser) -> Path | None:
     return None
 
 
-def reach_problem(paths: Iterable[Path], user: WorkerUser) -> str | None:
-    """A message naming a directory that keeps `user` from the job's files, or None."""
+def reach_problem(paths: Iterable[Path], user: WorkerUser, workdir: Path | None = None) -> str | None:
+    """A message naming a directory that keeps `user` from the job's files (or its `workdir`), or None."""
     for path in paths:
         blocked = unsearchable(path, user)
         if blocked is not None:
             return (f"user `{user.name}` (uid {user.uid}) cannot reach {path}: {blocked} is not searchable by it; "
                     f"make the agent's --work-dir, --checkpoint-dir and their parents searchable "
                     f"(chmod o+x {blocked}) or choose directories outside private ones")
+    if workdir is not None:
+        blocked = unsearchable(workdir, user, itself=True)
+        if blocked is not None:
+            return (f"user `{user.name}` (uid {user.uid}) cannot enter the job's workdir {workdir}: {blocked} "
+                    "is not searchable by it; give a workdir that user may enter")
     return None
 
 

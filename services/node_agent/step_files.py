@@ -69,17 +69,26 @@ def _tmp(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
+def _write_private(path: Path, text: str) -> None:
+    """Write `path` readable by the agent's user only: launch.json holds the job's env, and a job
+    run as its submitter (see `run_as`) must not read another job's (it can enter the folder)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        os.fchmod(fd, 0o600)
+        out.write(text)
+
+
 def write_json(path: Path, content: Any) -> None:
     """Replace `path` atomically: a reader sees the old or the new content, never a mix."""
     tmp = _tmp(path)
-    tmp.write_text(json.dumps(content, sort_keys=True))
+    _write_private(tmp, json.dumps(content, sort_keys=True))
     os.replace(tmp, path)
 
 
 def create_json(path: Path, content: Any) -> bool:
     """Create `path` atomically unless it exists (a hard link refuses to overwrite): True if created."""
     tmp = _tmp(path)
-    tmp.write_text(json.dumps(content, sort_keys=True))
+    _write_private(tmp, json.dumps(content, sort_keys=True))
     try:
         os.link(tmp, path)
         return True

@@ -236,7 +236,7 @@ class Stepd:
                 # gets its own checkpoint directory and control file, nothing else of ours.
                 own_dir(self.a.checkpoint_dir, user)
                 own_file(control, user)
-                problem = reach_problem([self.a.checkpoint_dir, control], user)
+                problem = reach_problem([self.a.checkpoint_dir, control], user, self.a.workdir)
                 if problem is not None:
                     raise PermissionError(problem)
                 env = build_rank_env(self.a, spec, control, user_base_env(os.environ, user))

@@ -110,8 +110,13 @@ async def test_a_job_runs_as_its_submitters_os_account_without_the_agents_secret
     log = agent.options.logs / "job-nobody" / "rank-0.log"
     assert log.stat().st_uid == NOBODY.pw_uid and log.parent.stat().st_uid == 0
     assert "as nobody (uid" in log.read_text()
-    started = agent.seen.of(WorkerStarted, "job-nobody")
-    assert len(started) == 1
+    assert len(agent.seen.of(WorkerStarted, "job-nobody")) == 1
+    # the stepd's files (the job's env among them) stay the agent's; the rank only passes through
+    folder = agent.options.work_dir / "node-0" / "run" / "job-nobody" / "attempt-1"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o711
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.glob("*.json")} == {
+        "launch.json": 0o600, "state.json": 0o600}
+    assert (folder / "rank-0.control").stat().st_uid == NOBODY.pw_uid
 
 
 async def test_a_user_without_an_os_account_is_refused_naming_the_user_and_the_fix(agent: Cluster) -> None:
@@ -137,3 +142,21 @@ async def test_root_is_refused_unless_the_queue_allows_it(agent: Cluster) -> Non
     allowed = await run(agent, "job-root-ok", "root", queue="trusted")
     assert allowed.exit_code == 0, allowed.reason
     assert (agent.options.checkpoints / "job-root-ok" / "uid").read_text().split() == ["0"]
+
+
+async def test_a_directory_the_user_cannot_reach_fails_the_start_naming_it(tmp_path: Path) -> None:
+    """pytest's tmp_path lies under a 0700 directory: `nobody` could not write its checkpoints."""
+    from corral.services.node_agent.run_as import WorkerUser
+    from corral.services.node_agent.supervisor import ExitReason, Supervisor
+    from tests.integration.test_node_agent_supervisor import Recorder, assignment
+
+    events = Recorder()
+    user = WorkerUser(name="nobody", uid=NOBODY.pw_uid, gid=NOBODY.pw_gid, groups=(NOBODY.pw_gid,), home="/",
+                      shell="")
+    sup = Supervisor(events, tmp_path / "run")
+    start = await sup.start(assignment(tmp_path, tuple(PROBE), ranks=1, job_id="job-far", user=user))
+    blocked = next(p for p in reversed([tmp_path, *tmp_path.parents]) if not p.stat().st_mode & stat.S_IXOTH)
+    assert start.failed and f"{blocked} is not searchable" in start.failed[0]
+    assert "user `nobody`" in start.failed[0] and f"chmod o+x {blocked}" in start.failed[0]
+    (failed,) = events.of("start_failed")
+    assert failed["reason"] is ExitReason.START_FAILED and failed["exit_code"] is None

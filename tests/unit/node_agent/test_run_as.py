@@ -140,3 +140,15 @@ def test_allow_root_is_a_checked_queue_field() -> None:
         load_queues_text("queues:\n- {name: ops, allow_root: sometimes}\n")
     problem = err.value.problems[0]
     assert problem.path == "queues[0].allow_root" and "uid 0" in problem.hint
+
+
+def test_a_workdir_the_user_cannot_enter_is_named() -> None:
+    nobody = WorkerUser(name="nobody", uid=65534, gid=65534, groups=(65534,), home="/", shell="")
+    with tempfile.TemporaryDirectory() as base:
+        Path(base).chmod(0o755)
+        work = Path(base) / "work"
+        work.mkdir(mode=0o700)
+        problem = reach_problem([Path(base) / "ckpt"], nobody, work)
+        assert problem is not None and f"cannot enter the job's workdir {work}" in problem
+        work.chmod(0o755)
+        assert reach_problem([Path(base) / "ckpt"], nobody, work) is None
