@@ -13,6 +13,12 @@ checkpoint signal, SIGTERM, SIGKILL at the deadline; stop: SIGTERM, SIGKILL afte
 tears the local gang down when one rank crashes. It exits once every rank has ended and the final
 state is written. It never talks to NATS: whichever agent runs reports from the state file.
 
+When the Assignment names a `user` (an agent run as root with `--run-as submitter`, see `run_as`),
+the stepd stays root, so that it can signal and kill the ranks, and starts each rank with that
+user's uid, gid and groups; it gives the user its checkpoint directory, its control file and its
+log file (not their folders), and refuses to start it (START_FAILED, naming the directory) when
+the user could not reach them.
+
 Why signals + a command file rather than a socket: the state must be on disk anyway for the next
 agent; a unix socket path would have to fit in 108 bytes (run dirs are deep) and a socket adds a
 connection lifecycle to both sides. A command is a line in a file the agent rewrites atomically,
