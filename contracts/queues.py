@@ -43,6 +43,9 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         max_priority: Priority | PriorityClass | None = None
     #: Who may submit to this queue (user names, as their NATS identities); None: everyone.
     submitters: list[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")]] | None = None
+    #: Whether a job of this queue may run as root (a submitter whose OS account is uid 0) on node
+    #: agents that run each job as its submitter's OS user (`--run-as submitter`); refused if not.
+    allow_root: bool = False
 
     FIELD_HINTS: ClassVar[dict[str, str]] = {
         "name": "a queue path such as research/nlp",
@@ -52,6 +55,7 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         "weight": "share of the surplus, a number > 0 (default 1)",
         "max_priority": f"the highest priority a job of this queue may ask for: {PRIORITY_HINT[4:]}",
         "submitters": "user names allowed to submit here, e.g. [alice, bob] (leave out for everyone)",
+        "allow_root": "true to let jobs of this queue run as root (uid 0) on the nodes; default false",
     }
 
     def __post_init__(self) -> None:

@@ -13,6 +13,12 @@ Workers outlive the agent (each gang runs under its own stepd): SIGTERM/SIGINT l
 for the next agent to adopt (an upgrade). `--stop-workers-on-exit` (or
 CORRAL_AGENT_STOP_WORKERS_ON_EXIT=1) stops them first instead, as tests that clean up need.
 
+Whose OS user runs a job's ranks: `--run-as submitter` (the default; env CORRAL_AGENT_RUN_AS)
+runs each job as the OS account named by its submitting user when the agent is root, and refuses
+jobs whose user has no account here or is root in a queue without `allow_root: true`; an agent
+that is not root cannot switch and runs them as itself. `--run-as agent` runs every job as the
+agent's own user: a single-user box (`corral up` sets it). See docs/security.md.
+
 Environment: CORRAL_NATS_URL (required), CORRAL_NAMESPACE (default corral), CORRAL_LOG_DIR (rank
 logs go to `$CORRAL_LOG_DIR/workers/<job>/rank-<N>.log`, else `<work-dir>/logs/...`), CORRAL_LOG_LEVEL.
 """
@@ -39,6 +45,7 @@ from corral.contracts.cluster import (
 from corral.contracts.problems import SpecError
 
 from .inventory import NvmlUnavailable, discover
+from .run_as import RUN_AS_ENV, RunAs
 from .service import AgentOptions, run_agents
 
 USAGE_ERROR = 2
@@ -135,6 +142,10 @@ def parser() -> argparse.ArgumentParser:
                    default=os.environ.get("CORRAL_AGENT_STOP_WORKERS_ON_EXIT", "") not in ("", "0", "false"),
                    help="on SIGTERM/SIGINT stop every gang first (default: leave them running for the next "
                    "agent to adopt; env CORRAL_AGENT_STOP_WORKERS_ON_EXIT=1)")
+    p.add_argument("--run-as", choices=[m.value for m in RunAs], default=None,
+                   help="submitter: run each job as its submitting user's OS account when this agent is root "
+                   "(default); agent: run every job as this agent's user (a single-user box; `corral up`). "
+                   f"Env {RUN_AS_ENV}")
     return p
 
 
@@ -143,11 +154,12 @@ def options(args: argparse.Namespace, environ: os._Environ[str] | dict[str, str]
     if log_dir is None and environ.get("CORRAL_LOG_DIR"):
         log_dir = Path(environ["CORRAL_LOG_DIR"]) / "workers"
     try:
+        run_as = RunAs(args.run_as) if args.run_as else RunAs.parse(environ.get(RUN_AS_ENV) or RunAs.SUBMITTER)
         return AgentOptions(work_dir=args.work_dir.resolve(), runtime=args.runtime,
                             job_log_dir=log_dir.resolve() if log_dir else None,
                             checkpoint_root=args.checkpoint_dir.resolve() if args.checkpoint_dir else None,
                             heartbeat_seconds=args.heartbeat_seconds, stop_grace_seconds=args.stop_grace,
-                            stop_workers_on_exit=args.stop_workers_on_exit)
+                            stop_workers_on_exit=args.stop_workers_on_exit, run_as=run_as)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -25,6 +25,8 @@ from corral.worker import (
     signal_from_name,
 )
 
+from .run_as import WorkerUser
+
 RESERVED_ENV = frozenset({
     "CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
     "MASTER_ADDR", "MASTER_PORT", ENV_JOB_ID, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_ATTEMPT,
@@ -48,7 +50,8 @@ class Assignment:
 
     `attempt` counts every launch of the gang (0 first, +1 after each requeue or restart);
     `restarts` counts only crash restarts, which `max_restarts` bounds. `resume_from` is set after
-    a requeue or restart and becomes `CORRAL_RESUME_FROM`.
+    a requeue or restart and becomes `CORRAL_RESUME_FROM`. `user`: the submitter's OS account when
+    the agent runs ranks as their submitter (`run_as`), else None (the agent's own user).
     """
 
     job_id: str
@@ -67,6 +70,7 @@ class Assignment:
     max_restarts: int = 0
     restarts: int = 0
     workdir: Path | None = None
+    user: WorkerUser | None = None  # the OS account the ranks run as (None: the agent's; see `run_as`)
 
     def __post_init__(self) -> None:
         if not self.job_id or "/" in self.job_id or self.job_id.startswith("."):

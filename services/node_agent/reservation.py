@@ -20,6 +20,7 @@ from corral.contracts.events import GangReserved
 from corral.contracts.jobspec import JobSpec
 
 from .assignment import Assignment, RankAssignment, sim_command
+from .run_as import WorkerUser
 
 AgentRuntime = Literal["sim", "sim-timer", "process"]
 """`process`: each job runs as its spec says (spec.runtime). `sim`: every job is simulated, even a
@@ -70,11 +71,13 @@ def job_command(spec: JobSpec, runtime: AgentRuntime, python: str) -> tuple[str,
 
 
 def build_assignment(event: GangReserved, node: str, spec: JobSpec, *, runtime: AgentRuntime,
-                     python: str, checkpoint_root: Path, log_dir: Path) -> Assignment | None:
+                     python: str, checkpoint_root: Path, log_dir: Path,
+                     user: WorkerUser | None = None) -> Assignment | None:
     """The Assignment for `node`, or None when the gang has no rank here.
 
     `max_restarts` is 0 on purpose: a crash is reported, and placement (which sees every node)
-    decides whether the whole gang restarts, so no agent restarts its share on its own.
+    decides whether the whole gang restarts, so no agent restarts its share on its own. `user`: the
+    OS account the ranks run as (None: the agent's own; see `run_as`).
     Raises ValueError (naming the field) when the spec cannot run, e.g. env sets a reserved name.
     """
     share = local_ranks(event, node)
@@ -95,4 +98,5 @@ def build_assignment(event: GangReserved, node: str, spec: JobSpec, *, runtime: 
         resume_from=Path(event.resume_from) if event.resume_from else None,
         checkpoint_signal=spec.checkpoint.signal,
         max_restarts=0,
+        user=user,
     )

@@ -11,7 +11,8 @@ What an agent does:
   JobSubmitted (spec cache), GangReserved (start this node's ranks), PreemptRequested (checkpoint
   signal, then SIGTERM/SIGKILL at the deadline), GangReleased / JobCancelled / JobRequeued (stop
   an attempt still running here), JobCompleted / JobFailed / JobRejected (forget the spec),
-  NodeLost of one of its nodes (register again: the node is alive, placement may use it again);
+  NodeLost of one of its nodes (register again: the node is alive, placement may use it again),
+  QueueConfigured (whether a queue's jobs may run as root, see `run_as`);
 - report WorkerStarted / WorkerExited / CheckpointDone to the inbox (see `reports`).
 
 The durable delivers only events published after it was first created (DeliverPolicy.NEW), and a
@@ -39,6 +40,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -66,15 +68,18 @@ from corral.contracts.events import (
     NodeLost,
     NodeRegistered,
     PreemptRequested,
+    QueueConfigured,
 )
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.problems import ContractError
+from corral.contracts.queues import QueueSpec
 from corral.contracts.registry import decode, encode
 from corral.contracts.subjects import Subjects
 
 from .adoption import LEDGER_TYPES, ReservationLedger, should_stop
 from .reports import START_FAILED, NodeReports, ReportPublisher
 from .reservation import AgentRuntime, build_assignment, local_ranks
+from .run_as import Refused, RunAs, WorkerUser, resolve, switches_users
 from .supervisor import Supervisor
 from .timer_supervisor import TimerSupervisor
 
@@ -82,11 +87,11 @@ log = logging.getLogger("corral.node_agent")
 
 CONSUMED_TYPES: tuple[str, ...] = (
     "JobSubmitted", "GangReserved", "PreemptRequested", "GangReleased", "JobCancelled", "JobRequeued",
-    "JobCompleted", "JobFailed", "JobRejected", "NodeLost",
+    "JobCompleted", "JobFailed", "JobRejected", "NodeLost", "QueueConfigured",
 )
 """Event types the agents' durable consumer reads from `<ns>.events.<Type>`."""
 
-_HISTORY_TYPES = ("JobSubmitted", *LEDGER_TYPES)
+_HISTORY_TYPES = ("JobSubmitted", "QueueConfigured", *LEDGER_TYPES)
 _TRUST_ABSENCE_AFTER = 3600.0  # seconds: see `AgentHost.reservations_known_since`
 _ENDED = (JobCompleted, JobFailed, JobCancelled, JobRejected)
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
@@ -121,6 +126,9 @@ class AgentOptions:
     `job_log_dir`: rank logs go to `<job_log_dir>/<job>/rank-<N>.log`. `checkpoint_root`: a job's
     `CORRAL_CHECKPOINT_DIR` is `<checkpoint_root>/<job>`; it must be shared storage when a job can
     resume on another machine (on one machine hosting fake nodes it is simply shared).
+    `run_as`: whose OS account the ranks run as (see `run_as`); AGENT here, so that code starting
+    agents in-process keeps its behaviour; `python -m corral.services.node_agent` defaults to
+    SUBMITTER, which takes effect when the agent is root.
     """
 
     work_dir: Path
@@ -132,6 +140,7 @@ class AgentOptions:
     kill_grace_seconds: float = 5.0
     python: str = sys.executable
     stop_workers_on_exit: bool = False  # a graceful stop leaves workers running unless this is set
+    run_as: RunAs = RunAs.AGENT
 
     def __post_init__(self) -> None:
         if self.runtime not in ("sim", "sim-timer", "process"):
@@ -140,6 +149,8 @@ class AgentOptions:
             raise ValueError(f"heartbeat_seconds must be > 0, got {self.heartbeat_seconds}")
         if self.stop_grace_seconds < 0 or self.kill_grace_seconds < 0:
             raise ValueError("stop_grace_seconds and kill_grace_seconds must be >= 0")
+        if not isinstance(self.run_as, RunAs):
+            object.__setattr__(self, "run_as", RunAs.parse(str(self.run_as), "run_as"))
 
     @property
     def logs(self) -> Path:
@@ -163,6 +174,8 @@ class NodeAgent:
             TimerSupervisor(self.reports) if options.runtime == "sim-timer" else
             Supervisor(self.reports, options.work_dir / self.node / "run", kill_grace=options.kill_grace_seconds,
                        python=options.python))
+        # Ranks run as their submitter only where there are processes to run and we may switch.
+        self.switch_users = options.runtime != "sim-timer" and switches_users(options.run_as)
         self._heartbeats = 0
 
     # --- what the node says about itself --------------------------------------------------------
@@ -182,8 +195,12 @@ class NodeAgent:
 
     # --- events ---------------------------------------------------------------------------------
 
-    async def on_gang_reserved(self, event: GangReserved, spec: JobSpec | None) -> None:
-        """Start this node's ranks of the gang (idempotent per job and attempt)."""
+    async def on_gang_reserved(self, event: GangReserved, spec: JobSpec | None, *, submitter: str | None = None,
+                               allow_root: bool = False) -> None:
+        """Start this node's ranks of the gang (idempotent per job and attempt).
+
+        `submitter`: the user the log recorded on the job's JobSubmitted; `allow_root`: whether the
+        job's queue lets it run as uid 0. Both matter only when ranks run as their submitter."""
         share = local_ranks(event, self.node)
         if share is None:
             return
@@ -201,10 +218,18 @@ class NodeAgent:
             self._not_started(event, [r.rank for r in share.ranks],
                               "the node agent never saw this job's JobSubmitted, so it has no command")
             return
+        user: WorkerUser | None = None
+        if self.switch_users:
+            found = resolve(submitter, queue=spec.queue, allow_root=allow_root, node=self.node)
+            if isinstance(found, Refused):
+                self._not_started(event, [r.rank for r in share.ranks], found.message, code=found.code)
+                return
+            user = found
         try:
             assignment = build_assignment(event, self.node, spec, runtime=self.options.runtime,
                                           python=self.options.python,
-                                          checkpoint_root=self.options.checkpoints, log_dir=self.options.logs)
+                                          checkpoint_root=self.options.checkpoints, log_dir=self.options.logs,
+                                          user=user)
         except ValueError as exc:
             self._not_started(event, [r.rank for r in share.ranks], str(exc))
             return
@@ -212,10 +237,10 @@ class NodeAgent:
             return
         await self.supervisor.start(assignment, cause=event.event_id)
 
-    def _not_started(self, event: GangReserved, ranks: list[int], message: str) -> None:
+    def _not_started(self, event: GangReserved, ranks: list[int], message: str, *, code: str = START_FAILED) -> None:
         log.error("%s: cannot start %s attempt %d: %s", self.node, event.job_id, event.attempt, message)
         for rank in ranks:
-            self.reports.rank_not_started(event.job_id, rank, event.attempt, START_FAILED, message, cause=event)
+            self.reports.rank_not_started(event.job_id, rank, event.attempt, code, message, cause=event)
 
     def on_preempt(self, event: PreemptRequested) -> None:
         """Checkpoint signal now; SIGTERM, then SIGKILL at the event's deadline (in the background)."""
@@ -273,6 +298,8 @@ class AgentHost:
         self.agents = {agent.node: agent for agent in agents}
         self.publisher = publisher
         self.specs: dict[str, JobSpec] = {}
+        self.submitters: dict[str, str | None] = {}  # job -> the user its JobSubmitted records
+        self.queues: dict[str, QueueSpec] = {}  # for `allow_root`
         self.ledger = ReservationLedger()
         self.reservations_known_since: float | None = None
         self.ready = asyncio.Event()
@@ -282,8 +309,12 @@ class AgentHost:
         self.ledger.fold(event)
         if isinstance(event, JobSubmitted):
             self.specs[event.job_id] = event.spec
+            self.submitters[event.job_id] = event.user
+        elif isinstance(event, QueueConfigured):
+            self.queues[event.queue.name] = event.queue
         elif isinstance(event, _ENDED):
             self.specs.pop(event.job_id, None)
+            self.submitters.pop(event.job_id, None)
             for agent in self.agents.values():
                 agent.reports.forget(event.job_id)
 
@@ -334,10 +365,12 @@ class AgentHost:
         agents = list(self.agents.values())
         if isinstance(event, GangReserved):
             spec = self.specs.get(event.job_id)
+            queue = self.queues.get(spec.queue) if spec is not None else None
             nodes = {r.node for r in event.ranks}
             for agent in agents:
                 if agent.node in nodes:
-                    await agent.on_gang_reserved(event, spec)
+                    await agent.on_gang_reserved(event, spec, submitter=self.submitters.get(event.job_id),
+                                                 allow_root=queue is not None and queue.allow_root)
         elif isinstance(event, PreemptRequested):
             for agent in agents:
                 agent.on_preempt(event)
@@ -384,6 +417,15 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
     publisher = ReportPublisher(bus, subjects)
     agents = [NodeAgent(inv, options, publisher) for inv in inventories]
     host = AgentHost(bus, agents, publisher)
+    if options.runtime != "sim-timer":
+        if switches_users(options.run_as):
+            log.info("node agents: each job runs as its submitter's OS user (--run-as submitter)")
+        elif options.run_as is RunAs.SUBMITTER:
+            log.warning("node agents: not root, so every job runs as this agent's OS user (uid %d), whoever "
+                        "submitted it; run the agent as root to run jobs as their submitters", os.geteuid())
+        elif os.geteuid() == 0:
+            log.warning("node agents: every job runs as root (--run-as agent); use --run-as submitter on a "
+                        "node shared by several users")
     consumer = None
     beats: asyncio.Task[None] | None = None
     try:

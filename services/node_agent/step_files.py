@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .assignment import Assignment, RankAssignment
+from .run_as import WorkerUser
 
 STATE_VERSION = 2  # 1: attempts counted from 1 (read back as attempt - 1)
 
@@ -68,17 +69,26 @@ def _tmp(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
+def _write_private(path: Path, text: str) -> None:
+    """Write `path` readable by the agent's user only: launch.json holds the job's env, and a job
+    run as its submitter (see `run_as`) must not read another job's (it can enter the folder)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        os.fchmod(fd, 0o600)
+        out.write(text)
+
+
 def write_json(path: Path, content: Any) -> None:
     """Replace `path` atomically: a reader sees the old or the new content, never a mix."""
     tmp = _tmp(path)
-    tmp.write_text(json.dumps(content, sort_keys=True))
+    _write_private(tmp, json.dumps(content, sort_keys=True))
     os.replace(tmp, path)
 
 
 def create_json(path: Path, content: Any) -> bool:
     """Create `path` atomically unless it exists (a hard link refuses to overwrite): True if created."""
     tmp = _tmp(path)
-    tmp.write_text(json.dumps(content, sort_keys=True))
+    _write_private(tmp, json.dumps(content, sort_keys=True))
     try:
         os.link(tmp, path)
         return True
@@ -149,6 +159,7 @@ def assignment_to_json(a: Assignment) -> dict[str, Any]:
         "env": dict(a.env), "resume_from": str(a.resume_from) if a.resume_from else None,
         "checkpoint_signal": a.checkpoint_signal, "max_restarts": a.max_restarts, "restarts": a.restarts,
         "workdir": str(a.workdir) if a.workdir else None,
+        "user": a.user.to_json() if a.user else None,
     }
 
 
@@ -162,6 +173,7 @@ def assignment_from_json(d: dict[str, Any]) -> Assignment:
         env=dict(d.get("env") or {}), resume_from=Path(d["resume_from"]) if d.get("resume_from") else None,
         checkpoint_signal=d.get("checkpoint_signal") or "SIGUSR1", max_restarts=int(d.get("max_restarts", 0)),
         restarts=int(d.get("restarts", 0)), workdir=Path(d["workdir"]) if d.get("workdir") else None,
+        user=WorkerUser.from_json(d["user"]) if d.get("user") else None,
     )
 
 

@@ -13,6 +13,12 @@ checkpoint signal, SIGTERM, SIGKILL at the deadline; stop: SIGTERM, SIGKILL afte
 tears the local gang down when one rank crashes. It exits once every rank has ended and the final
 state is written. It never talks to NATS: whichever agent runs reports from the state file.
 
+When the Assignment names a `user` (an agent run as root with `--run-as submitter`, see `run_as`),
+the stepd stays root, so that it can signal and kill the ranks, and starts each rank with that
+user's uid, gid and groups; it gives the user its checkpoint directory, its control file and its
+log file (not their folders), and refuses to start it (START_FAILED, naming the directory) when
+the user could not reach them.
+
 Why signals + a command file rather than a socket: the state must be on disk anyway for the next
 agent; a unix socket path would have to fit in 108 bytes (run dirs are deep) and a socket adds a
 connection lifecycle to both sides. A command is a line in a file the agent rewrites atomically,
@@ -35,12 +41,13 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, BinaryIO
 
 from corral.worker import CHECKPOINTED_EXIT_CODE, signal_from_name
 
 from .assignment import build_rank_env, rank_log_path
 from .control import ControlChannel
+from .run_as import WorkerUser, own_dir, own_file, reach_problem, user_base_env
 from .step_files import (
     ENDED,
     RUNNING,
@@ -95,6 +102,20 @@ def gang_end(state: dict[str, Any]) -> str:
     if state["mode"] == M_STOPPING:
         return "stopped"
     return "checkpointed"
+
+
+def open_log(path: Path, user: WorkerUser | None) -> BinaryIO:
+    """A rank's log, for appending, never through a symlink. Run as its submitter, the rank gets
+    the file (to read it back) but not its directory: the stepd, root, writes there too."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        if user is not None:
+            os.fchown(fd, user.uid, user.gid)
+            os.fchmod(fd, 0o640)
+    except OSError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab")
 
 
 class Stepd:
@@ -200,19 +221,36 @@ class Stepd:
 
     def spawn(self, rank: int) -> subprocess.Popen[bytes]:
         spec = next(r for r in self.a.ranks if r.rank == rank)
+        user = self.a.user
         log_path = rank_log_path(self.a, spec)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log_file:
+        with open_log(log_path, user) as log_file:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            who = f" as {user.name} (uid {user.uid})" if user else ""
             log_file.write(f"==== corral job {self.a.job_id} attempt {self.a.attempt} rank {spec.rank} "
-                           f"node_rank {self.a.node_rank} started {stamp} ====\n".encode())
+                           f"node_rank {self.a.node_rank} started {stamp}{who} ====\n".encode())
             log_file.flush()
-            env = build_rank_env(self.a, spec, control_path(self.folder, spec.rank), os.environ)
+            control = control_path(self.folder, spec.rank)
             try:
+                if user is None:
+                    env = build_rank_env(self.a, spec, control, os.environ)
+                    return subprocess.Popen(
+                        list(self.a.command), env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+                        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                        cwd=str(self.a.workdir) if self.a.workdir else None)
+                # As the submitter (see `run_as`): the stepd stays root to signal the ranks; the rank
+                # gets its own checkpoint directory and control file, nothing else of ours.
+                own_dir(self.a.checkpoint_dir, user)
+                own_file(control, user)
+                problem = reach_problem([self.a.checkpoint_dir, control], user, self.a.workdir)
+                if problem is not None:
+                    raise PermissionError(problem)
+                env = build_rank_env(self.a, spec, control, user_base_env(os.environ, user))
                 return subprocess.Popen(
                     list(self.a.command), env=env, stdin=subprocess.DEVNULL, stdout=log_file,
                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                    cwd=str(self.a.workdir) if self.a.workdir else None)
+                    cwd=str(self.a.workdir) if self.a.workdir else user.cwd(),
+                    user=user.uid, group=user.gid, extra_groups=list(user.groups))
             except OSError as exc:
                 log_file.write(f"==== could not start: {exc} ====\n".encode())
                 raise
@@ -230,7 +268,7 @@ class Stepd:
             self.dirty = True
             signal_group(proc.pid, signal_module.SIGKILL)  # leftovers the rank spawned
             spec = next(r for r in self.a.ranks if r.rank == rank)
-            with contextlib.suppress(OSError), rank_log_path(self.a, spec).open("ab") as out:
+            with contextlib.suppress(OSError), open_log(rank_log_path(self.a, spec), self.a.user) as out:
                 out.write(f"==== exited with code {code} ====\n".encode())
             if reason == "crashed" and self.state["mode"] == M_RUNNING:
                 self.state.update(mode=M_FAILING, failed_rank=rank, failed_exit_code=code)

@@ -272,6 +272,7 @@ class Supervisor:
             return GangStart(job, assignment.attempt, {}, {}, already_ended=True)
         folder = attempt_dir(self._run_dir, job, assignment.attempt)
         folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o711)  # a rank run as its submitter reaches its control file here, and reads nothing
         launch = Launch(assignment=assignment, cause=cause, kill_grace=self._kill_grace, launched_at=time.time())
         write_json(folder / LAUNCH, launch.to_json())
         gang = _Gang(folder=folder, launch=launch)

@@ -125,7 +125,7 @@ async def test_exit_while_the_agent_was_killed_is_reported_by_the_restarted_agen
     work = tmp_path / "nodes"
     env = {**os.environ, "CORRAL_NATS_URL": nats_url, "CORRAL_NAMESPACE": namespace}
     argv = [PY, "-m", "corral.services.node_agent", "--cluster-file", str(shorthand), "--runtime", "sim",
-            "--work-dir", str(work), "--heartbeat-seconds", "0.2"]
+            "--work-dir", str(work), "--heartbeat-seconds", "0.2", "--run-as", "agent"]
     agent = await asyncio.create_subprocess_exec(*argv, env=env)
     again: asyncio.subprocess.Process | None = None
     try:

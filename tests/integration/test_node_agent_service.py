@@ -329,7 +329,7 @@ async def test_service_process_with_stop_workers_on_exit_stops_its_workers_on_si
     proc = await asyncio.create_subprocess_exec(
         PY, "-m", "corral.services.node_agent", "--cluster-file", str(shorthand), "--runtime", "sim",
         "--work-dir", str(tmp_path / "nodes"), "--heartbeat-seconds", "0.3", "--stop-grace", "3",
-        "--stop-workers-on-exit", env=env)
+        "--stop-workers-on-exit", "--run-as", "agent", env=env)
     try:
         await wait_for(lambda: len(seen.of(NodeRegistered)) == 1)
         c = Cluster(bus, seen, AgentOptions(work_dir=tmp_path))

@@ -200,7 +200,10 @@ class Stack:
             "node-agents",
             [py, "-m", "corral.services.node_agent", "--cluster-file", str(cluster_file),
              "--runtime", opts.runtime, "--work-dir", str((opts.data_dir / "nodes").resolve())],
-            env, log_dir / "node-agents.log"))
+            # One box, one user: every job runs as whoever ran `corral up` (export
+            # CORRAL_AGENT_RUN_AS=submitter to run them as their submitters; docs/security.md).
+            {**env, "CORRAL_AGENT_RUN_AS": env.get("CORRAL_AGENT_RUN_AS") or "agent"},
+            log_dir / "node-agents.log"))
         if keyring is not None:
             for p in self.processes:
                 user = "svc-" + p.name.removesuffix("-standby") if p.name != "node-agents" else self._agent_user
