@@ -4,6 +4,10 @@ Each attack here succeeded before NATS identities (`corral.bus.auth`): a plain `
 published a GangReserved that ran a forged command as root, forged reports changed jobs, anyone
 submitted as alice or cancelled her jobs. The stack is `corral up`'s, with its own NATS (auth on),
 on the session Postgres; the attacker holds a stolen node-agent credential or a plain submitter's.
+
+The same stack's Postgres logins (`corral.stack.pglogins`): before, every service connected as the
+superuser and rewrote the log at will (`session_replication_role`, `DISABLE TRIGGER`); now each
+connects with its own login in `corral_service`, the CLI with one in `corral_reader`.
 """
 
 from __future__ import annotations
@@ -240,3 +244,66 @@ async def test_submit_to_a_queue_not_listing_you_is_rejected(secured: Stack) -> 
         assert view is not None
         rejected = [e for _, e in await bob.events() if isinstance(e, ev.JobRejected) and e.job_id == job_id]
         assert rejected and rejected[0].reason.code == "ACCESS_DENIED_QUEUE", rejected
+
+
+# ---- Postgres: each process its own login, none a superuser ----------------------------------
+
+SERVICE_ATTACKS = [
+    "UPDATE events SET data = '{\"user\": \"mallory\"}'::json",
+    "DELETE FROM events",
+    "TRUNCATE events",
+    "SET session_replication_role = replica",
+    "ALTER TABLE events DISABLE TRIGGER USER",
+    "ALTER TABLE events DISABLE TRIGGER events_no_update_or_delete",
+    "COPY (SELECT 1) TO PROGRAM 'id'",
+    "DELETE FROM allocations",
+    "CREATE TABLE stash (x int)",
+]
+
+
+def _service_dsn(stack: Stack, name: str) -> str:
+    return stack.process(name).env["CORRAL_POSTGRES_DSN"]
+
+
+async def test_each_service_connects_with_its_own_login_and_none_as_a_superuser(secured: Stack) -> None:
+    assert "CORRAL_POSTGRES_DSN" not in secured.process("node-agents").env  # the agents never need it
+    dsns = {p.name: _service_dsn(secured, p.name) for p in secured.processes if p.name != "node-agents"}
+    assert "passfile=" in dsns["admission"] and ":" not in dsns["admission"].split("@")[0].split("//")[1]
+    conn = await asyncpg.connect(secured.context.postgres_dsn)  # type: ignore[union-attr]
+    try:
+        logins = {r["usename"]: r["rolsuper"] for r in await conn.fetch(
+            "SELECT DISTINCT a.usename, r.rolsuper FROM pg_stat_activity a JOIN pg_roles r ON r.oid = a.usesysid "
+            "WHERE a.datname = current_database()")}
+        database = await conn.fetchval("SELECT current_database()")
+    finally:
+        await conn.close()
+    services = {f"{database}_svc_{name}" for name in ("admission", "quota", "placement", "preemption")}
+    assert services <= set(logins), logins  # every service is connected, each with its login
+    assert set(logins) <= services | {f"{database}_cli"}, logins  # nobody else (no `postgres`)
+    assert not any(logins.values()), logins
+
+
+@pytest.mark.parametrize("sql", SERVICE_ATTACKS)
+async def test_a_service_login_cannot_rewrite_the_log(secured: Stack, sql: str) -> None:
+    conn = await asyncpg.connect(_service_dsn(secured, "placement"))
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM events") > 0  # it reads the log
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await conn.execute(sql)
+        assert isinstance(refused.value, asyncpg.InsufficientPrivilegeError), repr(refused.value)
+    finally:
+        await conn.close()
+
+
+async def test_the_cli_login_only_reads(secured: Stack) -> None:
+    conn = await asyncpg.connect(secured.context.postgres_dsn)  # type: ignore[union-attr]
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM events") > 0
+        for sql in ("INSERT INTO relay_positions VALUES ('x', 1)", "UPDATE consumer_checkpoints SET position = 0",
+                    "SELECT position FROM event_log_head FOR UPDATE",  # what every append takes first
+                    "INSERT INTO events (stream, version, position, event_id, type, schema_version, data, "
+                    "occurred_at) VALUES ('job-x', 1, 1000000, 'x', 'JobSubmitted', 1, '{}', now())"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute(sql)
+    finally:
+        await conn.close()

@@ -5,6 +5,11 @@ database. A session advisory lock makes concurrent starters queue behind the fir
 `schema_migrations` table (name + checksum) makes a second run a no-op. Other components add their
 tables by dropping a `NNN_name.sql` file into the same folder; files run sorted by number. Editing
 a migration that was already applied is refused (checksum mismatch): write a new one instead.
+
+Who migrates: the owner (superuser) only. `corral up` applies them as the owner before any service
+starts (`corral.stack.pglogins`); a service or the CLI, connected with a login that may not run DDL,
+opens the store with `migrate_if_needed`, which only reads `schema_migrations` when nothing is
+pending (a login of `corral_service` / `corral_reader` may read it) and names the fix otherwise.
 """
 
 from __future__ import annotations
@@ -59,6 +64,39 @@ def ordered(migrations: Sequence[Migration]) -> list[Migration]:
             raise MigrationError(f"migrations {before.name!r} and {after.name!r} share number "
                                  f"{before.number}; renumber one of them")
     return result
+
+
+async def pending_migrations(conn: asyncpg.Connection,
+                             migrations: Sequence[Migration] | None = None) -> list[Migration]:
+    """What `apply_migrations` would apply, read without any lock or DDL; an applied file that was
+    edited since is a MigrationError here too."""
+    todo = ordered(migrations) if migrations is not None else bundled_migrations()
+    if await conn.fetchval("SELECT to_regclass('schema_migrations')") is None:
+        return todo
+    applied = {row["name"]: row["checksum"] for row in await conn.fetch("SELECT name, checksum FROM schema_migrations")}
+    for migration in todo:
+        known = applied.get(migration.name)
+        if known is not None and known != migration.checksum:
+            raise MigrationError(f"migration {migration.name!r} changed after it was applied; "
+                                 "revert the edit and add a new NNN_name.sql file instead")
+    return [m for m in todo if m.name not in applied]
+
+
+async def migrate_if_needed(conn: asyncpg.Connection) -> list[str]:
+    """Apply pending migrations, if any; with nothing pending, only reads (a login without DDL
+    rights opens the store of a migrated database). Pending migrations that this login may not
+    apply are a MigrationError that says who applies them."""
+    if not await pending_migrations(conn):
+        return []
+    try:
+        return await apply_migrations(conn)
+    except (MigrationError, asyncpg.InsufficientPrivilegeError) as exc:
+        cause = exc if isinstance(exc, asyncpg.PostgresError) else exc.__cause__
+        if not isinstance(cause, asyncpg.InsufficientPrivilegeError):
+            raise
+        user = await conn.fetchval("SELECT current_user")
+        raise MigrationError(f"{exc}: migrations are pending and {user!r} may not apply them; the owner "
+                             "applies them (`corral up` does at start, as the owner)") from exc
 
 
 async def apply_migrations(conn: asyncpg.Connection,

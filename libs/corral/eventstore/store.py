@@ -48,7 +48,7 @@ from typing import Any, overload
 import asyncpg
 
 from corral.eventstore.errors import ConcurrencyError, DuplicateEvent, EventStoreError, InvalidEventData
-from corral.eventstore.migrate import apply_migrations
+from corral.eventstore.migrate import migrate_if_needed
 from corral.eventstore.records import (
     ANY,
     AlreadyProcessed,
@@ -132,13 +132,16 @@ class EventStore:
     async def open(cls, dsn: str, *, pool_size: int = 10, poll_interval: float = 1.0) -> EventStore:
         """Connect, apply pending migrations (safe with concurrent starters) and return the store.
 
+        A login that may not run DDL (a service's, the CLI's) opens a migrated database: with
+        nothing pending, nothing is written (see `corral.eventstore.migrate.migrate_if_needed`).
+
         `poll_interval` bounds how late `follow()` notices an append if a NOTIFY is lost.
         """
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
         conn = await asyncpg.connect(dsn)
         try:
-            await apply_migrations(conn)
+            await migrate_if_needed(conn)
         finally:
             await conn.close()
         pool = await asyncpg.create_pool(dsn, min_size=min(2, pool_size), max_size=pool_size)

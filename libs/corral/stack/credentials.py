@@ -6,6 +6,10 @@ admin for the person who started it (found by the CLI through its context's `cre
 and any extra submitters asked for; each is a JSON file `<data_dir>/credentials/<user>.json`, mode
 0600 in a 0700 directory. A second `corral up` keeps the existing secrets (contexts stay valid);
 deleting a file and restarting rotates that secret (see docs/security.md).
+
+Postgres logins (see `corral.stack.pglogins`) are kept the same way, one libpq password file per
+login, `<data_dir>/credentials/pg-<component>.pgpass` (`*:*:*:<login>:<password>`, mode 0600): a
+DSN names the file (`?passfile=...`), so the secret is never in a DSN, a context or a log.
 """
 
 from __future__ import annotations
@@ -46,6 +50,27 @@ def _secret(directory: Path, user: str) -> str:
         return str(json.loads(path.read_text())["password"])
     except (OSError, ValueError, KeyError):
         return secrets.token_urlsafe(24)
+
+
+def pgpass_secret(path: Path, login: str) -> str:
+    """The password of `login` stored in the libpq password file `path`, or a new random one."""
+    try:
+        for line in path.read_text().splitlines():
+            fields = line.split(":")
+            if len(fields) == 5 and fields[3] == login and fields[4]:
+                return fields[4]
+    except OSError:
+        pass
+    return secrets.token_urlsafe(24)  # [A-Za-z0-9_-]: nothing to escape in a pgpass line or a URL
+
+
+def write_pgpass(path: Path, login: str, password: str) -> Path:
+    """Write a libpq password file for `login` (any host, port and database), mode 0600 in a 0700
+    directory (libpq and asyncpg ignore a password file others can read)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    _write_private(path, f"*:*:*:{login}:{password}\n")
+    return path
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -225,19 +225,40 @@ def _open_path_for(path: Path) -> None:
         p = p.parent
 
 
+#: pg_hba.conf of the embedded Postgres. Before, initdb's `--auth=trust` let anyone on the machine
+#: connect over loopback TCP as the superuser (and so rewrite the log, or run `COPY ... TO PROGRAM`).
+#: Now every TCP login needs its password (scram-sha-256); the unix socket, in the data directory and
+#: mode 0700 (only the server's OS user, and root, reach it), stays trusted for our own bootstrap:
+#: setting the superuser's password and creating the database.
+PG_HBA = """\
+# Written by corral (corral.stack.servers.PostgresServer) at every start; edits are overwritten.
+# TCP: a password, always (scram-sha-256). Unix socket (mode 0700): the server's own OS user.
+local   all   all                 trust
+host    all   all   0.0.0.0/0     scram-sha-256
+host    all   all   ::/0          scram-sha-256
+"""
+
+
 @dataclass
 class PostgresServer:
-    """A Postgres cluster from the `pgserver` wheel, listening on loopback TCP with trust auth."""
+    """A Postgres cluster from the `pgserver` wheel, on loopback TCP with password (scram) auth.
+
+    The superuser `postgres` has a generated password kept in `password_file` (a libpq password
+    file, mode 0600; default `<data_dir>/credentials/pg-superuser.pgpass`); `dsn` carries it, so
+    only the holder of this object (`corral up`, a test fixture) is the superuser. The services
+    and the CLI get their own logins (`corral.stack.pglogins`)."""
 
     data_dir: Path
     host: str = "127.0.0.1"
     port: int = 0
     database: str = "corral"
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    password_file: Path | None = None
+    password: str = field(default="", repr=False)
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://postgres@{self.host}:{self.port}/{self.database}"
+        return f"postgresql://postgres:{self.password}@{self.host}:{self.port}/{self.database}"
 
     def _preexec(self) -> Callable[[], None] | None:
         ids = _run_as()
@@ -252,10 +273,15 @@ class PostgresServer:
         return demote
 
     def start(self, timeout: float = 30.0) -> PostgresServer:
+        from corral.stack import credentials
+
         bin_dir = _pg_bin()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir = self.data_dir.resolve()
         pgdata = self.data_dir / "pgdata"
+        password_file = self.password_file or self.data_dir / "credentials" / "pg-superuser.pgpass"
+        self.password = credentials.pgpass_secret(password_file, "postgres")
+        credentials.write_pgpass(password_file, "postgres", self.password)
         ids = _run_as()
         if ids is not None:
             _open_path_for(bin_dir)
@@ -269,10 +295,15 @@ class PostgresServer:
         log = self.data_dir / "postgres.log"
         if not (pgdata / "PG_VERSION").exists():
             subprocess.run(
-                [str(bin_dir / "initdb"), "-D", str(pgdata), "--auth=trust", "--encoding=utf8",
-                 "-U", "postgres"],
+                [str(bin_dir / "initdb"), "-D", str(pgdata), "--auth-local=trust",
+                 "--auth-host=scram-sha-256", "--encoding=utf8", "-U", "postgres"],
                 check=True, capture_output=True, preexec_fn=preexec,
             )
+        # Every start, so a data directory made before (trust on TCP) is brought up to date.
+        hba = pgdata / "pg_hba.conf"
+        hba.write_text(PG_HBA)
+        if ids is not None:
+            os.chown(hba, *ids)
         clear_stale_postmaster_pid(pgdata, self.proc)
         if not self.port:
             self.port = free_port(self.host)
@@ -283,32 +314,34 @@ class PostgresServer:
                 os.chown(log, *ids)
             self.proc = subprocess.Popen(
                 [str(bin_dir / "postgres"), "-D", str(pgdata), "-h", self.host, "-p", str(self.port),
-                 "-k", str(self.data_dir), "-c", "fsync=on", "-c", "max_connections=200",
+                 "-k", str(self.data_dir), "-c", "unix_socket_permissions=0700",
+                 "-c", "password_encryption=scram-sha-256", "-c", "fsync=on", "-c", "max_connections=200",
                  "-c", "shared_buffers=128MB"],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=preexec,
             )
         _wait_for_port(self.host, self.port, timeout, self.proc, log)
-        self._ensure_database(bin_dir, timeout)
+        self._bootstrap(bin_dir, timeout)
         return self
 
-    def _ensure_database(self, bin_dir: Path, timeout: float) -> None:
+    def _bootstrap(self, bin_dir: Path, timeout: float) -> None:
+        """Over the unix socket (trusted): set the superuser's password, create the database."""
         deadline = time.monotonic() + timeout
-        psql = [str(bin_dir / "psql"), "-h", self.host, "-p", str(self.port), "-U", "postgres",
-                "-d", "postgres", "-tAc"]
+        psql = [str(bin_dir / "psql"), "-h", str(self.data_dir), "-p", str(self.port), "-U", "postgres",
+                "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-tA"]
+        # On stdin, not in argv: a command line is visible to every user of the machine (`ps`).
+        setup = f"ALTER ROLE postgres PASSWORD '{self.password}';\n" \
+                f"SELECT 1 FROM pg_database WHERE datname = '{self.database}';\n"
         while True:
-            res = subprocess.run(
-                [*psql, f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'"],
-                capture_output=True, text=True,
-            )
+            res = subprocess.run(psql, input=setup, capture_output=True, text=True)
             if res.returncode == 0:
                 break
             if time.monotonic() > deadline:
                 log_tail = _tail(self.data_dir / "postgres.log")
                 raise ServerStartError(f"postgres not ready: {res.stderr}\n{log_tail}")
             time.sleep(0.1)
-        if res.stdout.strip() != "1":
-            subprocess.run([*psql, f'CREATE DATABASE "{self.database}"'],
+        if "1" not in res.stdout.split():
+            subprocess.run([*psql, "-c", f'CREATE DATABASE "{self.database}"'],
                            check=True, capture_output=True)
 
     def alive(self) -> bool:

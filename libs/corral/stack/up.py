@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.stack import credentials
+from corral.stack import credentials, pglogins
 from corral.stack.backoff import RestartBackoff
 from corral.stack.context import CONTEXT_FILE, Context, owned_by_this_process
 from corral.stack.lock import DataDirLock
@@ -135,6 +135,9 @@ class StackOptions:
     #: Submitter identities to create besides the admin (the person running `corral up`); each gets
     #: `<data_dir>/credentials/<user>.json` (see `corral.stack.credentials`).
     submitters: tuple[str, ...] = ()
+    #: Give each service its own Postgres login and the CLI a read-only one (`corral.stack.pglogins`);
+    #: off, everything connects with the owner's DSN (as before issue 12).
+    postgres_logins: bool = True
 
 
 @dataclass
@@ -171,13 +174,16 @@ class Stack:
             nats_url = self.nats.url
         dsn = opts.postgres_dsn
         if not dsn:
-            self.postgres = PostgresServer(opts.data_dir / "postgres",
-                                           port=_reuse(previous.get("postgres"))).start()
+            self.postgres = PostgresServer(opts.data_dir / "postgres", port=_reuse(previous.get("postgres")),
+                                           password_file=opts.data_dir / "credentials" / "pg-superuser.pgpass"
+                                           ).start()
             dsn = self.postgres.dsn
+        # As the owner: migrate, then one login per service and one read-only for the CLI.
+        logins = pglogins.provision(dsn, opts.data_dir, SERVICES, say=self.say) if opts.postgres_logins else None
         log_dir = opts.data_dir / "logs"
         admin = credentials.admin_name()
         self.context = owned_by_this_process(Context(
-            nats_url=nats_url, postgres_dsn=dsn, namespace=opts.namespace,
+            nats_url=nats_url, postgres_dsn=logins.reader if logins else dsn, namespace=opts.namespace,
             data_dir=str(opts.data_dir.resolve()), log_dir=str(log_dir.resolve()),
             credentials=str(keyring.path(admin)) if keyring else None))
         self._save_ports()
@@ -208,6 +214,11 @@ class Stack:
             for p in self.processes:
                 user = "svc-" + p.name.removesuffix("-standby") if p.name != "node-agents" else self._agent_user
                 p.env = {**p.env, credentials.CREDENTIALS_ENV: str(keyring.path(user))}
+        for p in self.processes:
+            if p.name == "node-agents":  # the agents never touch Postgres: no DSN at all
+                p.env = {k: v for k, v in p.env.items() if k != "CORRAL_POSTGRES_DSN"}
+            elif logins is not None:
+                p.env = {**p.env, "CORRAL_POSTGRES_DSN": logins.service(p.name.removesuffix("-standby"))}
         for p in self.processes:
             p.start()
         self._save_pids()

@@ -1,0 +1,150 @@
+"""The Postgres logins of one installation: one per service, one read-only for the CLI.
+
+Why: the services connected as the superuser `postgres`, so any of them (or anyone holding its
+DSN) could bypass the append-only trigger (`SET session_replication_role = replica`, `ALTER TABLE
+events DISABLE TRIGGER`), rewrite or delete events, or run OS commands (`COPY ... TO PROGRAM`).
+Migration 050 made the roles (`corral_service`, `corral_reader`); this module gives each process a
+login in one of them. `corral up` holds the owner's DSN (the superuser of its embedded Postgres,
+or the DSN it was given) and, before any service starts:
+- applies the migrations as the owner (the services then find nothing to apply: they never run DDL);
+- creates or updates one login per service, IN ROLE corral_service (`<db>_svc_admission`,
+  `_quota`, `_placement`, `_preemption`; a placement standby shares placement's login), and one
+  for the CLI and auditors, IN ROLE corral_reader (`<db>_cli`). Names carry the database name:
+  roles are cluster-wide, and two installations on one server must not share (or overwrite) logins;
+- stores each password in a libpq password file, `<data_dir>/credentials/pg-<component>.pgpass`
+  (mode 0600), kept across restarts and applied again at every start (deleting a file and
+  restarting rotates that password);
+- lets only these logins (and superusers) connect to the database (`REVOKE CONNECT ... FROM
+  PUBLIC`): a login of another installation on the same server cannot reach this one's log.
+Each DSN names its password file (`?passfile=...`), never the password.
+
+When the owner's DSN may not create roles (neither superuser nor CREATEROLE), nothing is
+provisioned and every process uses that DSN as before (`provision` returns None).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import re
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import asyncpg
+
+from corral.eventstore.migrate import apply_migrations
+from corral.stack import credentials
+
+#: The login of the CLI and of auditors (`corral audit verify`, `corral events --export`).
+READER = "cli"
+SERVICE_ROLE = "corral_service"
+READER_ROLE = "corral_reader"
+
+T = TypeVar("T")
+
+
+def login_name(database: str, component: str) -> str:
+    """`<database>_svc_<service>` or `<database>_cli`: lower-case letters, digits and `_`, at most
+    63 characters (Postgres truncates longer names silently: a long database name is hashed)."""
+    prefix = re.sub(r"[^a-z0-9_]", "_", database.lower())
+    suffix = READER if component == READER else f"svc_{re.sub(r'[^a-z0-9_]', '_', component.lower())}"
+    if len(prefix) + 1 + len(suffix) > 63:
+        prefix = prefix[:20] + "_" + hashlib.sha256(database.encode()).hexdigest()[:10]
+    return f"{prefix}_{suffix}"
+
+
+def with_login(dsn: str, user: str, passfile: Path) -> str:
+    """`dsn` with `user` as its user, no password, and `passfile` as its password file."""
+    parts = urlsplit(dsn)
+    host = parts.hostname or "127.0.0.1"
+    netloc = f"{quote(user)}@{'[' + host + ']' if ':' in host else host}" + (f":{parts.port}" if parts.port else "")
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("user", "password", "passfile")]
+    query.append(("passfile", str(passfile)))
+    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query, safe="/", quote_via=quote), ""))
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class Logins:
+    """The DSN each component connects with."""
+
+    dsns: dict[str, str]
+
+    def service(self, name: str) -> str:
+        return self.dsns[name]
+
+    @property
+    def reader(self) -> str:
+        return self.dsns[READER]
+
+
+async def provision_async(owner_dsn: str, data_dir: Path, services: Sequence[str],
+                          say: Callable[[str], None] = lambda message: None) -> Logins | None:
+    """Migrate as the owner, then create or update every login; None when the owner may not."""
+    conn = await asyncpg.connect(owner_dsn)
+    try:
+        await apply_migrations(conn)
+        can = await conn.fetchval("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user")
+        if not can:
+            say("postgres: the DSN's role may not create roles; every service connects with it "
+                "(no per-service logins; see docs/security.md)")
+            return None
+        database = str(await conn.fetchval("SELECT current_database()"))
+        directory = data_dir / "credentials"
+        components = [(name, SERVICE_ROLE) for name in services] + [(READER, READER_ROLE)]
+        dsns: dict[str, str] = {}
+        async with conn.transaction():
+            await conn.execute(f"REVOKE CONNECT, TEMPORARY ON DATABASE {_ident(database)} FROM PUBLIC")
+            for component, group in components:
+                login = login_name(database, component)
+                path = directory / f"pg-{component}.pgpass"
+                password = credentials.pgpass_secret(path, login)
+                await _ensure_login(conn, login, password, group)
+                await conn.execute(f"GRANT CONNECT ON DATABASE {_ident(database)} TO {_ident(login)}")
+                credentials.write_pgpass(path, login, password)
+                dsns[component] = with_login(owner_dsn, login, path)
+        return Logins(dsns)
+    finally:
+        await conn.close()
+
+
+async def _ensure_login(conn: Any, login: str, password: str, group: str) -> None:
+    """CREATE or ALTER `login`: LOGIN with `password`, no special powers, member of `group` only."""
+    powers = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT"
+    # A utility statement takes no parameters; the password is [A-Za-z0-9_-] (token_urlsafe).
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", password):
+        raise ValueError("a Postgres login password must be [A-Za-z0-9_-]; delete its pgpass file to regenerate it")
+    exists = await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", login)
+    if not exists:
+        try:
+            async with conn.transaction():
+                await conn.execute(f"CREATE ROLE {_ident(login)} {powers} PASSWORD '{password}'")
+        except (asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError):
+            pass  # created meanwhile by another start on the same server
+    await conn.execute(f"ALTER ROLE {_ident(login)} {powers} PASSWORD '{password}'")
+    others = await conn.fetch(
+        "SELECT g.rolname FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid "
+        "JOIN pg_roles u ON u.oid = m.member WHERE u.rolname = $1 AND g.rolname <> $2", login, group)
+    for row in others:  # a login in two groups would have both groups' rights
+        await conn.execute(f"REVOKE {_ident(row['rolname'])} FROM {_ident(login)}")
+    await conn.execute(f"GRANT {_ident(group)} TO {_ident(login)}")
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` to completion from sync code, even when called inside a running event loop
+    (an async test calls `Stack.start`): in a thread of its own, with its own loop."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def provision(owner_dsn: str, data_dir: Path, services: Sequence[str],
+              say: Callable[[str], None] = lambda message: None) -> Logins | None:
+    """`provision_async` from sync code (`corral up`)."""
+    return _run(provision_async(owner_dsn, data_dir, services, say))
