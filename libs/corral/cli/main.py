@@ -97,7 +97,7 @@ def up(
         console.print(f"[bold green]Corral is up[/bold green] in {elapsed:.1f}s  (data: {ctx.data_dir})")
         print_table(None, ["COMPONENT", "WHERE"], [
             ("nats (JetStream)", ctx.nats_url + ("" if stack.nats else "  (external)")),
-            ("postgres", ctx.postgres_dsn + ("" if stack.postgres else "  (external)")),
+            ("postgres", ctx.postgres_dsn.partition("?")[0] + ("" if stack.postgres else "  (external)")),
             *[(p.name, f"pid {p.pid}  log {p.log_path}") for p in stack.processes],
         ])
         print_table(f"{len(nodes)} nodes registered", ["NODE", "GPUS", "MODEL", "RACK"],

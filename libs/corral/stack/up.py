@@ -14,6 +14,11 @@ quota and admission, then the node agents (SIGTERM: a graceful agent stop leaves
 running, to be adopted by the next start), then nats-server and Postgres. Earlier, the agents
 went first, their workers' exits reached a placement still running, and every job FAILED.
 
+Postgres: `corral up` holds the owner's DSN (its embedded Postgres's superuser, password in
+`<data_dir>/credentials/pg-superuser.pgpass`, or the DSN it was given), applies the migrations with
+it, and gives each service its own login in `corral_service` and the CLI (the context) one in
+`corral_reader` (`corral.stack.pglogins`); the node agents get no DSN at all.
+
 One `corral up` per data directory (`DataDirLock`); children left running by a `corral up` that
 was killed (kill -9) are found through `pids.json` and stopped, in the same order, before a new
 start, so two of them never share a store.
