@@ -257,9 +257,14 @@ class NodeRegistered(Event, frozen=True, kw_only=True):
 
 
 class NodeHeartbeat(Event, frozen=True, kw_only=True):
+    """`handled_position`: the log position up to which the node's agent has handled the events it
+    consumes (None: an agent that does not say). What `running_job_ids` omits is gone only once the
+    agent has handled the release: before, a reservation still in its backlog may yet start."""
+
     node: NodeName
     sequence: Annotated[int, msgspec.Meta(ge=0)] = 0
     running_job_ids: list[JobId] = msgspec.field(default_factory=list)
+    handled_position: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
 class NodeLost(Event, frozen=True, kw_only=True):

@@ -23,9 +23,10 @@ A gang's life:
 RELEASING is the fence: the job-level decision is taken (the job completes, fails or waits again,
 the agents stop the ranks), but each node's GPUs stay allocated until that node confirms every
 rank of the attempt there has exited (a WorkerExited for each), or its heartbeats, up to one
-received after the release, have not listed the job for `Limits.release_confirm` seconds (which
-also covers ranks that never started). Only then is that node's GpusReleased appended. A lost
-node is no proof (see `_confirmed`): its GPUs stay held until it is back and says so.
+received after the release and sent once its agent had handled the release, have not listed the
+job for `Limits.release_confirm` seconds (which also covers ranks that never started). Only then
+is that node's GpusReleased appended. A lost node is no proof (see `_confirmed`): its GPUs stay
+held until it is back and says so.
 
 Placement also reconciles the agents' heartbeats with what it believes runs: a RUNNING or
 PREEMPTING gang that a live node's heartbeats have not listed for `Limits.workers_lost` seconds
@@ -111,10 +112,12 @@ def transition(state: GangState, event: GangEvent) -> GangState | None:
 class NodeSeen:
     """What one node's heartbeats say about one job: `last_at` is the newest heartbeat's time,
     `absent_since` the time of the first heartbeat since which none has listed the job (None:
-    the newest lists it)."""
+    the newest lists it), `handled_position` the log position its agent says it has handled up
+    to (None: an agent that does not say)."""
 
     last_at: float
     absent_since: float | None
+    handled_position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,7 @@ class Gang:
     preempt_deadline: float | None = None
     lost_nodes: frozenset[str] = frozenset()
     seen: Mapping[str, NodeSeen] = field(default_factory=dict)
+    released_position: int | None = None  # the GangReleased's log position, once known
 
     @property
     def ranks(self) -> frozenset[int]:
@@ -332,12 +336,25 @@ def _confirmed(gang: Gang, node: str, released_at: float, now: float, limits: Li
     if not unexited:
         return True
     seen = gang.seen.get(node)
+    if seen is not None and not _handled_release(gang, seen):
+        # A node whose agent lags (its backlog still holds the reservation) lists nothing of the
+        # gang now and starts it a moment later, after the release: the 20-minute chaos run's
+        # last double use. Its silence counts once its agent has handled the release.
+        return False
     if seen is not None and seen.absent_since is not None and seen.last_at >= released_at \
             and seen.last_at - seen.absent_since >= limits.release_confirm:
         return True  # heartbeats up to after the release have not listed it for the bound: all gone
     # ranks that never started, and no heartbeat says they run: nothing to wait for after the bound
     return (not gang.started.intersection(unexited) and now - released_at >= limits.release_confirm
             and (seen is None or seen.absent_since is not None))
+
+
+def _handled_release(gang: Gang, seen: NodeSeen) -> bool:
+    """Whether the node's agent has handled the gang's release (an agent that does not report
+    its position is taken at its heartbeats' word, as before)."""
+    if seen.handled_position is None:
+        return True
+    return gang.released_position is not None and seen.handled_position >= gang.released_position
 
 
 # ---- the heartbeats ----------------------------------------------------------------------------
@@ -356,10 +373,13 @@ class Heartbeats:
         self._first: dict[str, float] = {}
         self._listed: dict[str, dict[str, float]] = {}   # node -> job -> last heartbeat listing it
         self._gone: dict[str, dict[str, float]] = {}     # node -> job -> first heartbeat after that not listing it
+        self._handled: dict[str, int | None] = {}        # node -> the newest heartbeat's handled_position
 
-    def record(self, node: str, at: float, job_ids: list[str] | tuple[str, ...]) -> None:
+    def record(self, node: str, at: float, job_ids: list[str] | tuple[str, ...],
+               handled_position: int | None = None) -> None:
         self._first.setdefault(node, at)
         self._last[node] = at
+        self._handled[node] = handled_position
         listed = self._listed.setdefault(node, {})
         gone = self._gone.setdefault(node, {})
         for job in job_ids:
@@ -377,11 +397,12 @@ class Heartbeats:
         if last is None:
             return None
         listed = self._listed[node].get(job_id)
+        handled = self._handled.get(node)
         if listed == last:
-            return NodeSeen(last, None)
+            return NodeSeen(last, None, handled)
         if listed is None:
-            return NodeSeen(last, self._first[node])
-        return NodeSeen(last, self._gone[node].get(job_id, last))
+            return NodeSeen(last, self._first[node], handled)
+        return NodeSeen(last, self._gone[node].get(job_id, last), handled)
 
     def about(self, nodes: list[str] | tuple[str, ...], job_id: str) -> dict[str, NodeSeen]:
         """`seen` for each of `nodes` that has heartbeated."""

@@ -62,6 +62,8 @@ class Fence:
     ranks: list[ev.RankPlacement]
     placed_at: datetime | None
     released_at: datetime
+    released_by: str = ""  # the GangReleased's event id (placement looks its log position up)
+    released_position: int | None = None
     started: set[int] = field(default_factory=set)
     exits: dict[int, int | None] = field(default_factory=dict)
     open: dict[str, tuple[int, ...]] = field(default_factory=dict)  # node -> GPUs still held
@@ -415,7 +417,7 @@ def _fence(view: ClusterView, j: JobView, e: ev.GangReleased) -> None:
         if node is not None:
             held.setdefault(r.node, []).extend(g for g in r.gpus if node.allocations.get(g) == j.job_id)
     fence = Fence(attempt=j.attempt, ranks=j.ranks, placed_at=j.placed_at, released_at=e.occurred_at,
-                  started=j.started_ranks, exits=j.exited_ranks,
+                  released_by=e.event_id, started=j.started_ranks, exits=j.exited_ranks,
                   open={n: tuple(sorted(g)) for n, g in held.items() if g})
     if fence.open:
         j.fences[j.attempt] = fence

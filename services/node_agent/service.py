@@ -53,6 +53,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from corral.bus import Bus, Delivery, Poison
 from corral.bus.naming import EVENTS
+from corral.bus.relay import POSITION
 from corral.contracts.cluster import NodeInventory
 from corral.contracts.envelope import Event, node_stream
 from corral.contracts.events import (
@@ -187,11 +188,11 @@ class NodeAgent:
                                   nvlink_domains=[list(d) for d in inv.nvlink_domains],
                                   rack=inv.rack, zone=inv.zone)
 
-    def heartbeat(self) -> NodeHeartbeat:
+    def heartbeat(self, handled_position: int | None = None) -> NodeHeartbeat:
         self._heartbeats += 1
         return NodeHeartbeat.new(stream=node_stream(self.node), actor=self.actor, correlation_id=self.node,
                                  node=self.node, sequence=self._heartbeats,
-                                 running_job_ids=self.supervisor.running_jobs())
+                                 running_job_ids=self.supervisor.running_jobs(), handled_position=handled_position)
 
     # --- events ---------------------------------------------------------------------------------
 
@@ -303,6 +304,21 @@ class AgentHost:
         self.ledger = ReservationLedger()
         self.reservations_known_since: float | None = None
         self.ready = asyncio.Event()
+        # The log position handled up to (heartbeats say it: `NodeHeartbeat.handled_position`).
+        self._handled: int | None = None
+        self._failed: set[int] = set()  # positions whose handling failed (redelivered later)
+
+    @property
+    def handled_position(self) -> int | None:
+        """Every consumed event up to this log position is handled: the highest handled, but below
+        any whose handling failed and waits for its redelivery."""
+        if self._handled is None or not self._failed:
+            return self._handled
+        return min(self._handled, min(self._failed) - 1)
+
+    def _handled_up_to(self, position: int) -> None:
+        self._failed.discard(position)
+        self._handled = position if self._handled is None else max(self._handled, position)
 
     def remember(self, event: Event) -> None:
         """Keep the spec of every job that may still be placed; forget jobs that ended."""
@@ -318,10 +334,14 @@ class AgentHost:
             for agent in self.agents.values():
                 agent.reports.forget(event.job_id)
 
-    async def load_history(self) -> int:
+    async def load_history(self, acked_through: int = 0) -> int:
         """Read what happened before this process's consumer existed with a throwaway consumer:
         the specs of jobs submitted (JobSubmitted minus ended jobs) and the ledger of reservations
         (what adoption checks); returns how many events were read.
+
+        `acked_through` is the stream sequence up to which our durable will deliver nothing (its
+        ack floor): those events are handled (by an earlier process, or never to be started by
+        this one, adoption settling what runs), which sets `handled_position`.
 
         Also sets `reservations_known_since`: if the stream never dropped a message, the reservation
         of every gang launched after its oldest message is in what was read; if it did (max age),
@@ -346,9 +366,14 @@ class AgentHost:
                     remaining = int(msg.metadata.num_pending)
                     with contextlib.suppress(ContractError):
                         self.remember(decode(msg.data))
+                    if msg.metadata.sequence.stream <= acked_through:
+                        with contextlib.suppress(TypeError, ValueError):
+                            self._handled_up_to(int((msg.headers or {}).get(POSITION, "")))
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        if self._handled is None:
+            self._handled = 0  # nothing before our durable's first delivery: handled up to nothing
         if oldest is not None:
             # A stream recreated after a gang's launch (JetStream storage lost) starts after it:
             # its oldest message is newer than the launch, and absence proves nothing.
@@ -357,6 +382,20 @@ class AgentHost:
 
     async def on_event(self, delivery: Delivery) -> None:
         await self.ready.wait()  # specs from before the consumer existed are loaded first
+        try:
+            position: int | None = int(delivery.headers.get(POSITION, ""))
+        except ValueError:
+            position = None
+        try:
+            await self._on_event(delivery)
+        except BaseException:
+            if position is not None:
+                self._failed.add(position)
+            raise
+        if position is not None:
+            self._handled_up_to(position)
+
+    async def _on_event(self, delivery: Delivery) -> None:
         try:
             event = decode(delivery.data)
         except ContractError as exc:
@@ -390,11 +429,11 @@ class AgentHost:
             self.publisher.send(self.agents[event.node].registration())
 
 
-async def _heartbeats(bus: Bus, subjects: Subjects, agents: Sequence[NodeAgent], every: float) -> None:
+async def _heartbeats(bus: Bus, subjects: Subjects, host: AgentHost, every: float) -> None:
     while True:
-        for agent in agents:
+        for agent in host.agents.values():
             try:
-                await bus.nc.publish(subjects.heartbeat(agent.node), encode(agent.heartbeat()))
+                await bus.nc.publish(subjects.heartbeat(agent.node), encode(agent.heartbeat(host.handled_position)))
             except (nats.errors.Error, OSError) as exc:
                 log.warning("%s: heartbeat not sent: %s", agent.node, exc)
         await asyncio.sleep(every)
@@ -435,7 +474,8 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
         consumer = await bus.consume(durable, [subjects.event(t) for t in CONSUMED_TYPES], host.on_event,
                                      deliver_new_only=True, batch=64, max_deliver=5, inactive_threshold=IDLE_EXPIRY)
         try:
-            read = await host.load_history()
+            info = await bus.js.consumer_info(bus.names.stream(EVENTS), durable)
+            read = await host.load_history(acked_through=int(info.ack_floor.stream_seq or 0))
             log.info("node agents %s: consumer %s; %d job spec(s) known from %d past event(s)",
                      ", ".join(names), durable, len(host.specs), read)
         except Exception:
@@ -448,7 +488,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
             host.ready.set()
         for agent in agents:
             publisher.send(agent.registration())
-        beats = asyncio.create_task(_heartbeats(bus, subjects, agents, options.heartbeat_seconds),
+        beats = asyncio.create_task(_heartbeats(bus, subjects, host, options.heartbeat_seconds),
                                     name="node-agent-heartbeats")
         if on_ready is not None:
             on_ready(host)

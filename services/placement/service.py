@@ -110,7 +110,7 @@ class Placement(Service):
                             msg.subject, exc)
                 return
             if isinstance(beat, ev.NodeHeartbeat) and beat.node == node:
-                self.beats.record(node, now, beat.running_job_ids)
+                self.beats.record(node, now, beat.running_job_ids, beat.handled_position)
 
         await self.bus.nc.subscribe(Subjects(ns).heartbeat_wildcard, cb=on_heartbeat)
 
@@ -169,6 +169,7 @@ class Placement(Service):
     async def reconcile(self) -> None:
         now = self.clock()
         await self._nodes(now)
+        await self._release_positions()
         await self._lifecycles(now)
         await self._place(now)
 
@@ -205,6 +206,16 @@ class Placement(Service):
             return
         for steps in decided:
             await self.append(steps, expected={stream: expected[stream] for stream in steps})
+
+    async def _release_positions(self) -> None:
+        """The log position of each fence's GangReleased (a fence is confirmed from heartbeats only
+        once the node's agent has handled up to it: `lifecycle._handled_release`)."""
+        missing = {fence.released_by: fence for job in self.view.fenced_jobs() for fence in job.fences.values()
+                   if fence.released_position is None and fence.released_by}
+        if not missing:
+            return
+        for event_id, position in (await self.store.positions_of(sorted(missing))).items():
+            missing[event_id].released_position = position
 
     async def _nodes(self, now: float) -> None:
         for node in sorted(self.view.nodes.values(), key=lambda n: n.name):
@@ -296,7 +307,8 @@ class Placement(Service):
             job_id=job.job_id, attempt=fence.attempt, state=lifecycle.GangState.RELEASING, placement=placement,
             placed_at=_at(fence.placed_at), started=frozenset(fence.started), exits=dict(fence.exits),
             released_at=fence.released_at.timestamp(), freed=frozenset(placement.nodes()) - set(fence.open),
-            lost_nodes=self._lost(placement), seen=self.beats.about(placement.nodes(), job.job_id))
+            lost_nodes=self._lost(placement), seen=self.beats.about(placement.nodes(), job.job_id),
+            released_position=fence.released_position)
 
     def _lost(self, placement: core.Placement) -> frozenset[str]:
         return frozenset(n for n in placement.nodes() if (v := self.view.nodes.get(n)) is not None and v.lost)

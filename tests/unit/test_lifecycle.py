@@ -170,6 +170,23 @@ FENCE_CASES: list[tuple[str, Gang, float, list[str]]] = [
      153, ["a", "b"]),
     ("rank 1 never started but b lists the job", gang(S.RELEASING, exits={0: 3}, started=frozenset({0}),
                                                       released_at=150, seen={"b": NodeSeen(160, None)}), 160, ["a"]),
+    # the 20-minute chaos run's last double use: b's agent lagged, its backlog still held the
+    # reservation; b listed nothing, the GPUs were freed, and the rank started after the release
+    ("rank 1 never started, b silent but its agent behind the release",
+     gang(S.RELEASING, exits={0: 3}, started=frozenset({0}), released_at=150, released_position=900,
+          seen={"b": NodeSeen(160, 150, handled_position=850)}), 160, ["a"]),
+    ("rank 1 never started, b silent and its agent past the release",
+     gang(S.RELEASING, exits={0: 3}, started=frozenset({0}), released_at=150, released_position=900,
+          seen={"b": NodeSeen(160, 150, handled_position=905)}), 160, ["a", "b"]),
+    ("b silent 3 s after the release, its agent behind it",
+     gang(S.RELEASING, exits={0: 3}, released_at=150, released_position=900,
+          seen={"b": NodeSeen(153, 149, handled_position=899)}), 153, ["a"]),
+    ("b's agent says its position, the release's not looked up yet",
+     gang(S.RELEASING, exits={0: 3}, released_at=150, seen={"b": NodeSeen(153, 149, handled_position=2000)}),
+     153, ["a"]),
+    ("b's ranks exited: its agent's position does not matter",
+     gang(S.RELEASING, exits={0: 3, 1: 0}, released_at=150, released_position=900,
+          seen={"b": NodeSeen(151, None, handled_position=10)}), 151, ["a", "b"]),
 ]
 
 

@@ -322,6 +322,15 @@ class EventStore:
                 "SELECT coalesce(max(version), 0) FROM events WHERE stream = $1", stream)
         return int(version)
 
+    async def positions_of(self, event_ids: Sequence[str]) -> dict[str, int]:
+        """The log position of each of `event_ids` that is in the log."""
+        if not event_ids:
+            return {}
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch("SELECT event_id, position FROM events WHERE event_id = ANY($1::text[])",
+                                    list(event_ids))
+        return {r["event_id"]: r["position"] for r in rows}
+
     async def head_position(self) -> int:
         """The global position of the last committed event (0 for an empty log)."""
         async with self._pool.acquire() as conn:
