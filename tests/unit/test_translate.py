@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from corral import core
-from corral.contracts.jobspec import validate_job_spec
+from corral.contracts.jobspec import JobSpec, validate_job_spec
 from corral.sim.engine import core_job
 from corral.sim.importers.jsonl import job_from_spec as sim_job_from_spec
 from corral.translate import job_from_spec, whole_seconds_at_least
@@ -28,7 +28,7 @@ def test_promised_durations_round_up_to_whole_seconds(seconds: float, expected: 
     assert whole_seconds_at_least(seconds) >= seconds
 
 
-def spec(**fields: object):  # type: ignore[no-untyped-def]
+def spec(**fields: object) -> JobSpec:
     return validate_job_spec({"name": "j", "queue": "team-a", "runtime": "sim", "duration_seconds": 60,
                               "replicas": 2, "gpus_per_replica": 4, **fields})
 
