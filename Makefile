@@ -45,7 +45,7 @@ test: $(TEST_STAMP)
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/lint-imports
+	$(PY) .ci/lint_imports.py
 
 clean:
 	rm -rf $(VENV) .corral .corral-demo build *.egg-info

@@ -5,7 +5,8 @@ reason codes of GangReleased / JobRequeued / JobFailed, and the worker exit code
 protocol between a job's processes and the agent. As bare strings and literals ("PREEMPTED",
 "RESTARTING", `85` defined twice) a typo was a silent bug; as enums of the contracts it is an
 import error. `Reason.code` stays a plain string on the wire (the schema is unchanged): these are
-the values it takes for the lifecycle.
+the values it takes for the lifecycle. The exit codes are defined with the rest of the worker
+protocol (`corral.contracts.worker`) and re-exported here.
 
 Attempts are numbered as the events number them everywhere (logs, CLI, messages): 0 for the
 first run, +1 per requeue or restart.
@@ -13,7 +14,9 @@ first run, +1 per requeue or restart.
 
 from __future__ import annotations
 
-from enum import IntEnum, StrEnum
+from enum import StrEnum
+
+from corral.contracts.worker import WorkerExit  # the worker protocol's exit codes, re-exported here
 
 __all__ = ["LifecycleCode", "WorkerExit"]
 
@@ -38,10 +41,3 @@ class LifecycleCode(StrEnum):
         """Whether a JobRequeued with this code counts against `restart.max_restarts`: only the
         job's own crashes do; node loss, lost workers, timeouts and restarts of Corral do not."""
         return self is LifecycleCode.RESTARTING
-
-
-class WorkerExit(IntEnum):
-    """Exit codes with a meaning for Corral; any other code (or a signal) is a crash."""
-
-    COMPLETED = 0
-    CHECKPOINTED = 85  # stopped on purpose after writing a checkpoint (`corral.worker`)

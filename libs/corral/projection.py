@@ -440,6 +440,10 @@ def _gpus_released(view: ClusterView, e: ev.GpusReleased) -> None:
 
 def _gang_released(view: ClusterView, e: ev.GangReleased) -> None:
     j = view.job(e.job_id)
+    if e.attempt != j.attempt:
+        # An earlier attempt's release (placement never appends one, but the log is not trusted):
+        # that attempt is already released; it must not release, requeue or bill the current one.
+        return
     if j.running_since is not None:
         j.attained_gpu_seconds += max(0.0, (e.occurred_at - j.running_since).total_seconds()) * j.gpus
     _fence(view, j, e)

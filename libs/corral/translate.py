@@ -1,12 +1,13 @@
 """Contracts to the core's model: the one place wire types become scheduling types.
 
 Why a separate module: the core is pure standard library (it must not know msgspec), and the
-contracts must not know the core. The live services and the CLI translate here, so a spec means
-the same thing to admission, to placement and to `corral why`.
+contracts must not know the core. The live services, the CLI and the simulator translate here, so a
+spec means the same thing to admission, to placement, to `corral why` and to a replay.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from corral import core
@@ -19,27 +20,85 @@ from corral.contracts.queues import QueueSpec
 def job_from_spec(job_id: str, spec: JobSpec, submit_time: float) -> core.Job:
     """The core's Job for a validated spec (priority classes are already integers)."""
     topo = spec.topology
-    return core.Job(
-        id=job_id,
+    return core_job(
+        job_id=job_id,
         queue=spec.queue,
         replicas=spec.replicas,
         gpus_per_replica=spec.gpus_per_replica,
         submit_time=submit_time,
         priority=int(spec.priority),
-        gpu=(core.GpuRequest(model=spec.gpu.model,
-                             min_memory_gib=None if spec.gpu.min_memory_gib is None
-                             else int(spec.gpu.min_memory_gib + 0.999))
-             if spec.gpu is not None else None),
-        topology=core.Topology(
-            replica=core.TopologyLevel(topo.replica) if topo.replica else None,
-            gang=core.TopologyLevel(topo.gang) if topo.gang else None,
-            prefer=core.TopologyLevel(topo.prefer) if topo.prefer else None,
-        ),
+        gpu_model=spec.gpu.model if spec.gpu is not None else None,
+        gpu_min_memory_gib=spec.gpu.min_memory_gib if spec.gpu is not None else None,
+        topology=(topo.replica, topo.gang, topo.prefer),
         preemptible=spec.preemptible,
-        checkpoint_grace_seconds=int(spec.checkpoint.grace_seconds),
-        min_runtime_seconds=int(spec.min_runtime_seconds),
+        checkpoint_grace_seconds=spec.checkpoint.grace_seconds,
+        min_runtime_seconds=spec.min_runtime_seconds,
         estimated_runtime_seconds=spec.estimated_runtime_seconds,
     )
+
+
+def core_job(
+    *,
+    job_id: str,
+    queue: str,
+    replicas: int,
+    gpus_per_replica: int,
+    submit_time: float,
+    priority: int,
+    gpu_model: str | None,
+    gpu_min_memory_gib: float | None,
+    topology: tuple[str | None, str | None, str | None],
+    preemptible: bool,
+    checkpoint_grace_seconds: float,
+    min_runtime_seconds: float,
+    estimated_runtime_seconds: float | None,
+) -> core.Job:
+    """The one translation of a job request's fields into the core's Job.
+
+    The problem it solves: the services (`job_from_spec`) and the simulator (its `SimJob`s come
+    from traces as well as from specs) each built a `core.Job`, and they disagreed on rounding
+    (the services truncated the checkpoint grace, the simulator rounded it up), so a replay did not
+    decide what the cluster would. Both call this now. `topology` is (replica, gang, prefer); a
+    GPU request that names neither a model nor a memory size is no request (any GPU).
+    """
+    gpu = None
+    if gpu_model is not None or gpu_min_memory_gib is not None:
+        gpu = core.GpuRequest(model=gpu_model,
+                              min_memory_gib=None if gpu_min_memory_gib is None else math.ceil(gpu_min_memory_gib))
+    replica, gang, prefer = topology
+    return core.Job(
+        id=job_id,
+        queue=queue,
+        replicas=replicas,
+        gpus_per_replica=gpus_per_replica,
+        submit_time=submit_time,
+        priority=priority,
+        gpu=gpu,
+        topology=core.Topology(
+            replica=core.TopologyLevel(replica) if replica else None,
+            gang=core.TopologyLevel(gang) if gang else None,
+            prefer=core.TopologyLevel(prefer) if prefer else None,
+        ),
+        preemptible=preemptible,
+        checkpoint_grace_seconds=whole_seconds_at_least(checkpoint_grace_seconds),
+        min_runtime_seconds=whole_seconds_at_least(min_runtime_seconds),
+        estimated_runtime_seconds=estimated_runtime_seconds,
+    )
+
+
+def whole_seconds_at_least(seconds: float) -> int:
+    """A promised duration in the core's whole seconds: rounded up, never less than asked.
+
+    The problem: the core counts whole seconds, specs allow fractions, and the two translations
+    rounded differently (`int()` here, `math.ceil` in the simulator). Both durations it is used
+    for are promises to the job: `checkpoint_grace_seconds` is a deadline (the time a preempted
+    job has to write its checkpoint before its GPUs are taken back, and when the core expects
+    them free), and `min_runtime_seconds` is how long a started job is safe from preemption.
+    Rounding down would give the job less than it asked for (a 30.5 s grace became 30 s, and the
+    core planned on GPUs half a second before they come free); rounding up gives it at most one
+    second more. So: ceiling.
+    """
+    return math.ceil(seconds)
 
 
 def node_from_inventory(inv: NodeInventory, state: core.NodeState = core.NodeState.READY) -> core.Node:

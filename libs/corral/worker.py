@@ -13,7 +13,9 @@ Exit-code conventions (what the node agent concludes from a rank's exit):
 * any other code, or death by a signal outside a preemption -- a crash (``crashed``); the agent kills
   the rest of the gang on the node and the restart policy decides.
 
-This module is stdlib-only on purpose: workloads import it, so it must cost nothing to import.
+This module is stdlib-only on purpose: workloads import it, so it must cost nothing to import. The
+protocol's names (environment variables, exit codes, the signal) are defined in
+`corral.contracts.worker`, also stdlib-only, and re-exported here.
 
 It is also the `sim` runtime: ``python -m corral.worker sim --duration S`` sleeps for S seconds in
 small steps, keeping a step counter, and honours the checkpoint signal -- one machine can then host
@@ -33,17 +35,41 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-CHECKPOINTED_EXIT_CODE = 85
-"""A rank exits with this after a checkpoint was written: stopped on purpose, resumable."""
+# The protocol itself lives in the contracts (the agent imports it from there); re-exported here
+# for workloads that import these names from `corral.worker`.
+from corral.contracts.worker import (
+    CHECKPOINTED_EXIT_CODE,
+    DEFAULT_CHECKPOINT_SIGNAL,
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_SIGNAL,
+    ENV_CONTROL,
+    ENV_JOB_ID,
+    ENV_RESUME_FROM,
+    ControlKind,
+    WorkerExit,
+    signal_from_name,
+)
 
-DEFAULT_CHECKPOINT_SIGNAL = "SIGUSR1"
-
-ENV_CHECKPOINT_SIGNAL = "CORRAL_CHECKPOINT_SIGNAL"
-ENV_CHECKPOINT_DIR = "CORRAL_CHECKPOINT_DIR"
-ENV_RESUME_FROM = "CORRAL_RESUME_FROM"
-ENV_CONTROL = "CORRAL_CONTROL"
-ENV_JOB_ID = "CORRAL_JOB_ID"
-ENV_ATTEMPT = "CORRAL_ATTEMPT"  # which attempt of the job this is, counted from 0 (the first run)
+__all__ = [
+    "CHECKPOINTED_EXIT_CODE",
+    "DEFAULT_CHECKPOINT_SIGNAL",
+    "ENV_ATTEMPT",
+    "ENV_CHECKPOINT_DIR",
+    "ENV_CHECKPOINT_SIGNAL",
+    "ENV_CONTROL",
+    "ENV_JOB_ID",
+    "ENV_RESUME_FROM",
+    "WorkerExit",
+    "atomic_write",
+    "checkpoint_dir",
+    "checkpoint_requested",
+    "exit_checkpointed",
+    "install",
+    "report_checkpoint",
+    "resume_path",
+    "signal_from_name",
+]
 
 _FALLBACK_CHECKPOINT_DIR = "corral-checkpoints"
 
@@ -53,21 +79,6 @@ _checkpoint_requested = False
 def _on_checkpoint_signal(signum: int, frame: FrameType | None) -> None:
     global _checkpoint_requested
     _checkpoint_requested = True
-
-
-def signal_from_name(name: str) -> signal.Signals:
-    """`SIGUSR1`, `USR1` or a number -> the signal; a clear error names the variable otherwise."""
-    text = name.strip().upper()
-    if text.isdigit():
-        return signal.Signals(int(text))
-    if not text.startswith("SIG"):
-        text = "SIG" + text
-    try:
-        return signal.Signals[text]
-    except KeyError:
-        raise ValueError(
-            f"{ENV_CHECKPOINT_SIGNAL}={name!r} is not a signal name; use e.g. SIGUSR1 or SIGUSR2"
-        ) from None
 
 
 def install(signal_name: str | None = None) -> signal.Signals:
@@ -131,7 +142,7 @@ def report_checkpoint(path: Path | str, step: int) -> None:
     if not control:
         return
     record = {
-        "kind": "checkpoint",
+        "kind": ControlKind.CHECKPOINT.value,
         "path": str(Path(path).resolve()),
         "step": int(step),
         "rank": int(os.environ.get("RANK", "0")),

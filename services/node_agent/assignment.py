@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.worker import (
+from corral.contracts.worker import (
     DEFAULT_CHECKPOINT_SIGNAL,
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,

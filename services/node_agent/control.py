@@ -13,6 +13,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.contracts.worker import ControlKind
+
 log = logging.getLogger(__name__)
 
 
@@ -57,7 +59,7 @@ def _parse(line: bytes, path: Path) -> CheckpointReport | None:
         return None
     try:
         record = json.loads(line)
-        if record.get("kind") != "checkpoint":
+        if record.get("kind") != ControlKind.CHECKPOINT:
             return None
         return CheckpointReport(rank=int(record["rank"]), attempt=int(record["attempt"]),
                                 path=Path(record["path"]), step=int(record["step"]))

@@ -43,7 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, BinaryIO
 
-from corral.worker import CHECKPOINTED_EXIT_CODE, signal_from_name
+from corral.contracts.worker import CHECKPOINTED_EXIT_CODE, signal_from_name
 
 from .assignment import build_rank_env, rank_log_path
 from .control import ControlChannel

@@ -30,7 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.worker import CHECKPOINTED_EXIT_CODE
+from corral.contracts.worker import CHECKPOINTED_EXIT_CODE
 
 from .assignment import Assignment
 from .control import CheckpointReport

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from corral import core
+from corral.core.backfill import Release, reserve
 from corral.core.gpuset import FreeGpus
 from corral.core.placement import find_placement
 from corral.projection import ClusterView, JobState, JobView
@@ -150,10 +151,11 @@ def queue_rows(view: ClusterView) -> list[dict[str, Any]]:
 
 
 def unblock_hint(view: ClusterView, job: JobView, now: float) -> str | None:
-    """What would let a pending job start: the fewest running jobs whose end frees room for it.
+    """What would let a pending job start: the running jobs whose end frees room for it.
 
-    A what-if on the core: release running jobs one at a time (soonest expected end first, then
-    oldest) until `find_placement` succeeds, and name them with the nodes they free.
+    The what-if is the core's own backfill reservation (`core.backfill.reserve`: running jobs end
+    in order of expected end until the job fits); the jobs named are those holding GPUs of the
+    placement it would then get, with the nodes they free.
     """
     if job.state is not JobState.PENDING or job.spec is None:
         return None
@@ -169,33 +171,39 @@ def unblock_hint(view: ClusterView, job: JobView, now: float) -> str | None:
         first = same[0]
         hint = f"queue {job.queue} regains {first.job.total_gpus} GPUs when job {first.job.id} ends" + _eta(first, now)
         # The quota is one blocker; the GPUs must also be free. Name the other jobs that must end too.
-        ending = [first]
-        for r in (x for x in running if x is not first):
-            free = FreeGpus.from_running(snapshot.cluster, [x for x in running if x not in ending])
-            if isinstance(find_placement(snapshot.cluster, free, target), core.Placement):
-                break
-            ending.append(r)
-        others = ending[1:]
+        others = _must_end(snapshot.cluster, target, running, ended=first) or []
         if others:
-            hint += "; then it still needs " + "; ".join(
-                f"{', '.join(f'{n} frees {len(g)}' for n, g in x.placement.gpus_by_node().items())} "
-                f"when job {x.job.id} ends{_eta(x, now)}" for x in others)
+            hint += "; then it still needs " + "; ".join(_frees(x, now) for x in others)
         return hint
-    free = FreeGpus.from_running(snapshot.cluster, running)
-    if isinstance(find_placement(snapshot.cluster, free, target), core.Placement):
+    ending = _must_end(snapshot.cluster, target, running)
+    if ending is None:
+        return f"needs {target.shape}{_topology(target)}: not even an empty cluster of this shape fits it"
+    if not ending:
         return "it fits now: it starts at the next scheduling cycle"
-    released: list[core.RunningJob] = []
-    for r in running:
-        released.append(r)
-        rest = [x for x in running if x not in released]
-        free = FreeGpus.from_running(snapshot.cluster, rest)
-        if isinstance(find_placement(snapshot.cluster, free, target), core.Placement):
-            parts = []
-            for x in released:
-                nodes = ", ".join(f"{n} frees {len(g)}" for n, g in x.placement.gpus_by_node().items())
-                parts.append(f"{nodes} when job {x.job.id} ends{_eta(x, now)}")
-            return f"needs {target.shape}" + _topology(target) + "; " + "; ".join(parts)
-    return f"needs {target.shape}{_topology(target)}: not even an empty cluster of this shape fits it"
+    return f"needs {target.shape}" + _topology(target) + "; " + "; ".join(_frees(x, now) for x in ending)
+
+
+def _must_end(cluster: core.Cluster, job: core.Job, running: list[core.RunningJob],
+              ended: core.RunningJob | None = None) -> list[core.RunningJob] | None:
+    """The running jobs (besides `ended`) that must end before `job` fits, in `running`'s order;
+    None if it fits no cluster of this shape. Asks the core's backfill reservation where the job
+    would start and names the jobs holding GPUs of that placement."""
+    rest = [r for r in running if r is not ended]
+    fi = FreeGpus.from_running(cluster, rest)
+    if isinstance(find_placement(cluster, fi, job), core.Placement):
+        return []  # (`reserve` is asked only for a job that does not fit now)
+    masks = {r.job.id: fi.masks_of(r.placement) for r in rest}
+    releases = [Release(_end_key(r)[0], r.job.id, masks[r.job.id]) for r in rest]
+    reservation = reserve(fi, job, releases, {})
+    if reservation is None:
+        return None
+    wanted = dict(reservation.masks)
+    return [r for r in rest if any(m & wanted.get(i, 0) for i, m in masks[r.job.id])]
+
+
+def _frees(r: core.RunningJob, now: float) -> str:
+    nodes = ", ".join(f"{n} frees {len(g)}" for n, g in r.placement.gpus_by_node().items())
+    return f"{nodes} when job {r.job.id} ends{_eta(r, now)}"
 
 
 def _end_key(r: core.RunningJob) -> tuple[float, float, str]:

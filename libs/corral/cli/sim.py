@@ -13,11 +13,15 @@ import importlib.util
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from corral.cli.output import err_console
+
+if TYPE_CHECKING:
+    from corral.client import Client
+    from corral.contracts.envelope import Event
 
 PLOT_EXTRA = "plot"
 
@@ -81,9 +85,11 @@ def run(trace: str | None, cluster: str | None, queues: str | None, policy: str,
         return _bad(f"--plot needs matplotlib, which this install lacks: pip install 'corral[{PLOT_EXTRA}]' "
                     "(or pip install matplotlib), or leave out --plot")
     if from_log:
+        from corral.cli.session import with_client
         from corral.sim.from_log import export_inputs
 
-        exported = export_inputs()
+        events = with_client(_log_events, bus=False)
+        exported = export_inputs(events)
         trace = exported.trace
         cluster = cluster or exported.cluster
         queues = queues or exported.queues
@@ -114,6 +120,11 @@ def run(trace: str | None, cluster: str | None, queues: str | None, policy: str,
         for path in write_plots(results, plot_dir):
             print(f"wrote {path}")
     return 0
+
+
+async def _log_events(client: Client) -> list[Event]:
+    """Every decodable event of the cluster's log, in log order (what `--from-log` replays)."""
+    return [e for _, e in await client.events()]
 
 
 def progress_wanted(json_path: str | None, terminal: bool) -> bool:

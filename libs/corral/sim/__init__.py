@@ -1,11 +1,11 @@
 """corral.sim: the trace simulator. It replays a workload through the same pure scheduling core
 (`corral.core.schedule`) the live services call, on a virtual clock, and scores the schedule.
 
-Entry points (wrapped by the CLI as `corral sim` and `corral sim compare`):
+Entry points (wrapped by the CLI as `corral sim` and `corral sim compare`; `corral.cli.sim.sim_main`
+is the command as a function: the simulator sits below the CLI and does not import it):
     run_simulation(workload, cluster, *, policy="corral", queues=None, seed=0, failures=None,
                    limit=None) -> SimResult
     compare(workload, cluster, policies=DEFAULT_POLICIES, *, queues=None, seed=0, ...) -> list[SimResult]
-    sim_main(argv, *, compare_all=False) -> int        # `corral sim` as a function (corral.cli.sim)
     render_result(result) / render_comparison(results) -> str
     write_json(result, path) / write_comparison_json(results, path)
     write_plots(results, directory) -> list[Path]      # corral.sim.plot
@@ -13,7 +13,7 @@ Entry points (wrapped by the CLI as `corral sim` and `corral sim compare`):
     load_workload("philly:FILE" | "openb:FILE" | "FILE.jsonl") -> Workload
 """
 
-from corral.sim.api import DEFAULT_POLICIES, SimResult, compare, run_simulation, sim_main
+from corral.sim.api import DEFAULT_POLICIES, SimResult, compare, run_simulation
 from corral.sim.checker import Violation, check_schedule
 from corral.sim.engine import FailureModel, SimulationError, Simulator
 from corral.sim.importers import load_workload
@@ -44,7 +44,6 @@ __all__ = [
     "render_result",
     "result_document",
     "run_simulation",
-    "sim_main",
     "write_comparison_json",
     "write_json",
 ]

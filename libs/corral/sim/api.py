@@ -1,4 +1,4 @@
-"""The simulator's entry points: `run_simulation`, `compare`, and `sim_main` behind `corral sim`.
+"""The simulator's entry points: `run_simulation` and `compare`, behind `corral sim` (`corral.cli.sim`).
 
 Each accepts the inputs the way people give them (a trace spec like `philly:FILE`, a cluster
 shorthand like `64x8:H100` or a file, an optional queues file) or as ready values for tests.
@@ -129,13 +129,3 @@ def _for_policy(
     progress: Callable[[str, float, EngineStats], None], policy: str
 ) -> Callable[[float, EngineStats], None]:
     return lambda now, stats: progress(policy, now, stats)
-
-
-def sim_main(argv: Sequence[str] | None = None, *, compare_all: bool = False) -> int:
-    """`corral sim [...]` as a function; with `compare_all=True` (`corral sim compare`) every policy.
-
-    The command itself (typer, like the rest of the CLI) lives in `corral.cli.sim`.
-    """
-    from corral.cli.sim import sim_main as run_cli
-
-    return run_cli(argv, compare_all=compare_all)

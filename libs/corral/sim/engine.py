@@ -28,12 +28,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from corral import translate
 from corral.collector import busy_collection
 from corral.contracts.lifecycle import LifecycleCode, WorkerExit
 from corral.core import (
     Cluster,
     Decision,
-    GpuRequest,
     Job,
     NodeState,
     OrderPolicy,
@@ -46,8 +46,6 @@ from corral.core import (
     RunningJob,
     SchedulerConfig,
     Snapshot,
-    Topology,
-    TopologyLevel,
 )
 from corral.core.state import SchedulerState
 from corral.lifecycle import Gang, GangState, Limits, Release, Then, next_steps
@@ -113,28 +111,22 @@ class SimOutcome:
 
 
 def core_job(job: SimJob) -> Job:
-    """The job as the policy sees it: everything but the true duration."""
-    gpu = None
-    if job.gpu_model is not None or job.gpu_min_memory_gib is not None:
-        memory = None if job.gpu_min_memory_gib is None else math.ceil(job.gpu_min_memory_gib)
-        gpu = GpuRequest(job.gpu_model, memory)
+    """The job as the policy sees it: everything but the true duration (`corral.translate.core_job`,
+    the services' translation too)."""
     topo = job.topology
-    return Job(
-        id=job.id,
+    return translate.core_job(
+        job_id=job.id,
         queue=job.queue,
         replicas=job.replicas,
         gpus_per_replica=job.gpus_per_replica,
         submit_time=job.submit,
         priority=job.priority,
-        gpu=gpu,
-        topology=Topology(
-            TopologyLevel(topo.replica) if topo.replica else None,
-            TopologyLevel(topo.gang) if topo.gang else None,
-            TopologyLevel(topo.prefer) if topo.prefer else None,
-        ),
+        gpu_model=job.gpu_model,
+        gpu_min_memory_gib=job.gpu_min_memory_gib,
+        topology=(topo.replica, topo.gang, topo.prefer),
         preemptible=job.preemptible,
-        checkpoint_grace_seconds=math.ceil(job.checkpoint_grace_seconds),
-        min_runtime_seconds=math.ceil(job.min_runtime_seconds),
+        checkpoint_grace_seconds=job.checkpoint_grace_seconds,
+        min_runtime_seconds=job.min_runtime_seconds,
         estimated_runtime_seconds=job.estimated_runtime_seconds,
     )
 

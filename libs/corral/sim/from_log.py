@@ -5,11 +5,14 @@ submission (the exact specs), the cluster (NodeRegistered) and the queues (Queue
 turns them into the simulator's ordinary inputs — a JSONL workload, a cluster file and a queues
 file — so the replay runs through exactly the same path as any trace. A job's duration is what it
 really ran (first JobRunning to its end), else its spec's duration or estimate.
+
+Layers: the simulator sits below the CLI (import-linter forbids `corral.sim` importing
+`corral.cli`), so this module only turns events into files; the CLI reads them from the log
+(`corral.client.Client.events`, the one log reader both use) and hands them in.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import tempfile
 from collections.abc import Sequence
@@ -81,19 +84,13 @@ class ExportedInputs:
     queues: str | None
 
 
-def export_inputs(out_dir: Path | None = None) -> ExportedInputs:
-    """Write the log's submissions, nodes and queues as simulator input files (for `--from-log`)."""
-    from corral.cli.session import context
-    from corral.client import Client
+def export_inputs(events: Sequence[Event], out_dir: Path | None = None) -> ExportedInputs:
+    """Write the log's submissions, nodes and queues as simulator input files (for `--from-log`).
 
-    async def read() -> list[Event]:
-        client = await Client.connect(context(), bus=False)
-        try:
-            return [e for _, e in await client.events()]
-        finally:
-            await client.close()
-
-    lines, cluster, queues = workload_from_events(asyncio.run(read()))
+    The caller reads the log (the CLI through its connection options, see `corral.cli.sim`): the
+    simulator is below the CLI and never reaches a cluster itself.
+    """
+    lines, cluster, queues = workload_from_events(events)
     if not lines:
         raise SystemExit("error: the event log holds no admitted submissions to replay")
     out = out_dir or Path(tempfile.mkdtemp(prefix="corral-from-log-"))
@@ -105,15 +102,3 @@ def export_inputs(out_dir: Path | None = None) -> ExportedInputs:
         (out / "queues.json").write_text(json.dumps(queues))
         queues_path = str(out / "queues.json")
     return ExportedInputs(f"jsonl:{workload}", str(out / "cluster.json") if cluster["nodes"] else None, queues_path)
-
-
-def export_from_log(args: list[str], out_dir: Path | None = None) -> list[str]:
-    """Replace `--from-log` in `corral sim` arguments by files exported from the event log."""
-    exported = export_inputs(out_dir)
-    rest = [a for a in args if a != "--from-log"]
-    new = ["--trace", exported.trace]
-    if "--cluster" not in rest and exported.cluster:
-        new += ["--cluster", exported.cluster]
-    if "--queues" not in rest and exported.queues:
-        new += ["--queues", exported.queues]
-    return new + rest

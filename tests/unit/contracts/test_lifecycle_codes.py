@@ -8,7 +8,7 @@ from corral.contracts.lifecycle import LifecycleCode, WorkerExit
 
 
 def test_the_worker_helper_exits_with_the_contract_checkpointed_code() -> None:
-    # corral.worker is stdlib-only (workloads import it), so it cannot import the contracts: pin it here
+    # corral.worker re-exports the worker protocol of the contracts (tests/unit/test_import_contracts.py)
     assert corral.worker.CHECKPOINTED_EXIT_CODE == WorkerExit.CHECKPOINTED == 85
     assert WorkerExit.COMPLETED == 0
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.sim import sim_main
+from corral.cli.sim import sim_main
 
 
 def _workload(tmp_path: Path) -> Path:
