@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import secrets
 import shutil
+import ssl
 import tempfile
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -69,7 +70,7 @@ def _ctx(stack: Stack, user: str | None) -> Context:
     # None: the admin, i.e. the person who ran `corral up` (the context's credentials)
     creds = stack.context.credentials if user is None else str(stack.options.data_dir / "credentials" / f"{user}.json")
     return Context(nats_url=stack.context.nats_url, postgres_dsn=stack.context.postgres_dsn, namespace=NS,
-                   credentials=creds)
+                   credentials=creds, nats_ca=stack.context.nats_ca)
 
 
 def _agent_user(stack: Stack) -> str:
@@ -79,7 +80,7 @@ def _agent_user(stack: Stack) -> str:
 @contextlib.asynccontextmanager
 async def _bus_as(stack: Stack, user: str) -> AsyncIterator[Bus]:
     assert stack.context is not None
-    bus = await Bus.connect(stack.context.nats_url, NS,
+    bus = await Bus.connect(stack.context.nats_url, NS, ca=stack.context.nats_ca,
                             credentials=str(stack.options.data_dir / "credentials" / f"{user}.json"))
     try:
         yield bus
@@ -109,11 +110,19 @@ async def _running_job(stack: Stack, user: str | None = None) -> tuple[str, Clie
 
 
 async def test_anonymous_client_cannot_connect(secured: Stack) -> None:
-    assert secured.context is not None
-    with pytest.raises(Exception):  # noqa: B017 - any refusal: auth violation or no servers
-        nc = await nats.connect(secured.context.nats_url, allow_reconnect=False, max_reconnect_attempts=0,
-                                connect_timeout=2)
-        await nc.close()
+    """Neither in plain TCP nor over TLS with the CA trusted: an identity is required (issue 12)."""
+    ctx = secured.context
+    assert ctx is not None and ctx.nats_ca and ctx.nats_url.startswith("tls://")
+    attempts: list[dict[str, Any]] = [
+        {}, {"tls": ssl.create_default_context(cafile=ctx.nats_ca), "tls_handshake_first": True}]
+    for kw in attempts:
+        with pytest.raises(Exception):  # noqa: B017 - any refusal: auth violation, TLS, or no servers
+            nc = await nats.connect(ctx.nats_url, allow_reconnect=False, max_reconnect_attempts=0,
+                                    connect_timeout=2, **kw)
+            await nc.close()
+    # the same TLS client with the admin's identity connects: the refusal above is for the identity
+    async with await Bus.connect(ctx.nats_url, NS, credentials=ctx.credentials, ca=ctx.nats_ca) as bus:
+        await bus.nc.flush(timeout=5)
 
 
 @pytest.mark.parametrize("who", ["agent", "bob"])
