@@ -37,7 +37,7 @@ def test_an_agent_names_exactly_its_two_consumers_in_every_jetstream_call() -> N
     assert consumer_calls and "$JS.API.CONSUMER.CREATE.CORRAL_EVENTS" not in consumer_calls
     for p in consumer_calls:
         tokens = p.split(".")
-        name = tokens[6] if tokens[3] == "DURABLE" else tokens[5]
+        name = tokens[6] if tokens[3] in ("DURABLE", "MSG") else tokens[5]
         assert name in ("d1", "d1-history"), p
         assert "*" not in p and not (p.endswith(".>") and "CREATE" not in p), p
 
