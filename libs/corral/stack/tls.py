@@ -184,3 +184,21 @@ def generate(directory: Path, hosts: Iterable[str] | None = None, *, common_name
         _new_server_cert(files, ca, ca_key, hosts, now)
     # The directory is private (the keys); the CA certificate is what others may copy.
     return files
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m corral.stack.tls DIR [HOST ...]`: a CA and a server certificate for a deployment
+    that does not run `corral up` (deploy/README.md)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        raise SystemExit("usage: python -m corral.stack.tls DIR [HOST ...]  (default hosts: loopback, this host)")
+    files = generate(Path(args[0]), args[1:] or None)
+    print(f"CA (give to every client, CORRAL_NATS_CA): {files.ca}\n"
+          f"server certificate: {files.cert}\nserver key: {files.key}\n"
+          f"nats-server config:\n{files.server_block()}", end="")
+
+
+if __name__ == "__main__":
+    main()
