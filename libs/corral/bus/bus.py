@@ -111,13 +111,13 @@ async def _connect(url: str, **options: Any) -> Any:
             failed.set_result(exc)
         _log.warning("nats: %s: %s", type(exc).__name__, exc)
 
-    connecting = asyncio.ensure_future(nats.connect(url, error_cb=on_error, **options))
-    await asyncio.wait({connecting, failed}, return_when=asyncio.FIRST_COMPLETED)
+    connecting: asyncio.Future[Any] = asyncio.ensure_future(nats.connect(url, error_cb=on_error, **options))
+    waiting: set[asyncio.Future[Any]] = {connecting, failed}
+    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
     if connecting.done():
         return connecting.result()
     connecting.cancel()
-    with contextlib.suppress(BaseException):
-        await connecting
+    await asyncio.gather(connecting, return_exceptions=True)
     cause = failed.result()
     where = urlsplit(url)
     raise NatsCertificateError(
