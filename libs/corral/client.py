@@ -77,7 +77,7 @@ class Client:
         if bus:
             try:
                 nats = await asyncio.wait_for(Bus.connect(ctx.nats_url, ctx.namespace, name="corral-cli",
-                                                          credentials=ctx.credentials), timeout)
+                                                          credentials=ctx.credentials, ca=ctx.nats_ca), timeout)
                 await nats.ensure_streams()  # idempotent; a request must never race the services' start
             except BaseException:
                 await store.close()

@@ -50,9 +50,10 @@ from pathlib import Path
 
 import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from corral.bus import Bus, Delivery, Poison
-from corral.bus.naming import EVENTS
+from corral.bus.naming import EVENTS, history_consumer
 from corral.bus.relay import POSITION
 from corral.contracts.cluster import NodeInventory
 from corral.contracts.envelope import Event, node_stream
@@ -334,7 +335,7 @@ class AgentHost:
             for agent in self.agents.values():
                 agent.reports.forget(event.job_id)
 
-    async def load_history(self, acked_through: int = 0) -> int:
+    async def load_history(self, durable: str, acked_through: int = 0) -> int:
         """Read what happened before this process's consumer existed with a throwaway consumer:
         the specs of jobs submitted (JobSubmitted minus ended jobs) and the ledger of reservations
         (what adoption checks); returns how many events were read.
@@ -343,17 +344,26 @@ class AgentHost:
         ack floor): those events are handled (by an earlier process, or never to be started by
         this one, adoption settling what runs), which sets `handled_position`.
 
+        The throwaway consumer is named after `durable` (`history_consumer`): the agent's identity
+        may create, read and delete only that one besides its durable (`corral.bus.auth.agent`).
+        One left by a previous process (it expires after a minute) is deleted first, so the read
+        starts at the stream's first message.
+
         Also sets `reservations_known_since`: if the stream never dropped a message, the reservation
         of every gang launched after its oldest message is in what was read; if it did (max age),
         only those launched well after its oldest message (an hour) are sure to be."""
         names = self.bus.names
         subjects = [names.events_subject(t) for t in _HISTORY_TYPES]
-        config = ConsumerConfig(filter_subjects=subjects, deliver_policy=DeliverPolicy.ALL,
+        name = history_consumer(durable)
+        config = ConsumerConfig(name=name, filter_subjects=subjects, deliver_policy=DeliverPolicy.ALL,
                                 ack_policy=AckPolicy.NONE, inactive_threshold=60.0, mem_storage=True)
         stream = names.stream(EVENTS)
         info = await self.bus.js.stream_info(stream)
         complete = info.state.first_seq <= 1
-        sub = await self.bus.js.pull_subscribe(subjects[0], stream=stream, config=config)
+        with contextlib.suppress(NotFoundError):
+            await self.bus.js.delete_consumer(stream, name)
+        await self.bus.js.add_consumer(stream, config)
+        sub = await self.bus.js.pull_subscribe_bind(name, stream=stream)
         read = 0
         oldest: float | None = None
         try:
@@ -372,6 +382,8 @@ class AgentHost:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await self.bus.js.delete_consumer(stream, name)
         if self._handled is None:
             self._handled = 0  # nothing before our durable's first delivery: handled up to nothing
         if oldest is not None:
@@ -475,7 +487,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
                                      deliver_new_only=True, batch=64, max_deliver=5, inactive_threshold=IDLE_EXPIRY)
         try:
             info = await bus.js.consumer_info(bus.names.stream(EVENTS), durable)
-            read = await host.load_history(acked_through=int(info.ack_floor.stream_seq or 0))
+            read = await host.load_history(durable, acked_through=int(info.ack_floor.stream_seq or 0))
             log.info("node agents %s: consumer %s; %d job spec(s) known from %d past event(s)",
                      ", ".join(names), durable, len(host.specs), read)
         except Exception:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import shutil
+import ssl
 import tempfile
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -28,6 +30,7 @@ import nats
 import pytest
 
 from corral.bus import Bus
+from corral.bus.naming import history_consumer
 from corral.client import Client
 from corral.contracts import events as ev
 from corral.contracts.envelope import Reason, job_stream
@@ -73,7 +76,7 @@ def _ctx(stack: Stack, user: str | None) -> Context:
     # None: the admin, i.e. the person who ran `corral up` (the context's credentials)
     creds = stack.context.credentials if user is None else str(stack.options.data_dir / "credentials" / f"{user}.json")
     return Context(nats_url=stack.context.nats_url, postgres_dsn=stack.context.postgres_dsn, namespace=NS,
-                   credentials=creds)
+                   credentials=creds, nats_ca=stack.context.nats_ca)
 
 
 def _agent_user(stack: Stack) -> str:
@@ -83,7 +86,7 @@ def _agent_user(stack: Stack) -> str:
 @contextlib.asynccontextmanager
 async def _bus_as(stack: Stack, user: str) -> AsyncIterator[Bus]:
     assert stack.context is not None
-    bus = await Bus.connect(stack.context.nats_url, NS,
+    bus = await Bus.connect(stack.context.nats_url, NS, ca=stack.context.nats_ca,
                             credentials=str(stack.options.data_dir / "credentials" / f"{user}.json"))
     try:
         yield bus
@@ -113,11 +116,19 @@ async def _running_job(stack: Stack, user: str | None = None) -> tuple[str, Clie
 
 
 async def test_anonymous_client_cannot_connect(secured: Stack) -> None:
-    assert secured.context is not None
-    with pytest.raises(Exception):  # noqa: B017 - any refusal: auth violation or no servers
-        nc = await nats.connect(secured.context.nats_url, allow_reconnect=False, max_reconnect_attempts=0,
-                                connect_timeout=2)
-        await nc.close()
+    """Neither in plain TCP nor over TLS with the CA trusted: an identity is required (issue 12)."""
+    ctx = secured.context
+    assert ctx is not None and ctx.nats_ca and ctx.nats_url.startswith("tls://")
+    attempts: list[dict[str, Any]] = [
+        {}, {"tls": ssl.create_default_context(cafile=ctx.nats_ca), "tls_handshake_first": True}]
+    for kw in attempts:
+        with pytest.raises(Exception):  # noqa: B017 - any refusal: auth violation, TLS, or no servers
+            nc = await nats.connect(ctx.nats_url, allow_reconnect=False, max_reconnect_attempts=0,
+                                    connect_timeout=2, **kw)
+            await nc.close()
+    # the same TLS client with the admin's identity connects: the refusal above is for the identity
+    async with await Bus.connect(ctx.nats_url, NS, credentials=ctx.credentials, ca=ctx.nats_ca) as bus:
+        await bus.nc.flush(timeout=5)
 
 
 @pytest.mark.parametrize("who", ["agent", "bob"])
@@ -307,3 +318,58 @@ async def test_the_cli_login_only_reads(secured: Stack) -> None:
                 await conn.execute(sql)
     finally:
         await conn.close()
+
+
+async def _api(bus: Bus, subject: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    """A JetStream API request; None when the server refuses the publish (no reply comes)."""
+    try:
+        reply = await bus.nc.request(subject, json.dumps(body).encode(), timeout=1.0)
+    except (TimeoutError, nats.errors.Error):
+        return None
+    answer: dict[str, Any] = json.loads(reply.data)
+    return answer
+
+
+async def test_an_agent_cannot_create_pull_or_redefine_another_durable(secured: Stack) -> None:
+    """A stolen agent credential: JetStream calls on any consumer but its own two (its durable and
+    its history consumer) are refused; naming another durable in the body of its own create is
+    refused by the server; the other durable keeps its configuration."""
+    events = "CORRAL_EVENTS"
+    agent_user = _agent_user(secured)
+    durable = agent_user.removeprefix("agent-")
+    async with await Client.connect(_ctx(secured, None)) as admin:
+        victims = [c for c in await admin.bus.js.consumers_info(events)
+                   if c.name not in (durable, history_consumer(durable)) and c.config.durable_name]
+        assert victims, "the services' durables of the events stream"
+        victim = victims[0]
+        async with _bus_as(secured, agent_user) as bus:
+            redefine = {"deliver_policy": "all", "ack_policy": "explicit", "filter_subject": f"{NS}.events.Nothing",
+                        "description": "hijacked"}
+            attempts = [
+                # legacy (nameless) create naming the victim in its body: it would redefine it
+                ("$JS.API.CONSUMER.CREATE." + events, {"name": victim.name, **redefine}),
+                (f"$JS.API.CONSUMER.CREATE.{events}.{victim.name}", {"name": victim.name, **redefine}),
+                (f"$JS.API.CONSUMER.CREATE.{events}.{victim.name}.{NS}.events.Nothing",
+                 {"name": victim.name, **redefine}),
+                (f"$JS.API.CONSUMER.DURABLE.CREATE.{events}.{victim.name}", {"durable_name": victim.name, **redefine}),
+                (f"$JS.API.CONSUMER.CREATE.{events}.somebody-new", {"name": "somebody-new", **redefine}),
+            ]
+            for subject, config in attempts:
+                assert await _api(bus, subject, {"stream_name": events, "config": config}) is None, subject
+            for subject in (f"$JS.API.CONSUMER.MSG.NEXT.{events}.{victim.name}",
+                            f"$JS.API.CONSUMER.INFO.{events}.{victim.name}",
+                            f"$JS.API.CONSUMER.DELETE.{events}.{victim.name}",
+                            f"$JS.API.CONSUMER.DELETE.{events}.{durable}"):
+                assert await _api(bus, subject, {"batch": 1, "expires": 500_000_000}) is None, subject
+            # Its own subjects, the victim's name in the body: the server refuses the mismatch.
+            for own in (durable, history_consumer(durable)):
+                answer = await _api(bus, f"$JS.API.CONSUMER.CREATE.{events}.{own}",
+                                    {"stream_name": events, "config": {"durable_name": victim.name, **redefine}})
+                assert answer is not None and "error" in answer, answer
+        after = await admin.bus.js.consumer_info(events, victim.name)
+        assert after.config.filter_subject == victim.config.filter_subject
+        assert after.config.filter_subjects == victim.config.filter_subjects
+        assert after.config.description == victim.config.description
+    # The agent's own history read still works with these rights (it read the past at start).
+    log = (secured.options.data_dir / "logs" / "node-agents.log").read_text()
+    assert "could not read past job specs" not in log and "past event(s)" in log, log[-2000:]

@@ -58,6 +58,9 @@ def test_up_starts_from_nothing_registers_nodes_and_a_restart_keeps_state(tmp_pa
         # the saved context carries the admin's NATS credentials (an anonymous client cannot connect)
         ctx = Context.load(data / "context.json")
         assert (ctx.nats_url, ctx.postgres_dsn) == (status["nats"], status["postgres"])
+        # ... and the CA its NATS is verified with (TLS on by default, corral.stack.tls)
+        assert ctx.nats_url.startswith("tls://") and ctx.nats_ca == status["nats_ca"] == str(data / "tls" / "ca.pem")
+        ca = (data / "tls" / "ca.pem").read_bytes()
 
         async def submit() -> str:
             async with await Client.connect(ctx) as c:
@@ -76,6 +79,7 @@ def test_up_starts_from_nothing_registers_nodes_and_a_restart_keeps_state(tmp_pa
         # the saved context carries the admin's NATS credentials (an anonymous client cannot connect)
         ctx = Context.load(data / "context.json")
         assert (ctx.nats_url, ctx.postgres_dsn) == (status["nats"], status["postgres"])
+        assert (data / "tls" / "ca.pem").read_bytes() == ca, "a restart keeps the CA (copied CAs stay valid)"
 
         async def check() -> None:
             async with await Client.connect(ctx) as c:

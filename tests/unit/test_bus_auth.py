@@ -24,8 +24,22 @@ def test_an_agent_publishes_only_its_own_nodes_reports_and_acks_only_its_durable
     assert "corral.heartbeat.node-0" in agent.publish
     assert not any(p.startswith("corral.inbox.user") or p == "corral.inbox.QueueConfigured" for p in agent.publish)
     assert [p for p in agent.publish if p.startswith("$JS.ACK")] == ["$JS.ACK.CORRAL_EVENTS.d1.>"]
-    assert not any("STREAM.CREATE" in p or "STREAM.UPDATE" in p or "DELETE" in p for p in agent.publish)
+    assert not any("STREAM.CREATE" in p or "STREAM.UPDATE" in p for p in agent.publish)
+    assert [p for p in agent.publish if "DELETE" in p] == ["$JS.API.CONSUMER.DELETE.CORRAL_EVENTS.d1-history"]
     assert agent.subscribe == ("_INBOX.agent-d1.>",)
+
+
+def test_an_agent_names_exactly_its_two_consumers_in_every_jetstream_call() -> None:
+    """No wildcard and no nameless (legacy) create: either would let it pull from or redefine
+    another durable of the events stream."""
+    agent = auth.agent("corral", ["node-0"], "d1", "pw")
+    consumer_calls = [p for p in agent.publish if p.startswith("$JS.API.CONSUMER.")]
+    assert consumer_calls and "$JS.API.CONSUMER.CREATE.CORRAL_EVENTS" not in consumer_calls
+    for p in consumer_calls:
+        tokens = p.split(".")
+        name = tokens[6] if tokens[3] in ("DURABLE", "MSG") else tokens[5]
+        assert name in ("d1", "d1-history"), p
+        assert "*" not in p and not (p.endswith(".>") and "CREATE" not in p), p
 
 
 def test_a_submitter_publishes_only_under_its_own_name() -> None:

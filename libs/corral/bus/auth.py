@@ -10,10 +10,12 @@ permissions the nats-server enforces before a message reaches any stream:
   log, which is the truth, so relaying it gives it no new power) and `<ns>.dlq.>`, and the JetStream
   API. Nobody else may publish an event: node agents obey only what the relay published.
 - a **node agent** process hosting nodes N: publishes only `<ns>.inbox.node.<n>.<Report>` and
-  `<ns>.heartbeat.<n>` for n in N, its own DLQ subject, and the JetStream calls its durable needs
-  (create/read/ack that durable, one-shot history reads); it cannot create streams, delete or
-  rewire other consumers, or ack their messages. Placement still checks that a report's node is the
-  one its subject names and that this node holds the gang (`corral.services.placement`).
+  `<ns>.heartbeat.<n>` for n in N, its own DLQ subject, and the JetStream calls of exactly two
+  consumers named after its durable: the durable (create, info, pull, ack) and its one-shot history
+  consumer (`corral.bus.naming.history_consumer`: create, info, pull, delete). It cannot create
+  streams, create, pull from, redefine or delete any other consumer, or ack others' messages.
+  Placement still checks that a report's node is the one its subject names and that this node
+  holds the gang (`corral.services.placement`).
 - a **submitter** `<user>`: publishes only `<ns>.inbox.user.<user>.JobSubmitted` and
   `...JobCancelRequested` (admission records `<user>`, whatever the spec says) and reads stream info.
 - an **admin**: a submitter that may also apply queues (`<ns>.inbox.QueueConfigured`), manage
@@ -34,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace
+from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace, history_consumer
 
 _USER = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -109,20 +111,22 @@ def agent(namespace: str, nodes: Sequence[str], durable: str, password: str, *, 
         *(f"{ns.name}.heartbeat.{_token(n)}" for n in nodes),
         f"{ns.name}.{DLQ}.{events}.*",  # dead letters of events-stream messages (one per message)
         *_js_read(ns),
-        f"$JS.API.CONSUMER.CREATE.{events}.{durable}",
-        f"$JS.API.CONSUMER.CREATE.{events}.{durable}.>",
-        f"$JS.API.CONSUMER.DURABLE.CREATE.{events}.{durable}",
-        f"$JS.API.CONSUMER.INFO.{events}.{durable}",
-        f"$JS.API.CONSUMER.MSG.NEXT.{events}.{durable}",
         f"$JS.ACK.{events}.{durable}.>",
-        # One-shot history reads (throwaway consumers with random names). NOT yet refused: with
-        # these, a stolen agent credential could also pull from (delay) or redefine another
-        # durable of the events stream by name; it still cannot publish or ack an event.
-        f"$JS.API.CONSUMER.CREATE.{events}",
-        f"$JS.API.CONSUMER.CREATE.{events}.*",
-        f"$JS.API.CONSUMER.INFO.{events}.*",
-        f"$JS.API.CONSUMER.MSG.NEXT.{events}.*",
     ]
+    # Its durable, and its one-shot history consumer (`history_consumer`), by exact name only: the
+    # name is a token of each API subject, and the server refuses a create whose body names another
+    # consumer than the subject does. No wildcard and no nameless (legacy) create: a legacy create
+    # whose body names an existing durable redefines it (tested: tests/e2e/test_security.py).
+    history = history_consumer(durable)
+    for consumer in (durable, history):
+        publish += [
+            f"$JS.API.CONSUMER.CREATE.{events}.{consumer}",
+            f"$JS.API.CONSUMER.CREATE.{events}.{consumer}.>",
+            f"$JS.API.CONSUMER.INFO.{events}.{consumer}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{events}.{consumer}",
+        ]
+    publish += [f"$JS.API.CONSUMER.DURABLE.CREATE.{events}.{durable}",
+                f"$JS.API.CONSUMER.DELETE.{events}.{history}"]
     return Identity(user, password, Role.AGENT, publish=tuple(publish),
                     subscribe=(f"{inbox_prefix(user)}.>",))
 

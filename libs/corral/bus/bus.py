@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,7 @@ from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace
 from corral.bus.unavailable import UnavailableBackoff
 from corral.contracts.subjects import INBOX_TYPES, NODE_REPORT_TYPES, USER_REQUEST_TYPES
 
+_log = logging.getLogger("corral.bus")
 DUPLICATE_WINDOW = 120.0  # seconds; a republish later than this is a new message to JetStream
 _NO_RESPONDERS = "503"  # status header NATS sends to the reply subject when no stream took a publish
 _STREAM_IN_USE = 10058  # JetStream error code: stream name already in use with another config
@@ -58,6 +61,70 @@ def _identity(path: str | None) -> dict[str, Any]:
     raw = json.loads(Path(path).read_text())
     return {"user": raw["user"], "password": raw["password"], "role": raw.get("role"),
             "inbox_prefix": raw.get("inbox_prefix") or f"_INBOX.{raw['user']}"}
+
+
+#: Environment variable naming the CA file that verifies the nats-server (see `corral.stack.tls`).
+CA_ENV = "CORRAL_NATS_CA"
+
+
+class _SslEofNotice(logging.Filter):
+    """asyncio warns "returning true from eof_received() has no effect when using ssl" each time a
+    TLS peer closes a stream-based connection (as nats-py's transport is): harmless, and printed in
+    the middle of `corral demo`'s output for a newcomer. Only that message is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+def tls_context(ca: str | None) -> ssl.SSLContext | None:
+    """A client TLS context that trusts only the CA file `ca` (never the system's trust store) and
+    checks the server's name against its certificate; None without a CA.
+
+    With a CA the client starts with the TLS handshake (`tls_handshake_first`) whatever the URL's
+    scheme, as the nats-server of `corral up` requires."""
+    if not ca:
+        return None
+    if not Path(ca).is_file():
+        raise FileNotFoundError(f"NATS CA file {ca!r} does not exist: set CORRAL_NATS_CA (or the context's "
+                                "`nats_ca`) to the `tls/ca.pem` of the data directory `corral up` wrote")
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _SslEofNotice) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_SslEofNotice())
+    return context
+
+
+class NatsCertificateError(ssl.SSLCertVerificationError):
+    """The nats-server's certificate does not verify against the CA given (a wrong CA file, a
+    certificate for another host, or an impostor): retrying cannot help, so connecting stops."""
+
+
+async def _connect(url: str, **options: Any) -> Any:
+    """`nats.connect`, which retries forever (`max_reconnect_attempts=-1`: a NATS not up yet is an
+    unavailable dependency, not an error), except when the server's certificate fails verification:
+    that is a configuration error and is raised at once, naming the URL and what to check."""
+    failed: asyncio.Future[ssl.SSLCertVerificationError] = asyncio.get_running_loop().create_future()
+
+    async def on_error(exc: Exception) -> None:
+        if isinstance(exc, ssl.SSLCertVerificationError) and not failed.done():
+            failed.set_result(exc)
+        _log.warning("nats: %s: %s", type(exc).__name__, exc)
+
+    connecting: asyncio.Future[Any] = asyncio.ensure_future(nats.connect(url, error_cb=on_error, **options))
+    waiting: set[asyncio.Future[Any]] = {connecting, failed}
+    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    if connecting.done():
+        return connecting.result()
+    connecting.cancel()
+    await asyncio.gather(connecting, return_exceptions=True)
+    cause = failed.result()
+    where = urlsplit(url)
+    raise NatsCertificateError(
+        cause.verify_code,
+        f"the NATS server at {where.hostname}:{where.port} did not prove it is the one this CA "
+        f"certified ({cause.verify_message}): check CORRAL_NATS_CA / the context's `nats_ca` names the "
+        "`tls/ca.pem` of the `corral up` that runs this server") from cause
 
 
 #: Roles whose identity may only read stream info (see `corral.bus.auth`): they wait for the streams.
@@ -119,16 +186,23 @@ class Bus:
 
     @classmethod
     async def connect(cls, url: str, namespace: str = "corral", *, name: str | None = None,
-                      limits: BusLimits | None = None, credentials: str | None = None) -> Bus:
+                      limits: BusLimits | None = None, credentials: str | None = None,
+                      ca: str | None = None) -> Bus:
         """`credentials`: a credentials file written by `corral up` (see `corral.stack.credentials`);
-        default: the file named by `$CORRAL_NATS_CREDENTIALS`, if set."""
+        default: the file named by `$CORRAL_NATS_CREDENTIALS`, if set. `ca`: the CA file the server's
+        certificate must chain to (TLS, see `corral.stack.tls`); default: `$CORRAL_NATS_CA`, if set."""
         names = Namespace(namespace)
         identity = _identity(credentials or os.environ.get("CORRAL_NATS_CREDENTIALS"))
         url_user = urlsplit(url).username
         if not identity and url_user:  # nats://user:password@host: replies only on the user's inbox
             identity = {"inbox_prefix": f"_INBOX.{url_user}"}
         role = identity.pop("role", None)
-        nc = await nats.connect(url, name=name or f"corral-{namespace}", max_reconnect_attempts=-1, **identity)
+        tls = tls_context(ca or os.environ.get(CA_ENV))
+        if tls is not None:
+            # TLS before anything else (the server's `handshake_first`): an impostor on the address
+            # that does not hold a certificate of this CA never receives the password.
+            identity.update(tls=tls, tls_handshake_first=True)
+        nc = await _connect(url, name=name or f"corral-{namespace}", max_reconnect_attempts=-1, **identity)
         bus = cls(nc, names, limits)
         bus.manages_streams = role not in _STREAM_READERS
         return bus

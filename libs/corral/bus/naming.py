@@ -25,6 +25,15 @@ DLQ = "dlq"
 KINDS = (EVENTS, INBOX, DLQ)
 
 
+def history_consumer(durable: str) -> str:
+    """The one-shot consumer a process that consumes with `durable` reads past events with.
+
+    Named after the durable (not random) so that an identity may be allowed exactly its own two
+    consumers (`corral.bus.auth.agent`): NATS permissions match whole subject tokens, so a random
+    name would need a wildcard that also names every other consumer of the stream."""
+    return f"{durable}-history"
+
+
 @dataclass(frozen=True, slots=True)
 class Namespace:
     """The prefix of every subject and stream name of one installation."""

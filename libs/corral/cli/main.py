@@ -86,7 +86,8 @@ def up(
     stopping = _StopRequest()  # from here a signal asks for the ordered stop, never cuts it short
     elapsed = time.monotonic() - started
     if json_out:
-        print_json({"nats": ctx.nats_url, "postgres": ctx.postgres_dsn, "namespace": ctx.namespace,
+        print_json({"nats": ctx.nats_url, "nats_ca": ctx.nats_ca, "postgres": ctx.postgres_dsn,
+                    "namespace": ctx.namespace,
                     "data_dir": ctx.data_dir, "started_in_seconds": round(elapsed, 2),
                     "processes": [{"name": p.name, "pid": p.pid} for p in stack.processes],
                     "servers": [{"name": name, "pid": server.proc.pid}

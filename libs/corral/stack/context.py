@@ -8,9 +8,11 @@ shared account, someone else's. So the context lives only in the project folder,
 whose cluster is gone says so instead of sending requests into the void.
 
 Resolution order: explicit flags (`--nats`, `--postgres`, `--namespace`), then the environment
-(`CORRAL_NATS_URL`, `CORRAL_POSTGRES_DSN`, `CORRAL_NAMESPACE`), then one context file: the explicit
-`--context PATH` / `CORRAL_CONTEXT` (a context.json, or the data folder holding one), else the
-nearest `.corral/context.json` in the current folder or its parents. There is no global fallback.
+(`CORRAL_NATS_URL`, `CORRAL_POSTGRES_DSN`, `CORRAL_NAMESPACE`; `CORRAL_CREDENTIALS` and
+`CORRAL_NATS_CA` for the NATS identity and the CA that verifies the server), then one context
+file: the explicit `--context PATH` / `CORRAL_CONTEXT` (a context.json, or the data folder holding
+one), else the nearest `.corral/context.json` in the current folder or its parents. There is no
+global fallback.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class Context:
     #: NATS credentials file of this person's identity (written 0600 by `corral up`; see
     #: `corral.stack.credentials`). None: connect without credentials.
     credentials: str | None = None
+    #: The CA file the nats-server's certificate must chain to (`<data_dir>/tls/ca.pem`, see
+    #: `corral.stack.tls`). None: plain TCP (an external NATS, the test suite's).
+    nats_ca: str | None = None
 
     def save(self, *paths: Path) -> None:
         for path in paths:
@@ -135,4 +140,5 @@ def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
                    data_dir=saved.data_dir if same and saved else None,
                    log_dir=os.environ.get("CORRAL_LOG_DIR") or (saved.log_dir if same and saved else None),
                    pid=saved.pid if same and saved else None, host=saved.host if same and saved else None,
-                   credentials=os.environ.get("CORRAL_CREDENTIALS") or (saved.credentials if same and saved else None))
+                   credentials=os.environ.get("CORRAL_CREDENTIALS") or (saved.credentials if same and saved else None),
+                   nats_ca=os.environ.get("CORRAL_NATS_CA") or (saved.nats_ca if same and saved else None))

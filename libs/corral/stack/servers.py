@@ -118,10 +118,12 @@ class NatsServer:
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     #: An `authorization { ... }` block (see `corral.bus.auth.nats_authorization`); empty: open.
     authorization: str = field(default="", repr=False)
+    #: A `tls { ... }` block (see `corral.stack.tls.TlsFiles.server_block`); empty: plain TCP.
+    tls: str = field(default="", repr=False)
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
 
     def start(self, timeout: float = 15.0) -> NatsServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -142,6 +144,7 @@ class NatsServer:
             "}\n"
             "max_payload: 8MB\n"
             + self.authorization
+            + self.tls
         )
         conf.chmod(0o600)  # it holds the identities' passwords
         log = self.data_dir / "nats.log"

@@ -37,7 +37,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.stack import credentials, pglogins
+from corral.bus.bus import CA_ENV
+from corral.stack import credentials, pglogins, tls
 from corral.stack.backoff import RestartBackoff
 from corral.stack.context import CONTEXT_FILE, Context, owned_by_this_process
 from corral.stack.lock import DataDirLock
@@ -143,6 +144,9 @@ class StackOptions:
     #: Give each service its own Postgres login and the CLI a read-only one (`corral.stack.pglogins`);
     #: off, everything connects with the owner's DSN (as before issue 12).
     postgres_logins: bool = True
+    #: Our own nats-server requires TLS with a CA generated in `<data_dir>/tls/` (see
+    #: `corral.stack.tls`); clients find the CA through the context and `CORRAL_NATS_CA`.
+    nats_tls: bool = True
 
 
 @dataclass
@@ -171,11 +175,14 @@ class Stack:
         nats_url = opts.nats_url
         cluster_file = self._cluster_file()
         keyring: credentials.Keyring | None = None
+        tls_files: tls.TlsFiles | None = None
         if not nats_url:
-            # Our own NATS: nobody connects without an identity (see corral.bus.auth).
+            # Our own NATS: nobody connects without an identity (see corral.bus.auth), nor without TLS.
             keyring = self._keyring(cluster_file)
+            tls_files = tls.generate(opts.data_dir / "tls") if opts.nats_tls else None
             self.nats = NatsServer(opts.data_dir / "nats", port=_reuse(previous.get("nats")),
-                                   authorization=keyring.authorization()).start()
+                                   authorization=keyring.authorization(),
+                                   tls=tls_files.server_block() if tls_files else "").start()
             nats_url = self.nats.url
         dsn = opts.postgres_dsn
         if not dsn:
@@ -190,13 +197,18 @@ class Stack:
         self.context = owned_by_this_process(Context(
             nats_url=nats_url, postgres_dsn=logins.reader if logins else dsn, namespace=opts.namespace,
             data_dir=str(opts.data_dir.resolve()), log_dir=str(log_dir.resolve()),
-            credentials=str(keyring.path(admin)) if keyring else None))
+            credentials=str(keyring.path(admin)) if keyring else None,
+            nats_ca=str(tls_files.ca) if tls_files else None))
         self._save_ports()
         env = {**os.environ, **opts.extra_env,
                "CORRAL_NATS_URL": nats_url, "CORRAL_POSTGRES_DSN": dsn,
                "CORRAL_NAMESPACE": opts.namespace, "CORRAL_LOG_DIR": str(log_dir.resolve()),
                "PYTHONUNBUFFERED": "1"}
         env.pop(credentials.CREDENTIALS_ENV, None)
+        if tls_files is not None:
+            env[CA_ENV] = str(tls_files.ca)
+        elif self.nats is not None:
+            env.pop(CA_ENV, None)
         if keyring is not None:
             env["CORRAL_ADMINS"] = admin
         py = sys.executable
