@@ -43,6 +43,7 @@ import logging
 import os
 import re
 import sys
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -54,7 +55,7 @@ from nats.js.errors import NotFoundError
 
 from corral.bus import Bus, Delivery, Poison
 from corral.bus.naming import EVENTS, history_consumer
-from corral.bus.relay import POSITION
+from corral.bus.relay import POSITION, STREAM_VERSION
 from corral.contracts.cluster import NodeInventory
 from corral.contracts.envelope import Event, node_stream
 from corral.contracts.events import (
@@ -95,6 +96,7 @@ CONSUMED_TYPES: tuple[str, ...] = (
 
 _HISTORY_TYPES = ("JobSubmitted", "QueueConfigured", *LEDGER_TYPES)
 _TRUST_ABSENCE_AFTER = 3600.0  # seconds: see `AgentHost.reservations_known_since`
+_VERSIONS_KEPT = 100_000  # streams whose last handled version the agent remembers (the least recent go)
 _ENDED = (JobCompleted, JobFailed, JobCancelled, JobRejected)
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 _HISTORY_FETCH = 512
@@ -308,6 +310,8 @@ class AgentHost:
         # The log position handled up to (heartbeats say it: `NodeHeartbeat.handled_position`).
         self._handled: int | None = None
         self._failed: set[int] = set()  # positions whose handling failed (redelivered later)
+        # The newest version handled of each stream (the log's order; see `_in_log_order`).
+        self._versions: OrderedDict[str, int] = OrderedDict()
 
     @property
     def handled_position(self) -> int | None:
@@ -407,11 +411,45 @@ class AgentHost:
         if position is not None:
             self._handled_up_to(position)
 
+    def _in_log_order(self, event: Event, delivery: Delivery) -> bool:
+        """Whether `event` comes after everything handled of its stream, as the log orders it.
+
+        Only service identities may publish events (`corral.bus.auth`), but an agent acts on what
+        it receives by starting, signalling and killing processes: a message that did not come from
+        the relay (no stream version) is refused, and one older than, or as old as, what it handled
+        of that stream is a replay or a stale redelivery (a reservation delivered again after its
+        release), ignored. Versions of a job's stream grow with the log; the agent sees only some
+        of its events, so they are compared, never required to be consecutive."""
+        try:
+            version = int(delivery.headers.get(STREAM_VERSION, ""))
+        except ValueError:
+            raise Poison(f"{event.type} {event.event_id} on {delivery.subject} carries no {STREAM_VERSION} "
+                         "header: not published by the log's relay") from None
+        last = self._versions.get(event.stream)
+        if last is not None and version <= last:
+            log.warning("%s %s of %s (version %d) ignored: version %d of that stream was handled already",
+                        event.type, event.event_id, event.stream, version, last)
+            return False
+        return True
+
+    def _handled_version(self, event: Event, delivery: Delivery) -> None:
+        with contextlib.suppress(ValueError):
+            self._versions[event.stream] = int(delivery.headers.get(STREAM_VERSION, ""))
+            self._versions.move_to_end(event.stream)
+            while len(self._versions) > _VERSIONS_KEPT:
+                self._versions.popitem(last=False)
+
     async def _on_event(self, delivery: Delivery) -> None:
         try:
             event = decode(delivery.data)
         except ContractError as exc:
             raise Poison(f"undecodable event on {delivery.subject}: {exc}") from exc
+        if not self._in_log_order(event, delivery):
+            return
+        await self._dispatch(event)
+        self._handled_version(event, delivery)
+
+    async def _dispatch(self, event: Event) -> None:
         self.remember(event)
         agents = list(self.agents.values())
         if isinstance(event, GangReserved):

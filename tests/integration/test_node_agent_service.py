@@ -260,6 +260,32 @@ async def test_released_gang_is_stopped_and_reported_with_the_signal(cluster: Cl
     await wait_for(lambda: all("job-r" not in h.running_job_ids for h in seen.of(NodeHeartbeat)[-2:]))
 
 
+async def test_an_event_out_of_the_logs_order_starts_nothing(cluster: Cluster) -> None:
+    """The agent acts only in the log's order: a reservation replayed after its release (a new
+    message with the old stream version) and one not published by the relay (no stream version)
+    start nothing."""
+    seen = cluster.seen
+    await cluster.publish(submitted("job-o", replicas=1, duration_seconds=120.0))
+    gang = reserved("job-o", [(0, "node-0", [2])])
+    await cluster.publish(gang)
+    reserved_version = cluster.version
+    await wait_for(lambda: len(seen.of(WorkerStarted, "job-o")) == 1)
+    await cluster.publish(GangReleased.new(stream=job_stream("job-o"), actor="placement", correlation_id="job-o",
+                                           job_id="job-o", reason=Reason(code="START_TIMEOUT", message="x")))
+    await wait_for(lambda: len(seen.of(WorkerExited, "job-o")) == 1)
+    subject = f"{cluster.bus.namespace}.events.GangReserved"
+    await cluster.bus.publish(subject, encode(gang), "replay-1",
+                              headers={"Corral-Stream-Version": str(reserved_version)})
+    await cluster.publish(submitted("job-forged", duration_seconds=60.0))
+    forged = reserved("job-forged", [(0, "node-1", [2])])
+    await cluster.bus.publish(subject, encode(forged), "unrelayed-1")  # as a service credential could, past the log
+    await cluster.publish(submitted("job-marker2", duration_seconds=0.1))  # consumed after them
+    await cluster.publish(reserved("job-marker2", [(0, "node-0", [3])]))
+    await wait_for(lambda: len(seen.of(WorkerExited, "job-marker2")) == 1)
+    assert len(seen.of(WorkerStarted, "job-o")) == 1
+    assert seen.of(WorkerStarted, "job-forged") == []
+
+
 async def test_node_marked_lost_while_alive_registers_again(cluster: Cluster) -> None:
     seen = cluster.seen
     await wait_for(lambda: len(seen.of(NodeRegistered)) == 2)
