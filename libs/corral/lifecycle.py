@@ -336,17 +336,24 @@ def _confirmed(gang: Gang, node: str, released_at: float, now: float, limits: Li
     if not unexited:
         return True
     seen = gang.seen.get(node)
-    if seen is not None and not _handled_release(gang, seen):
-        # A node whose agent lags (its backlog still holds the reservation) lists nothing of the
-        # gang now and starts it a moment later, after the release: the 20-minute chaos run's
-        # last double use. Its silence counts once its agent has handled the release.
+    if seen is None:
+        # No heartbeat heard from the node yet: a placement that has just taken over (kill -9,
+        # standby) knows nothing of it, and "nothing heard" is no proof that nothing runs (the
+        # 20-minute chaos run: a reservation the agent had not handled yet started right after
+        # a fresh placement freed its GPUs). A live node heartbeats within seconds; a dead one
+        # is declared lost, and its GPUs wait for it to come back.
         return False
-    if seen is not None and seen.absent_since is not None and seen.last_at >= released_at \
+    if not _handled_release(gang, seen):
+        # A node whose agent lags (its backlog still holds the reservation) lists nothing of the
+        # gang now and starts it a moment later, after the release. Its silence counts once its
+        # agent has handled the release.
+        return False
+    if seen.absent_since is not None and seen.last_at >= released_at \
             and seen.last_at - seen.absent_since >= limits.release_confirm:
         return True  # heartbeats up to after the release have not listed it for the bound: all gone
     # ranks that never started, and no heartbeat says they run: nothing to wait for after the bound
     return (not gang.started.intersection(unexited) and now - released_at >= limits.release_confirm
-            and (seen is None or seen.absent_since is not None))
+            and seen.absent_since is not None)
 
 
 def _handled_release(gang: Gang, seen: NodeSeen) -> bool:

@@ -166,7 +166,11 @@ FENCE_CASES: list[tuple[str, Gang, float, list[str]]] = [
     ("b lists it", gang(S.RELEASING, exits={0: 3}, released_at=150, seen={"b": NodeSeen(160, None)}), 160, ["a"]),
     ("rank 1 never started, nothing heard", gang(S.RELEASING, exits={0: 3}, started=frozenset({0}), released_at=150),
      152, ["a"]),
-    ("rank 1 never started, 3 s on", gang(S.RELEASING, exits={0: 3}, started=frozenset({0}), released_at=150),
+    # a placement that has just taken over has heard nothing yet: no proof (the chaos run's double use)
+    ("rank 1 never started, 3 s on, nothing heard", gang(S.RELEASING, exits={0: 3}, started=frozenset({0}),
+                                                         released_at=150), 153, ["a"]),
+    ("rank 1 never started, 3 s on, b heard not listing it",
+     gang(S.RELEASING, exits={0: 3}, started=frozenset({0}), released_at=150, seen={"b": NodeSeen(152, 151)}),
      153, ["a", "b"]),
     ("rank 1 never started but b lists the job", gang(S.RELEASING, exits={0: 3}, started=frozenset({0}),
                                                       released_at=150, seen={"b": NodeSeen(160, None)}), 160, ["a"]),
@@ -282,8 +286,7 @@ def test_random_reports_never_release_an_attempt_twice_nor_complete_a_crashed_ga
                 assert step.node not in freed_nodes, "a node freed twice"
                 ranks = g.ranks_on(step.node)
                 assert (all(r in g.exits for r in ranks)
-                        or step.node in silent_since
-                        or not g.started.intersection(r for r in ranks if r not in g.exits)), \
+                        or step.node in silent_since), \
                     f"node {step.node} freed while ranks of it there may run"
                 freed_nodes.append(step.node)
                 g = replace(g, freed=g.freed | {step.node})
