@@ -106,7 +106,8 @@ async def test_gang_waits_with_30_free_and_starts_all_32_ranks_together(cluster:
 
 async def test_urgent_job_preempts_low_priority_which_checkpoints_and_resumes(cluster: Cluster) -> None:
     c = cluster.client
-    low = await c.submit(sim("team-a", 4, 8, 40, priority="low", checkpoint={"grace_seconds": 10}))
+    # 15 s of work: preempted ~2 s after it runs (5 s under a loaded 2-core machine), then resumed to the end.
+    low = await c.submit(sim("team-a", 4, 8, 15, priority="low", checkpoint={"grace_seconds": 10}))
     await c.wait_for(lambda v: state(v, low) is JobState.RUNNING, 60)
     urgent = await c.submit(sim("team-a", 2, 8, 5, priority="urgent", preemptible=False))
     view = await c.wait_for(lambda v: state(v, urgent) in (JobState.RUNNING, JobState.COMPLETED), 90)
