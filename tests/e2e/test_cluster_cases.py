@@ -234,7 +234,7 @@ async def test_killing_placement_mid_burst_never_double_books_and_loses_no_job(m
         jobs = []
         for i in range(200):
             queue = "team-a" if i % 2 else "team-b"
-            jobs.append(await c.submit(sim(queue, 1 + i % 2, 1 + i % 4, 2 + i % 5, name=f"burst{i}")))
+            jobs.append(await c.submit(sim(queue, 1 + i % 2, 1 + i % 4, 1 + i % 3, name=f"burst{i}")))
             if i == 60:
                 await c.wait_for(lambda v: any(j.holding for j in v.jobs.values()), 30)
                 stack.process("placement").kill(signal.SIGKILL)
