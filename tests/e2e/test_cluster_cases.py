@@ -186,8 +186,7 @@ async def test_real_ddp_allreduce_job_completes_through_corral_after_a_preemptio
                         "--step-seconds", "0.15"]}))
         view = await c.wait_for(lambda v: state(v, ddp) is JobState.RUNNING, 90)
         assert len(view.jobs[ddp].nodes) == 2, "2 nodes x 2 ranks"
-        logs = [Path(stack.context.log_dir) / "workers" / ddp / f"rank-{r}.log"  # type: ignore[union-attr]
-                for r in range(4)]
+        logs = [Path(stack.context.log_dir) / "workers" / ddp / f"rank-{r}.log" for r in range(4)]
         await c.wait_for(lambda v: logs[0].exists() and "step 10 " in logs[0].read_text(), 90)
         urgent = await c.submit(sim("team-a", 2, 2, 3, priority="urgent", preemptible=False))
         await c.wait_for(lambda v: state(v, urgent) in (JobState.RUNNING, JobState.COMPLETED), 90)
