@@ -406,6 +406,11 @@ async def _relay_forever(store: EventStore, bus: Bus, settings: Settings, servic
             await lease.release()
 
 
+async def _set_when(stop: asyncio.Event, changed: asyncio.Event) -> None:
+    await stop.wait()
+    changed.set()
+
+
 async def run_service(cls: type[Service], settings: Settings | None = None,
                       stop: asyncio.Event | None = None, **kwargs: Any) -> None:
     """Run one service until `stop` is set (or SIGTERM/SIGINT when run as a process)."""
@@ -418,6 +423,7 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
     relay = asyncio.create_task(_relay_forever(store, bus, settings, service), name="relay-lease")
     lease = Lease(settings.postgres_dsn, f"corral:{settings.namespace}:{cls.lease}") if cls.lease else None
     consumers = []
+    waker: asyncio.Task[None] | None = None
     try:
         if lease is not None:
             log.info("%s: waiting for lease %s", cls.name, lease.name)
@@ -446,14 +452,20 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
                 batch=64, max_deliver=delivery.inbox_max_deliver, backoff=delivery.backoff,
                 linger=cls.inbox_linger, batch_handler=service.on_inbox_batch))
         service.changed.set()
+        # A stop wakes the loop like a change does, and no reconcile follows it: waiting for the
+        # tick made every stop take up to a second, and placement could still place a job while
+        # `corral up` was shutting down (the deciders stop first so that nothing is decided then).
+        waker = asyncio.create_task(_set_when(stop, service.changed), name="stop-waker")
         last_reconcile, spent = float("-inf"), 0.0
         backoff, failures = UnavailableBackoff(), 0
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(service.changed.wait(), timeout=cls.tick_seconds)
             pause = last_reconcile + max(cls.reconcile_interval, spent) - time.monotonic()
-            if pause > 0:
+            if pause > 0 and not stop.is_set():
                 await asyncio.sleep(pause)
+            if stop.is_set():
+                break
             service.changed.clear()
             last_reconcile = time.monotonic()
             if lease is not None and not await lease.alive():
@@ -478,6 +490,8 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
     finally:
+        if waker is not None:
+            waker.cancel()
         for c in consumers:
             with contextlib.suppress(Exception):
                 await c.stop()

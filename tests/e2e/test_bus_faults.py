@@ -84,7 +84,7 @@ async def test_a_submission_made_while_postgres_is_down_is_admitted_when_it_is_b
         job = await client.submit(validate_job_spec(SMALL_JOB))  # the bus only: accepted while the log is down
         cancelled = await client.submit(validate_job_spec({**SMALL_JOB, "duration_seconds": 600}))
         await client.cancel(cancelled)
-        await asyncio.sleep(8)  # far longer than the shortened give-up window
+        await asyncio.sleep(5)  # three times the shortened give-up window
         assert await dead_letter_count(bus) == 0, "an unavailable Postgres is not bad input\n" + dump_logs(stack)
         private_postgres.start()
         for process in stack.dead():  # as `corral up` does: placement exits when it loses its lease

@@ -177,9 +177,12 @@ async def test_two_clusters_in_two_folders_each_folder_reaches_only_its_own(
                                        postgres_dsn=dsn, namespace=ns, runtime="sim"))
             stack.start()
             stacks.append(stack)
+        def has_nodes(folder: Path) -> bool:
+            nodes = corral(folder, env, "nodes", check=False)
+            return nodes.returncode == 0 and "node-0" in nodes.stdout
+
         for folder in (a, b):
-            wait_until(lambda f=folder: corral(f, env, "nodes", check=False).returncode == 0 and
-                       "node-0" in corral(f, env, "nodes").stdout, 60, "nodes")
+            wait_until(lambda f=folder: has_nodes(f), 60, "nodes")
             corral(folder, env, "apply", "examples/queues.yaml")
         in_a = submitted(corral(a, env, "submit", "examples/team-b-share.yaml"))
         (b / "deep" / "er").mkdir(parents=True)

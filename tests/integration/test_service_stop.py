@@ -1,0 +1,44 @@
+"""A service told to stop (SIGTERM, Ctrl-C of `corral up`) stops at once and decides nothing more.
+
+The problem: the service loop waited for a change or its tick (1 s) before it looked at `stop`, then
+ran one more reconcile. So every stop of placement, preemption, quota and admission took up to a
+tick, and placement could still place a job after `corral up` had begun to shut down (issue 11,
+item 5: the deciders stop first so that nothing is decided while the system goes down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import ClassVar
+
+from corral.services.runtime import Service, Settings, run_service
+
+
+class Counting(Service):
+    """A service that only counts its reconciles; its tick is long, so only `stop` can end a wait."""
+
+    name: ClassVar[str] = "counting"
+    tick_seconds: ClassVar[float] = 30.0
+    reconciles: ClassVar[int] = 0
+
+    async def reconcile(self) -> None:
+        type(self).reconciles += 1
+
+
+async def test_a_stopped_service_returns_at_once_without_another_reconcile(
+        nats_url: str, postgres_dsn: str, namespace: str) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_service(Counting, Settings(nats_url=nats_url, postgres_dsn=postgres_dsn,
+                                                              namespace=namespace), stop=stop))
+    deadline = time.monotonic() + 30
+    while Counting.reconciles == 0:  # the first reconcile follows the start
+        assert not task.done() and time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)  # idle now: waiting for a change or the 30 s tick
+    before = Counting.reconciles
+    asked = time.monotonic()
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert time.monotonic() - asked < 2.0, "the stop waited for the tick"
+    assert Counting.reconciles == before, "a reconcile ran after the stop"
