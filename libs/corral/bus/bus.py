@@ -36,7 +36,8 @@ from corral.bus.consumer import BatchHandler, RunningConsumer, dead_letter_publi
 from corral.bus.delivery import MSG_ID, Handler
 from corral.bus.limits import BusLimits
 from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace
-from corral.bus.unavailable import UnavailableBackoff
+from corral.bus.unavailable import UnavailableBackoff, is_unavailable
+from corral.bus.urls import first_user, server_urls
 from corral.contracts.subjects import INBOX_TYPES, NODE_REPORT_TYPES, USER_REQUEST_TYPES
 
 _log = logging.getLogger("corral.bus")
@@ -103,7 +104,11 @@ class NatsCertificateError(ssl.SSLCertVerificationError):
 async def _connect(url: str, **options: Any) -> Any:
     """`nats.connect`, which retries forever (`max_reconnect_attempts=-1`: a NATS not up yet is an
     unavailable dependency, not an error), except when the server's certificate fails verification:
-    that is a configuration error and is raised at once, naming the URL and what to check."""
+    that is a configuration error and is raised at once, naming the URL and what to check.
+
+    `url` may list several servers separated by commas (a JetStream cluster, see `corral.bus.urls`):
+    the client connects to one and, when that one is lost, reconnects to another."""
+    servers = server_urls(url)
     failed: asyncio.Future[ssl.SSLCertVerificationError] = asyncio.get_running_loop().create_future()
 
     async def on_error(exc: Exception) -> None:
@@ -111,7 +116,7 @@ async def _connect(url: str, **options: Any) -> Any:
             failed.set_result(exc)
         _log.warning("nats: %s: %s", type(exc).__name__, exc)
 
-    connecting: asyncio.Future[Any] = asyncio.ensure_future(nats.connect(url, error_cb=on_error, **options))
+    connecting: asyncio.Future[Any] = asyncio.ensure_future(nats.connect(servers, error_cb=on_error, **options))
     waiting: set[asyncio.Future[Any]] = {connecting, failed}
     await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
     if connecting.done():
@@ -119,7 +124,7 @@ async def _connect(url: str, **options: Any) -> Any:
     connecting.cancel()
     await asyncio.gather(connecting, return_exceptions=True)
     cause = failed.result()
-    where = urlsplit(url)
+    where = urlsplit(servers[0])
     raise NatsCertificateError(
         cause.verify_code,
         f"the NATS server at {where.hostname}:{where.port} did not prove it is the one this CA "
@@ -130,6 +135,8 @@ async def _connect(url: str, **options: Any) -> Any:
 #: Roles whose identity may only read stream info (see `corral.bus.auth`): they wait for the streams.
 _STREAM_READERS = ("agent", "submitter")
 _STREAMS_WAIT = 60.0
+#: How long creating a consumer waits out an unavailable JetStream (see `Bus._create_consumer`).
+_CONSUMER_WAIT = 120.0
 
 
 def _matches(subject: str, pattern: str) -> bool:
@@ -193,7 +200,7 @@ class Bus:
         certificate must chain to (TLS, see `corral.stack.tls`); default: `$CORRAL_NATS_CA`, if set."""
         names = Namespace(namespace)
         identity = _identity(credentials or os.environ.get("CORRAL_NATS_CREDENTIALS"))
-        url_user = urlsplit(url).username
+        url_user = first_user(url)
         if not identity and url_user:  # nats://user:password@host: replies only on the user's inbox
             identity = {"inbox_prefix": f"_INBOX.{url_user}"}
         role = identity.pop("role", None)
@@ -255,7 +262,8 @@ class Bus:
         consumers gave up on it."""
         limits = self.limits
         common: dict[str, Any] = {"retention": RetentionPolicy.LIMITS, "storage": StorageType.FILE,
-                                  "discard": DiscardPolicy.OLD, "duplicate_window": DUPLICATE_WINDOW}
+                                  "discard": DiscardPolicy.OLD, "duplicate_window": DUPLICATE_WINDOW,
+                                  "num_replicas": limits.stream_replicas}
         return [
             StreamConfig(name=self.names.stream(EVENTS), subjects=[self.names.wildcard(EVENTS)],
                          max_age=limits.events_max_age, max_bytes=limits.events_max_bytes,
@@ -278,7 +286,9 @@ class Bus:
         """Create the streams, or bring an existing one to the declared config. Idempotent.
 
         A stream already as declared is left alone without a create call, so clients whose identity
-        may only read stream info (node agents, submitters: see `corral.bus.auth`) pass here."""
+        may only read stream info (node agents, submitters: see `corral.bus.auth`) pass here.
+        Without a replicas setting (`BusLimits.stream_replicas` None) a stream is created with one
+        replica and an existing stream keeps its replicas, also when another limit is updated."""
         for config in self.stream_configs():
             if await self._stream_as_declared(config):
                 continue
@@ -290,6 +300,9 @@ class Bus:
             except BadRequestError as exc:
                 if exc.err_code != _STREAM_IN_USE:
                     raise
+                if config.num_replicas is None:
+                    existing = await self.js.stream_info(config.name)
+                    config.num_replicas = existing.config.num_replicas
                 await self.js.update_stream(config)
 
     async def _wait_for_stream(self, config: StreamConfig) -> None:
@@ -436,8 +449,7 @@ class Bus:
             config.filter_subject = subjects[0]
         else:
             config.filter_subjects = list(subjects)
-        await self.js.add_consumer(stream, config)
-        subscription = await self.js.pull_subscribe_bind(durable=durable, stream=stream)
+        subscription = await self._create_consumer(stream, config, unavailable_backoff or UnavailableBackoff())
         consumer = RunningConsumer(
             subscription, durable, handler,
             dead_letter_publisher(self.publish, self.names.dead_letter_subject, durable),
@@ -447,6 +459,30 @@ class Bus:
         self._consumers.append(consumer)
         consumer.task.add_done_callback(lambda _: self._forget(consumer))
         return consumer
+
+    async def _create_consumer(self, stream: str, config: ConsumerConfig, backoff: UnavailableBackoff) -> Any:
+        """Create (or update) the durable and bind a pull subscription to it, waiting out an
+        unavailable JetStream (`is_unavailable`) with `backoff` for up to `_CONSUMER_WAIT` seconds.
+
+        The problem: in a JetStream cluster a consumer create answers 503 ("insufficient resources",
+        "JetStream system temporarily unavailable") while the servers still elect the stream's
+        leader: right after the streams are created, and after a server is lost. A service starting
+        then crashed at once instead of waiting for its dependency."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _CONSUMER_WAIT
+        attempt = 0
+        while True:
+            try:
+                await self.js.add_consumer(stream, config)
+                return await self.js.pull_subscribe_bind(durable=config.durable_name, stream=stream)
+            except Exception as exc:
+                if not is_unavailable(exc) or loop.time() > deadline:
+                    raise
+                attempt += 1
+                delay = backoff.delay(attempt)
+                _log.warning("consumer %s on %s: JetStream unavailable (%s: %s); retrying in %.1fs",
+                             config.durable_name, stream, type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
 
     def _forget(self, consumer: RunningConsumer) -> None:
         with contextlib.suppress(ValueError):
