@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli import audit, cluster, demo, dlq, jobs, tools
+from corral.cli import audit, cluster, demo, dlq, jobs, service, tools
 from corral.cli.output import console, err_console, fail, print_json, print_table
 from corral.cli.session import ConnectionOptions
 
@@ -165,6 +165,7 @@ tools.register_sim(app)
 demo.register(app)
 dlq.register(app)
 audit.register(app)
+service.register(app)
 
 
 def main() -> None:
