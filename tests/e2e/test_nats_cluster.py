@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from corral.bus import Bus
 from corral.bus.auth import nats_authorization, superuser
+from corral.bus.limits import BusLimits
 from corral.contracts.jobspec import validate_job_spec
 from corral.projection import JobState
 from corral.stack.up import Stack, StackOptions
@@ -69,6 +71,13 @@ async def test_killing_the_nats_server_that_leads_the_events_stream_loses_nothin
             lambda v: all(j in v.jobs and v.jobs[j].state.terminal for j in jobs), 45)
         states = {j: view.jobs[j].state for j in jobs}
         assert set(states.values()) == {JobState.COMPLETED}, f"{states}\n{dump_logs(stack)}"
+
+        # A process without CORRAL_STREAM_REPLICAS (a CLI, an older service) that updates another
+        # limit keeps the streams' three replicas.
+        async with await Bus.connect(nats_cluster.url, namespace, limits=BusLimits(events_max_age=3600.0)) as other:
+            await other.ensure_streams()
+            config = (await other.js.stream_info(other.names.stream("events"))).config
+            assert (config.max_age, config.num_replicas) == (3600.0, 3)
     except BaseException:
         print(dump_logs(stack))
         raise
