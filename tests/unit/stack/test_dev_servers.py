@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,3 +38,10 @@ def test_only_the_missing_server_is_named(no_dev_servers: None) -> None:
 def test_replicas_above_one_need_an_external_nats_cluster(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"--replicas 3 needs a NATS cluster.*--nats"):
         Stack(StackOptions(data_dir=tmp_path / "d", stream_replicas=3)).start()
+
+
+def test_corral_up_replicas_without_a_nats_cluster_is_a_clear_usage_error(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    proc = subprocess.run([sys.executable, "-m", "corral.cli.main", "up", "--data-dir", str(tmp_path / "d"),
+                           "--replicas", "3"], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode != 0 and "--replicas 3 needs a NATS cluster" in proc.stderr + proc.stdout, proc
