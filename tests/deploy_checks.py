@@ -16,6 +16,7 @@ that the real files pass and that a broken copy fails:
 - `nats_config_problems`: `nats-server -t` accepts the file, with every `$VARIABLE` it (or a file
   it includes) uses set to a dummy.
 - `tilt_problems`: the Tiltfile's image and resources are the manifests' ones.
+- `systemd_problems`: every unit's `corral` ExecStart is a command of the CLI with its options.
 """
 
 from __future__ import annotations
@@ -283,4 +284,19 @@ def tilt_problems(tiltfile: Path, kustomization: Path) -> list[str]:
     for resource in resources:
         if resource not in names:
             problems.append(f"Tiltfile: k8s_resource({resource!r}) is no workload of the manifests ({sorted(names)})")
+    return problems
+
+
+# ---- systemd ---------------------------------------------------------------------------------
+
+def systemd_problems(directory: Path) -> list[str]:
+    problems: list[str] = []
+    for unit in sorted(directory.glob("*.service")):
+        for line in unit.read_text().splitlines():
+            if not line.startswith("ExecStart="):
+                continue
+            argv = shlex.split(line.removeprefix("ExecStart=").lstrip("-@+!"))
+            argv = [re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|%[A-Za-z]", "VALUE", a) for a in argv]
+            if argv and Path(argv[0]).name == "corral":
+                problems += [f"{unit.name}: {p}" for p in cli_problems(argv)]
     return problems

