@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from corral.bus.limits import BusLimits
-from corral.bus.urls import first_user, server_urls
+from corral.bus.urls import first_credentials, first_user, server_urls
 
 
 def test_one_url_is_one_server() -> None:
@@ -17,6 +17,9 @@ def test_a_comma_separated_list_is_every_server_and_the_first_credentials_carry_
         "nats://u:p@127.0.0.1:4222", "nats://u:p@127.0.0.1:4223", "nats://u:p@127.0.0.1:4224"]
     assert server_urls("tls://a:1,tls://v:w@b:2") == ["tls://a:1", "tls://v:w@b:2"]
     assert first_user("nats://svc:pw@n1:4222,nats://n2:4222") == "svc"
+    # given to nats-py as options too, so a server learned from the cluster gets them as well
+    assert first_credentials("nats://svc:p%40ss@n1:4222,nats://n2:4222") == ("svc", "p@ss")
+    assert first_credentials("nats://n1:4222") == (None, None)
 
 
 @pytest.mark.parametrize("bad", ["", " , ", "nats://:4222"])

@@ -37,7 +37,7 @@ from corral.bus.delivery import MSG_ID, Handler
 from corral.bus.limits import BusLimits
 from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace
 from corral.bus.unavailable import UnavailableBackoff, is_unavailable
-from corral.bus.urls import first_user, server_urls
+from corral.bus.urls import first_credentials, server_urls
 from corral.contracts.subjects import INBOX_TYPES, NODE_REPORT_TYPES, USER_REQUEST_TYPES
 
 _log = logging.getLogger("corral.bus")
@@ -200,9 +200,12 @@ class Bus:
         certificate must chain to (TLS, see `corral.stack.tls`); default: `$CORRAL_NATS_CA`, if set."""
         names = Namespace(namespace)
         identity = _identity(credentials or os.environ.get("CORRAL_NATS_CREDENTIALS"))
-        url_user = first_user(url)
-        if not identity and url_user:  # nats://user:password@host: replies only on the user's inbox
-            identity = {"inbox_prefix": f"_INBOX.{url_user}"}
+        url_user, url_password = first_credentials(url)
+        if not identity and url_user:
+            # nats://user:password@host: replies only on the user's inbox. The user and password
+            # are given as options too: a server of the cluster learned from another (not in the
+            # URL) is connected to with them, not refused as anonymous.
+            identity = {"inbox_prefix": f"_INBOX.{url_user}", "user": url_user, "password": url_password}
         role = identity.pop("role", None)
         tls = tls_context(ca or os.environ.get(CA_ENV))
         if tls is not None:
@@ -324,17 +327,36 @@ class Bus:
     # -- publishing -----------------------------------------------------------------------------
 
     async def publish(self, subject: str, data: bytes, msg_id: str,
-                      headers: Mapping[str, str] | None = None, *, timeout: float = 5.0) -> Published:
+                      headers: Mapping[str, str] | None = None, *, timeout: float = 5.0,
+                      retry_for: float = 0.0) -> Published:
         """Publish to JetStream and wait for its ack. A second publish with the same `msg_id`
-        within the duplicate window is acknowledged with `duplicate=True` and not stored again."""
+        within the duplicate window is acknowledged with `duplicate=True` and not stored again.
+
+        `retry_for` > 0: while JetStream is unavailable (`is_unavailable`: a timeout, no leader
+        for the stream yet, the connection moving to another server of the cluster), publish again
+        with the same `msg_id` until that many seconds have passed. For a person's request (a
+        submission): a NATS server lost mid-request is waited out, never a failed submit, and a
+        retry after a lost ack stores nothing twice."""
         if not msg_id:
             raise ValueError("msg_id must be a non-empty string (the event_id): it deduplicates retries")
         self._check_subject(subject)
         all_headers = {**(headers or {}), MSG_ID: msg_id}
-        try:
-            ack = await self.js.publish(subject, data, timeout=timeout, headers=all_headers)
-        except NoStreamResponseError as exc:
-            raise StreamMissing(subject) from exc
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + retry_for
+        attempt = 0
+        while True:
+            try:
+                ack = await self.js.publish(subject, data, timeout=timeout, headers=all_headers)
+                break
+            except Exception as exc:
+                if retry_for <= 0 or not is_unavailable(exc) or loop.time() >= deadline:
+                    if isinstance(exc, NoStreamResponseError):
+                        raise StreamMissing(subject) from exc
+                    raise
+                attempt += 1
+                delay = min(UnavailableBackoff(first=0.25, cap=2.0).delay(attempt), max(0.0, deadline - loop.time()))
+                _log.warning("publish to %s: %s (%s); retrying in %.1fs", subject, type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
         return Published(stream=ack.stream, sequence=int(ack.seq), duplicate=bool(ack.duplicate))
 
     async def publish_many(self, messages: Sequence[Outgoing], *, timeout: float = 10.0) -> list[Published]:

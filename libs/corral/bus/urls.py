@@ -10,7 +10,7 @@ password, so `nats://u:p@n1:4222,nats://n2:4222` works too. Pure: string handlin
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 
 def server_urls(url: str) -> list[str]:
@@ -34,4 +34,11 @@ def server_urls(url: str) -> list[str]:
 
 def first_user(url: str) -> str | None:
     """The user name of the first URL (the identity the connection uses)."""
-    return urlsplit(server_urls(url)[0]).username
+    return first_credentials(url)[0]
+
+
+def first_credentials(url: str) -> tuple[str | None, str | None]:
+    """User and password of the first URL (percent-decoded), None where absent."""
+    first = urlsplit(server_urls(url)[0])
+    return (unquote(first.username) if first.username is not None else None,
+            unquote(first.password) if first.password is not None else None)
