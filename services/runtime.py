@@ -46,6 +46,7 @@ from corral.eventstore import (
     StoredEvent,
     Tracking,
 )
+from corral.health import start_beat
 from corral.projection import Applied, ClusterView, JobView
 
 log = logging.getLogger("corral.service")
@@ -421,6 +422,7 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
     await bus.ensure_streams()
     service = cls(store, bus, settings=settings, **kwargs)
     relay = asyncio.create_task(_relay_forever(store, bus, settings, service), name="relay-lease")
+    health = start_beat(lambda: bool(bus.nc.is_connected))
     lease = Lease(settings.postgres_dsn, f"corral:{settings.namespace}:{cls.lease}") if cls.lease else None
     consumers = []
     waker: asyncio.Task[None] | None = None
@@ -498,6 +500,8 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
         relay.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await relay
+        if health is not None:
+            health.cancel()
         if lease is not None:
             await lease.release()
         await bus.close()

@@ -121,8 +121,13 @@ class Client:
                 pass  # a name that cannot be a subject token: only an open bus takes it
         return self.subjects.inbox(event.type)
 
+    #: How long a request waits out an unavailable bus (a NATS server lost, a stream electing its
+    #: leader) before failing: the msg id makes every retry harmless.
+    REQUEST_RETRY_SECONDS = 30.0
+
     async def publish_request(self, event: Event, msg_id: str | None = None) -> None:
-        await self.bus.publish(self._request_subject(event), encode(event), msg_id or event.event_id)
+        await self.bus.publish(self._request_subject(event), encode(event), msg_id or event.event_id,
+                               retry_for=self.REQUEST_RETRY_SECONDS)
 
     async def submit(self, spec: JobSpec, *, job_id: str | None = None, user: str | None = None) -> str:
         job_id = job_id or new_job_id()

@@ -78,6 +78,7 @@ from corral.contracts.problems import ContractError
 from corral.contracts.queues import QueueSpec
 from corral.contracts.registry import decode, encode
 from corral.contracts.subjects import Subjects
+from corral.health import start_beat
 
 from .adoption import LEDGER_TYPES, ReservationLedger, should_stop
 from .reports import START_FAILED, NodeReports, ReportPublisher
@@ -517,6 +518,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
                         "node shared by several users")
     consumer = None
     beats: asyncio.Task[None] | None = None
+    health = start_beat(lambda: bool(bus.nc.is_connected))
     try:
         await bus.ensure_streams()
         publisher.start()
@@ -548,6 +550,8 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
         if consumer is not None:
             await consumer.stop()
         await asyncio.gather(*(agent.close() for agent in agents), return_exceptions=True)
+        if health is not None:
+            health.cancel()
         if beats is not None:
             beats.cancel()
             with contextlib.suppress(asyncio.CancelledError):

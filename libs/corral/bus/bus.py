@@ -36,7 +36,8 @@ from corral.bus.consumer import BatchHandler, RunningConsumer, dead_letter_publi
 from corral.bus.delivery import MSG_ID, Handler
 from corral.bus.limits import BusLimits
 from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace
-from corral.bus.unavailable import UnavailableBackoff
+from corral.bus.unavailable import UnavailableBackoff, is_unavailable
+from corral.bus.urls import first_credentials, server_urls
 from corral.contracts.subjects import INBOX_TYPES, NODE_REPORT_TYPES, USER_REQUEST_TYPES
 
 _log = logging.getLogger("corral.bus")
@@ -103,7 +104,11 @@ class NatsCertificateError(ssl.SSLCertVerificationError):
 async def _connect(url: str, **options: Any) -> Any:
     """`nats.connect`, which retries forever (`max_reconnect_attempts=-1`: a NATS not up yet is an
     unavailable dependency, not an error), except when the server's certificate fails verification:
-    that is a configuration error and is raised at once, naming the URL and what to check."""
+    that is a configuration error and is raised at once, naming the URL and what to check.
+
+    `url` may list several servers separated by commas (a JetStream cluster, see `corral.bus.urls`):
+    the client connects to one and, when that one is lost, reconnects to another."""
+    servers = server_urls(url)
     failed: asyncio.Future[ssl.SSLCertVerificationError] = asyncio.get_running_loop().create_future()
 
     async def on_error(exc: Exception) -> None:
@@ -111,7 +116,7 @@ async def _connect(url: str, **options: Any) -> Any:
             failed.set_result(exc)
         _log.warning("nats: %s: %s", type(exc).__name__, exc)
 
-    connecting: asyncio.Future[Any] = asyncio.ensure_future(nats.connect(url, error_cb=on_error, **options))
+    connecting: asyncio.Future[Any] = asyncio.ensure_future(nats.connect(servers, error_cb=on_error, **options))
     waiting: set[asyncio.Future[Any]] = {connecting, failed}
     await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
     if connecting.done():
@@ -119,7 +124,7 @@ async def _connect(url: str, **options: Any) -> Any:
     connecting.cancel()
     await asyncio.gather(connecting, return_exceptions=True)
     cause = failed.result()
-    where = urlsplit(url)
+    where = urlsplit(servers[0])
     raise NatsCertificateError(
         cause.verify_code,
         f"the NATS server at {where.hostname}:{where.port} did not prove it is the one this CA "
@@ -130,6 +135,8 @@ async def _connect(url: str, **options: Any) -> Any:
 #: Roles whose identity may only read stream info (see `corral.bus.auth`): they wait for the streams.
 _STREAM_READERS = ("agent", "submitter")
 _STREAMS_WAIT = 60.0
+#: How long creating a consumer waits out an unavailable JetStream (see `Bus._create_consumer`).
+_CONSUMER_WAIT = 120.0
 
 
 def _matches(subject: str, pattern: str) -> bool:
@@ -193,9 +200,12 @@ class Bus:
         certificate must chain to (TLS, see `corral.stack.tls`); default: `$CORRAL_NATS_CA`, if set."""
         names = Namespace(namespace)
         identity = _identity(credentials or os.environ.get("CORRAL_NATS_CREDENTIALS"))
-        url_user = urlsplit(url).username
-        if not identity and url_user:  # nats://user:password@host: replies only on the user's inbox
-            identity = {"inbox_prefix": f"_INBOX.{url_user}"}
+        url_user, url_password = first_credentials(url)
+        if not identity and url_user:
+            # nats://user:password@host: replies only on the user's inbox. The user and password
+            # are given as options too: a server of the cluster learned from another (not in the
+            # URL) is connected to with them, not refused as anonymous.
+            identity = {"inbox_prefix": f"_INBOX.{url_user}", "user": url_user, "password": url_password}
         role = identity.pop("role", None)
         tls = tls_context(ca or os.environ.get(CA_ENV))
         if tls is not None:
@@ -255,7 +265,8 @@ class Bus:
         consumers gave up on it."""
         limits = self.limits
         common: dict[str, Any] = {"retention": RetentionPolicy.LIMITS, "storage": StorageType.FILE,
-                                  "discard": DiscardPolicy.OLD, "duplicate_window": DUPLICATE_WINDOW}
+                                  "discard": DiscardPolicy.OLD, "duplicate_window": DUPLICATE_WINDOW,
+                                  "num_replicas": limits.stream_replicas}
         return [
             StreamConfig(name=self.names.stream(EVENTS), subjects=[self.names.wildcard(EVENTS)],
                          max_age=limits.events_max_age, max_bytes=limits.events_max_bytes,
@@ -278,7 +289,9 @@ class Bus:
         """Create the streams, or bring an existing one to the declared config. Idempotent.
 
         A stream already as declared is left alone without a create call, so clients whose identity
-        may only read stream info (node agents, submitters: see `corral.bus.auth`) pass here."""
+        may only read stream info (node agents, submitters: see `corral.bus.auth`) pass here.
+        Without a replicas setting (`BusLimits.stream_replicas` None) a stream is created with one
+        replica and an existing stream keeps its replicas, also when another limit is updated."""
         for config in self.stream_configs():
             if await self._stream_as_declared(config):
                 continue
@@ -290,6 +303,9 @@ class Bus:
             except BadRequestError as exc:
                 if exc.err_code != _STREAM_IN_USE:
                     raise
+                if config.num_replicas is None:
+                    existing = await self.js.stream_info(config.name)
+                    config.num_replicas = existing.config.num_replicas
                 await self.js.update_stream(config)
 
     async def _wait_for_stream(self, config: StreamConfig) -> None:
@@ -311,17 +327,36 @@ class Bus:
     # -- publishing -----------------------------------------------------------------------------
 
     async def publish(self, subject: str, data: bytes, msg_id: str,
-                      headers: Mapping[str, str] | None = None, *, timeout: float = 5.0) -> Published:
+                      headers: Mapping[str, str] | None = None, *, timeout: float = 5.0,
+                      retry_for: float = 0.0) -> Published:
         """Publish to JetStream and wait for its ack. A second publish with the same `msg_id`
-        within the duplicate window is acknowledged with `duplicate=True` and not stored again."""
+        within the duplicate window is acknowledged with `duplicate=True` and not stored again.
+
+        `retry_for` > 0: while JetStream is unavailable (`is_unavailable`: a timeout, no leader
+        for the stream yet, the connection moving to another server of the cluster), publish again
+        with the same `msg_id` until that many seconds have passed. For a person's request (a
+        submission): a NATS server lost mid-request is waited out, never a failed submit, and a
+        retry after a lost ack stores nothing twice."""
         if not msg_id:
             raise ValueError("msg_id must be a non-empty string (the event_id): it deduplicates retries")
         self._check_subject(subject)
         all_headers = {**(headers or {}), MSG_ID: msg_id}
-        try:
-            ack = await self.js.publish(subject, data, timeout=timeout, headers=all_headers)
-        except NoStreamResponseError as exc:
-            raise StreamMissing(subject) from exc
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + retry_for
+        attempt = 0
+        while True:
+            try:
+                ack = await self.js.publish(subject, data, timeout=timeout, headers=all_headers)
+                break
+            except Exception as exc:
+                if retry_for <= 0 or not is_unavailable(exc) or loop.time() >= deadline:
+                    if isinstance(exc, NoStreamResponseError):
+                        raise StreamMissing(subject) from exc
+                    raise
+                attempt += 1
+                delay = min(UnavailableBackoff(first=0.25, cap=2.0).delay(attempt), max(0.0, deadline - loop.time()))
+                _log.warning("publish to %s: %s (%s); retrying in %.1fs", subject, type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
         return Published(stream=ack.stream, sequence=int(ack.seq), duplicate=bool(ack.duplicate))
 
     async def publish_many(self, messages: Sequence[Outgoing], *, timeout: float = 10.0) -> list[Published]:
@@ -436,8 +471,7 @@ class Bus:
             config.filter_subject = subjects[0]
         else:
             config.filter_subjects = list(subjects)
-        await self.js.add_consumer(stream, config)
-        subscription = await self.js.pull_subscribe_bind(durable=durable, stream=stream)
+        subscription = await self._create_consumer(stream, config, unavailable_backoff or UnavailableBackoff())
         consumer = RunningConsumer(
             subscription, durable, handler,
             dead_letter_publisher(self.publish, self.names.dead_letter_subject, durable),
@@ -447,6 +481,30 @@ class Bus:
         self._consumers.append(consumer)
         consumer.task.add_done_callback(lambda _: self._forget(consumer))
         return consumer
+
+    async def _create_consumer(self, stream: str, config: ConsumerConfig, backoff: UnavailableBackoff) -> Any:
+        """Create (or update) the durable and bind a pull subscription to it, waiting out an
+        unavailable JetStream (`is_unavailable`) with `backoff` for up to `_CONSUMER_WAIT` seconds.
+
+        The problem: in a JetStream cluster a consumer create answers 503 ("insufficient resources",
+        "JetStream system temporarily unavailable") while the servers still elect the stream's
+        leader: right after the streams are created, and after a server is lost. A service starting
+        then crashed at once instead of waiting for its dependency."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _CONSUMER_WAIT
+        attempt = 0
+        while True:
+            try:
+                await self.js.add_consumer(stream, config)
+                return await self.js.pull_subscribe_bind(durable=config.durable_name, stream=stream)
+            except Exception as exc:
+                if not is_unavailable(exc) or loop.time() > deadline:
+                    raise
+                attempt += 1
+                delay = backoff.delay(attempt)
+                _log.warning("consumer %s on %s: JetStream unavailable (%s: %s); retrying in %.1fs",
+                             config.durable_name, stream, type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
 
     def _forget(self, consumer: RunningConsumer) -> None:
         with contextlib.suppress(ValueError):

@@ -10,6 +10,11 @@ stream also a maximum count. Submissions are bounded well below the message size
 (`max_spec_bytes`), so the recorded JobSubmitted always fits on the bus. Defaults are sane for
 one installation; each can be overridden from the environment (names below, values in bytes or
 seconds). Pure: reading a mapping, no I/O.
+
+Replicas (`stream_replicas`, CORRAL_STREAM_REPLICAS): how many nats-servers of a JetStream cluster
+hold each stream (3 in a deployment: one server may be lost with nothing lost; 1 for `corral up`'s
+single server). Unset, a stream is created with 1 and an existing stream keeps its replicas: a CLI
+or an agent without the setting must never shrink a deployment's R3 streams to R1.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ DAY = 86_400.0
 
 #: Room for a dead letter's headers (origin, consumer, error) on top of the original message.
 DEAD_LETTER_OVERHEAD = 16 * KIB
+#: JetStream keeps at most five replicas of a stream.
+MAX_REPLICAS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +51,16 @@ class BusLimits:
     dlq_max_age: float = 30 * DAY
     dlq_max_bytes: int = 256 * MIB
     dlq_max_msgs: int = 10_000
+    #: Servers holding each stream (1..5); None: 1 for a new stream, an existing one keeps its own.
+    stream_replicas: int | None = None
 
     def __post_init__(self) -> None:
+        if self.stream_replicas is not None and not 1 <= self.stream_replicas <= MAX_REPLICAS:
+            raise ValueError(f"bus limit stream_replicas (CORRAL_STREAM_REPLICAS) must be 1..{MAX_REPLICAS}, got "
+                             f"{self.stream_replicas}: 1 for one nats-server, 3 for a 3-node JetStream cluster")
         for f in fields(self):
+            if f.name == "stream_replicas":
+                continue
             if getattr(self, f.name) <= 0:
                 raise ValueError(f"bus limit {f.name} must be > 0, got {getattr(self, f.name)}")
         if self.max_spec_bytes >= self.max_event_bytes:

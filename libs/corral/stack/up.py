@@ -42,7 +42,15 @@ from corral.stack import credentials, pglogins, tls
 from corral.stack.backoff import RestartBackoff
 from corral.stack.context import CONTEXT_FILE, Context, owned_by_this_process
 from corral.stack.lock import DataDirLock
-from corral.stack.servers import NatsServer, PostgresServer, ServerStartError, command_line, free_port, stop_orphan
+from corral.stack.servers import (
+    NatsServer,
+    PostgresServer,
+    ServerStartError,
+    command_line,
+    free_port,
+    require_dev_servers,
+    stop_orphan,
+)
 
 SERVICES: tuple[str, ...] = ("admission", "quota", "placement", "preemption")
 DEFAULT_CLUSTER = "4x8:H100"
@@ -147,6 +155,9 @@ class StackOptions:
     #: Our own nats-server requires TLS with a CA generated in `<data_dir>/tls/` (see
     #: `corral.stack.tls`); clients find the CA through the context and `CORRAL_NATS_CA`.
     nats_tls: bool = True
+    #: Replicas of each JetStream stream (`CORRAL_STREAM_REPLICAS` for every process); None: the
+    #: bus's default (1 for a new stream). Above 1 only with an external NATS cluster (`nats_url`).
+    stream_replicas: int | None = None
 
 
 @dataclass
@@ -166,6 +177,11 @@ class Stack:
     def start(self) -> Context:
         """Start everything; AlreadyRunning when another `corral up` holds the data directory."""
         opts = self.options
+        if opts.stream_replicas is not None and opts.stream_replicas > 1 and not opts.nats_url:
+            raise ValueError(f"--replicas {opts.stream_replicas} needs a NATS cluster of at least that many servers: "
+                             "give it with --nats nats://HOST1:4222,nats://HOST2:4222,... (the nats-server "
+                             "`corral up` starts is one server: --replicas 1)")
+        require_dev_servers(nats=not opts.nats_url, postgres=not opts.postgres_dsn)
         opts.data_dir.mkdir(parents=True, exist_ok=True)
         opts.data_dir = opts.data_dir.resolve()
         self.lock = DataDirLock(opts.data_dir)
@@ -204,6 +220,8 @@ class Stack:
                "CORRAL_NATS_URL": nats_url, "CORRAL_POSTGRES_DSN": dsn,
                "CORRAL_NAMESPACE": opts.namespace, "CORRAL_LOG_DIR": str(log_dir.resolve()),
                "PYTHONUNBUFFERED": "1"}
+        if opts.stream_replicas is not None:
+            env["CORRAL_STREAM_REPLICAS"] = str(opts.stream_replicas)
         env.pop(credentials.CREDENTIALS_ENV, None)
         if tls_files is not None:
             env[CA_ENV] = str(tls_files.ca)

@@ -1,0 +1,92 @@
+"""A NATS server lost mid-run: scheduling continues, nothing lost (issue 15, item 3).
+
+A 3-node JetStream cluster (three nats-server processes on loopback), streams with three replicas
+(`CORRAL_STREAM_REPLICAS=3`, as deployed), the whole stack against it with `CORRAL_NATS_URL`
+listing the three servers. Jobs are submitted, the server leading the events stream is killed
+(SIGKILL), more jobs are submitted; every job completes, and `corral audit verify` proves the log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.bus import Bus
+from corral.bus.auth import nats_authorization, superuser
+from corral.bus.limits import BusLimits
+from corral.contracts.jobspec import validate_job_spec
+from corral.projection import JobState
+from corral.stack.up import Stack, StackOptions
+from tests.e2e.conftest import connect, dump_logs, with_queues
+from tests.nats_cluster import NatsCluster
+
+JOB = {"name": "short", "queue": "team-a", "gpus_per_replica": 1, "runtime": "sim", "duration_seconds": 1}
+
+
+@pytest.fixture
+def nats_cluster() -> Iterator[NatsCluster]:
+    if os.environ.get("CORRAL_NATS_URL"):
+        pytest.skip("runs its own nats-server cluster; an external CORRAL_NATS_URL is one server")
+    password = secrets.token_urlsafe(16)
+    cluster = NatsCluster(nats_authorization([superuser("corral-test", password)]), "corral-test", password)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+async def test_killing_the_nats_server_that_leads_the_events_stream_loses_nothing(
+        tmp_path: Path, nats_cluster: NatsCluster, postgres_dsn: str, namespace: str) -> None:
+    await nats_cluster.wait_ready()
+    stack = Stack(StackOptions(
+        data_dir=tmp_path / "stack", cluster="2x8:H100", nats_url=nats_cluster.url, postgres_dsn=postgres_dsn,
+        namespace=namespace, runtime="sim", placement_standby=False,
+        extra_env={"CORRAL_STREAM_REPLICAS": "3", "CORRAL_NODE_LOST_SECONDS": "30", "CORRAL_LOG_LEVEL": "INFO",
+                   "CORRAL_AGENT_STOP_WORKERS_ON_EXIT": "1"}))
+    stack.start()
+    client = await connect(stack)
+    try:
+        await with_queues(client, [{"name": "team-a", "guaranteed_gpus": 16}], nodes=2)
+        bus = client.bus
+        events = await bus.js.stream_info(bus.names.stream("events"))
+        assert events.config.num_replicas == 3
+        for kind in ("inbox", "dlq"):
+            assert (await bus.js.stream_info(bus.names.stream(kind))).config.num_replicas == 3, kind
+        before = [await client.submit(validate_job_spec({**JOB, "name": f"before-{i}"})) for i in range(6)]
+
+        leader = events.cluster.leader if events.cluster else None
+        assert leader in nats_cluster.servers, events.cluster
+        nats_cluster.kill(leader)
+
+        after = [await client.submit(validate_job_spec({**JOB, "name": f"after-{i}"})) for i in range(6)]
+        jobs = before + after
+        view = await client.wait_for(
+            lambda v: all(j in v.jobs and v.jobs[j].state.terminal for j in jobs), 45)
+        states = {j: view.jobs[j].state for j in jobs}
+        assert set(states.values()) == {JobState.COMPLETED}, f"{states}\n{dump_logs(stack)}"
+
+        # A process without CORRAL_STREAM_REPLICAS (a CLI, an older service) that updates another
+        # limit keeps the streams' three replicas.
+        async with await Bus.connect(nats_cluster.url, namespace, limits=BusLimits(events_max_age=3600.0)) as other:
+            await other.ensure_streams()
+            config = (await other.js.stream_info(other.names.stream("events"))).config
+            assert (config.max_age, config.num_replicas) == (3600.0, 3)
+    except BaseException:
+        print(dump_logs(stack))
+        raise
+    finally:
+        await client.close()
+        stack.stop()
+    audit = subprocess.run([sys.executable, "-m", "corral.cli.main", "--postgres", postgres_dsn,
+                            "audit", "verify", "--grace", "0", "--json"],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "CORRAL_CONTEXT": "/nonexistent"})
+    report = json.loads(audit.stdout)
+    assert audit.returncode == 0 and report["ok"] and report["hash_chain"]["ok"], audit.stdout + audit.stderr
