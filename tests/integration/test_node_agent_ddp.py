@@ -49,8 +49,9 @@ async def wait_for(condition: Callable[[], bool], timeout: float) -> None:
 def node_assignments(tmp_path: Path, attempt: int, resume_from: Path | None) -> list[Assignment]:
     port = free_port()
     return [
-        Assignment(job_id="ddp", attempt=attempt, world_size=4, node_rank=node, master_addr="127.0.0.1",
-                   master_port=port, ranks=(RankAssignment(2 * node, 0), RankAssignment(2 * node + 1, 1)),
+        Assignment(job_id="ddp", attempt=attempt, world_size=4, node_rank=node, group_world_size=2,
+                   master_addr="127.0.0.1", master_port=port,
+                   ranks=(RankAssignment(2 * node, 0), RankAssignment(2 * node + 1, 1)),
                    command=(sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--step-seconds", "0.05"),
                    checkpoint_dir=tmp_path / "ckpt", log_dir=tmp_path / "logs", resume_from=resume_from,
                    env={"OMP_NUM_THREADS": "1"})
