@@ -116,8 +116,11 @@ def inventories(args: argparse.Namespace) -> list[NodeInventory]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m corral.services.node_agent",
-                                description="Run Corral node agents (one per node).")
+    # allow_abbrev=False: an unknown flag is an error, never silently another one (`--cluster`
+    # became `--cluster-file` and the agent exited 2 and restarted forever).
+    p = argparse.ArgumentParser(prog="python -m corral.services.node_agent", allow_abbrev=False,
+                                description="Run Corral node agents (one per node). On a real host "
+                                "use `corral agent` (see the README).")
     p.add_argument("--cluster-file", type=Path, help="cluster file (YAML/JSON) or a file holding a "
                    "shorthand such as 4x8:H100; one agent per node")
     p.add_argument("--node", action="append", help="run only this node (repeatable); required with nvml")

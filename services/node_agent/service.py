@@ -502,10 +502,13 @@ async def _heartbeats(bus: Bus, subjects: Subjects, host: AgentHost, every: floa
 
 async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeInventory],
                      options: AgentOptions, stop: asyncio.Event, *,
-                     on_ready: Callable[[AgentHost], None] | None = None) -> None:
+                     on_ready: Callable[[AgentHost], None] | None = None, credentials: str | None = None,
+                     ca: str | None = None) -> None:
     """Run one agent per inventory until `stop` is set, then shut down cleanly (see module doc).
 
     `on_ready` is called once the agents consume events and have queued their registrations.
+    `credentials` / `ca`: the NATS identity file and CA (default: `$CORRAL_NATS_CREDENTIALS`,
+    `$CORRAL_NATS_CA`; see `Bus.connect`).
     """
     if not inventories:
         raise ValueError("run_agents: no nodes to run; declare at least one node")
@@ -513,7 +516,8 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
     if len(set(names)) != len(names):
         raise ValueError(f"run_agents: node names repeat: {sorted(names)}")
     subjects = Subjects(namespace)
-    bus = await Bus.connect(nats_url, namespace, name=f"corral-node-agents-{namespace}")
+    bus = await Bus.connect(nats_url, namespace, name=f"corral-node-agents-{namespace}", credentials=credentials,
+                            ca=ca)
     publisher = ReportPublisher(bus, subjects)
     agents = [NodeAgent(inv, options, publisher) for inv in inventories]
     host = AgentHost(bus, agents, publisher)
