@@ -2,7 +2,7 @@
 
 Why one process for many nodes: `corral up` simulates a whole cluster on one machine; each node
 still has its own `Supervisor`, inventory, registration and heartbeat, exactly as one agent per
-real machine would. On a real cluster run one process per machine (`--node NAME --inventory nvml`).
+real machine would. On a real cluster run one process per machine (`corral agent`).
 
 What an agent does:
 - at start: publish NodeRegistered (its inventory) to `<ns>.inbox.NodeRegistered`;
