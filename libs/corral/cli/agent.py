@@ -207,7 +207,7 @@ def register(app: typer.Typer) -> None:
                 raise AgentUsageError(f"--run-as: {exc}") from None
             work = (state_dir or default_state_dir()).expanduser().resolve()
             options = AgentOptions(
-                work_dir=work, runtime=runtime,  # type: ignore[arg-type]
+                work_dir=work, runtime=runtime,
                 job_log_dir=log_dir.resolve() if log_dir else None,
                 checkpoint_root=checkpoint_dir.resolve() if checkpoint_dir else None,
                 heartbeat_seconds=heartbeat_seconds, stop_workers_on_exit=stop_workers_on_exit,
