@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -120,6 +121,24 @@ def host_inventories(inventory: str | None, nodes: list[str], rack: str, zone: s
         raise AgentUsageError(f"{exc}{hint}") from None
 
 
+def check_identity(credentials: Path | None, nodes: list[NodeInventory]) -> None:
+    """An agent identity may use only the consumer of the node set it was made for (see
+    `corral.bus.auth`): a mismatch would fail later as a bare NATS timeout, so say it now."""
+    from corral.services.node_agent.service import durable_name
+
+    if credentials is None:
+        return
+    try:
+        raw = json.loads(credentials.read_text())
+    except (OSError, ValueError) as exc:
+        raise AgentUsageError(f"--credentials {credentials}: cannot read it ({exc})") from None
+    want = f"agent-{durable_name([n.node for n in nodes])}"
+    if raw.get("role") == "agent" and raw.get("user") != want:
+        raise AgentUsageError(f"--credentials {credentials} are {raw.get('user')}'s, not {want}'s (the identity of "
+                              f"node(s) {', '.join(n.node for n in nodes)}): give that node's credentials, or "
+                              "--node the node they were made for")
+
+
 def nats_target(ca: str | None) -> tuple[str, str, str | None]:
     """(NATS URL, namespace, CA file): flags and environment first (`--nats`/CORRAL_NATS_URL,
     `--namespace`/CORRAL_NAMESPACE, `--nats-ca`/CORRAL_NATS_CA), then a `corral up` context file."""
@@ -194,6 +213,7 @@ def register(app: typer.Typer) -> None:
         try:
             url, namespace, ca = nats_target(str(nats_ca) if nats_ca else None)
             nodes = host_inventories(inventory, list(node or []), rack, zone, model)
+            check_identity(credentials, nodes)
             address = check_address(advertise_address) if advertise_address else address_towards(url)
             try:
                 ports = parse_port_range(port_range)

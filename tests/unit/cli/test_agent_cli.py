@@ -80,6 +80,18 @@ def test_a_flag_that_cannot_work_is_one_line_and_exit_2(tmp_path: Path, args: li
     assert words in result.output and "Traceback" not in result.output
 
 
+def test_credentials_of_another_node_are_refused_before_connecting(tmp_path: Path) -> None:
+    from corral.stack.up import Agents, Stack, StackOptions
+
+    data = tmp_path / "d"
+    Stack(StackOptions(data_dir=data, agents=Agents.NONE, agent_nodes=("a", "b")))._keyring(None)
+    hosts = cluster_file(tmp_path)
+    argv = ["agent", "--inventory", str(hosts), "--node", "a", "--state-dir", str(tmp_path / "s"),
+            "--credentials", str(data / "credentials" / "agent-node-agent-b.json")]
+    result = CliRunner().invoke(app, argv, env={"CORRAL_NATS_URL": "nats://127.0.0.1:1"})
+    assert result.exit_code == 2 and "agent-node-agent-a" in result.output, result.output
+
+
 def test_no_nats_anywhere_says_what_to_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("CORRAL_NATS_URL", raising=False)
