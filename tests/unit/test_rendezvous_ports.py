@@ -104,6 +104,18 @@ def test_node_registered_refuses_a_bad_address_or_port_range() -> None:
     assert decode(msgspec.json.encode(old)).address is None  # an agent before issue 15
 
 
+def test_a_registration_with_a_new_address_or_range_is_recorded_again() -> None:
+    from corral.services.placement.service import _same_inventory
+
+    view = cluster()
+    known = view.nodes["n1"]
+    assert _same_inventory(known, registered("n1", "127.0.0.2"))
+    assert not _same_inventory(known, registered("n1", "127.0.0.9"))
+    assert not _same_inventory(known, registered("n1", "127.0.0.2", (29500, 29999)))
+    view.apply(registered("n1", "127.0.0.9", None))
+    assert (view.nodes["n1"].address, view.nodes["n1"].rendezvous_ports) == ("127.0.0.9", None)
+
+
 def test_master_is_rank_0s_node_address_and_a_node_without_one_gets_the_fallback() -> None:
     view = cluster()
     view.apply(registered("old", None, None))
