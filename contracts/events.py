@@ -43,6 +43,7 @@ __all__ = [
     "NodeLost",
     "NodeRegistered",
     "PlacementPending",
+    "PortRange",
     "PreemptRequested",
     "QueueConfigured",
     "QuotaReleased",
@@ -58,6 +59,20 @@ Attempt = Annotated[int, msgspec.Meta(ge=0, description="0 for the first run, +1
 Rank = Annotated[int, msgspec.Meta(ge=0)]
 Gpus = Annotated[int, msgspec.Meta(ge=0)]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+Address = Annotated[str, msgspec.Meta(
+    min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]*$",
+    description="an IPv4/IPv6 address or a DNS name other hosts reach this node at")]
+
+
+class PortRange(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The TCP ports `low`..`high` (inclusive) a node lends to rendezvous (`MASTER_PORT`)."""
+
+    low: Port
+    high: Port
+
+    def __post_init__(self) -> None:
+        if self.high < self.low:
+            raise ValueError(f"port range: high {self.high} is below low {self.low}; give low <= high")
 
 
 class RankPlacement(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -123,7 +138,10 @@ class QuotaReleased(Event, frozen=True, kw_only=True):
 
 
 class GangReserved(Event, frozen=True, kw_only=True):
-    """Placement's decision: every rank's node and GPUs, all at once (all-or-nothing)."""
+    """Placement's decision: every rank's node and GPUs, all at once (all-or-nothing).
+
+    `master_addr` is the address rank 0's node registered; `master_port` a port of that node's
+    rendezvous range no other live gang holds on that address (see `corral.core.rendezvous`)."""
 
     job_id: JobId
     ranks: Annotated[list[RankPlacement], msgspec.Meta(min_length=1)]
@@ -254,6 +272,12 @@ class NodeRegistered(Event, frozen=True, kw_only=True):
     nvlink_domains: list[list[GpuIndex]]
     rack: Location
     zone: Location
+    #: Where other hosts reach this node: rank 0's node address is a gang's `MASTER_ADDR`. None
+    #: (agents before issue 15, simulated nodes): placement uses `CORRAL_MASTER_ADDR` (127.0.0.1).
+    address: Address | None = None
+    #: The ports placement may give a gang whose rank 0 runs here as `MASTER_PORT`; None: the
+    #: default range (`corral.core.rendezvous.DEFAULT_PORT_RANGE`).
+    rendezvous_ports: PortRange | None = None
 
 
 class NodeHeartbeat(Event, frozen=True, kw_only=True):

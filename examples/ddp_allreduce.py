@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     worker.install()
     dist.init_process_group("gloo", init_method="env://")
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    # Where this rank met the others (MASTER_ADDR is rank 0's node's address; see the README).
+    print(f"rank {rank} of {world_size} on node {os.environ.get('NODE_RANK', '0')}: rendezvous "
+          f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", flush=True)
     torch.manual_seed(0)  # identical initial weights on every rank
     model = torch.nn.Linear(FEATURES, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)

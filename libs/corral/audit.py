@@ -30,6 +30,7 @@ __all__ = [
     "Check",
     "Entry",
     "Invariant",
+    "RendezvousPorts",
     "Violation",
     "audit",
     "compare_allocations",
@@ -47,6 +48,7 @@ class Invariant(StrEnum):
     JOB_STUCK = "JOB_STUCK"                        # starting or preempting at the head, for too long
     PREEMPTION_LOOP = "PREEMPTION_LOOP"            # 3+ preemptions of one job within 10 minutes
     ALLOCATIONS_DIFFER = "ALLOCATIONS_DIFFER"      # the allocations table is not the fold of the ledger
+    PORT_HELD_TWICE = "PORT_HELD_TWICE"            # one MASTER_ADDR:MASTER_PORT given to two live gangs
 
     @property
     def check(self) -> str:
@@ -57,7 +59,7 @@ class Invariant(StrEnum):
 _CHECK_OF = {Invariant.GPU_HELD_TWICE: "gpus", Invariant.GANG_PARTIAL: "gangs",
              Invariant.TWO_LIVE_ATTEMPTS: "gangs", Invariant.JOB_LOST: "accounting",
              Invariant.JOB_STUCK: "accounting", Invariant.PREEMPTION_LOOP: "preemption",
-             Invariant.ALLOCATIONS_DIFFER: "allocations_table"}
+             Invariant.ALLOCATIONS_DIFFER: "allocations_table", Invariant.PORT_HELD_TWICE: "rendezvous"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +141,36 @@ class GpuLedger:
 
     def open_allocations(self) -> set[AllocationRow]:
         return {AllocationRow(node, gpu, job, attempt) for (node, gpu), (job, attempt, _) in self.held.items()}
+
+
+class RendezvousPorts:
+    """No rendezvous port given to two live gangs: a GangReserved's `master_addr:master_port` is
+    held until rank 0's node's GpusReleased of that attempt (its processes are gone), and no other
+    gang may be reserved on it meanwhile (`corral.core.rendezvous`)."""
+
+    name = "rendezvous"
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, int], tuple[str, int, str, int]] = {}  # (addr, port) -> (job, attempt, node, pos)
+
+    def observe(self, entry: Entry) -> list[Violation]:
+        e = entry.event
+        if isinstance(e, ev.GangReserved):
+            key = (e.master_addr, e.master_port)
+            holder = self.held.get(key)
+            master = min(e.ranks, key=lambda r: r.rank).node
+            self.held[key] = (e.job_id, e.attempt, master, entry.position)
+            if holder is not None and (holder[0], holder[1]) != (e.job_id, e.attempt):
+                return [Violation(Invariant.PORT_HELD_TWICE, entry.position,
+                                  f"{e.job_id} (attempt {e.attempt}) rendezvous at {key[0]}:{key[1]}, held by "
+                                  f"{holder[0]} (attempt {holder[1]}) since position {holder[3]}", e.job_id, master)]
+        elif isinstance(e, ev.GpusReleased):
+            for key in [k for k, v in self.held.items() if (v[0], v[1], v[2]) == (e.job_id, e.attempt, e.node)]:
+                del self.held[key]
+        return []
+
+    def finish(self, head: Entry | None) -> list[Violation]:
+        return []
 
 
 # --- gangs and attempts --------------------------------------------------------------------
@@ -374,7 +406,8 @@ def compare_allocations(fold: set[AllocationRow], table: Iterable[AllocationRow]
     return out
 
 
-DEFAULT_CHECKS: tuple[Callable[[], Check], ...] = (GpuLedger, GangBarrier, Accounting, PreemptionLoop)
+DEFAULT_CHECKS: tuple[Callable[[], Check], ...] = (GpuLedger, RendezvousPorts, GangBarrier, Accounting,
+                                                   PreemptionLoop)
 """The invariants `corral audit verify` folds; add a factory here (or pass more to `audit`)."""
 
 

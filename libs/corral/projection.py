@@ -76,6 +76,15 @@ class Fence:
         return self._core_placement
 
 
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where an attempt's rank 0 listens (`MASTER_ADDR:MASTER_PORT`) and on which node."""
+
+    node: str
+    address: str
+    port: int
+
+
 @dataclass
 class JobView:
     job_id: str
@@ -106,6 +115,8 @@ class JobView:
     holding: bool = False  # GPUs reserved and not yet released (also while cancelling)
     gang: GangState | None = None  # the current attempt's gang while it holds its GPUs
     fences: dict[int, Fence] = field(default_factory=dict)  # released attempts whose GPUs are still held
+    #: attempt -> its rendezvous port, while it holds it (until rank 0's node's GPUs are released)
+    rendezvous: dict[int, Rendezvous] = field(default_factory=dict)
     version: int = 0
     _core_job: tuple[JobSpec, datetime, core.Job] | None = field(default=None, repr=False, compare=False)
     _core_placement: tuple[list[ev.RankPlacement], core.Placement] | None = field(default=None, repr=False,
@@ -176,6 +187,8 @@ class NodeView:
     lost: bool = False
     allocations: dict[int, str] = field(default_factory=dict)  # GPU index -> job id
     registered_at: datetime | None = None
+    address: str | None = None  # where other hosts reach it (None: not advertised)
+    rendezvous_ports: tuple[int, int] | None = None  # MASTER_PORT range (None: the default)
     version: int = 0
     _core_node: tuple[NodeInventory, bool, core.Node] | None = field(default=None, repr=False, compare=False)
 
@@ -204,6 +217,11 @@ class ClusterView:
     #: The jobs that are `JobView.active`, kept as events are folded: the services scan these on
     #: every reconcile, and `jobs` grows with every job ever submitted.
     active: dict[str, JobView] = field(default_factory=dict)
+    #: Rendezvous ports held by live gangs: address -> port -> (job id, attempt). A port is held
+    #: from the GangReserved until rank 0's node's GPUs of that attempt are released (its
+    #: processes are gone), so placement never gives it to two live gangs (`core.rendezvous`).
+    #: Keyed by address, not node: simulated nodes on one machine share an address.
+    ports: dict[str, dict[int, tuple[str, int]]] = field(default_factory=dict)
     position: int = 0  # the last global position folded (when known)
     last_event_at: datetime | None = None
     _cluster: tuple[tuple[core.Node, ...], core.Cluster] | None = field(default=None, repr=False, compare=False)
@@ -374,11 +392,34 @@ def _gang_reserved(view: ClusterView, e: ev.GangReserved) -> None:
     j.state, j.reason, j.holding, j.gang = JobState.STARTING, None, True, GangState.STARTING
     j.started_ranks, j.exited_ranks, j.preempt = set(), {}, None
     j.resume_from = e.resume_from
+    _hold_port(view, j, e)
     for r in e.ranks:
         node = view.nodes.get(r.node)
         if node is not None:
             for g in r.gpus:
                 node.allocations[g] = e.job_id
+
+
+def _hold_port(view: ClusterView, j: JobView, e: ev.GangReserved) -> None:
+    """Record the attempt's rendezvous port as held on its address (a repeated GangReserved of the
+    same attempt replaces what the first one held)."""
+    _free_port(view, j, e.attempt)
+    master = min(e.ranks, key=lambda r: r.rank).node
+    j.rendezvous[e.attempt] = Rendezvous(node=master, address=e.master_addr, port=e.master_port)
+    view.ports.setdefault(e.master_addr, {})[e.master_port] = (e.job_id, e.attempt)
+
+
+def _free_port(view: ClusterView, j: JobView, attempt: int, node: str | None = None) -> None:
+    """Give back the attempt's rendezvous port (only when `node`, if given, is rank 0's node)."""
+    held = j.rendezvous.get(attempt)
+    if held is None or (node is not None and held.node != node):
+        return
+    del j.rendezvous[attempt]
+    ports = view.ports.get(held.address)
+    if ports is not None and ports.get(held.port) == (j.job_id, attempt):
+        del ports[held.port]
+        if not ports:
+            del view.ports[held.address]
 
 
 def _pending(view: ClusterView, e: ev.PlacementPending) -> None:
@@ -421,6 +462,9 @@ def _fence(view: ClusterView, j: JobView, e: ev.GangReleased) -> None:
                   open={n: tuple(sorted(g)) for n, g in held.items() if g})
     if fence.open:
         j.fences[j.attempt] = fence
+    master = j.rendezvous.get(j.attempt)
+    if master is not None and master.node not in fence.open:
+        _free_port(view, j, j.attempt)  # rank 0's node holds nothing of it any more
     j.gang = None
 
 
@@ -431,6 +475,8 @@ def _gpus_released(view: ClusterView, e: ev.GpusReleased) -> None:
             if node.allocations.get(g) == e.job_id:
                 del node.allocations[g]
     j = view.jobs.get(e.job_id)
+    if j is not None:
+        _free_port(view, j, e.attempt, e.node)
     fence = j.fences.get(e.attempt) if j is not None else None
     if j is not None and fence is not None:
         fence.open.pop(e.node, None)
@@ -507,9 +553,11 @@ def _node_registered(view: ClusterView, e: ev.NodeRegistered) -> None:
     inv = NodeInventory(node=e.node, gpus=e.gpus, nvlink_domains=e.nvlink_domains, rack=e.rack, zone=e.zone)
     existing = view.nodes.get(e.node)
     if existing is None:
-        view.nodes[e.node] = NodeView(name=e.node, inventory=inv, registered_at=e.occurred_at)
+        existing = view.nodes[e.node] = NodeView(name=e.node, inventory=inv, registered_at=e.occurred_at)
     else:
         existing.inventory, existing.lost, existing.registered_at = inv, False, e.occurred_at
+    existing.address = e.address
+    existing.rendezvous_ports = (e.rendezvous_ports.low, e.rendezvous_ports.high) if e.rendezvous_ports else None
 
 
 def _node_lost(view: ClusterView, e: ev.NodeLost) -> None:

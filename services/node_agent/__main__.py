@@ -5,9 +5,11 @@ Fake nodes (what `corral up` runs):
 F is a cluster file (YAML/JSON) or a file holding a shorthand such as `4x8:H100`; one agent runs
 per node of F (or per `--node` chosen from it).
 
-One real node:
+One real node: use `corral agent` (README, "Agents on their own hosts"), which also advertises the
+host's address and rendezvous ports. Here:
     --node NAME --inventory nvml [--rack R --zone Z --model M] --work-dir D
-discovers the GPUs with NVML; exits with status 2 and a clear message where NVML is absent.
+discovers the GPUs with NVML; exits with status 2 and a clear message where NVML is absent. The
+nodes it runs advertise no address: placement gives their gangs `CORRAL_MASTER_ADDR` (127.0.0.1).
 
 Workers outlive the agent (each gang runs under its own stepd): SIGTERM/SIGINT leave them running
 for the next agent to adopt (an upgrade). `--stop-workers-on-exit` (or
@@ -116,8 +118,11 @@ def inventories(args: argparse.Namespace) -> list[NodeInventory]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m corral.services.node_agent",
-                                description="Run Corral node agents (one per node).")
+    # allow_abbrev=False: an unknown flag is an error, never silently another one (`--cluster`
+    # became `--cluster-file` and the agent exited 2 and restarted forever).
+    p = argparse.ArgumentParser(prog="python -m corral.services.node_agent", allow_abbrev=False,
+                                description="Run Corral node agents (one per node). On a real host "
+                                "use `corral agent` (see the README).")
     p.add_argument("--cluster-file", type=Path, help="cluster file (YAML/JSON) or a file holding a "
                    "shorthand such as 4x8:H100; one agent per node")
     p.add_argument("--node", action="append", help="run only this node (repeatable); required with nvml")

@@ -27,9 +27,19 @@ from corral.contracts.worker import (
 
 from .run_as import WorkerUser
 
+TORCH_ENV = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE",
+)
+"""What torchrun gives each worker, which every rank gets here too (listed in the README), so a
+script written for torchrun runs unchanged."""
+
+ROLE_NAME = "default"
+"""torchrun's role of every worker (one role per job)."""
+
 RESERVED_ENV = frozenset({
-    "CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
-    "MASTER_ADDR", "MASTER_PORT", ENV_JOB_ID, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_ATTEMPT,
+    "CUDA_VISIBLE_DEVICES", *TORCH_ENV, ENV_JOB_ID, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_ATTEMPT,
     ENV_CONTROL, ENV_CHECKPOINT_SIGNAL,
 })
 """Variables the agent owns: inherited values are dropped and a job may not set them."""
@@ -71,6 +81,7 @@ class Assignment:
     restarts: int = 0
     workdir: Path | None = None
     user: WorkerUser | None = None  # the OS account the ranks run as (None: the agent's; see `run_as`)
+    group_world_size: int = 1  # how many nodes the gang spans (torchrun's GROUP_WORLD_SIZE)
 
     def __post_init__(self) -> None:
         if not self.job_id or "/" in self.job_id or self.job_id.startswith("."):
@@ -86,6 +97,9 @@ class Assignment:
         locals_ = [r.local_rank for r in self.ranks]
         if len(set(globals_)) != len(globals_) or len(set(locals_)) != len(locals_):
             raise ValueError(f"assignment {self.job_id}: ranks repeat a rank or local_rank: {self.ranks}")
+        if not 0 <= self.node_rank < self.group_world_size:
+            raise ValueError(f"assignment {self.job_id}: node_rank {self.node_rank} outside the gang's "
+                             f"{self.group_world_size} node(s) (group_world_size)")
         bad = [r for r in globals_ if not 0 <= r < self.world_size]
         if bad:
             raise ValueError(f"assignment {self.job_id}: rank(s) {bad} outside world_size {self.world_size}")
@@ -134,8 +148,17 @@ def build_rank_env(assignment: Assignment, rank: RankAssignment, control_path: P
         "WORLD_SIZE": str(assignment.world_size),
         "LOCAL_WORLD_SIZE": str(len(assignment.ranks)),
         "NODE_RANK": str(assignment.node_rank),
+        "GROUP_RANK": str(assignment.node_rank),
+        "GROUP_WORLD_SIZE": str(assignment.group_world_size),
+        "ROLE_NAME": ROLE_NAME,
+        "ROLE_RANK": str(rank.rank),
+        "ROLE_WORLD_SIZE": str(assignment.world_size),
         "MASTER_ADDR": assignment.master_addr,
         "MASTER_PORT": str(assignment.master_port),
+        "TORCHELASTIC_RUN_ID": assignment.job_id,
+        "TORCHELASTIC_RESTART_COUNT": str(assignment.attempt),
+        # No torchelastic agent store here: ranks create the TCPStore at MASTER_ADDR:MASTER_PORT.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
         ENV_JOB_ID: assignment.job_id,
         ENV_CHECKPOINT_DIR: str(assignment.checkpoint_dir),
         ENV_ATTEMPT: str(assignment.attempt),

@@ -36,10 +36,12 @@ DEFAULT_SIM_SECONDS = 60.0
 
 @dataclass(frozen=True)
 class LocalRanks:
-    """This node's share of a gang: NODE_RANK and its ranks, local ranks by global rank order."""
+    """This node's share of a gang: NODE_RANK and its ranks, local ranks by global rank order, and
+    how many nodes the gang spans."""
 
     node_rank: int
     ranks: tuple[RankAssignment, ...]
+    node_count: int = 1
 
 
 def local_ranks(event: GangReserved, node: str) -> LocalRanks | None:
@@ -54,7 +56,8 @@ def local_ranks(event: GangReserved, node: str) -> LocalRanks | None:
         return None
     mine = [r for r in ordered if r.node == node]
     return LocalRanks(node_rank=nodes.index(node),
-                      ranks=tuple(RankAssignment(r.rank, i, tuple(r.gpus)) for i, r in enumerate(mine)))
+                      ranks=tuple(RankAssignment(r.rank, i, tuple(r.gpus)) for i, r in enumerate(mine)),
+                      node_count=len(nodes))
 
 
 def job_command(spec: JobSpec, runtime: AgentRuntime, python: str) -> tuple[str, ...]:
@@ -88,6 +91,7 @@ def build_assignment(event: GangReserved, node: str, spec: JobSpec, *, runtime: 
         attempt=event.attempt,
         world_size=event.world_size,
         node_rank=share.node_rank,
+        group_world_size=share.node_count,
         master_addr=event.master_addr,
         master_port=event.master_port,
         ranks=share.ranks,

@@ -2,7 +2,7 @@
 
 Why one process for many nodes: `corral up` simulates a whole cluster on one machine; each node
 still has its own `Supervisor`, inventory, registration and heartbeat, exactly as one agent per
-real machine would. On a real cluster run one process per machine (`--node NAME --inventory nvml`).
+real machine would. On a real cluster run one process per machine (`corral agent`).
 
 What an agent does:
 - at start: publish NodeRegistered (its inventory) to `<ns>.inbox.NodeRegistered`;
@@ -70,6 +70,7 @@ from corral.contracts.events import (
     NodeHeartbeat,
     NodeLost,
     NodeRegistered,
+    PortRange,
     PreemptRequested,
     QueueConfigured,
 )
@@ -134,6 +135,10 @@ class AgentOptions:
     `run_as`: whose OS account the ranks run as (see `run_as`); AGENT here, so that code starting
     agents in-process keeps its behaviour; `python -m corral.services.node_agent` defaults to
     SUBMITTER, which takes effect when the agent is root.
+    `advertise_address`: where other hosts reach this machine, sent in NodeRegistered (rank 0's
+    node's address is a gang's MASTER_ADDR); None: placement's fallback (`CORRAL_MASTER_ADDR`).
+    `rendezvous_ports`: the (low, high) ports placement may give gangs mastered here as
+    MASTER_PORT; None: placement's default range.
     """
 
     work_dir: Path
@@ -146,6 +151,8 @@ class AgentOptions:
     python: str = sys.executable
     stop_workers_on_exit: bool = False  # a graceful stop leaves workers running unless this is set
     run_as: RunAs = RunAs.AGENT
+    advertise_address: str | None = None
+    rendezvous_ports: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.runtime not in ("sim", "sim-timer", "process"):
@@ -154,6 +161,8 @@ class AgentOptions:
             raise ValueError(f"heartbeat_seconds must be > 0, got {self.heartbeat_seconds}")
         if self.stop_grace_seconds < 0 or self.kill_grace_seconds < 0:
             raise ValueError("stop_grace_seconds and kill_grace_seconds must be >= 0")
+        if self.rendezvous_ports is not None:
+            PortRange(low=self.rendezvous_ports[0], high=self.rendezvous_ports[1])  # raises a clear error
         if not isinstance(self.run_as, RunAs):
             object.__setattr__(self, "run_as", RunAs.parse(str(self.run_as), "run_as"))
 
@@ -187,10 +196,12 @@ class NodeAgent:
 
     def registration(self) -> NodeRegistered:
         inv = self.inventory
+        ports = self.options.rendezvous_ports
         return NodeRegistered.new(stream=node_stream(self.node), actor=self.actor, correlation_id=self.node,
                                   node=self.node, gpus=list(inv.gpus),
                                   nvlink_domains=[list(d) for d in inv.nvlink_domains],
-                                  rack=inv.rack, zone=inv.zone)
+                                  rack=inv.rack, zone=inv.zone, address=self.options.advertise_address,
+                                  rendezvous_ports=PortRange(low=ports[0], high=ports[1]) if ports else None)
 
     def heartbeat(self, handled_position: int | None = None) -> NodeHeartbeat:
         self._heartbeats += 1
@@ -492,10 +503,13 @@ async def _heartbeats(bus: Bus, subjects: Subjects, host: AgentHost, every: floa
 
 async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeInventory],
                      options: AgentOptions, stop: asyncio.Event, *,
-                     on_ready: Callable[[AgentHost], None] | None = None) -> None:
+                     on_ready: Callable[[AgentHost], None] | None = None, credentials: str | None = None,
+                     ca: str | None = None) -> None:
     """Run one agent per inventory until `stop` is set, then shut down cleanly (see module doc).
 
     `on_ready` is called once the agents consume events and have queued their registrations.
+    `credentials` / `ca`: the NATS identity file and CA (default: `$CORRAL_NATS_CREDENTIALS`,
+    `$CORRAL_NATS_CA`; see `Bus.connect`).
     """
     if not inventories:
         raise ValueError("run_agents: no nodes to run; declare at least one node")
@@ -503,7 +517,8 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
     if len(set(names)) != len(names):
         raise ValueError(f"run_agents: node names repeat: {sorted(names)}")
     subjects = Subjects(namespace)
-    bus = await Bus.connect(nats_url, namespace, name=f"corral-node-agents-{namespace}")
+    bus = await Bus.connect(nats_url, namespace, name=f"corral-node-agents-{namespace}", credentials=credentials,
+                            ca=ca)
     publisher = ReportPublisher(bus, subjects)
     agents = [NodeAgent(inv, options, publisher) for inv in inventories]
     host = AgentHost(bus, agents, publisher)

@@ -159,7 +159,7 @@ def assignment_to_json(a: Assignment) -> dict[str, Any]:
         "env": dict(a.env), "resume_from": str(a.resume_from) if a.resume_from else None,
         "checkpoint_signal": a.checkpoint_signal, "max_restarts": a.max_restarts, "restarts": a.restarts,
         "workdir": str(a.workdir) if a.workdir else None,
-        "user": a.user.to_json() if a.user else None,
+        "user": a.user.to_json() if a.user else None, "group_world_size": a.group_world_size,
     }
 
 
@@ -174,6 +174,8 @@ def assignment_from_json(d: dict[str, Any]) -> Assignment:
         checkpoint_signal=d.get("checkpoint_signal") or "SIGUSR1", max_restarts=int(d.get("max_restarts", 0)),
         restarts=int(d.get("restarts", 0)), workdir=Path(d["workdir"]) if d.get("workdir") else None,
         user=WorkerUser.from_json(d["user"]) if d.get("user") else None,
+        # files written before it was recorded: at least enough nodes for this one's rank
+        group_world_size=int(d.get("group_world_size", int(d["node_rank"]) + 1)),
     )
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import zlib
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -40,6 +39,7 @@ from corral.contracts.registry import decode
 from corral.contracts.subjects import NODE_REPORT_TYPES, Subjects
 from corral.eventstore import Tracking
 from corral.projection import Fence, JobState, JobView
+from corral.services.placement.rendezvous import choose_rendezvous
 from corral.services.placement.report_auth import report_refused
 from corral.services.runtime import Service
 from corral.translate import wire_reason
@@ -61,6 +61,7 @@ class Placement(Service):
         self.limits = lifecycle.Limits.from_env(os.environ)
         #: which jobs each node's heartbeats list (the agents' word on what runs where)
         self.beats = lifecycle.Heartbeats()
+        #: MASTER_ADDR of a gang whose rank 0's node advertised no address (agents before issue 15)
         self.master_addr = os.environ.get("CORRAL_MASTER_ADDR", "127.0.0.1")
         self.heartbeats: dict[str, float] = {}
         self.started_at = self.clock()
@@ -151,7 +152,7 @@ class Placement(Service):
             stream = node_stream(event.node)
             known = self.view.nodes.get(event.node)
             self.heartbeats[event.node] = self.clock()
-            if known is not None and not known.lost and _same_inventory(known.inventory, event):
+            if known is not None and not known.lost and _same_inventory(known, event):
                 await self.append({}, tracking=tracking)
                 return
             event = msgspec.structs.replace(event, stream=stream)
@@ -326,16 +327,23 @@ class Placement(Service):
         # overlap), and one for the reasons: a commit per event was the log's limit under load.
         gangs: dict[str, list[Event]] = {}
         reasons: dict[str, list[Event]] = {}
+        taken: dict[str, set[int]] = {}  # rendezvous ports given out in this cycle, by address
         for decision in core.schedule(snapshot, self.config):
             job = self.view.jobs[decision.job_id]
+            reason: core.Reason | None = None
             if isinstance(decision, core.Place):
-                for stream, events in self._reserve(job, decision).items():
-                    gangs.setdefault(stream, []).extend(events)
-            elif isinstance(decision, core.Pending) and self.reason_news(job, str(decision.reason.code),
-                                                                         decision.reason.message):
+                reserved = self._reserve(job, decision, taken)
+                if isinstance(reserved, core.Reason):
+                    reason = reserved
+                else:
+                    for stream, events in reserved.items():
+                        gangs.setdefault(stream, []).extend(events)
+            elif isinstance(decision, core.Pending):
+                reason = decision.reason
+            if reason is not None and self.reason_news(job, str(reason.code), reason.message):
                 pending = ev.PlacementPending.new(stream=job_stream(job.job_id), actor="placement",
                                                   correlation_id=job.job_id, job_id=job.job_id,
-                                                  reason=wire_reason(decision.reason))
+                                                  reason=wire_reason(reason))
                 reasons[pending.stream] = [pending]
         if gangs:
             try:
@@ -349,14 +357,20 @@ class Placement(Service):
                     await self.refresh_stream(stream)
         await self.append(reasons)
 
-    def _reserve(self, job: JobView, decision: core.Place) -> dict[str, list[Event]]:
-        """GangReserved on the job's stream and a GpusAllocated on each node stream it touches."""
+    def _reserve(self, job: JobView, decision: core.Place,
+                 taken: dict[str, set[int]]) -> dict[str, list[Event]] | core.Reason:
+        """GangReserved on the job's stream and a GpusAllocated on each node stream it touches (a
+        Reason instead when rank 0's node has no free rendezvous port)."""
         stream = job_stream(job.job_id)
-        port = 29500 + zlib.crc32(f"{job.job_id}:{job.attempt}".encode()) % 20000
+        rendezvous = choose_rendezvous(self.view, job.job_id, job.attempt, decision.placement, taken,
+                                       self.master_addr)
+        if isinstance(rendezvous, core.Reason):
+            return rendezvous
+        address, port = rendezvous
         gang = ev.GangReserved.new(
             stream=stream, actor="placement", correlation_id=job.job_id, job_id=job.job_id,
             ranks=[ev.RankPlacement(rank=r.rank, node=r.node, gpus=list(r.gpus)) for r in decision.placement.ranks],
-            world_size=len(decision.placement.ranks), master_addr=self.master_addr, master_port=port,
+            world_size=len(decision.placement.ranks), master_addr=address, master_port=port,
             attempt=job.attempt, resume_from=job.resume_from)
         batches: dict[str, list[Event]] = {stream: [gang]}
         for node, gpus in decision.placement.gpus_by_node().items():
@@ -366,9 +380,13 @@ class Placement(Service):
         return batches
 
 
-def _same_inventory(inventory: Any, event: ev.NodeRegistered) -> bool:
+def _same_inventory(known: Any, event: ev.NodeRegistered) -> bool:
+    """Whether a registration says nothing new about a known node (then it is not recorded again)."""
+    inventory = known.inventory
+    ports = (event.rendezvous_ports.low, event.rendezvous_ports.high) if event.rendezvous_ports else None
     return bool(inventory.gpus == event.gpus and inventory.nvlink_domains == event.nvlink_domains
-                and inventory.rack == event.rack and inventory.zone == event.zone)
+                and inventory.rack == event.rack and inventory.zone == event.zone
+                and known.address == event.address and known.rendezvous_ports == ports)
 
 
 def _at(at: datetime | None) -> float:

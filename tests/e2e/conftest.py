@@ -16,7 +16,7 @@ import pytest
 from corral.client import Client
 from corral.contracts.queues import validate_queues
 from corral.stack.context import Context
-from corral.stack.up import Stack, StackOptions
+from corral.stack.up import Agents, Stack, StackOptions
 
 
 @dataclass
@@ -35,9 +35,9 @@ def make_stack(tmp_path: Path, nats_url: str, postgres_dsn: str, namespace: str)
     stacks: list[Stack] = []
 
     def make(cluster: str = "4x8:H100", runtime: str = "sim", env: dict[str, str] | None = None,
-             cluster_file: Path | None = None) -> Stack:
+             cluster_file: Path | None = None, agents: Agents = Agents.SIMULATED) -> Stack:
         stack = Stack(StackOptions(
-            data_dir=tmp_path / f"stack{len(stacks)}", cluster=cluster, cluster_file=cluster_file,
+            data_dir=tmp_path / f"stack{len(stacks)}", cluster=cluster, cluster_file=cluster_file, agents=agents,
             nats_url=nats_url, postgres_dsn=postgres_dsn, namespace=namespace, runtime=runtime,
             write_user_context=False,
             # the agents' workers outlive a graceful stop (an upgrade); a test's stack must not leave any

@@ -32,7 +32,7 @@ async def _write_log(dsn: str, *, barrier_broken: bool = False) -> None:
                 _job(job, ev.JobAdmitted, queue="q", priority=0, replicas=1, gpus_per_replica=2),
                 _job(job, ev.QuotaReserved, queue="q", gpus=2))])
             gang = _job(job, ev.GangReserved, ranks=[ev.RankPlacement(rank=0, node="n1", gpus=gpus)], world_size=1,
-                        master_addr="h", master_port=1)
+                        master_addr="h", master_port=29500 if job == "a" else 29501)
             alloc = ev.GpusAllocated.new(stream=node_stream("n1"), actor="test", correlation_id=job, node="n1",
                                          job_id=job, gpus=gpus)
             await store.append_multi({job_stream(job): (ANY, [to_new_event(gang)]),

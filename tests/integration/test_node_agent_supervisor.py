@@ -89,8 +89,9 @@ async def test_launched_rank_sees_exactly_the_specified_environment(tmp_path: Pa
     """)
     events = Recorder()
     sup = Supervisor(events, tmp_path / "run", base_env={"PATH": "/usr/bin:/bin", "RANK": "stale"})
-    a = Assignment(job_id="env-job", attempt=3, world_size=4, node_rank=1, master_addr="127.0.0.1",
-                   master_port=29501, ranks=(RankAssignment(2, 0, (4, 5)), RankAssignment(3, 1, (6, 7))),
+    a = Assignment(job_id="env-job", attempt=3, world_size=4, node_rank=1, group_world_size=2,
+                   master_addr="127.0.0.1", master_port=29501,
+                   ranks=(RankAssignment(2, 0, (4, 5)), RankAssignment(3, 1, (6, 7))),
                    command=dump, checkpoint_dir=tmp_path / "ckpt", log_dir=tmp_path / "logs",
                    env={"LR": "0.5"}, resume_from=tmp_path / "ckpt" / "old.pt")
     await sup.start(a)
@@ -103,6 +104,9 @@ async def test_launched_rank_sees_exactly_the_specified_environment(tmp_path: Pa
         "PATH": f"{AGENT_BIN}:/usr/bin:/bin", "PYTHONUNBUFFERED": "1",
         "CUDA_VISIBLE_DEVICES": "6,7", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
         "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29501",
+        "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_NAME": "default", "ROLE_RANK": "3",
+        "ROLE_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "env-job", "TORCHELASTIC_RESTART_COUNT": "3",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
         "LR": "0.5", "CORRAL_JOB_ID": "env-job", "CORRAL_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
         "CORRAL_RESUME_FROM": str(tmp_path / "ckpt" / "old.pt"), "CORRAL_ATTEMPT": "3",
         "CORRAL_CONTROL": str(tmp_path / "run" / "env-job" / "attempt-3" / "rank-3.control"),

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli import audit, cluster, demo, dlq, jobs, service, tools
+from corral.cli import agent, audit, cluster, demo, dlq, jobs, service, tools
 from corral.cli.output import console, err_console, fail, print_json, print_table
 from corral.cli.session import ConnectionOptions
 
@@ -57,22 +57,33 @@ def up(
         "--replicas", envvar="CORRAL_STREAM_REPLICAS", min=1, max=5,
         help="Servers holding each JetStream stream: 1 (the default) with the nats-server `corral up` "
              "starts; 3 with --nats listing a 3-node cluster.")] = None,
+    agents: Annotated[str, typer.Option(
+        "--agents", help="simulated: node agents for the --cluster nodes on this machine (the dev cluster); "
+                         "none: the control plane only, GPU hosts run `corral agent`.")] = "simulated",
+    agent_node: Annotated[list[str] | None, typer.Option(
+        "--agent-node", help="A node whose agent runs elsewhere (`corral agent --node NAME`); repeatable. Each "
+                             "gets NATS credentials <data-dir>/credentials/agent-node-agent-NAME.json.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Start NATS, Postgres, the five services and simulated node agents, and keep them running
     (a dead one is restarted with backoff). Ctrl-C (or SIGTERM) stops all in order, placement
-    first, leaving jobs as they are: the next `corral up` continues them."""
+    first, leaving jobs as they are: the next `corral up` continues them. `--agents none` runs the
+    control plane only (as `corral server`)."""
     from corral.stack.lock import AlreadyRunning
     from corral.stack.ready import wait_for_nodes
-    from corral.stack.up import Stack, StackOptions
+    from corral.stack.up import Agents, Stack, StackOptions
 
     nats = nats or ConnectionOptions.nats
     postgres = postgres or ConnectionOptions.postgres
     ns: str = namespace or ConnectionOptions.namespace or "corral"
     started = time.monotonic()
+    try:
+        mode = Agents(agents)
+    except ValueError:
+        raise typer.BadParameter(f"--agents {agents!r}: use simulated or none") from None
     stack = Stack(StackOptions(data_dir=data_dir, cluster=cluster, cluster_file=cluster_file, nats_url=nats,
                                postgres_dsn=postgres, namespace=ns, runtime=runtime,
-                               stream_replicas=replicas),
+                               stream_replicas=replicas, agents=mode, agent_nodes=tuple(agent_node or ())),
                   say=lambda message: err_console.print(message, highlight=False))
     signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM while starting stops what started, too
     try:
@@ -112,6 +123,22 @@ def up(
         console.print(where_commands_find(Path(ctx.data_dir or data_dir)), highlight=False)
         console.print("Ctrl-C stops everything.")
     _run_until_interrupted(stack, stopping)
+
+
+@app.command()
+def server(
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="Where servers keep their state.")] = Path(".corral"),
+    nats: Annotated[str | None, typer.Option("--nats", help="Use this external NATS instead of starting one.")] = None,
+    postgres: Annotated[str | None, typer.Option("--postgres", help="Use this external Postgres.")] = None,
+    namespace: Annotated[str | None, typer.Option(help="Subject/stream prefix (default corral).")] = None,
+    agent_node: Annotated[list[str] | None, typer.Option(
+        "--agent-node", help="A node whose agent runs elsewhere (`corral agent --node NAME`); repeatable.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """The control plane only: NATS, Postgres and the services, no node agents (`corral up --agents
+    none`). Each GPU host runs `corral agent`."""
+    up(data_dir=data_dir, cluster=None, cluster_file=None, nats=nats, postgres=postgres, namespace=namespace,
+       runtime="process", agents="none", agent_node=agent_node, json_out=json_out)
 
 
 def where_commands_find(data_dir: Path) -> str:
@@ -159,6 +186,7 @@ def _run_until_interrupted(stack: object, stopping: _StopRequest) -> None:
 
 
 jobs.register(app)
+agent.register(app)
 cluster.register(app)
 tools.register(app)
 tools.register_sim(app)

@@ -99,6 +99,7 @@ def node_rows(view: ClusterView) -> list[dict[str, Any]]:
             gpu_map.append(cells)
         rows.append({
             "node": n.name, "state": "lost" if n.lost else "ready", "rack": n.inventory.rack, "zone": n.inventory.zone,
+            "address": n.address, "rendezvous_ports": list(n.rendezvous_ports) if n.rendezvous_ports else None,
             "model": n.inventory.gpus[0].model if n.inventory.gpus else "", "gpus": n.gpu_count,
             "used": len(n.allocations), "free": n.gpu_count - len(n.allocations) if not n.lost else 0,
             "nvlink_domains": [list(d) for d in domains],

@@ -28,6 +28,8 @@ class ReasonCode(StrEnum):
     RECLAIMED_FOR_GUARANTEE = "RECLAIMED_FOR_GUARANTEE"
     PREEMPTED_FOR_LAS = "PREEMPTED_FOR_LAS"
     ORDERED_BEHIND = "ORDERED_BEHIND"
+    #: every rendezvous port of rank 0's node is held by a live gang (`corral.core.rendezvous`)
+    RENDEZVOUS_PORTS_EXHAUSTED = "RENDEZVOUS_PORTS_EXHAUSTED"
 
 
 Detail = tuple[str, int | float | str]

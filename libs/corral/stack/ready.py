@@ -15,7 +15,7 @@ from typing import Any
 from corral.client import Client
 from corral.contracts.queues import validate_queues
 from corral.stack.context import Context
-from corral.stack.up import Stack
+from corral.stack.up import Agents, Stack
 
 DEFAULT_QUEUES = {"queues": [{"name": "default", "guaranteed_gpus": 0, "weight": 1.0}]}
 
@@ -23,6 +23,8 @@ DEFAULT_QUEUES = {"queues": [{"name": "default", "guaranteed_gpus": 0, "weight":
 def expected_nodes(stack: Stack) -> int:
     from corral.contracts.cluster import load_cluster_file, parse_cluster_shorthand
 
+    if stack.options.agents is Agents.NONE:
+        return 0  # the control plane only: agents on other hosts register when they start
     raw = json.loads((stack.options.data_dir / "cluster.json").read_text())
     if "shorthand" in raw:
         return len(parse_cluster_shorthand(raw["shorthand"]).nodes)

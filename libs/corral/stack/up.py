@@ -35,6 +35,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from corral.bus.bus import CA_ENV
@@ -134,6 +135,14 @@ class ManagedProcess:
         self.proc = None
 
 
+class Agents(StrEnum):
+    """Which node agents `corral up` runs: simulated nodes on this machine (the one-command dev
+    cluster), or none (the control plane only; real hosts run `corral agent`)."""
+
+    SIMULATED = "simulated"
+    NONE = "none"
+
+
 @dataclass
 class StackOptions:
     data_dir: Path
@@ -158,6 +167,10 @@ class StackOptions:
     #: Replicas of each JetStream stream (`CORRAL_STREAM_REPLICAS` for every process); None: the
     #: bus's default (1 for a new stream). Above 1 only with an external NATS cluster (`nats_url`).
     stream_replicas: int | None = None
+    agents: Agents = Agents.SIMULATED
+    #: Nodes whose agents run elsewhere (`corral agent --node N`): each gets an identity of its own,
+    #: `<data_dir>/credentials/agent-node-agent-<N>.json`, when `corral up` runs its own NATS.
+    agent_nodes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -189,7 +202,7 @@ class Stack:
         self._stop_orphans()
         previous = self._previous_ports()
         nats_url = opts.nats_url
-        cluster_file = self._cluster_file()
+        cluster_file = self._cluster_file() if opts.agents is Agents.SIMULATED else None
         keyring: credentials.Keyring | None = None
         tls_files: tls.TlsFiles | None = None
         if not nats_url:
@@ -237,14 +250,15 @@ class Stack:
                 self.processes.append(ManagedProcess(
                     "placement-standby", [py, "-m", "corral.services.placement"], env,
                     log_dir / "placement-standby.log"))
-        self.processes.append(ManagedProcess(
-            "node-agents",
-            [py, "-m", "corral.services.node_agent", "--cluster-file", str(cluster_file),
-             "--runtime", opts.runtime, "--work-dir", str((opts.data_dir / "nodes").resolve())],
-            # One box, one user: every job runs as whoever ran `corral up` (export
-            # CORRAL_AGENT_RUN_AS=submitter to run them as their submitters; docs/security.md).
-            {**env, "CORRAL_AGENT_RUN_AS": env.get("CORRAL_AGENT_RUN_AS") or "agent"},
-            log_dir / "node-agents.log"))
+        if cluster_file is not None:
+            self.processes.append(ManagedProcess(
+                "node-agents",
+                [py, "-m", "corral.services.node_agent", "--cluster-file", str(cluster_file),
+                 "--runtime", opts.runtime, "--work-dir", str((opts.data_dir / "nodes").resolve())],
+                # One box, one user: every job runs as whoever ran `corral up` (export
+                # CORRAL_AGENT_RUN_AS=submitter to run them as their submitters; docs/security.md).
+                {**env, "CORRAL_AGENT_RUN_AS": env.get("CORRAL_AGENT_RUN_AS") or "agent"},
+                log_dir / "node-agents.log"))
         if keyring is not None:
             for p in self.processes:
                 user = "svc-" + p.name.removesuffix("-standby") if p.name != "node-agents" else self._agent_user
@@ -262,18 +276,21 @@ class Stack:
 
     _agent_user: str = "agent"
 
-    def _keyring(self, cluster_file: Path) -> credentials.Keyring:
-        """Every identity of this installation (created once, kept across restarts)."""
+    def _keyring(self, cluster_file: Path | None) -> credentials.Keyring:
+        """Every identity of this installation (created once, kept across restarts): the simulated
+        agents' process (hosting every node of `cluster_file`) and one per external agent node."""
         from corral.services.node_agent.__main__ import read_cluster
         from corral.services.node_agent.service import durable_name
 
-        nodes = [inv.node for inv in read_cluster(cluster_file).inventories()]
-        durable = durable_name(nodes)
-        keyring = credentials.generate(self.options.data_dir, self.options.namespace, services=SERVICES,
-                                       agents=[(nodes, durable)], admin=credentials.admin_name(),
-                                       submitters=self.options.submitters)
-        self._agent_user = f"agent-{durable}"
-        return keyring
+        agents: list[tuple[list[str], str]] = [([n], durable_name([n])) for n in self.options.agent_nodes]
+        if cluster_file is not None:
+            nodes = [inv.node for inv in read_cluster(cluster_file).inventories()]
+            durable = durable_name(nodes)
+            agents.append((nodes, durable))
+            self._agent_user = f"agent-{durable}"
+        return credentials.generate(self.options.data_dir, self.options.namespace, services=SERVICES,
+                                    agents=agents, admin=credentials.admin_name(),
+                                    submitters=self.options.submitters)
 
     def _cluster_file(self) -> Path:
         """The cluster the simulated agents declare: given, or remembered from the last run."""

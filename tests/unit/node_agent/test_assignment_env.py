@@ -15,7 +15,8 @@ from corral.services.node_agent.assignment import (
 
 
 def _assignment(**changes: object) -> Assignment:
-    base = Assignment(job_id="job-1", attempt=1, world_size=4, node_rank=1, master_addr="10.0.0.1",
+    base = Assignment(job_id="job-1", attempt=1, world_size=4, node_rank=1, group_world_size=2,
+                      master_addr="10.0.0.1",
                       master_port=29500, ranks=(RankAssignment(2, 0, (4, 5)), RankAssignment(3, 1, (6, 7))),
                       command=("python", "train.py"), checkpoint_dir=Path("/ckpt/job-1"),
                       log_dir=Path("/logs"), env={"LR": "0.1"})
@@ -29,6 +30,10 @@ def test_rank_env_is_what_torch_distributed_and_corral_worker_expect() -> None:
         "PATH": "/venv/bin:/bin", "PYTHONUNBUFFERED": "1", "LR": "0.1",
         "CUDA_VISIBLE_DEVICES": "6,7", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
         "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+        # torchrun's other variables: node = group, one role named "default", the job is the run
+        "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_NAME": "default", "ROLE_RANK": "3",
+        "ROLE_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "job-1", "TORCHELASTIC_RESTART_COUNT": "1",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
         "CORRAL_JOB_ID": "job-1", "CORRAL_CHECKPOINT_DIR": "/ckpt/job-1", "CORRAL_ATTEMPT": "1",
         "CORRAL_CONTROL": "/run/ctl", "CORRAL_CHECKPOINT_SIGNAL": "SIGUSR1",
     }
