@@ -53,6 +53,9 @@ class GpuLedger:
     def masks_of(self, placement: Placement) -> Masks:
         return self.fi.masks_of(placement)
 
+    def releasing_count(self) -> int:
+        return sum(m.bit_count() for m in self.releasing.values())
+
     def take(self, placement: Placement) -> Masks:
         """A placed gang takes its GPUs (all free); returns them per node."""
         masks = self.fi.masks_of(placement)
@@ -64,7 +67,7 @@ class GpuLedger:
         """Where the job would fit once the releasing GPUs are free (the index is left as it was)."""
         if not self.releasing:
             return None
-        if self.fi.total_free + sum(m.bit_count() for m in self.releasing.values()) < job.total_gpus:
+        if self.fi.total_free + self.releasing_count() < job.total_gpus:
             return None
         stmt = Statement(self.fi)
         try:
