@@ -70,6 +70,8 @@ class Placement(Service):
         #: besides the ones time moves on (every gang is looked at every tick).
         self._lifecycle_dirty: set[str] = set()
         self._lifecycles_full_at = float("-inf")
+        #: the core's job classes, kept between cycles (the view keeps its PendingJob objects)
+        self.classes = core.ClassMemo()
 
     #: Events after which the placement cycle may decide differently: a job starts or stops
     #: waiting for GPUs, GPUs are freed (GpusReleased: a node's fence opened), nodes come or go.
@@ -314,7 +316,7 @@ class Placement(Service):
         # overlap), and one for the reasons: a commit per event was the log's limit under load.
         gangs: dict[str, list[Event]] = {}
         reasons: dict[str, list[Event]] = {}
-        for decision in core.schedule(snapshot, self.config):
+        for decision in core.schedule(snapshot, self.config, memo=self.classes):
             job = self.view.jobs[decision.job_id]
             if isinstance(decision, core.Place):
                 for stream, events in self._reserve(job, decision).items():
