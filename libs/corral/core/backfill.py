@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from corral.core.gpuset import FreeGpus, Statement
+from corral.core.ledger import give_back
 from corral.core.model import Job, Placement
 from corral.core.placement import find_placement
 
@@ -77,10 +78,7 @@ def reserve(
             del marks[k:]
         while len(marks) < k:
             marks.append(stmt.mark())
-            for i, m in order[len(marks) - 1].masks:
-                give = m & ~fi.free[i] & ~claimed.get(i, 0) & fi.all_masks[i]
-                if give:
-                    stmt.give(i, give)
+            give_back(stmt, ((i, m & ~claimed.get(i, 0)) for i, m in order[len(marks) - 1].masks))
 
     def attempt(k: int) -> Placement | None:
         to_prefix(k)

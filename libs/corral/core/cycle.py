@@ -380,7 +380,6 @@ class Cycle:
         for r in self.prepared.running:
             if r.preempting and r.job.id not in victims:
                 out.append(Release(self.now, r.job.id, self.gpus.masks_of(r.placement)))
-        pool = self.gpus.releasing_release(self.now)
-        if pool is not None:
-            out.append(pool)
+        if self.gpus.releasing:
+            out.append(Release(self.now, "", tuple(sorted(self.gpus.releasing.items()))))
         return out

@@ -10,7 +10,8 @@ Statement for a gang, the ledger owns the books and offers the moves:
   being released (by earlier preemptions or by its own victims) are claimed; the victims' GPUs
   it does not need join the releasing pool;
 - `fit_with_releasing(job)` and `avoiding(masks)`: what-ifs on the index, always rolled back;
-- `give_back(stmt, masks)`: count held GPUs as free inside a what-if (plans and releases).
+- `give_back(stmt, masks)`: count held GPUs as free inside a what-if (plans and reservations);
+- `add_masks(books, masks)`: add GPUs to a book (node index -> mask).
 Every move keeps the order of index operations the cycle always used (the index's buckets keep
 insertion order, which breaks best-fit ties), so schedules stay byte-identical.
 """
@@ -20,12 +21,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
-from corral.core.backfill import Release
 from corral.core.gpuset import FreeGpus, Statement
 from corral.core.model import Job, Placement, RunningJob
 from corral.core.placement import find_placement
 
 Masks = tuple[tuple[int, int], ...]
+
+
+def add_masks(books: dict[int, int], masks: Iterable[tuple[int, int]]) -> None:
+    """Add GPUs (node index, mask) to a book of GPUs per node."""
+    for i, m in masks:
+        books[i] = books.get(i, 0) | m
 
 
 def give_back(stmt: Statement, masks: Iterable[tuple[int, int]]) -> None:
@@ -87,8 +93,7 @@ class GpuLedger:
         leaving: dict[int, int] = {}
         for v in victims:
             self.victims.add(v.job.id)
-            for i, m in fi.masks_of(v.placement):
-                leaving[i] = leaving.get(i, 0) | m
+            add_masks(leaving, fi.masks_of(v.placement))
         coming = 0
         for i, m in fi.masks_of(placement):
             from_victims = m & leaving.get(i, 0)
@@ -106,8 +111,7 @@ class GpuLedger:
             if hold:
                 fi.take(i, hold)
         spare = {i: m for i, m in leaving.items() if m}
-        for i, m in spare.items():
-            releasing[i] = releasing.get(i, 0) | m
+        add_masks(releasing, spare.items())
         return coming, bool(spare)
 
     @contextmanager
@@ -122,7 +126,3 @@ class GpuLedger:
             yield
         finally:
             hold.rollback()
-
-    def releasing_release(self, now: float) -> Release | None:
-        """The releasing pool as one backfill release, due now."""
-        return Release(now, "", tuple(sorted(self.releasing.items()))) if self.releasing else None

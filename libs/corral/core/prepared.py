@@ -18,6 +18,7 @@ from operator import attrgetter
 
 from corral.core.backfill import Release
 from corral.core.gpuset import FreeGpus
+from corral.core.ledger import add_masks
 from corral.core.model import PendingJob, RunningJob, SchedulerConfig, Snapshot
 from corral.core.ordering import iter_pending, tree_for
 from corral.core.quota import QueueTree, QueueUsage
@@ -63,8 +64,7 @@ def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Pre
     releasing: dict[int, int] = {}
     for r in running:
         if r.preempting:
-            for i, m in fi.masks_of(r.placement):
-                releasing[i] = releasing.get(i, 0) | m
+            add_masks(releasing, fi.masks_of(r.placement))
 
     def order(usage: QueueUsage) -> Iterator[PendingJob]:
         return iter_pending(snapshot, config, tree=tree, usage=usage)

@@ -26,6 +26,7 @@ from corral.core.backfill import Release
 from corral.core.cycle import Cycle
 from corral.core.decisions import Decision
 from corral.core.gpuset import ClusterIndex, FreeGpus
+from corral.core.ledger import add_masks
 from corral.core.model import (
     Cluster,
     NodeState,
@@ -111,8 +112,7 @@ class SchedulerState:
         self._used = {}
         for job_id, r in self._running.items():
             masks = self._masks[job_id] = self._index.held_masks(r, self._used)
-            for i, m in masks:
-                self._used[i] = self._used.get(i, 0) | m
+            add_masks(self._used, masks)
             if job_id in self._releases:
                 self._releases[job_id] = self._releases[job_id]._replace(masks=masks)
 
@@ -152,8 +152,7 @@ class SchedulerState:
         masks = self._index.held_masks(r, self._used)
         self._running[job_id] = r
         self._masks[job_id] = masks
-        for i, m in masks:
-            self._used[i] = self._used.get(i, 0) | m
+        add_masks(self._used, masks)
         self._count(r, +1)
         self._name(r.job.queue, +1)
 
@@ -260,8 +259,7 @@ class SchedulerState:
                 usage.add(q, out, active=False)
         releasing: dict[int, int] = {}
         for job_id in sorted(self._preempting):
-            for i, m in self._masks[job_id]:
-                releasing[i] = releasing.get(i, 0) | m
+            add_masks(releasing, self._masks[job_id])
         preemptors = set(self._preemptors)
         live: dict[int | None, int] | None = None
         sample: dict[int, PendingJob] | None = None
