@@ -86,8 +86,10 @@ class Candidates:
         if found is None:
             if self._attained is None:
                 self._attained = [(r, r.attained(self.now)) for r in self.eligible]
+            # `same_queue_outranks`, inlined: this list is rebuilt per job and threshold under LAS
+            q, prio = job.queue, job.priority
             found = self._las[key] = [
-                r for r, theirs in self._attained if theirs >= need or same_queue_outranks(job, r.job)
+                r for r, theirs in self._attained if theirs >= need or (r.job.queue == q and r.job.priority < prio)
             ]
         return found
 
