@@ -55,20 +55,20 @@ def test_no_core_function_is_over_60_lines() -> None:
     assert too_long == {}
 
 
+def _targets(node: ast.Assign | ast.AnnAssign) -> list[str]:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return [t.id for t in targets if isinstance(t, ast.Name)]
+
+
 def test_the_core_keeps_no_module_level_mutable_state() -> None:
     found = []
     for p in _modules():
-        for node in ast.parse(p.read_text()).body:
-            names = [t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
-                     if isinstance(t, ast.Name)] if isinstance(node, ast.Assign | ast.AnnAssign) else []
-            if names == ["__all__"]:
-                continue  # the export list: read by `import *` and linters, never changed
-            if isinstance(node, ast.Assign | ast.AnnAssign) and _is_mutable(node.value):
-                found.append(f"{p.relative_to(CORE).as_posix()}:{node.lineno}")
-            if isinstance(node, ast.Global):
-                found.append(f"{p.relative_to(CORE).as_posix()}:{node.lineno} global")
-    for p in _modules():
-        for f in _functions(ast.parse(p.read_text())):
-            found.extend(f"{p.relative_to(CORE).as_posix()}:{n.lineno} global" for n in ast.walk(f)
-                         if isinstance(n, ast.Global))
+        name = p.relative_to(CORE).as_posix()
+        tree = ast.parse(p.read_text())
+        for node in tree.body:
+            # `__all__`, the export list, is read by `import *` and linters and never changed
+            assigned = isinstance(node, ast.Assign | ast.AnnAssign) and _targets(node) != ["__all__"]
+            if assigned and _is_mutable(node.value):
+                found.append(f"{name}:{node.lineno} {ast.unparse(node)[:60]}")
+        found.extend(f"{name}:{n.lineno} global" for n in ast.walk(tree) if isinstance(n, ast.Global))
     assert found == []
