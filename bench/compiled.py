@@ -46,8 +46,8 @@ def _fingerprint() -> str:
     import mypy.version
 
     h = hashlib.sha256(f"mypyc {mypy.version.__version__} python {sys.version}".encode())
-    for path in sorted(CORE.glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted(CORE.rglob("*.py")):  # the core has subpackages (core/preemption/)
+        h.update(path.relative_to(CORE).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -73,8 +73,10 @@ def _compile_core(into: Path) -> None:
     (built / "corral" / "core").mkdir(parents=True)
     for so in scratch.glob("*.so"):  # the shared runtime module mypyc emits for a multi-module build
         shutil.copy2(so, built / so.name)
-    for so in (scratch / "corral" / "core").glob("*.so"):
-        shutil.copy2(so, built / "corral" / "core" / so.name)
+    for so in (scratch / "corral" / "core").rglob("*.so"):
+        target = built / "corral" / "core" / so.relative_to(scratch / "corral" / "core")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(so, target)
     shutil.rmtree(scratch)
 
 

@@ -35,7 +35,7 @@ from corral.core import (
     Topology,
     TopologyLevel,
 )
-from corral.core.cycle import _Cycle
+from corral.core.cycle import Cycle
 
 SHAPES = [  # (replicas, gpus_per_replica, weight)
     (1, 1, 30),
@@ -150,7 +150,7 @@ def run_once(snapshot: Snapshot, config: SchedulerConfig) -> tuple[float, list[f
 
     t0 = time.perf_counter()
     c0 = time.process_time()
-    cycle = _Cycle(snapshot, config)
+    cycle = Cycle.of(snapshot, config)
     order = order_pending(snapshot, config, tree=cycle.tree)
     per_job = []
     placed = preempted = 0

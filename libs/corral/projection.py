@@ -158,7 +158,7 @@ class JobView:
 
     def core_pending(self) -> core.PendingJob:
         """The job as the core's PendingJob; the same object while nothing it holds has changed, so
-        the core's per-job memos (see `core.cycle.class_id`) hit across reconciles."""
+        the core's per-job memos (see `core.ClassMemo`, kept by the services) hit across reconciles."""
         job = self.core_job()
         cached = self._core_pending
         # preempted_by and preempted_at only ever grow (see `_preempt_requested`): their sizes are a version

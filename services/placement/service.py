@@ -71,6 +71,8 @@ class Placement(Service):
         #: besides the ones time moves on (every gang is looked at every tick).
         self._lifecycle_dirty: set[str] = set()
         self._lifecycles_full_at = float("-inf")
+        #: the core's job classes, kept between cycles (the view keeps its PendingJob objects)
+        self.classes = core.ClassMemo()
 
     #: Events after which the placement cycle may decide differently: a job starts or stops
     #: waiting for GPUs, GPUs are freed (GpusReleased: a node's fence opened), nodes come or go.
@@ -328,7 +330,7 @@ class Placement(Service):
         gangs: dict[str, list[Event]] = {}
         reasons: dict[str, list[Event]] = {}
         taken: dict[str, set[int]] = {}  # rendezvous ports given out in this cycle, by address
-        for decision in core.schedule(snapshot, self.config):
+        for decision in core.schedule(snapshot, self.config, memo=self.classes):
             job = self.view.jobs[decision.job_id]
             reason: core.Reason | None = None
             if isinstance(decision, core.Place):

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from corral import core
 from corral.contracts import events as ev
@@ -38,6 +39,11 @@ class Preemption(Service):
     #: It decides at most every `preempt_interval_seconds`: gather events in larger batches.
     events_linger = 0.1
     _last_preempt = float("-inf")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: the core's job classes, kept between searches (the view keeps its PendingJob objects)
+        self.classes = core.ClassMemo()
 
     async def reconcile(self) -> None:
         await self._requeue()
@@ -71,7 +77,7 @@ class Preemption(Service):
         now = self.clock()
         snapshot = self.view.snapshot(now, pending=waiting)
         # only Preempt decisions matter here: the core may skip explaining jobs that stay pending
-        for decision in core.schedule(snapshot, self.config, explain=False):
+        for decision in core.schedule(snapshot, self.config, explain=False, memo=self.classes):
             if not isinstance(decision, core.Preempt):
                 continue
             for victim_id in decision.victims:

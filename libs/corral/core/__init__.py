@@ -5,9 +5,11 @@ A cycle takes a `Snapshot` (time, cluster, queues, pending and running jobs) and
 `Preempt` (victims to checkpoint so that the job fits afterwards) or `Pending` (with a `Reason`).
 
 Entry point:
-    schedule(snapshot, config=SchedulerConfig(), *, explain=True) -> list[Decision]
+    schedule(snapshot, config=SchedulerConfig(), *, explain=True, memo=None) -> list[Decision]
         explain=False: only the Place and Preempt decisions (exactly those of the full cycle),
         without explaining the jobs that stay pending; the simulator and the preemption service.
+        memo: a `ClassMemo` the caller keeps between calls (the core keeps no state of its own),
+        so that PendingJob objects kept from call to call are classed once.
     SchedulerState(cluster, queues, config): the same cycle for an owner that reports every change
         (add_pending / remove_pending / add_running / remove_running / replace_running /
         set_cluster) instead of building a snapshot; state.cycle(now, explain=False) equals
@@ -33,12 +35,18 @@ Phases, callable on their own because the live services split the work:
     static_feasibility(cluster, job, idle=None) -> Reason | None
         admission: TOPOLOGY_UNSATISFIABLE / NO_MATCHING_GPU when the request can never fit.
 
+Where each rule lives: `cycle` (the steps of one job's decision, in order), `prepared` (a cycle's
+input, from a snapshot; `state` keeps the same between cycles), `ledger` (free, releasing and
+claimed GPUs), `preemption/` (eligibility: the victim rule; candidates; search; plan), `quota`,
+`ordering`, `placement`, `backfill`, `reservation` (the quota service's round); `shortcuts` holds
+the speed-ups (class answers, negative caches, early stop), `reasons` the wording of answers.
+
 Policies (`SchedulerConfig.named`): "corral" fair share + EASY backfill + preemption + reclaim;
 "fifo" strict submit order; "priority" priority then age with in-queue preemption; "backfill" FIFO
 + EASY backfill; "las" least attained service first, preemptive (Tiresias-style).
 """
 
-from corral.core.cycle import schedule
+from corral.core.cycle import Cycle, schedule
 from corral.core.decisions import Decision, Pending, Place, Preempt, Reason, ReasonCode
 from corral.core.gpuset import FreeGpus, Statement
 from corral.core.model import (
@@ -63,10 +71,13 @@ from corral.core.ordering import order_pending
 from corral.core.placement import find_placement, static_feasibility
 from corral.core.preemption import select_victims
 from corral.core.quota import QueueTree, QueueUsage, quota_check
+from corral.core.shortcuts import ClassMemo
 from corral.core.state import SchedulerState
 
 __all__ = [
+    "ClassMemo",
     "Cluster",
+    "Cycle",
     "Decision",
     "FreeGpus",
     "Gpu",

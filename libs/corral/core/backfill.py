@@ -10,10 +10,12 @@ without an estimate may start only on GPUs the reservation does not need.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from corral.core.gpuset import FreeGpus, Statement
+from corral.core.ledger import give_back
 from corral.core.model import Job, Placement
 from corral.core.placement import find_placement
 
@@ -76,10 +78,7 @@ def reserve(
             del marks[k:]
         while len(marks) < k:
             marks.append(stmt.mark())
-            for i, m in order[len(marks) - 1].masks:
-                give = m & ~fi.free[i] & ~claimed.get(i, 0) & fi.all_masks[i]
-                if give:
-                    stmt.give(i, give)
+            give_back(stmt, ((i, m & ~claimed.get(i, 0)) for i, m in order[len(marks) - 1].masks))
 
     def attempt(k: int) -> Placement | None:
         to_prefix(k)
@@ -92,37 +91,50 @@ def reserve(
     # need a few releases out of hundreds, so this touches few of them.
     if not order:
         return None
-    need = job.total_gpus
-    have = fi.total_free
-    lo = 0  # the count bound: prefixes shorter than lo cannot fit
-    while lo < len(order) and have < need:
-        for i, m in order[lo].masks:
-            have += (m & ~fi.free[i] & ~claimed.get(i, 0) & fi.all_masks[i]).bit_count()
-        lo += 1
-    if have < need:
+    lo = _count_bound(fi, job.total_gpus, order, claimed)  # prefixes shorter than lo cannot fit
+    if lo is None:
         return None
     try:
-        hi, step = lo if lo > 0 else 1, 1
-        while attempt(hi) is None:
-            if hi == len(order):
-                return None
-            lo = hi  # from here on: prefixes of length <= lo are known not to fit
-            hi = min(len(order), hi + step)
-            step *= 2
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if attempt(mid) is not None:
-                hi = mid
-            else:
-                lo = mid
+        hi = _shortest_prefix(attempt, lo, len(order))
+        if hi is None:
+            return None
         placement = attempt(hi)
-        lo = hi
     finally:
         stmt.rollback()
     assert placement is not None
     return Reservation(
-        job.id, order[lo - 1].end, releases_of(placement, fi), placement.gpu_count, holder_within_guarantee
+        job.id, order[hi - 1].end, releases_of(placement, fi), placement.gpu_count, holder_within_guarantee
     )
+
+
+def _shortest_prefix(attempt: Callable[[int], Placement | None], lo: int, n: int) -> int | None:
+    """The shortest prefix length (of n) that `attempt` fits, knowing none shorter than `lo` does:
+    gallop then bisect. None: not even all n."""
+    hi, step = lo if lo > 0 else 1, 1
+    while attempt(hi) is None:
+        if hi == n:
+            return None
+        lo = hi  # from here on: prefixes of length <= lo are known not to fit
+        hi = min(n, hi + step)
+        step *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if attempt(mid) is not None:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _count_bound(fi: FreeGpus, need: int, order: list[Release], claimed: dict[int, int]) -> int | None:
+    """The shortest prefix of `order` whose GPUs (with the free ones) add up to `need`; None: none."""
+    have = fi.total_free
+    lo = 0
+    while lo < len(order) and have < need:
+        for i, m in order[lo].masks:
+            have += (m & ~fi.free[i] & ~claimed.get(i, 0) & fi.all_masks[i]).bit_count()
+        lo += 1
+    return lo if have >= need else None
 
 
 def find_placement_avoiding(fi: FreeGpus, job: Job, reservation: Reservation) -> Placement | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Final
 
 # the policies `SchedulerConfig.named` knows (module-level, not a class attribute of the frozen,
@@ -39,7 +40,9 @@ class TopologyLevel(StrEnum):
         return _LEVEL_DEPTH[self]
 
 
-_LEVEL_DEPTH = {TopologyLevel.NVLINK: 0, TopologyLevel.NODE: 1, TopologyLevel.RACK: 2, TopologyLevel.ZONE: 3}
+_LEVEL_DEPTH = MappingProxyType(
+    {TopologyLevel.NVLINK: 0, TopologyLevel.NODE: 1, TopologyLevel.RACK: 2, TopologyLevel.ZONE: 3}
+)
 
 
 class OrderPolicy(StrEnum):

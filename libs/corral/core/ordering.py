@@ -144,15 +144,7 @@ def fair_share_walk(
 
     remaining = sum(len(js) for js in heads.values())
     while remaining:
-        node = ROOT
-        while True:
-            heap = heaps[node]
-            while current.get((node, heap[0][1])) != heap[0][0]:
-                heapq.heappop(heap)  # stale: the candidate's key changed or it has no jobs left
-            choice = heap[0][1]
-            if choice == node:
-                break
-            node = choice
+        node = _descend(heaps, current)
         p = heads[node].popleft()
         yield p
         remaining -= 1
@@ -162,3 +154,19 @@ def fair_share_walk(
         for a in tree.path(node):
             refresh(a)
     yield from unknown
+
+
+_Offer = tuple[tuple[int, float], tuple[int, float, str], str]
+
+
+def _descend(heaps: dict[str, list[tuple[_Offer, str]]], current: dict[tuple[str, str], _Offer]) -> str:
+    """From the root, follow each level's best current offer down to the queue whose job is next."""
+    node = ROOT
+    while True:
+        heap = heaps[node]
+        while current.get((node, heap[0][1])) != heap[0][0]:
+            heapq.heappop(heap)  # stale: the candidate's key changed or it has no jobs left
+        choice = heap[0][1]
+        if choice == node:
+            return node
+        node = choice

@@ -12,18 +12,19 @@ free for big gangs). The gang is placed as a whole or not at all: `find_placemen
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from corral.core.decisions import Reason, ReasonCode
 from corral.core.gpuset import FreeGpus, indices_of
 from corral.core.model import Cluster, Job, NodeState, Placement, RankPlacement, TopologyLevel
 
-_SCOPE = {
+_SCOPE = MappingProxyType({
     None: "",
     TopologyLevel.NVLINK: " inside one NVLink domain",
     TopologyLevel.NODE: " on one node",
     TopologyLevel.RACK: " inside one rack",
     TopologyLevel.ZONE: " inside one zone",
-}
+})
 
 
 @dataclass(slots=True)

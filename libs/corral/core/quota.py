@@ -191,18 +191,10 @@ def quota_check(
             f"queue {job.queue} is not configured (configured queues: {known}); create it or fix the job's queue",
             (("queue", job.queue),),
         )
-    path = tree.path(job.queue)
-    for q, ceiling in tree.ceilings_of(job.queue):
-        used = usage.held.get(q, 0)
-        if used + g > ceiling:
-            return Reason(
-                ReasonCode.MAX_GPUS_EXCEEDED,
-                f"queue {q} uses {used} of max {ceiling} GPUs; job needs {g} more",
-                (("queue", q), ("used", used), ("max_gpus", ceiling), ("needs_gpus", g)),
-            )
-    if not quotas:
-        return None
-    for q in path:
+    over_ceiling = _over_ceiling(tree, usage, job)
+    if over_ceiling is not None or not quotas:
+        return over_ceiling
+    for q in tree.path(job.queue):
         used = usage.held.get(q, 0)
         guar = tree.guarantee[q]
         over_before = max(0, used - guar)
@@ -211,18 +203,7 @@ def quota_check(
             continue
         if not tree.limited[q]:
             continue  # siblings lend all they do not use: only capacity (placement) limits borrowing
-        parent = tree.parent(q)
-        lends = 0.0
-        borrowed = 0
-        for s in tree.children[parent]:
-            if s == q:
-                continue
-            su = usage.held.get(s, 0)
-            sg = tree.guarantee[s]
-            lends += min(max(0, sg - su), tree.lend_limit(s))
-            borrowed += max(0, su - sg)
-        parent_over = 0 if parent == ROOT else max(0, usage.held.get(parent, 0) + g - tree.guarantee[parent])
-        available = lends + tree.unassigned(parent) + parent_over - borrowed
+        available = _cohort_available(tree, usage, q, g)
         if over_after > available:
             cohort_lends = int(max(0, available - over_before))
             return Reason(
@@ -237,6 +218,37 @@ def quota_check(
                 ),
             )
     return None
+
+
+def _over_ceiling(tree: QueueTree, usage: QueueUsage, job: Job) -> Reason | None:
+    """MAX_GPUS_EXCEEDED when a queue on the job's path would go over its ceiling."""
+    g = job.total_gpus
+    for q, ceiling in tree.ceilings_of(job.queue):
+        used = usage.held.get(q, 0)
+        if used + g > ceiling:
+            return Reason(
+                ReasonCode.MAX_GPUS_EXCEEDED,
+                f"queue {q} uses {used} of max {ceiling} GPUs; job needs {g} more",
+                (("queue", q), ("used", used), ("max_gpus", ceiling), ("needs_gpus", g)),
+            )
+    return None
+
+
+def _cohort_available(tree: QueueTree, usage: QueueUsage, q: str, g: int) -> float:
+    """GPUs queue q may borrow beyond its guarantee: what its siblings lend (within their lend
+    limits, less what they borrow), what nobody is guaranteed, and its parent's own borrowing."""
+    parent = tree.parent(q)
+    lends = 0.0
+    borrowed = 0
+    for s in tree.children[parent]:
+        if s == q:
+            continue
+        su = usage.held.get(s, 0)
+        sg = tree.guarantee[s]
+        lends += min(max(0, sg - su), tree.lend_limit(s))
+        borrowed += max(0, su - sg)
+    parent_over = 0 if parent == ROOT else max(0, usage.held.get(parent, 0) + g - tree.guarantee[parent])
+    return lends + tree.unassigned(parent) + parent_over - borrowed
 
 
 def share_key(tree: QueueTree, usage: QueueUsage, queue: str) -> tuple[int, float]:

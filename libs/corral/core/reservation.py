@@ -118,7 +118,7 @@ def reserve_quota(
 
 class _Exposure:
     """Whether a job reserved this round could be preempted by a waiting job once it runs (a
-    superset of what `preemption._kind` may accept, given queue usage `usage`):
+    superset of what `preemption.eligibility.victim_kind` may accept, given queue usage `usage`):
     - a waiting job of higher priority in the same queue (priority preemption);
     - a queue on the job's path above its guarantee, with a waiting job in a sibling subtree of it
       (reclaim: that job may be entitled);

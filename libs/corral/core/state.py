@@ -6,9 +6,10 @@ job classes. A Philly replay runs ~100,000 cycles with one or two jobs changed b
 them, and that rebuilding was half of its time. Like Kueue's cache and queue manager, the owner
 (the simulator's engine) tells the state what happened -- a job arrived, started, was asked to
 checkpoint, ended; a node came or went -- and each change updates the derived parts in
-O(log n) or O(nodes it touches). `cycle(now)` then hands them to the same `_Cycle` as a
-`Prepared` and decides exactly what `schedule(state.snapshot(now), config)` decides
-(tests/unit/core/test_scheduler_state.py drives both with random changes and compares).
+O(log n) or O(nodes it touches). `cycle(now)` then hands them to the same `Cycle` as a
+`Prepared` (the input `prepared.prepare(snapshot)` builds from scratch) and decides exactly what
+`schedule(state.snapshot(now), config)` decides (tests/unit/core/test_scheduler_state.py drives
+both with random changes and compares).
 
 Pure like the rest of the core: no clock, no I/O; time is `cycle`'s argument. The order of the
 jobs added is remembered, so `snapshot()` lists them as the owner's own dicts would.
@@ -22,9 +23,10 @@ from collections.abc import Iterator, Sequence
 from operator import attrgetter
 
 from corral.core.backfill import Release
-from corral.core.cycle import Prepared, _Cycle, class_key
+from corral.core.cycle import Cycle
 from corral.core.decisions import Decision
 from corral.core.gpuset import ClusterIndex, FreeGpus
+from corral.core.ledger import add_masks
 from corral.core.model import (
     Cluster,
     NodeState,
@@ -36,7 +38,9 @@ from corral.core.model import (
     Snapshot,
 )
 from corral.core.ordering import fair_share_walk
+from corral.core.prepared import Prepared
 from corral.core.quota import QueueTree, QueueUsage
+from corral.core.shortcuts import class_key
 
 _BY_ID = attrgetter("job.id")
 _BY_SUBMIT = attrgetter("job.submit_time", "job.id")
@@ -76,7 +80,7 @@ class SchedulerState:
         self._configured = {q.name for q in self.queues}
         self._pending: dict[str, PendingJob] = {}
         self._running: dict[str, RunningJob] = {}
-        # classes (`cycle.class_key`): numbered here, for as long as the state lives
+        # classes (`shortcuts.class_key`): numbered here, for as long as the state lives
         self._class_ids: dict[tuple[object, ...], int] = {}
         self._class: dict[str, int] = {}
         self._members: dict[int, dict[str, PendingJob]] = {}
@@ -108,8 +112,7 @@ class SchedulerState:
         self._used = {}
         for job_id, r in self._running.items():
             masks = self._masks[job_id] = self._index.held_masks(r, self._used)
-            for i, m in masks:
-                self._used[i] = self._used.get(i, 0) | m
+            add_masks(self._used, masks)
             if job_id in self._releases:
                 self._releases[job_id] = self._releases[job_id]._replace(masks=masks)
 
@@ -149,8 +152,7 @@ class SchedulerState:
         masks = self._index.held_masks(r, self._used)
         self._running[job_id] = r
         self._masks[job_id] = masks
-        for i, m in masks:
-            self._used[i] = self._used.get(i, 0) | m
+        add_masks(self._used, masks)
         self._count(r, +1)
         self._name(r.job.queue, +1)
 
@@ -242,6 +244,11 @@ class SchedulerState:
 
     def cycle(self, now: float, *, explain: bool = False) -> list[Decision]:
         """`schedule(self.snapshot(now), self.config, explain=explain)`, from the kept state."""
+        cycle = Cycle(self.prepared(now), self.config)
+        return cycle.run() if explain else cycle.actions()
+
+    def prepared(self, now: float) -> Prepared:
+        """What `prepared.prepare(self.snapshot(now), ...)` builds from scratch, from the kept parts."""
         tree = self.tree()
         usage = QueueUsage(tree)
         leaving = self._leaving
@@ -250,36 +257,36 @@ class SchedulerState:
             usage.add(q, g - out)
             if out:
                 usage.add(q, out, active=False)
-        fi = FreeGpus(self.cluster, used=self._used)
         releasing: dict[int, int] = {}
         for job_id in sorted(self._preempting):
-            for i, m in self._masks[job_id]:
-                releasing[i] = releasing.get(i, 0) | m
+            add_masks(releasing, self._masks[job_id])
         preemptors = set(self._preemptors)
         live: dict[int | None, int] | None = None
         sample: dict[int, PendingJob] | None = None
         if not any(x in self._pending for x in preemptors):
-            # classes in the order of their first job in the snapshot (see `_Cycle.actions`)
-            seq = self._seq
-            firsts = sorted((seq[next(iter(m))], k) for k, m in self._members.items())
-            members = self._members
-            live = {k: len(members[k]) for _, k in firsts}
-            sample = {k: next(iter(members[k].values())) for _, k in firsts}
-        prepared = Prepared(
+            live, sample = self._live_classes()
+        return Prepared(
+            snapshot=self.snapshot(now),
             tree=tree,
             usage=usage,
-            fi=fi,
+            fi=FreeGpus(self.cluster, used=self._used),
             running=sorted(self._running.values(), key=_BY_ID),
             releasing=releasing,
             preemptors=preemptors,
             order=self._ordered,
             classes=self._class,
+            releases=self._releases if self.config.backfill else {},
             live=live,
             sample=sample,
-            releases=self._releases,
         )
-        cycle = _Cycle(self.snapshot(now), self.config, prepared)
-        return cycle.run() if explain else cycle.actions()
+
+    def _live_classes(self) -> tuple[dict[int | None, int], dict[int, PendingJob]]:
+        """Classes in the order of their first job in the snapshot (see `shortcuts.EarlyStop`),
+        with their job counts and that first job."""
+        seq, members = self._seq, self._members
+        firsts = sorted((seq[next(iter(m))], k) for k, m in self._members.items())
+        live: dict[int | None, int] = {k: len(members[k]) for _, k in firsts}
+        return live, {k: next(iter(members[k].values())) for _, k in firsts}
 
     def _ordered(self, usage: QueueUsage) -> Iterator[PendingJob]:
         if self.config.order is not OrderPolicy.FAIR_SHARE:

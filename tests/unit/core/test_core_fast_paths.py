@@ -1,7 +1,7 @@
 """The cycle's fast paths decide exactly what the plain definitions decide.
 
 Why: to replay a 52,849-job trace quickly, the core orders pending jobs with per-level heaps and
-answers every job of an already-decided class from a cache (see `cycle._Cycle.decide`). These
+answers every job of an already-decided class from a cache (see `cycle.Cycle.decide` and `shortcuts`). These
 properties drive the same random clusters, queue trees and job streams as the invariant tests and
 compare, on every cycle, the fast answer with the plain one: the fair-share order against a
 straightforward walk of the tree, the decisions against a cycle that decides every job in full,
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from corral.core import Pending, PendingJob, SchedulerConfig, Snapshot, schedule
-from corral.core.cycle import _Cycle
+from corral.core.cycle import Cycle
 from corral.core.ordering import order_pending, tree_for
 from corral.core.quota import ROOT, QueueTree, QueueUsage, share_key
 
@@ -61,10 +61,10 @@ def reference_fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list
     return out + unknown
 
 
-class _PlainCycle(_Cycle):
+class _PlainCycle(Cycle):
     """The cycle with the per-class answers switched off: every job decided in full."""
 
-    def _class_of(self, p: PendingJob) -> None:
+    def class_of(self, p: PendingJob) -> None:
         return None
 
 
@@ -77,7 +77,7 @@ def _same_order(snap: Snapshot, config: SchedulerConfig, decisions: object) -> N
 
 
 def _same_decisions(snap: Snapshot, config: SchedulerConfig, decisions: list[object]) -> None:
-    assert decisions == _PlainCycle(snap, config).run()
+    assert decisions == _PlainCycle.of(snap, config).run()
     assert schedule(snap, config, explain=False) == [d for d in decisions if not isinstance(d, Pending)]
 
 

@@ -1,0 +1,156 @@
+"""Possible victims, cheapest first: per cycle (`Candidates`) and per plan (`VictimSequence`).
+
+Problem: listing victims is the costly part of preemption (O(running jobs) and a sort by lost
+work), yet most cycles never look for victims and most plans need only the first few. So the
+cycle's list is built on first use and filtered to those the victim rule (`eligibility`) can
+accept for the job at hand; a plan then walks it lazily, applying the rule exactly.
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+
+from corral.core.decisions import ReasonCode
+from corral.core.model import Job, OrderPolicy, PendingJob, RunningJob, SchedulerConfig
+from corral.core.preemption.eligibility import (
+    ReclaimCache,
+    las_threshold,
+    same_queue_outranks,
+    statically_eligible,
+    victim_kind,
+)
+from corral.core.quota import QueueTree, QueueUsage
+
+_FIRST = itemgetter(0)
+
+
+def victim_cost_key(r: RunningJob, now: float) -> tuple[float, int, int, str]:
+    """Cheapest victims first: least work lost, then lowest priority, then most GPUs freed."""
+    return (r.lost_work(now), r.job.priority, -r.placement.gpu_count, r.job.id)
+
+
+class Candidates:
+    """One cycle's possible victims, cheapest first (costs are fixed for the cycle), built on
+    first use: overall, per queue, and per LAS threshold. `running` is sorted by job id."""
+
+    def __init__(self, running: list[RunningJob], now: float, config: SchedulerConfig) -> None:
+        self.running, self.now, self.config = running, now, config
+        self._eligible: list[RunningJob] | None = None
+        self._by_queue: dict[str, list[RunningJob]] = {}
+        self._attained: list[tuple[RunningJob, float]] | None = None
+        self._lowest: dict[str, int] | None = None  # per queue: the lowest priority running
+        self._las: dict[tuple[float, str, int], list[RunningJob]] = {}
+
+    @property
+    def eligible(self) -> list[RunningJob]:
+        """Running jobs that may be victims this cycle, cheapest first."""
+        if self._eligible is None:
+            now, config = self.now, self.config
+            costed = [(victim_cost_key(r, now), r) for r in self.running if statically_eligible(r, now, config)]
+            costed.sort(key=_FIRST)
+            self._eligible = [r for _, r in costed]
+            for r in self._eligible:
+                self._by_queue.setdefault(r.job.queue, []).append(r)
+        return self._eligible
+
+    @property
+    def by_queue(self) -> dict[str, list[RunningJob]]:
+        """`eligible`, per queue."""
+        if self._eligible is None:
+            _ = self.eligible
+        return self._by_queue
+
+    def for_job(self, p: PendingJob, tree: QueueTree, usage: QueueUsage) -> list[RunningJob]:
+        """Running jobs worth examining: everyone when LAS or reclaim may apply, else the queue's."""
+        job, config = p.job, self.config
+        if config.order is OrderPolicy.LAS and config.preemption:
+            return self.eligible if config.reclaim else self._las_for(p)
+        if (
+            config.reclaim
+            and config.quotas
+            and tree.known(job.queue)
+            and usage.active.get(job.queue, 0) + job.total_gpus <= tree.guarantee[job.queue]
+        ):
+            return self.eligible
+        return self.same_queue(job) if config.preemption else []
+
+    def _las_for(self, p: PendingJob) -> list[RunningJob]:
+        """Only those the LAS rule can accept: far more attained service, or lower priority in
+        the same queue (filtering here keeps the cost order and the answer). One list per
+        (threshold, queue, priority) a cycle: every new job (no service yet) of a queue shares it."""
+        job = p.job
+        need = las_threshold(self.config, p.attained_gpu_seconds)
+        need -= 1e-6 * (1.0 + abs(need))  # a superset: `victim_kind` decides exactly, rounding aside
+        key = (need, job.queue, job.priority)
+        found = self._las.get(key)
+        if found is None:
+            if self._attained is None:
+                self._attained = [(r, r.attained(self.now)) for r in self.eligible]
+            # `same_queue_outranks`, inlined: this list is rebuilt per job and threshold under LAS
+            q, prio = job.queue, job.priority
+            found = self._las[key] = [
+                r for r, theirs in self._attained if theirs >= need or (r.job.queue == q and r.job.priority < prio)
+            ]
+        return found
+
+    def same_queue(self, job: Job) -> list[RunningJob]:
+        """Possible victims in the job's own queue, cheapest first. Outside LAS a same-queue victim
+        can only be one of lower priority (reclaim is between queues), so the others are left out,
+        and when the queue runs nothing of lower priority the victims' cost order is not built."""
+        if self.config.order is OrderPolicy.LAS:
+            return self.by_queue.get(job.queue, [])
+        if self._lowest is None:
+            self._lowest = {}
+            for r in self.running:
+                q, prio = r.job.queue, r.job.priority
+                if prio < self._lowest.get(q, prio + 1):
+                    self._lowest[q] = prio
+        low = self._lowest.get(job.queue)
+        if low is None or low >= job.priority:
+            return []
+        return [r for r in self.by_queue.get(job.queue, []) if same_queue_outranks(job, r.job)]
+
+
+class VictimSequence:
+    """One plan's eligible victims in cost order, built lazily: most plans need only the first
+    few, and eligibility of a reclaim victim depends on the ones before it (its queue must still
+    borrow)."""
+
+    def __init__(
+        self,
+        now: float,
+        config: SchedulerConfig,
+        tree: QueueTree,
+        usage: QueueUsage,
+        pending: PendingJob,
+        ordered: list[RunningJob],
+    ):
+        self.now, self.config, self.tree = now, config, tree
+        self.work = usage.copy()
+        self.pending = pending
+        self.ordered = ordered
+        self.pos = 0
+        self.items: list[RunningJob] = []
+        self.kinds: dict[str, ReasonCode] = {}
+        self.gpus = 0
+        self.cache = ReclaimCache(tree, self.work, pending.job)
+
+    def extend(self, k: int) -> bool:
+        """Grow to at least k victims; False when fewer exist."""
+        while len(self.items) < k and self.pos < len(self.ordered):
+            r = self.ordered[self.pos]
+            self.pos += 1
+            kind = victim_kind(self.now, self.config, self.tree, self.work, self.pending, r, self.cache)
+            if kind is None:
+                continue
+            self.items.append(r)
+            self.kinds[r.job.id] = kind
+            self.gpus += r.placement.gpu_count
+            if kind is ReasonCode.RECLAIMED_FOR_GUARANTEE:
+                self.work.deactivate(r.job.queue, r.placement.gpu_count)
+                self.cache.forget_entitlement()  # a shared ancestor's usage may have dropped
+        return len(self.items) >= k
+
+    @property
+    def exhausted(self) -> bool:
+        return self.pos >= len(self.ordered)

@@ -1,0 +1,130 @@
+"""Who may be a victim of whom: the one home of the victim rule.
+
+Problem: the rule used to be split between a "statically eligible" filter (read when the cycle
+lists possible victims) and a per-preemptor `_kind` (read when a plan picks them), with the
+candidate listing repeating parts of both. Here the whole rule lives in one place:
+- `statically_eligible`: whoever the preemptor, never a victim: non-preemptible, younger than
+  `min_runtime_seconds`, already preempting, or its preemption budget spent (no loops);
+- `victim_kind`: for one preemptor, the reason a running job may be its victim (priority within
+  a queue, LAS, reclaim of guarantee from a borrowing sibling subtree), or None;
+- `same_queue_outranks` and `las_threshold`: the parts of `victim_kind` the candidate listing
+  filters by (a superset, so that `victim_kind` still decides).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from corral.core.decisions import ReasonCode
+from corral.core.model import Job, OrderPolicy, PendingJob, RunningJob, SchedulerConfig
+from corral.core.quota import QueueTree, QueueUsage, within_guarantee
+
+
+def budget_spent(preempted_at: Sequence[float], now: float, config: SchedulerConfig) -> bool:
+    """Whether a job preempted at `preempted_at` has no preemption left in the budget's window."""
+    budget = config.preemption_budget
+    if budget <= 0 or len(preempted_at) < budget:
+        return False
+    window = config.preemption_budget_seconds
+    return sum(1 for t in preempted_at if now - t < window) >= budget
+
+
+def statically_eligible(r: RunningJob, now: float, config: SchedulerConfig) -> bool:
+    """Whether a running job may ever be a victim this cycle, whoever the preemptor."""
+    return (not r.preempting and r.job.preemptible and now - r.start_time >= r.job.min_runtime_seconds
+            and not budget_spent(r.preempted_at, now, config))
+
+
+def same_queue_outranks(job: Job, victim: Job) -> bool:
+    """Within a queue, only a strictly higher priority preempts (a tie never does)."""
+    return victim.queue == job.queue and victim.priority < job.priority
+
+
+def las_threshold(config: SchedulerConfig, mine: float) -> float:
+    """Attained service a LAS victim needs at least (both the ratio and the gap must hold)."""
+    return max(config.las_preemption_ratio * mine, mine + config.las_min_gap_gpu_seconds)
+
+
+def lca_children(tree: QueueTree, a: str, b: str) -> tuple[str, str]:
+    """The two children of the lowest common ancestor of queues a and b, on a's and b's side."""
+    pa = tree.path(a)[::-1]
+    pb = tree.path(b)[::-1]
+    n = 0
+    while n < len(pa) and n < len(pb) and pa[n] == pb[n]:
+        n += 1
+    return pa[min(n, len(pa) - 1)], pb[min(n, len(pb) - 1)]
+
+
+class ReclaimCache:
+    """Per-plan answers that do not change while victims are picked: which sibling subtrees a
+    victim's queue and the preemptor's meet at, and whether the preemptor is entitled there
+    (victims only leave other subtrees, so the preemptor's own usage is fixed)."""
+
+    def __init__(self, tree: QueueTree, usage: QueueUsage, job: Job):
+        self.tree, self.usage, self.job = tree, usage, job
+        self._sides: dict[str, tuple[str, str]] = {}
+        self._entitled: dict[str, bool] = {}
+
+    def sides(self, queue: str) -> tuple[str, str]:
+        s = self._sides.get(queue)
+        if s is None:
+            s = self._sides[queue] = lca_children(self.tree, self.job.queue, queue)
+        return s
+
+    def forget_entitlement(self) -> None:
+        self._entitled.clear()
+
+    def entitled(self, mine_side: str) -> bool:
+        e = self._entitled.get(mine_side)
+        if e is None:
+            e = self._entitled[mine_side] = within_guarantee(
+                self.tree, self.usage, self.job.queue, self.job.total_gpus, upto=mine_side
+            )
+        return e
+
+
+def victim_kind(
+    now: float,
+    config: SchedulerConfig,
+    tree: QueueTree,
+    usage: QueueUsage,
+    pending: PendingJob,
+    r: RunningJob,
+    cache: ReclaimCache | None = None,
+) -> ReasonCode | None:
+    """Why `r` may be preempted for `pending` right now (`usage` as the plan has it so far), or
+    None when it may not."""
+    job = pending.job
+    if not statically_eligible(r, now, config):
+        return None
+    if job.id in r.preempted_by or r.job.id in pending.preempted_by or r.job.id == job.id:
+        return None  # no ping-pong, and never twice by the same preemptor
+    if config.preemption and same_queue_outranks(job, r.job):
+        return ReasonCode.PREEMPTED_FOR_PRIORITY
+    if config.preemption and config.order is OrderPolicy.LAS:
+        theirs, mine = r.attained(now), pending.attained_gpu_seconds
+        if theirs >= config.las_preemption_ratio * mine and theirs - mine >= config.las_min_gap_gpu_seconds:
+            return ReasonCode.PREEMPTED_FOR_LAS
+    if config.reclaim and config.quotas and r.job.queue != job.queue and tree.known(job.queue):
+        return _reclaim_kind(tree, usage, job, r, cache)
+    return None
+
+
+def _reclaim_kind(
+    tree: QueueTree, usage: QueueUsage, job: Job, r: RunningJob, cache: ReclaimCache | None
+) -> ReasonCode | None:
+    """Across queues, only to reclaim guarantee: the preemptor stays within its guarantee and the
+    victim's sibling subtree borrows (is over its own guarantee)."""
+    mine_side, their_side = lca_children(tree, job.queue, r.job.queue) if cache is None else cache.sides(r.job.queue)
+    if mine_side == their_side:
+        return None  # one queue is the other's ancestor: not a reclaim between siblings
+    entitled = (
+        within_guarantee(tree, usage, job.queue, job.total_gpus, upto=mine_side)
+        if cache is None
+        else cache.entitled(mine_side)
+    )
+    if not entitled:
+        return None
+    if usage.active.get(their_side, 0) > tree.guarantee.get(their_side, 0):
+        return ReasonCode.RECLAIMED_FOR_GUARANTEE
+    return None

@@ -1,0 +1,130 @@
+"""A preemption plan for one pending job: `plan_preemption` (the cycle's) and `select_victims`
+(the preemption service's, on a snapshot).
+
+Problem: a plan must never preempt unless the preemptor provably fits once the victims are
+gone, and must cost as little lost work as it can. So it lists the eligible victims in cost
+order (`candidates`), searches the cheapest set after which the job fits (`search`: placement
+simulated on the index, quota re-checked) and explains the choice (`PreemptionPlan.reason`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from corral.core.decisions import Reason, ReasonCode
+from corral.core.gpuset import FreeGpus, Statement
+from corral.core.ledger import give_back
+from corral.core.model import PendingJob, Placement, RunningJob, SchedulerConfig, Snapshot
+from corral.core.ordering import tree_for
+from corral.core.preemption.candidates import VictimSequence, victim_cost_key
+from corral.core.preemption.search import VictimSearch
+from corral.core.quota import QueueTree, QueueUsage
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPlan:
+    """Victims (sorted by id), where the preemptor will run once they are gone, and why."""
+
+    victims: tuple[RunningJob, ...]
+    placement: Placement
+    reason: Reason
+
+    @property
+    def victim_ids(self) -> tuple[str, ...]:
+        return tuple(v.job.id for v in self.victims)
+
+
+def plan_preemption(
+    snapshot: Snapshot,
+    pending: PendingJob,
+    config: SchedulerConfig,
+    *,
+    free: FreeGpus,
+    tree: QueueTree,
+    usage: QueueUsage,
+    candidates: Sequence[RunningJob],
+    taken: set[str] | frozenset[str] = frozenset(),
+    check_quota: bool = True,
+    releasing: dict[int, int] | None = None,
+    presorted: bool = False,
+) -> PreemptionPlan | Reason | None:
+    """The cheapest victim set among `candidates` after which the job fits, or a Reason, or None
+    when no running job is an eligible victim at all. `free` is left exactly as it was.
+
+    `presorted=True` promises `candidates` are already in `victim_cost_key` order.
+    `check_quota=False` skips the quota re-check when the job already passes quota without victims
+    (removing victims never makes quota worse). GPUs in `releasing` (being released by earlier
+    preemptions) count as free for this plan.
+    """
+    now = snapshot.now
+    ordered = [r for r in candidates if r.job.id not in taken]
+    if not presorted:
+        ordered.sort(key=lambda r: victim_cost_key(r, now))
+    seq = VictimSequence(now, config, tree, usage, pending, ordered)
+    if not seq.extend(1):
+        return None
+    base = Statement(free)
+    try:
+        give_back(base, (releasing or {}).items())
+        found = VictimSearch(snapshot, pending, config, free, tree, usage, seq, check_quota).run()
+    finally:
+        base.rollback()
+    if isinstance(found, Reason):
+        return found
+    chosen, placement = found
+    kinds = {seq.kinds[v.job.id] for v in chosen}
+    return PreemptionPlan(tuple(sorted(chosen, key=lambda r: r.job.id)), placement, _reason(kinds, chosen, now))
+
+
+def _reason(job_kinds: set[ReasonCode], victims: Sequence[RunningJob], now: float) -> Reason:
+    lost = sum(v.lost_work(now) for v in victims)
+    gpus = sum(v.placement.gpu_count for v in victims)
+    ids = ", ".join(sorted(v.job.id for v in victims))
+    if ReasonCode.RECLAIMED_FOR_GUARANTEE in job_kinds:
+        code = ReasonCode.RECLAIMED_FOR_GUARANTEE
+        why = "reclaiming guaranteed GPUs from borrowing queues"
+    elif ReasonCode.PREEMPTED_FOR_LAS in job_kinds:
+        code = ReasonCode.PREEMPTED_FOR_LAS
+        why = "victims attained far more service"
+    else:
+        code = ReasonCode.PREEMPTED_FOR_PRIORITY
+        why = f"victims have lower priority (max {max(v.job.priority for v in victims)})"
+    return Reason(
+        code,
+        f"preempting {len(victims)} job(s) ({ids}) holding {gpus} GPUs, {why}; "
+        f"{lost:.0f} GPU-seconds since their last checkpoint are lost",
+        (("victims", len(victims)), ("freed_gpus", gpus), ("lost_gpu_seconds", lost)),
+    )
+
+
+def select_victims(
+    snapshot: Snapshot,
+    job: PendingJob,
+    config: SchedulerConfig = SchedulerConfig(),
+    *,
+    free: FreeGpus | None = None,
+) -> tuple[str, ...] | Reason:
+    """Victim ids for `job` on this snapshot (sorted), or a Reason why preemption cannot help.
+
+    `free` defaults to the GPUs left free by every running job in the snapshot.
+    """
+    tree = tree_for(snapshot, config)
+    usage = QueueUsage.of(tree, snapshot.running)
+    fi = free if free is not None else FreeGpus.from_running(snapshot.cluster, snapshot.running)
+    plan = plan_preemption(
+        snapshot,
+        job,
+        config,
+        free=fi,
+        tree=tree,
+        usage=usage,
+        candidates=sorted(snapshot.running, key=lambda r: r.job.id),
+    )
+    if plan is None:
+        return Reason(
+            ReasonCode.GANG_DOES_NOT_FIT,
+            f"needs {job.job.shape}; no running job may be preempted for it",
+            (("needs_gpus", job.job.total_gpus), ("eligible_victims", 0)),
+        )
+    return plan if isinstance(plan, Reason) else plan.victim_ids

@@ -1,0 +1,92 @@
+"""Prepared: everything a cycle starts from, derived from a snapshot -- built here, or kept.
+
+Problem: a cycle needs more than the snapshot says -- the queue tree, usage per queue, the
+free-GPU index, GPUs being released, who preempted whom, the order of the waiting jobs, their
+classes, when each running job's GPUs come back. Deriving them is O(running + waiting) and a
+replay's cycles change one or two jobs each, so `SchedulerState` keeps them current between
+cycles instead. Both ways produce the same `Prepared`, and a `Cycle` reads only that: there is
+one way into a cycle, and `prepare(snapshot)` is what the kept state must equal (property-tested
+in tests/unit/core/test_scheduler_state.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from operator import attrgetter
+
+from corral.core.backfill import Release
+from corral.core.gpuset import FreeGpus
+from corral.core.ledger import add_masks
+from corral.core.model import PendingJob, RunningJob, SchedulerConfig, Snapshot
+from corral.core.ordering import iter_pending, tree_for
+from corral.core.quota import QueueTree, QueueUsage
+from corral.core.shortcuts import ClassMemo
+
+_BY_ID = attrgetter("job.id")
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A cycle's input. `usage` and `fi` are fresh copies the cycle may change; the rest it reads.
+
+    order: the pending jobs in the policy's order (lazily, given the cycle's usage); classes:
+    every pending job's class id (numbers are only compared within one cycle); live and sample:
+    the classes in order of their first job in `snapshot.pending`, with their job counts and that
+    first job (None: the cycle counts them itself); releases: the backfill release of every running
+    job not asked to checkpoint, by job id (any order; empty when the policy does not backfill)."""
+
+    snapshot: Snapshot
+    tree: QueueTree
+    usage: QueueUsage
+    fi: FreeGpus
+    running: list[RunningJob]  # sorted by job id
+    releasing: dict[int, int]  # GPUs of jobs asked to checkpoint: still taken in `fi`, free soon
+    preemptors: set[str]  # jobs that preempted someone still running: their answers are their own
+    order: Callable[[QueueUsage], Iterator[PendingJob]]
+    classes: Mapping[str, int]
+    releases: Mapping[str, Release]
+    live: dict[int | None, int] | None = None
+    sample: dict[int, PendingJob] | None = None
+
+
+def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Prepared:
+    """A cycle's input from scratch; `memo` numbers the pending jobs' classes (the caller's, so
+    that its answers carry over between cycles)."""
+    ids = [p.job.id for p in snapshot.pending] + [r.job.id for r in snapshot.running]
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        raise ValueError(f"Snapshot: job ids must be unique across pending and running, repeated: {dup}")
+    tree = tree_for(snapshot, config)
+    fi = FreeGpus.from_running(snapshot.cluster, snapshot.running)
+    running = sorted(snapshot.running, key=_BY_ID)
+    releasing: dict[int, int] = {}
+    for r in running:
+        if r.preempting:
+            add_masks(releasing, fi.masks_of(r.placement))
+
+    def order(usage: QueueUsage) -> Iterator[PendingJob]:
+        return iter_pending(snapshot, config, tree=tree, usage=usage)
+
+    return Prepared(
+        snapshot=snapshot,
+        tree=tree,
+        usage=QueueUsage.of(tree, snapshot.running),
+        fi=fi,
+        running=running,
+        releasing=releasing,
+        preemptors={x for r in running for x in r.preempted_by},
+        order=order,
+        classes={p.job.id: memo.class_id(p) for p in snapshot.pending},
+        releases=_releases(running, fi) if config.backfill else {},
+    )
+
+
+def _releases(running: list[RunningJob], fi: FreeGpus) -> dict[str, Release]:
+    out: dict[str, Release] = {}
+    for r in running:
+        if not r.preempting:
+            end = r.expected_end()
+            out[r.job.id] = Release(math.inf if end is None else end, r.job.id, fi.masks_of(r.placement))
+    return out

@@ -1,0 +1,72 @@
+"""The words of the cycle's answers: each Reason a cycle step gives, built in one place.
+
+Problem: the messages and details a user reads (`corral why`) were written inline in the steps
+that decide, so a step read as half rule, half prose. The steps now say which answer; the
+answers are worded here.
+"""
+
+from __future__ import annotations
+
+import math
+
+from corral.core.backfill import Reservation
+from corral.core.decisions import Reason, ReasonCode
+from corral.core.model import Job, OrderPolicy, Placement
+
+
+def placed(job: Job, placement: Placement, reservation: Reservation | None) -> Reason:
+    nodes = placement.nodes()
+    if reservation is not None:
+        code, how = ReasonCode.BACKFILLED, f"backfilled without delaying job {reservation.holder}"
+    else:
+        code, how = ReasonCode.PLACED, "placed"
+    return Reason(
+        code,
+        f"{how}: {job.shape} on {len(nodes)} node(s)",
+        (("gpus", job.total_gpus), ("nodes", len(nodes))),
+    )
+
+
+def ordered_behind(blocker: Job, order: OrderPolicy, free: int) -> Reason:
+    return Reason(
+        ReasonCode.ORDERED_BEHIND,
+        f"behind job {blocker.id} in {order.value} order; it needs {blocker.total_gpus} GPUs and {free} are free",
+        (("blocked_by", blocker.id), ("needs_gpus", blocker.total_gpus), ("free_gpus", free)),
+    )
+
+
+def held_for_guarantee(job: Job, starved: int, starved_for: Job, free: int) -> Reason:
+    return Reason(
+        ReasonCode.RESERVED_FOR,
+        f"{min(starved, free)} free GPUs are held for guaranteed jobs "
+        f"(first: {starved_for.id} of queue {starved_for.queue}); queue {job.queue} would borrow them",
+        (("reserved_for", starved_for.id), ("reserved_gpus", starved)),
+    )
+
+
+def waiting_for_preemption(job: Job, coming: int) -> Reason:
+    return Reason(
+        ReasonCode.WAITING_FOR_PREEMPTION,
+        f"waiting for {coming} GPUs that preempted jobs are releasing; {job.total_gpus - coming} "
+        "free GPUs are held for it",
+        (("releasing_gpus", coming), ("held_gpus", job.total_gpus - coming)),
+    )
+
+
+def reserved_for(job: Job, r: Reservation, now: float) -> Reason:
+    return Reason(
+        ReasonCode.RESERVED_FOR,
+        r.describe(now) + f"; starting {job.id} now would delay it",
+        (("reserved_for", r.holder), ("reserved_gpus", r.gpus), ("shadow_time", r.shadow_time)),
+    )
+
+
+def with_reservation(reason: Reason, r: Reservation) -> Reason:
+    """`reason`, saying that the job now holds the backfill reservation `r`."""
+    return Reason(
+        reason.code,
+        reason.message
+        + f"; holds a reservation of {r.gpus} GPUs"
+        + ("" if math.isinf(r.shadow_time) else f" from t={r.shadow_time:.0f}"),
+        (*reason.details, ("reserved_gpus", r.gpus), ("shadow_time", r.shadow_time)),
+    )

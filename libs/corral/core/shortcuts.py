@@ -1,0 +1,249 @@
+"""The cycle's speed-ups, kept apart from its rules: class answers, negative caches, early stop.
+
+Problem: a busy cycle of a replay decides ~1,000 waiting jobs of a few kinds, and most of them
+get the answer the first of their kind got. Deciding each in full is what made replays slow; but
+written inside the rules, the speed-ups hid them. They live here, and each is exact -- it
+changes how fast the cycle answers, never what (tests/unit/core/test_core_fast_paths.py):
+- `ClassMemo`: a job's class (`class_key`: everything its decision reads but its id and place in
+  the order) as a small int, memoised per PendingJob object. The caller owns the memo (the
+  services keep theirs between reconciles; `SchedulerState` numbers its own classes).
+- `Shortcuts`: one cycle's `version` (bumped by every change to its committed state: free GPUs,
+  usage, claims, victims, reservation), each class's Pending answer at a version, negative
+  caches valid for the whole cycle (free and releasing GPUs and preemption candidates only
+  shrink while it runs; the epochs mark the two exceptions), and the dry mode of a probe.
+- `EarlyStop`: drives a cycle for its actions only, and stops once every class still ahead in
+  the order already got its Pending answer at the current version.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from corral.core.decisions import Decision, Pending, Reason, ReasonCode
+from corral.core.model import Job, PendingJob
+
+if TYPE_CHECKING:
+    from corral.core.cycle import Cycle
+
+# reasons that name the job itself or record GPUs held for it: never shared with other jobs
+_PER_JOB_REASONS = frozenset({ReasonCode.RESERVED_FOR, ReasonCode.WAITING_FOR_PREEMPTION})
+
+# how many jobs in a row must leave the state unchanged before `EarlyStop` probes the other classes
+_QUIET_BEFORE_PROBING = 8
+
+
+def class_key(p: PendingJob) -> tuple[object, ...]:
+    """Everything about a pending job that its decision reads, except its id and its place in the
+    order: jobs with equal keys get equal answers while the cycle's state is unchanged."""
+    job = p.job
+    return (
+        job.queue,
+        job.replicas,
+        job.gpus_per_replica,
+        job.topology,
+        job.gpu,
+        job.priority,
+        job.estimated_runtime_seconds,
+        p.preempted_by,
+        p.attained_gpu_seconds,
+    )
+
+
+def shape(job: Job) -> tuple[object, ...]:
+    """What placement depends on: jobs of equal shape fit (or not) on the same free GPUs."""
+    return (job.replicas, job.gpus_per_replica, job.topology, job.gpu)
+
+
+class ClassMemo:
+    """Class ids of PendingJob objects, kept by the caller from cycle to cycle.
+
+    The engine and the services keep their PendingJob objects between cycles, so the key (whose
+    Topology and GpuRequest hash in Python, not C) is built and hashed once per job instead of
+    once per job per cycle. Entries keep their PendingJob alive, so an id() is never reused while
+    it is in the table. Ids are only compared within one cycle, so `between_cycles` may forget
+    everything once the memo holds more than `limit` jobs."""
+
+    __slots__ = ("_ids", "_of", "limit")
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self.limit = limit
+        self._ids: dict[tuple[object, ...], int] = {}
+        self._of: dict[int, tuple[PendingJob, int]] = {}
+
+    def class_id(self, p: PendingJob) -> int:
+        hit = self._of.get(id(p))
+        if hit is not None and hit[0] is p:
+            return hit[1]
+        key = class_key(p)
+        n = self._ids.get(key)
+        if n is None:
+            n = self._ids[key] = len(self._ids)
+        self._of[id(p)] = (p, n)
+        return n
+
+    def between_cycles(self) -> None:
+        if len(self._of) > self.limit:
+            self._of.clear()
+            self._ids.clear()
+
+
+class WouldChange(Exception):
+    """A probe (a dry decision, see `Cycle.probe`) reached a step that would change the cycle's state."""
+
+
+class Shortcuts:
+    """One cycle's version, class answers and negative caches (see the module docstring)."""
+
+    __slots__ = (
+        "answers",
+        "borrow_epoch",
+        "dry",
+        "no_fit",
+        "no_fit_reason",
+        "no_preempt",
+        "no_release_fit",
+        "release_epoch",
+        "version",
+    )
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.dry = False  # while probing a class out of order: change nothing
+        self.answers: dict[int, tuple[int, Reason, bool]] = {}  # class -> (version, reason, starves)
+        self.no_fit: set[tuple[object, bool]] = set()  # (shape, avoiding the reservation)
+        self.no_fit_reason: dict[object, tuple[int, Reason]] = {}  # shape -> (version, why)
+        self.no_release_fit: set[object] = set()  # shapes: releasing GPUs do not make them fit
+        self.no_preempt: set[object] = set()  # `preempt_key`s without a plan
+        self.borrow_epoch = 0  # a queue grew over its guarantee: it may hold reclaimable jobs now
+        self.release_epoch = 0  # the releasing pool grew
+
+    def changing(self) -> None:
+        """The cycle's committed state is about to change: a probe stops here; else a new version."""
+        if self.dry:
+            raise WouldChange
+        self.version += 1
+
+    def shared_answer(self, key: int | None) -> tuple[Reason, bool] | None:
+        """The class's Pending answer at this version (and whether it starves the queue), if any."""
+        if key is None:
+            return None
+        hit = self.answers.get(key)
+        if hit is None or hit[0] != self.version:
+            return None
+        return hit[1], hit[2]
+
+    def remember(self, key: int | None, version: int, decision: Decision, starves: bool) -> None:
+        """Share a Pending answer with the class, if deciding it changed nothing and it names no one."""
+        if (
+            key is not None
+            and isinstance(decision, Pending)
+            and self.version == version
+            and decision.reason.code not in _PER_JOB_REASONS
+        ):
+            self.answers[key] = (version, decision.reason, starves)
+
+    def releasing_grew(self) -> None:
+        self.release_epoch += 1
+        self.no_release_fit.clear()
+
+    def preempt_key(self, p: PendingJob, *, las: bool, own: bool, check_quota: bool) -> object:
+        """Jobs with equal keys get equal preemption answers until a borrower grows: placing a
+        job in a queue over its guarantee can make that queue's older jobs reclaimable. `own`:
+        the job preempted someone still running (its answer is its own)."""
+        job = p.job
+        return (
+            shape(job),
+            job.queue,
+            job.priority,
+            p.preempted_by,
+            job.id if own else "",
+            p.attained_gpu_seconds if las else 0.0,
+            check_quota,
+            self.borrow_epoch,
+            self.release_epoch,
+        )
+
+
+class EarlyStop:
+    """The Place and Preempt decisions of `cycle.run()`, without deciding jobs that cannot act.
+
+    Live classes are those with jobs still ahead in the order; `resolved` holds the live classes
+    answered Pending at the current state version. When every live class is resolved (and no job
+    without a class is left), the rest of the order would only repeat answers. A class is
+    resolved by its first job in the order, or earlier by a probe: once the state has not changed
+    for a while, each unresolved class is decided once out of order, dry (`Cycle.probe`); the
+    classes of over-share queues, last in the fair-share order, are resolved without walking
+    every job ahead of them.
+    """
+
+    def __init__(self, cycle: Cycle) -> None:
+        self.cycle = cycle
+        self.fast = cycle.fast
+        self.live, self.sample = self._classes()
+        self.resolved: set[int] = set()
+        self.seen = self.fast.version
+        self.quiet = 0  # jobs decided since the state last changed
+        self.probed = -1  # the version the probes last ran at
+
+    def _classes(self) -> tuple[dict[int | None, int], dict[int, PendingJob]]:
+        """Job counts per class, and each class's first job, in order of first appearance."""
+        prepared = self.cycle.prepared
+        if prepared.live is not None and prepared.sample is not None:
+            return prepared.live, prepared.sample
+        live: dict[int | None, int] = {}
+        sample: dict[int, PendingJob] = {}
+        for p in prepared.snapshot.pending:
+            k = self.cycle.class_of(p)
+            live[k] = live.get(k, 0) + 1
+            if k is not None and k not in sample:
+                sample[k] = p
+        return live, sample
+
+    def run(self) -> list[Decision]:
+        out: list[Decision] = []
+        for p in self.cycle.order():
+            if self.cycle.blocker is not None:
+                break  # strict order: everything behind the blocked job waits
+            self._sync()
+            self._probe_when_quiet()
+            if len(self.resolved) == len(self.live) and None not in self.live:
+                break
+            d = self._decide(p)
+            if not isinstance(d, Pending):
+                out.append(d)
+        return out
+
+    def _sync(self) -> None:
+        """The state changed since the last look: no class is resolved any more."""
+        if self.fast.version != self.seen:
+            self.resolved.clear()
+            self.seen, self.quiet = self.fast.version, 0
+
+    def _probe_when_quiet(self) -> None:
+        if self.quiet < _QUIET_BEFORE_PROBING or self.probed == self.seen or None in self.live:
+            return
+        self.probed = self.seen
+        for k in self.live:
+            if k in self.resolved:
+                continue
+            assert k is not None
+            if not self.cycle.probe(self.sample[k], k):
+                break
+            self.resolved.add(k)
+
+    def _decide(self, p: PendingJob) -> Decision:
+        k = self.cycle.class_of(p)
+        d = self.cycle.decide(p, k)
+        self.quiet += 1
+        left = self.live[k] - 1
+        if left:
+            self.live[k] = left
+        else:
+            del self.live[k]
+            if k is not None:
+                self.resolved.discard(k)
+        if self.fast.version != self.seen:
+            self._sync()
+        elif left and k is not None and self.fast.shared_answer(k) is not None:
+            self.resolved.add(k)
+        return d
