@@ -48,6 +48,8 @@ from corral.stack.context import Context
 from corral.stack.servers import NatsServer, PostgresServer
 from corral.stack.up import Stack, StackOptions
 
+STUCK_GRACE_SECONDS = 15.0  # a job holding GPUs without processes for this long is stuck
+
 SERVICE_TARGETS = ("admission", "quota", "placement", "placement-standby", "preemption", "node-agents")
 
 
@@ -341,6 +343,13 @@ class Chaos:
                 await asyncio.sleep(1.0)
 
     # ---- the end -----------------------------------------------------------------------------
+    async def view(self, ctx: Context) -> ClusterView:
+        client = await Client.connect(ctx, bus=False)
+        try:
+            return await client.view()
+        finally:
+            await client.close()
+
     async def quiesce(self, ctx: Context) -> ClusterView:
         """Wait until every accepted job is in the log and ended or waiting (the jobs are short: a
         job still running at the timeout is judged by its processes: none means stuck)."""
@@ -434,6 +443,15 @@ async def run(plan: Plan, root: Path) -> dict[str, Any]:
                           and not view.jobs[j].quota_gpus))
         stuck = sorted(j for j in chaos.accepted if j in view.jobs and view.jobs[j].state.holds_gpus
                        and j not in with_processes)
+        if stuck:
+            # The view and the process scan are a moment apart: a job whose last rank exited in
+            # between is "running without processes" until placement records the exit (the
+            # 20-minute run once counted one that completed 1 s later). Stuck is what stays so.
+            await asyncio.sleep(STUCK_GRACE_SECONDS)
+            again = await chaos.view(ctx)
+            alive = {w.job_id for w in live_workers(root / "stack" / "nodes")}
+            stuck = [j for j in stuck if j in again.jobs and again.jobs[j].state.holds_gpus
+                     and again.jobs[j].attempt == view.jobs[j].attempt and j not in alive]
         leaked = sorted({w.job_id for w in workers if w.job_id in view.jobs and view.jobs[w.job_id].state.terminal})
         audited = time.monotonic()
         audit = chaos.audit(ctx)
