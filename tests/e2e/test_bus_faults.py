@@ -29,6 +29,7 @@ from corral.contracts import events as ev
 from corral.contracts.envelope import job_stream
 from corral.contracts.jobspec import validate_job_spec
 from corral.contracts.registry import encode
+from corral.eventstore import EventStore
 from corral.projection import JobState
 from corral.services.runtime import to_new_event
 from corral.stack.servers import PostgresServer
@@ -190,7 +191,9 @@ async def test_an_oversized_submission_is_refused_and_an_oversized_event_does_no
         # alert, and the relay keeps relaying: a later job runs to the end.
         huge = ev.JobSubmitted.new(stream=job_stream("jhuge"), actor="user/pipe", job_id="jhuge",
                                    spec=blob_spec(8_400_000, "huge"), user="pipe")  # type: ignore[arg-type]
-        await client.store.append(huge.stream, 0, [to_new_event(huge)])
+        # written as a service would (the CLI's login only reads)
+        async with await EventStore.open(stack.process("admission").env["CORRAL_POSTGRES_DSN"], pool_size=1) as store:
+            await store.append(huge.stream, 0, [to_new_event(huge)])
         later = await client.submit(validate_job_spec(SMALL_JOB))
         view = await client.wait_for(lambda v: later in v.jobs and v.jobs[later].state.terminal, 60)
         assert view.jobs[later].state is JobState.COMPLETED, dump_logs(stack)

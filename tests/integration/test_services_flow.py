@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -18,6 +18,8 @@ from corral.contracts.cluster import parse_cluster_shorthand
 from corral.contracts.envelope import job_stream, node_stream
 from corral.contracts.jobspec import validate_job_spec
 from corral.contracts.queues import validate_queues
+from corral.contracts.registry import encode
+from corral.contracts.subjects import Subjects
 from corral.projection import ClusterView, JobState
 from corral.services.admission.service import Admission
 from corral.services.placement.service import Placement
@@ -32,6 +34,7 @@ class Running:
     client: Client
     stop: asyncio.Event
     tasks: list[asyncio.Task[None]]
+    beats: list[asyncio.Task[None]] = field(default_factory=list)  # nodes' heartbeats (see register_nodes)
 
 
 @pytest.fixture
@@ -41,19 +44,39 @@ async def system(nats_url: str, postgres_dsn: str, namespace: str) -> AsyncItera
     tasks = [asyncio.create_task(run_service(cls, settings, stop=stop))
              for cls in (Admission, Quota, Placement, Preemption)]
     client = await Client.connect(Context(nats_url=nats_url, postgres_dsn=postgres_dsn, namespace=namespace))
+    running = Running(client, stop, tasks)
     try:
-        yield Running(client, stop, tasks)
+        yield running
     finally:
+        for beat in running.beats:
+            beat.cancel()
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
         await client.close()
 
 
-async def register_nodes(client: Client, shorthand: str) -> None:
-    for inv in parse_cluster_shorthand(shorthand).inventories():
+async def register_nodes(client: Client, shorthand: str, beats: list[asyncio.Task[None]] | None = None) -> None:
+    """Register the nodes as their agents do; with `beats`, also heartbeat for them (running
+    nothing) as live agents do: placement frees a released gang's GPUs only on a node it has heard."""
+    inventories = parse_cluster_shorthand(shorthand).inventories()
+    for inv in inventories:
         await client.publish_request(ev.NodeRegistered.new(
             stream=node_stream(inv.node), actor=f"node-agent/{inv.node}", correlation_id=inv.node,
             node=inv.node, gpus=inv.gpus, nvlink_domains=inv.nvlink_domains, rack=inv.rack, zone=inv.zone))
+    if beats is not None:
+        beats.append(asyncio.create_task(_heartbeats(client, [inv.node for inv in inventories])))
+
+
+async def _heartbeats(client: Client, nodes: list[str]) -> None:
+    subjects = Subjects(client.bus.namespace)
+    sequence = 0
+    while True:
+        sequence += 1
+        for node in nodes:
+            beat = ev.NodeHeartbeat.new(stream=node_stream(node), actor=f"node-agent/{node}", node=node,
+                                        sequence=sequence)
+            await client.bus.nc.publish(subjects.heartbeat(node), encode(beat))
+        await asyncio.sleep(0.5)
 
 
 async def report(client: Client, job_id: str, view: ClusterView, exit_code: int | None = None) -> None:
@@ -79,7 +102,7 @@ def spec(**fields: object) -> object:
 async def test_a_job_is_admitted_reserved_placed_run_and_completed(system: Running) -> None:
     c = system.client
     await c.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 16}]}))
-    await register_nodes(c, "2x8:H100")
+    await register_nodes(c, "2x8:H100", system.beats)
     await c.wait_for(lambda v: len(v.nodes) == 2 and "team-a" in v.queues, 15)
     job_id = await c.submit(spec(replicas=2, gpus_per_replica=4))  # type: ignore[arg-type]
     view = await c.wait_for(lambda v: job_id in v.jobs and v.jobs[job_id].state is JobState.STARTING, 15)
@@ -101,7 +124,7 @@ async def test_a_job_is_admitted_reserved_placed_run_and_completed(system: Runni
 async def test_a_gang_larger_than_free_gpus_waits_with_a_reason_and_holds_nothing(system: Running) -> None:
     c = system.client
     await c.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 32}]}))
-    await register_nodes(c, "4x8:H100")
+    await register_nodes(c, "4x8:H100", system.beats)
     await c.wait_for(lambda v: len(v.nodes) == 4 and "team-a" in v.queues, 15)
     small = await c.submit(spec(replicas=1, gpus_per_replica=2))  # type: ignore[arg-type]
     await c.wait_for(lambda v: small in v.jobs and v.jobs[small].state is JobState.STARTING, 15)
@@ -118,7 +141,7 @@ async def test_a_gang_larger_than_free_gpus_waits_with_a_reason_and_holds_nothin
 async def test_a_submission_to_an_unknown_queue_is_rejected_naming_the_field(system: Running) -> None:
     c = system.client
     await c.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 8}]}))
-    await register_nodes(c, "1x8:H100")
+    await register_nodes(c, "1x8:H100", system.beats)
     await c.wait_for(lambda v: len(v.nodes) == 1 and "team-a" in v.queues, 15)
     job_id = await c.submit(spec(queue="nope"))  # type: ignore[arg-type]
     view = await c.wait_for(lambda v: job_id in v.jobs and v.jobs[job_id].state is JobState.REJECTED, 15)
