@@ -19,7 +19,7 @@ import os
 import signal
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 from urllib.parse import urlsplit
 
 import msgspec
@@ -207,6 +207,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run this host's node agent (one per GPU host): registers the node with its GPUs, address
         and rendezvous ports, runs the ranks placement gives it, until SIGTERM / Ctrl-C."""
+        from corral.services.node_agent.reservation import AgentRuntime
         from corral.services.node_agent.run_as import RunAs
         from corral.services.node_agent.service import AgentOptions, run_agents
 
@@ -227,7 +228,7 @@ def register(app: typer.Typer) -> None:
                 raise AgentUsageError(f"--run-as: {exc}") from None
             work = (state_dir or default_state_dir()).expanduser().resolve()
             options = AgentOptions(
-                work_dir=work, runtime=runtime,
+                work_dir=work, runtime=cast(AgentRuntime, runtime),  # checked just above
                 job_log_dir=log_dir.resolve() if log_dir else None,
                 checkpoint_root=checkpoint_dir.resolve() if checkpoint_dir else None,
                 heartbeat_seconds=heartbeat_seconds, stop_workers_on_exit=stop_workers_on_exit,
