@@ -13,7 +13,7 @@ STAMP := $(VENV)/.corral-installed
 TEST_STAMP := $(VENV)/.corral-test-installed
 export PIP_CACHE_DIR ?= $(HOME)/.cache/pip
 
-.PHONY: venv test-deps demo up test lint typecheck clean
+.PHONY: venv test-deps sandbox-tools demo up test lint typecheck clean
 
 $(STAMP): pyproject.toml setup.py
 	@echo "[1/3] creating $(VENV) with $$($(PYTHON) --version)"
@@ -31,7 +31,17 @@ $(TEST_STAMP): $(STAMP)
 
 venv: $(STAMP)
 
-test-deps: $(TEST_STAMP)
+test-deps: $(TEST_STAMP) sandbox-tools
+
+# The `sandbox` runtime's tests need bubblewrap. Installed only where it is missing, apt-get exists
+# and we are root; elsewhere those tests skip, saying why (install it: `apt-get install bubblewrap`).
+sandbox-tools:
+	@if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "[test] installing bubblewrap (the sandbox runtime)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+	    || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; } \
+	    || echo "[test] could not install bubblewrap: the sandbox tests will skip"; \
+	fi
 
 demo: $(STAMP)
 	@echo "[demo] starting Corral and running the examples"
@@ -40,7 +50,7 @@ demo: $(STAMP)
 up: $(STAMP)
 	$(VENV)/bin/corral up
 
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) sandbox-tools
 	$(PY) -m pytest
 
 lint: $(TEST_STAMP)

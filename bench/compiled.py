@@ -30,7 +30,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OPT_LEVEL = os.environ.get("MYPYC_OPT_LEVEL", "3")
+#: `--smoke` (the test suite): -O0, the build checked, never its speed (see above).
+OPT_LEVEL = "0" if "--smoke" in sys.argv[1:] else os.environ.get("MYPYC_OPT_LEVEL", "3")
 OUT = ROOT / "build" / ("mypyc" if OPT_LEVEL == "3" else f"mypyc-O{OPT_LEVEL}")
 # setup.py's package_dir: import name -> source folder
 LAYOUT = {
@@ -65,6 +66,7 @@ def _compile_core(into: Path) -> None:
         cwd=scratch,
         capture_output=True,
         text=True,
+        env={**os.environ, "MYPYC_OPT_LEVEL": OPT_LEVEL},
     )
     if done.returncode != 0:
         raise SystemExit(f"mypyc failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")

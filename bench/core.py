@@ -176,7 +176,11 @@ def main() -> None:
     ap.add_argument("--policy", default="corral")
     ap.add_argument("--busy", type=float, default=0.0, help="fraction of GPUs held by fragmented running jobs")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny run (seconds) checking the script end to end (the test suite)")
     args = ap.parse_args()
+    if args.smoke:  # the test suite's size: runs end to end in seconds
+        args.jobs, args.nodes, args.repeat = 50, 8, 1
     cluster = Cluster.uniform(args.nodes, 8, "H100", nodes_per_rack=8)
     queues, pending = workload(args.jobs, args.seed)
     running = fragmented(cluster, args.seed, args.busy) if args.busy > 0 else ()

@@ -184,7 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=180.0, help="per phase, after the last submission")
     parser.add_argument("--data-dir", type=Path, help="keep the stack's data and logs here")
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny run (seconds) checking the script end to end (the test suite)")
     args = parser.parse_args(argv)
+    if args.smoke:  # the test suite's size: runs end to end in seconds
+        args.rate, args.seconds = [5.0], 2.0
     command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "bench/e2e.py", *sys.argv[1:]])
     t0 = time.monotonic()
     print(f"starting the stack ({args.cluster}) ...", flush=True)

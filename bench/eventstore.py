@@ -101,7 +101,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny run (seconds) checking the script end to end (the test suite)")
     args = parser.parse_args()
+    if args.smoke:  # the test suite's size: runs end to end in seconds
+        args.events, args.concurrency = 200, 2
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}")
     with tempfile.TemporaryDirectory() as tmp:
         pg = nats = None

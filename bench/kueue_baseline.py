@@ -40,8 +40,10 @@ from typing import Any
 from live import ENDED, JobTimes, collect, log_position, machine_line, report, start_stack, wait_placed
 
 from corral.client import Client, new_job_id
+from corral.contracts import events as ev
 from corral.contracts.jobspec import JobSpec, validate_job_spec
 from corral.contracts.queues import validate_queues
+from corral.contracts.registry import decode
 
 QUEUES_PER_COHORT, NOMINAL, BORROWING_LIMIT = 6, 20, 100
 FULL_WORKLOADS, PER_COHORT, NODES_PER_COHORT = 15_000, 3_000, 15
@@ -161,9 +163,84 @@ async def run(args: argparse.Namespace, context: Any) -> dict[str, Any]:
         print(f"  submitted in {submit_s:.0f}s; waiting for every workload to finish ...", flush=True)
         _, complete = await wait_placed(client, ids, after, args.timeout, until=ENDED)
         times = await collect(client, ids, after)
-        return {"submit_s": submit_s, "all_done": complete, **summarise(times)}
+        waits = await wait_reasons(client, times, after)
+        return {"submit_s": submit_s, "all_done": complete, **summarise(times), "waits": waits}
     finally:
         await client.close()
+
+
+_REASONED = ("PlacementPending", "QuotaReserved", "GangReserved", "PreemptRequested", "JobRequeued", "QuotaReleased")
+
+
+async def wait_reasons(client: Client, times: dict[str, JobTimes], after: int) -> dict[str, Any]:
+    """Where each class's wait goes, from the log: per class, the average seconds per workload spent
+    under each PlacementPending code before QuotaReserved (`quota`) and between QuotaReserved and
+    GangReserved (`gpus`; "-" = before any reason was written), and how often a class was a victim
+    or requeued; and how long a reservation held its quota (QuotaReserved to QuotaReleased: the
+    cohort's ceiling counts it all that time). A reason holds from its event until the next
+    reason or reservation."""
+    streams = {f"job-{j}": j for j in times}
+    seen: dict[str, list[tuple[Any, str, str]]] = {j: [] for j in times}
+    victims: dict[str, int] = {}
+    position = after
+    while batch := await client.store.read_all(position, limit=10000):
+        position = batch[-1].position
+        for stored in batch:
+            job_id = streams.get(stored.stream)
+            if job_id is None or stored.type not in _REASONED:
+                continue
+            code = ""
+            if stored.type == "PlacementPending":
+                event = decode(stored.data)
+                assert isinstance(event, ev.PlacementPending)
+                code = event.reason.code
+            elif stored.type == "PreemptRequested":
+                victims[job_id] = victims.get(job_id, 0) + 1
+            seen[job_id].append((stored.recorded_at, stored.type, code))
+    out: dict[str, Any] = {}
+    for wc in CLASSES:
+        mine = [t for t in times.values() if t.name.startswith(wc.name + "-") and t.submitted]
+        phases: dict[str, dict[str, float]] = {"quota": {}, "gpus": {}}
+        requeued = 0
+        held: list[float] = []
+        for t in mine:
+            at, phase, code = t.submitted, "quota", "-"
+            since = None
+            for when, kind, c in seen[t.job_id]:
+                span = (when - at).total_seconds() if at is not None else 0.0
+                if kind == "QuotaReserved":
+                    since = when
+                elif kind == "QuotaReleased" and since is not None:
+                    held.append((when - since).total_seconds())
+                    since = None
+                if kind == "PlacementPending":
+                    phases[phase][code] = phases[phase].get(code, 0.0) + span
+                    at, code = when, c
+                elif kind == "QuotaReserved" and phase == "quota":
+                    phases[phase][code] = phases[phase].get(code, 0.0) + span
+                    at, phase, code = when, "gpus", "-"
+                elif kind == "GangReserved" and phase == "gpus":
+                    phases[phase][code] = phases[phase].get(code, 0.0) + span
+                    at, phase, code = None, "done", "-"
+                elif kind == "JobRequeued":
+                    requeued += 1
+                    at, phase, code = when, "quota", "-"
+        n = max(1, len(mine))
+        out[wc.name] = {"quota": {c: s / n for c, s in sorted(phases["quota"].items())},
+                        "gpus": {c: s / n for c, s in sorted(phases["gpus"].items())},
+                        "preempted": sum(victims.get(t.job_id, 0) for t in mine), "requeued": requeued,
+                        "quota_held_s": statistics.fmean(held) if held else None}
+    return out
+
+
+def render_waits(waits: dict[str, Any]) -> list[str]:
+    lines = ["", "average seconds per workload waiting under each reason (before quota | before GPUs):"]
+    for name, w in waits.items():
+        quota = ", ".join(f"{c} {s:.1f}" for c, s in w["quota"].items() if s >= 0.05) or "-"
+        gpus = ", ".join(f"{c} {s:.1f}" for c, s in w["gpus"].items() if s >= 0.05) or "-"
+        lines.append(f"  {name:7} quota: {quota} | GPUs: {gpus} | preempted {w['preempted']}, "
+                     f"requeued {w['requeued']}; quota held {fmt_s(w.get('quota_held_s')).strip()} s")
+    return lines
 
 
 def fmt_s(value: float | None) -> str:
@@ -198,6 +275,8 @@ def render(result: dict[str, Any]) -> str:
                      "cohorts (same queues, intervals and contention per cohort)")
     if not result["all_done"]:
         lines.append("note: not every workload finished before --timeout")
+    if result.get("waits"):
+        lines += render_waits(result["waits"])
     return "\n".join(lines)
 
 

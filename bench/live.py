@@ -6,7 +6,8 @@ Starting the stack, submitting at a rate and turning the event log into per-job 
 same for both, and it must be done the same way for their figures to be comparable.
 
 Timings come from the event log only, never from the benchmark's own clock (except to pace):
-- submitted: `JobSubmitted.occurred_at`, stamped by the client when it publishes to the inbox;
+- submitted: the time in the JobSubmitted's event id (a ULID), stamped by the client when it
+  publishes to the inbox (its `occurred_at` is when admission received it);
 - admitted / placed / running: `recorded_at` of `QuotaReserved`, `GangReserved`, `JobRunning`,
   i.e. when the decision was durable in the log (Postgres `now()` of the appending statement, a
   little after the service's own `occurred_at`). Same host, same clock.
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from corral.client import Client
 from corral.contracts import events as ev
+from corral.contracts.envelope import event_id_time
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.registry import decode
 from corral.stack.context import Context
@@ -268,7 +270,7 @@ async def collect(client: Client, job_ids: Iterable[str], after: int) -> dict[st
             if stored.type == "JobSubmitted":
                 event = decode(stored.data)
                 assert isinstance(event, ev.JobSubmitted)
-                t.submitted, t.gpus, t.queue = event.occurred_at, event.spec.total_gpus, event.spec.queue
+                t.submitted, t.gpus, t.queue = event_id_time(event.event_id), event.spec.total_gpus, event.spec.queue
                 t.name = event.spec.name
             elif stored.type == "JobAdmitted" and t.admitted is None:
                 t.admitted = stored.recorded_at

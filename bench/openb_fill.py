@@ -150,7 +150,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--tasks", choices=("default", "multigpu50"), default="default")
     parser.add_argument("--traces", type=Path, default=TRACES)
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny run (seconds) checking the script end to end (the test suite)")
     args = parser.parse_args(argv)
+    if args.smoke:  # the test suite's size: runs end to end in seconds
+        args.seeds = 1
     nodes_csv = args.traces / "openb_node_list_gpu_node.csv"
     tasks_csv = args.traces / f"openb_pod_list_{args.tasks}.csv"
     if not nodes_csv.is_file() or not tasks_csv.is_file():

@@ -9,8 +9,10 @@ The default cluster is 80 nodes x 8 H100 (640 GPUs, racks of 8): the trace's GPU
 and jobs queue. Queues: none given, so each of the 12 virtual clusters is guaranteed 53 GPUs.
 
 Run: .venv/bin/python bench/sim_philly.py [--cluster 80x8:H100] [--policies corral,fifo,...]
-     [--limit N] [--json-dir DIR] [--plot DIR] [--compiled]
+     [--limit N] [--json-dir DIR] [--plot DIR] [--compiled] [--pipeline services]
 `--compiled` runs the same replay on the core compiled by mypyc (bench/compiled.py).
+`--pipeline services` replays the live services' round (quota, then placement, then preemption)
+instead of the single combined cycle (slower: a snapshot per cycle; try it with --limit).
 Source: Jeon et al., "Analysis of Large-Scale Multi-Tenant GPU Clusters for DNN Training
 Workloads", USENIX ATC 2019 (job summary as in the petuum/adaptdl OSDI'21 artifact).
 """
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from corral.sim import DEFAULT_POLICIES, load_workload, render_comparison, run_simulation, write_json
 from corral.sim.api import SimResult
-from corral.sim.engine import EngineStats
+from corral.sim.engine import PIPELINES, EngineStats
 
 TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "philly_2017_sep_oct.csv"
 
@@ -49,7 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json-dir", type=Path, help="write each policy's --json document here")
     parser.add_argument("--plot", type=Path, help="write the plots here")
     parser.add_argument("--compiled", action="store_true", help="run on the mypyc-compiled core (bench/compiled.py)")
+    parser.add_argument("--pipeline", choices=PIPELINES, default="cycle",
+                        help="cycle: the combined cycle; services: quota, placement, preemption in a row")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny run (seconds) checking the script end to end (the test suite)")
     args = parser.parse_args(argv)
+    if args.smoke:  # the test suite's size: runs end to end in seconds
+        args.limit, args.cluster, args.policies = 200, "8x8:H100", "fifo,corral"
     if args.compiled and not os.environ.get("CORRAL_COMPILED_SITE"):
         from compiled import reexec_compiled
 
@@ -78,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         cpu0 = time.process_time()
         try:
-            result = run_simulation(workload, args.cluster, policy=policy, seed=args.seed, progress=progress)
+            result = run_simulation(workload, args.cluster, policy=policy, seed=args.seed, progress=progress,
+                                    pipeline=args.pipeline)
         except Exception as error:  # report and go on with the other policies
             print(
                 f"{policy:<9} FAILED after {time.perf_counter() - t0:.0f}s: {type(error).__name__}: {error}", flush=True
@@ -95,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         if args.json_dir:
-            write_json(result, args.json_dir / f"philly_{policy}.json")
+            suffix = "" if args.pipeline == "cycle" else f"_{args.pipeline}"
+            write_json(result, args.json_dir / f"philly_{policy}{suffix}.json")
         results.append(result)
     print()
     print(render_comparison(results))

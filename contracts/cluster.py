@@ -46,6 +46,13 @@ MAX_SHORTHAND_NODES = 100_000
 GpuIndex = Annotated[int, msgspec.Meta(ge=0, lt=4096)]
 Model = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 Memory = Annotated[float, msgspec.Meta(gt=0)]
+Cpus = Annotated[int, msgspec.Meta(ge=1, le=65_536, description="CPU cores of the node")]
+HostMemory = Annotated[float, msgspec.Meta(gt=0, description="host memory of the node in GiB")]
+DatasetName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+HostPath = Annotated[str, msgspec.Meta(pattern=r"^/[^\x00]*$", max_length=4096,
+                                       description="an absolute path on the node")]
+#: A dataset name -> where it is on a node (or on a shared filesystem every node mounts alike).
+Datasets = dict[DatasetName, HostPath]
 
 
 class GpuDevice(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -64,6 +71,9 @@ class NodeInventory(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     nvlink_domains: list[list[GpuIndex]]
     rack: Location
     zone: Location
+    cpus: Cpus | None = None
+    host_memory_gib: HostMemory | None = None
+    datasets: Datasets = msgspec.field(default_factory=dict)
 
 
 class NodeSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -76,9 +86,15 @@ class NodeSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     rack: Location = "rack-0"
     zone: Location = "zone-0"
     state: Literal["ready", "draining"] = "ready"
+    cpus: Cpus | None = None
+    host_memory_gib: HostMemory | None = None
+    datasets: Datasets = msgspec.field(default_factory=dict)
 
     FIELD_HINTS: ClassVar[dict[str, str]] = {
         "name": "a node name such as node-0",
+        "cpus": "the node's CPU cores, e.g. 96",
+        "host_memory_gib": "the node's memory in GiB, e.g. 1024",
+        "datasets": "a mapping of dataset name: absolute path on this node, e.g. {imagenet: /nvme/imagenet}",
         "gpus": "a GPU count (8) or a list of {index, model, memory_gib}",
         "model": "a GPU model such as H100",
         "memory_gib": "memory per GPU in GiB, e.g. 80",
@@ -118,10 +134,12 @@ class NodeSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                     seen.add(gpu)
         return found
 
-    def inventory(self) -> NodeInventory:
+    def inventory(self, shared_datasets: dict[str, str] | None = None) -> NodeInventory:
         """Resolve defaults: per-GPU model/memory, and NVLink domains covering every GPU.
 
         A GPU left out of every listed domain is alone in its own domain (no NVLink peers).
+        `shared_datasets` (the cluster's, on a shared filesystem) are on every node; the node's own
+        `datasets` win over them.
         """
         node_memory = self.memory_gib or GPU_MEMORY_GIB.get(self.model.upper(), DEFAULT_MEMORY_GIB)
         listed = ([GpuDevice(index=i) for i in range(self.gpus)] if isinstance(self.gpus, int)
@@ -139,13 +157,24 @@ class NodeSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             covered = {i for d in domains for i in d}
             domains.extend([d.index] for d in devices if d.index not in covered)
         return NodeInventory(node=self.name, gpus=devices, nvlink_domains=domains,
-                             rack=self.rack, zone=self.zone)
+                             rack=self.rack, zone=self.zone, cpus=self.cpus, host_memory_gib=self.host_memory_gib,
+                             datasets={**(shared_datasets or {}), **self.datasets})
 
 
 class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    nodes: Annotated[list[NodeSpec], msgspec.Meta(min_length=1)]
+    """The nodes; `datasets` on a filesystem every node mounts at the same path; `checkpoint_dir`,
+    a shared folder where jobs checkpoint by default (so a job resumes on any node)."""
 
-    FIELD_HINTS: ClassVar[dict[str, str]] = {"nodes": "a list of nodes: [{name, gpus, model}, ...]"}
+    nodes: Annotated[list[NodeSpec], msgspec.Meta(min_length=1)]
+    datasets: Datasets = msgspec.field(default_factory=dict)
+    checkpoint_dir: HostPath | None = None
+
+    FIELD_HINTS: ClassVar[dict[str, str]] = {
+        "nodes": "a list of nodes: [{name, gpus, model}, ...]",
+        "datasets": "a mapping of dataset name: absolute path on a filesystem every node mounts, "
+                    "e.g. {imagenet: /shared/datasets/imagenet}",
+        "checkpoint_dir": "an absolute folder on storage every node mounts, e.g. /shared/checkpoints",
+    }
 
     def __post_init__(self) -> None:
         seen: dict[str, int] = {}
@@ -164,7 +193,7 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         return sum(len(n.indices()) for n in self.nodes)
 
     def inventories(self) -> list[NodeInventory]:
-        return [n.inventory() for n in self.nodes]
+        return [n.inventory(self.datasets) for n in self.nodes]
 
 
 _SHORTHAND = re.compile(r"^(?P<nodes>\d+)x(?P<gpus>\d+)(?::(?P<model>[A-Za-z0-9][A-Za-z0-9._-]*))?"

@@ -19,6 +19,8 @@ import msgspec
 
 __all__ = [
     "CLUSTER_STREAM",
+    "QUEUE_GATE_STREAM",
+    "QUEUE_TREE_STREAM",
     "Event",
     "EventId",
     "Reason",
@@ -52,6 +54,13 @@ def queue_stream(queue: str) -> str:
     return f"queue-{queue}"
 
 
+#: The numbered versions of the whole queue tree (QueueTreeApplied): stream version N = config
+#: version N. Not under the `queue-` prefix, which is one stream per queue (names cannot collide).
+QUEUE_TREE_STREAM = "queues"
+#: Changes the evidence gate refused (QueueChangeRefused).
+QUEUE_GATE_STREAM = "queues-gate"
+
+
 def new_event_id(now: datetime | float, rand: bytes | None = None) -> str:
     """A ULID: 48-bit milliseconds since the epoch + 80 random bits, Crockford base32.
 
@@ -72,6 +81,15 @@ def new_event_id(now: datetime | float, rand: bytes | None = None) -> str:
         chars.append(_CROCKFORD[value & 31])
         value >>= 5
     return "".join(reversed(chars))
+
+
+def event_id_time(event_id: str) -> datetime:
+    """The millisecond a ULID `event_id` was made (by its sender: for a request, when the client
+    sent it; `occurred_at` of a recorded request is when the service received it)."""
+    value = 0
+    for char in event_id[:10]:
+        value = value * 32 + _CROCKFORD.index(char)
+    return datetime.fromtimestamp(value / 1000, UTC)
 
 
 _VERSIONS: dict[type, int] = {}

@@ -1,22 +1,30 @@
-"""Every event of Corral, version 1. Envelope fields come from `Event`; payloads are listed here.
+"""Every event of Corral. Envelope fields come from `Event`; payloads are listed here.
 
 Flow (see docs/architecture.md): JobSubmitted -> JobAdmitted | JobRejected -> QuotaReserved ->
 GangReserved | PlacementPending -> WorkerStarted x N -> JobRunning -> WorkerExited ->
 JobCompleted | JobFailed. Preemption: PreemptRequested -> CheckpointDone -> GangReleased ->
 JobRequeued. Nodes: NodeRegistered, NodeHeartbeat, NodeLost; GpusAllocated / GpusReleased are
-each node's allocation ledger. Queues: QueueConfigured. Which types arrive through the inbox is
-listed in `subjects.INBOX_TYPES`.
+each node's allocation ledger. Queues: QueueTreeApplied (a numbered version of the whole tree),
+QueueConfigured (one queue), QueueChangeRefused (the evidence gate said no). Escalation:
+WaitExceeded (a job waited longer than its queue's `max_wait`). Which types arrive through the
+inbox is listed in `subjects.INBOX_TYPES`.
 
 Expected outcomes that are not successes carry a `Reason` (code, message with numbers, details).
+
+Versions: every event is v1 but JobSubmitted v2 (its spec gained image, mounts, workdir, time_limit,
+cpus/memory per replica, checkpoint.dir and more runtimes) and NodeRegistered v2 (cpus, host
+memory, datasets). `UPCASTERS` lift the v1 documents still in the log: every field they add has
+a default that means what v1 meant (no image, no mounts, the agent's folder, no limit).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import msgspec
 
-from corral.contracts.cluster import GpuDevice, GpuIndex, Location, NodeName
+from corral.contracts.cluster import Datasets, GpuDevice, GpuIndex, Location, NodeName
 from corral.contracts.envelope import Event, Reason, UtcDatetime
 from corral.contracts.jobspec import JobSpec, QueuePath, Signal
 from corral.contracts.problems import Problem
@@ -28,6 +36,7 @@ __all__ = [
     "EventNotRelayed",
     "GangReleased",
     "GangReserved",
+    "GateCheck",
     "GpusAllocated",
     "GpusReleased",
     "JobAdmitted",
@@ -35,20 +44,28 @@ __all__ = [
     "JobCancelled",
     "JobCompleted",
     "JobFailed",
+    "JobHeld",
+    "JobHoldReleased",
     "JobRejected",
+    "JobRequeueRequested",
     "JobRequeued",
     "JobRunning",
     "JobSubmitted",
+    "NodeDrained",
     "NodeHeartbeat",
     "NodeLost",
     "NodeRegistered",
+    "NodeUndrained",
     "PlacementPending",
     "PortRange",
     "PreemptRequested",
+    "QueueChangeRefused",
     "QueueConfigured",
+    "QueueTreeApplied",
     "QuotaReleased",
     "QuotaReserved",
     "RankPlacement",
+    "WaitExceeded",
     "WorkerExited",
     "WorkerStarted",
 ]
@@ -86,9 +103,10 @@ class RankPlacement(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 # --- job lifecycle -------------------------------------------------------------------------
 
 
-class JobSubmitted(Event, frozen=True, kw_only=True):
+class JobSubmitted(Event, frozen=True, kw_only=True, tag="JobSubmitted"):
     """A user or pipeline asks for a job; published to the inbox, appended by admission."""
 
+    schema_version: int = 2
     job_id: JobId
     spec: JobSpec
     submission_id: str | None = None
@@ -97,6 +115,34 @@ class JobSubmitted(Event, frozen=True, kw_only=True):
 
 class JobCancelRequested(Event, frozen=True, kw_only=True):
     """A user asks to cancel a job; published to the inbox."""
+
+    job_id: JobId
+    user: str | None = None
+    message: str = ""
+
+
+class JobHeld(Event, frozen=True, kw_only=True):
+    """A pending job kept from running until released (Slurm's `scontrol hold`); sent to the inbox
+    by its owner or an admin, recorded by admission on the job's stream. Quota it held is given
+    back. Only a waiting job can be held: a running one is requeued or cancelled instead."""
+
+    job_id: JobId
+    user: str | None = None
+    message: str = ""
+
+
+class JobHoldReleased(Event, frozen=True, kw_only=True):
+    """A held job waits again (`corral release`), recorded by admission like JobHeld."""
+
+    job_id: JobId
+    user: str | None = None
+    message: str = ""
+
+
+class JobRequeueRequested(Event, frozen=True, kw_only=True):
+    """Stop a running job at a checkpoint and let it wait again (Slurm's `scontrol requeue`): sent
+    by its owner or an admin, recorded by admission; preemption then asks it to checkpoint
+    (PreemptRequested without `for_job_id`) and requeues it as for any preemption."""
 
     job_id: JobId
     user: str | None = None
@@ -159,11 +205,33 @@ class PlacementPending(Event, frozen=True, kw_only=True):
     reason: Reason
 
 
-class PreemptRequested(Event, frozen=True, kw_only=True):
-    """The victim must checkpoint (send `signal`) and stop by `deadline` to make room for `for_job_id`."""
+class WaitExceeded(Event, frozen=True, kw_only=True):
+    """The job has waited longer than `max_wait_seconds`, the `max_wait` of `limit_queue` (its own
+    queue, or the nearest queue above it that sets one), in its current wait: since it was admitted,
+    requeued, or released from a hold (`waiting_since`). Recorded by quota on the job's stream, once
+    per wait (a requeued job waits anew). `blocker` is the reason it waits with at that moment (None:
+    no reason recorded yet); `corral jobs --stuck` lists such jobs, `corral why` shows the step."""
 
+    job_id: JobId
+    queue: QueuePath
+    limit_queue: QueuePath
+    attempt: Attempt
+    waiting_since: UtcDatetime
+    max_wait_seconds: Annotated[float, msgspec.Meta(gt=0)]
+    waited_seconds: Annotated[float, msgspec.Meta(ge=0)]
+    blocker: Reason | None = None
+
+
+class PreemptRequested(Event, frozen=True, kw_only=True, tag="PreemptRequested"):
+    """The victim must checkpoint (send `signal`) and stop by `deadline`, then waits again: to make
+    room for `for_job_id`, or (v2: `for_job_id` None) because an operator asked (`corral requeue`,
+    `corral drain --evict`; `reason` says which and who).
+
+    v2: `for_job_id` may be None (v1 always named a job; `UPCASTERS`)."""
+
+    schema_version: int = 2
     victim_job_id: JobId
-    for_job_id: JobId
+    for_job_id: JobId | None = None
     deadline: UtcDatetime
     signal: Signal = "SIGUSR1"
     reason: Reason
@@ -264,9 +332,10 @@ class GpusReleased(Event, frozen=True, kw_only=True):
     attempt: Attempt = 0
 
 
-class NodeRegistered(Event, frozen=True, kw_only=True):
+class NodeRegistered(Event, frozen=True, kw_only=True, tag="NodeRegistered"):
     """A node agent's inventory: every GPU, NVLink domains covering all GPUs, rack and zone."""
 
+    schema_version: int = 2
     node: NodeName
     gpus: list[GpuDevice]
     nvlink_domains: list[list[GpuIndex]]
@@ -278,6 +347,11 @@ class NodeRegistered(Event, frozen=True, kw_only=True):
     #: The ports placement may give a gang whose rank 0 runs here as `MASTER_PORT`; None: the
     #: default range (`corral.core.rendezvous.DEFAULT_PORT_RANGE`).
     rendezvous_ports: PortRange | None = None
+    #: The node's CPU cores and host memory (None: not declared) and the datasets it holds, name ->
+    #: path on this node (the cluster file's shared ones included). Since v2.
+    cpus: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    host_memory_gib: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    datasets: Datasets = msgspec.field(default_factory=dict)
 
 
 class NodeHeartbeat(Event, frozen=True, kw_only=True):
@@ -297,6 +371,25 @@ class NodeLost(Event, frozen=True, kw_only=True):
     reason: Reason
 
 
+class NodeDrained(Event, frozen=True, kw_only=True):
+    """No new work on `node` (Slurm's DRAIN): running jobs go on to their end, or with `evict` are
+    asked to checkpoint and wait again elsewhere (preemption asks them). Sent to the inbox by an
+    admin (`corral drain`), recorded by placement on the node's stream."""
+
+    node: NodeName
+    user: str
+    message: str = ""
+    evict: bool = False
+
+
+class NodeUndrained(Event, frozen=True, kw_only=True):
+    """`node` takes new work again (`corral undrain`)."""
+
+    node: NodeName
+    user: str
+    message: str = ""
+
+
 # --- queues --------------------------------------------------------------------------------
 
 
@@ -304,6 +397,46 @@ class QueueConfigured(Event, frozen=True, kw_only=True):
     """One queue of the tree set (or changed) by `corral apply`; stream `queue-<name>`."""
 
     queue: QueueSpec
+
+
+class GateCheck(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One criterion of the evidence gate (`corral apply --require "queue Q METRIC OP VALUE"`)
+    and what the what-if replay measured for it under the current and the proposed tree."""
+
+    criterion: str
+    queue: QueuePath
+    metric: str
+    op: str
+    threshold: float
+    before: float | None = None
+    after: float | None = None
+    passed: bool
+
+
+class QueueTreeApplied(Event, frozen=True, kw_only=True):
+    """One version of the whole queue tree, stream `queue-tree`: the stream's version N is config
+    version N. Sent to the inbox by `corral apply` (or `--rollback`); quota records it together with
+    a QueueConfigured for every queue it changes, in one transaction.
+
+    `user` is who applied it, `message` why (`--message`), `rollback_of` the version it restores,
+    `evidence` the evidence gate's checks it passed (empty when none were required)."""
+
+    queues: list[QueueSpec]
+    user: str
+    message: str = ""
+    rollback_of: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    evidence: list[GateCheck] = msgspec.field(default_factory=list)
+
+
+class QueueChangeRefused(Event, frozen=True, kw_only=True):
+    """A proposed queue tree the evidence gate refused (stream `queue-gate`): the what-if replay
+    missed at least one `--require` criterion, so nothing was applied. Recorded so that the log
+    shows the checks that stopped a change, not only the changes that passed."""
+
+    queues: list[QueueSpec]
+    user: str
+    message: str = ""
+    evidence: list[GateCheck]
 
 
 # --- operations ----------------------------------------------------------------------------
@@ -338,8 +471,22 @@ class AccessDenied(Event, frozen=True, kw_only=True):
 
 ALL_EVENTS: tuple[type[Event], ...] = (
     JobSubmitted, JobCancelRequested, JobAdmitted, JobRejected, QuotaReserved, QuotaReleased,
-    GangReserved, GpusAllocated, GpusReleased, PlacementPending, PreemptRequested, CheckpointDone,
+    GangReserved, GpusAllocated, GpusReleased, PlacementPending, WaitExceeded, PreemptRequested, CheckpointDone,
     GangReleased, JobRequeued, WorkerStarted, WorkerExited, JobRunning, JobCompleted, JobFailed, JobCancelled,
-    NodeRegistered, NodeHeartbeat, NodeLost, QueueConfigured, EventNotRelayed, AccessDenied,
+    NodeRegistered, NodeHeartbeat, NodeLost, NodeDrained, NodeUndrained, JobHeld, JobHoldReleased,
+    JobRequeueRequested, QueueConfigured, QueueTreeApplied, QueueChangeRefused, EventNotRelayed, AccessDenied,
 )
 
+
+def _same_document_v2(doc: dict[str, Any]) -> dict[str, Any]:
+    """v1 -> v2 of JobSubmitted, NodeRegistered (v2 only added fields whose defaults mean v1) and
+    PreemptRequested (v2 only lets `for_job_id` be None; a v1 always names a job)."""
+    return {**doc, "schema_version": 2}
+
+
+#: (event type, from version) -> upcaster; `registry.REGISTRY` registers them.
+UPCASTERS: tuple[tuple[str, int, Callable[[dict[str, Any]], dict[str, Any]]], ...] = (
+    ("JobSubmitted", 1, _same_document_v2),
+    ("NodeRegistered", 1, _same_document_v2),
+    ("PreemptRequested", 1, _same_document_v2),
+)

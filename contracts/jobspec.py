@@ -7,6 +7,7 @@ runs. Field names are the scheduling model's (issue "Scheduling core").
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import msgspec
@@ -15,16 +16,19 @@ from corral.contracts.problems import Problem, SpecError
 from corral.contracts.validation import convert_collecting, parse_document
 
 __all__ = [
+    "CONTAINER_RUNTIMES",
     "MAX_PRIORITY",
     "PRIORITY_CLASSES",
     "TOPOLOGY_LEVELS",
     "Checkpoint",
     "GpuRequest",
     "JobSpec",
+    "Mount",
     "Priority",
     "RestartPolicy",
     "Topology",
     "load_job_spec",
+    "parse_duration",
     "validate_job_spec",
 ]
 
@@ -56,6 +60,39 @@ QueuePath = Annotated[str, msgspec.Meta(
 Seconds = Annotated[float, msgspec.Meta(ge=0, description="seconds")]
 EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 Signal = Annotated[str, msgspec.Meta(pattern=r"^SIG[A-Z0-9]+$", description="signal name, e.g. SIGUSR1")]
+AbsolutePath = Annotated[str, msgspec.Meta(pattern=r"^/[^\x00]*$", max_length=4096,
+                                           description="an absolute path, e.g. /data/imagenet")]
+MountSource = Annotated[str, msgspec.Meta(
+    pattern=r"^(/[^\x00]*|[A-Za-z0-9][A-Za-z0-9._-]{0,62})$", max_length=4096,
+    description="an absolute host path, or the name of a dataset of the cluster file")]
+Image = Annotated[str, msgspec.Meta(min_length=1, max_length=1024, pattern=r"^[^\s]+$",
+                                    description="a container image: registry/name:tag, a local name, "
+                                                "or an Apptainer .sif path")]
+Duration = Annotated[str, msgspec.Meta(
+    pattern=r"^\s*(\d+(\.\d+)?\s*[smhd]\s*)+$|^(\d+-)?\d{1,2}:\d{2}(:\d{2})?$",
+    description="a duration: 90s, 30m, 2h, 1d, 1h30m, or Slurm's [D-]HH:MM[:SS]")]
+
+Runtime = Literal["process", "sim", "sandbox", "podman", "docker", "apptainer"]
+#: Runtimes that run the job inside a container image (`image` is required).
+CONTAINER_RUNTIMES: frozenset[str] = frozenset({"podman", "docker", "apptainer"})
+#: Runtimes that can bind `mounts` (the plain process runtime sees the host as it is).
+MOUNTING_RUNTIMES: frozenset[str] = CONTAINER_RUNTIMES | {"sandbox"}
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_UNIT_TERM = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
+
+
+def parse_duration(value: float | int | str) -> float:
+    """Seconds of a duration: a number of seconds, `90s`/`30m`/`2h`/`1d`/`1h30m`, or `[D-]HH:MM[:SS]`."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip()
+    if ":" in text:
+        days, _, clock = text.rpartition("-")
+        parts = [int(p) for p in clock.split(":")]
+        hours, minutes, seconds = ([*parts, 0])[:3]
+        return float(int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds)
+    return sum(float(n) * _UNITS[u] for n, u in _UNIT_TERM.findall(text))
 
 
 class GpuRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -89,11 +126,37 @@ class Checkpoint(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     signal: Signal = "SIGUSR1"
     grace_seconds: Seconds = 30.0
+    #: Where the job's checkpoints go (`CORRAL_CHECKPOINT_DIR`, exactly this folder); None: the
+    #: cluster's shared checkpoint folder (cluster file `checkpoint_dir`) or the agent's, `/<job id>`.
+    dir: AbsolutePath | None = None
 
     FIELD_HINTS: ClassVar[dict[str, str]] = {
         "signal": "a signal name such as SIGUSR1 or SIGTERM",
         "grace_seconds": "seconds the job may take to checkpoint, e.g. 30",
+        "dir": "an absolute folder every node of the job can reach (shared storage), e.g. /shared/ckpt/run1",
     }
+
+
+class Mount(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A host folder or a named dataset, seen by the job at `target` (read-only unless said).
+
+    `source` is an absolute host path, or the name of a dataset of the cluster file (which maps it
+    to a path on each node that has it, or on a shared filesystem)."""
+
+    source: MountSource
+    target: AbsolutePath
+    read_only: bool = True
+
+    FIELD_HINTS: ClassVar[dict[str, str]] = {
+        "source": "an absolute host path such as /data/imagenet, or a dataset name of the cluster file",
+        "target": "the absolute path the job sees, e.g. /data",
+        "read_only": "true (the default) or false to let the job write there",
+    }
+
+    @property
+    def dataset(self) -> str | None:
+        """The dataset name, or None when `source` is a host path."""
+        return None if self.source.startswith("/") else self.source
 
 
 class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -128,7 +191,16 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
     command: Annotated[list[str], msgspec.Meta(min_length=1)] | None = None
     env: dict[EnvName, str] = msgspec.field(default_factory=dict)
-    runtime: Literal["process", "sim"] = "process"
+    runtime: Runtime = "process"
+    image: Image | None = None
+    mounts: list[Mount] = msgspec.field(default_factory=list)
+    workdir: AbsolutePath | None = None
+    if TYPE_CHECKING:  # after __post_init__ the value is always seconds (a float) or None
+        time_limit: float | None = None
+    else:
+        time_limit: Annotated[float, msgspec.Meta(gt=0)] | Duration | None = None
+    cpus_per_replica: Annotated[float, msgspec.Meta(gt=0, le=4096)] | None = None
+    memory_gib_per_replica: Annotated[float, msgspec.Meta(gt=0, le=65536)] | None = None
     duration_seconds: Seconds | None = None
     submission_id: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
 
@@ -146,7 +218,13 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         "estimated_runtime_seconds": "a positive number of seconds (used for backfill)",
         "command": "a list of strings, e.g. [python, train.py]",
         "env": "a mapping of VARIABLE: \"value\"; quote values so they stay strings",
-        "runtime": "use one of process, sim",
+        "runtime": "use one of process, sandbox, podman, docker, apptainer, sim",
+        "image": "a container image such as docker.io/pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime",
+        "mounts": "a list of {source, target, read_only}",
+        "workdir": "the absolute folder the job starts in (`corral submit` fills in yours when left out)",
+        "time_limit": "a duration such as 3600, 90s, 30m, 2h, 1h30m or 1-00:00:00",
+        "cpus_per_replica": "CPU cores per replica, e.g. 8",
+        "memory_gib_per_replica": "host memory per replica in GiB, e.g. 64",
         "duration_seconds": "seconds the sim runtime sleeps, e.g. 3600",
         "submission_id": "a client-chosen id (<= 200 characters) used to drop duplicate submissions",
     }
@@ -154,6 +232,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     def __post_init__(self) -> None:
         if isinstance(self.priority, str):
             msgspec.structs.force_setattr(self, "priority", PRIORITY_CLASSES[self.priority])
+        if isinstance(self.time_limit, str):
+            msgspec.structs.force_setattr(self, "time_limit", parse_duration(self.time_limit))
         problems = self.sense_problems()
         if problems:
             raise SpecError(problems)
@@ -161,12 +241,40 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     def sense_problems(self) -> list[Problem]:
         """Cross-field rules that a schema cannot say."""
         found: list[Problem] = []
-        if self.runtime == "process" and self.command is None:
-            found.append(Problem(path="command", message="required when runtime is `process`",
+        if self.runtime in ("process", "sandbox") and self.command is None:
+            found.append(Problem(path="command", message=f"required when runtime is `{self.runtime}`",
                                  hint="add command: [python, train.py], or set runtime: sim"))
+        if self.runtime in CONTAINER_RUNTIMES and self.image is None:
+            found.append(Problem(path="image", message=f"required when runtime is `{self.runtime}`",
+                                 hint="add image: docker.io/pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime "
+                                      "(a .sif file for apptainer)"))
+        if self.image is not None and self.runtime not in CONTAINER_RUNTIMES:
+            found.append(Problem(path="image", message=f"runtime `{self.runtime}` runs no image",
+                                 hint="set runtime: podman, docker or apptainer, or remove image"))
+        if self.mounts and self.runtime not in MOUNTING_RUNTIMES:
+            found.append(Problem(path="mounts", message=f"runtime `{self.runtime}` cannot mount folders",
+                                 hint="set runtime: sandbox (or podman, docker, apptainer), or remove mounts"))
+        found.extend(self._mount_problems())
+        if self.time_limit is not None and self.time_limit <= 0:
+            found.append(Problem(path="time_limit", message="must be longer than 0 seconds",
+                                 hint="e.g. time_limit: 2h"))
         if self.runtime == "sim" and self.duration_seconds is None:
             found.append(Problem(path="duration_seconds", message="required when runtime is `sim`",
                                  hint="add duration_seconds: 3600 (how long the simulated job runs)"))
+        return found
+
+    def _mount_problems(self) -> list[Problem]:
+        found: list[Problem] = []
+        seen: dict[str, int] = {}
+        for i, mount in enumerate(self.mounts):
+            target = mount.target.rstrip("/") or "/"
+            if target == "/" or ".." in target.split("/"):
+                found.append(Problem(path=f"mounts[{i}].target", message=f"cannot mount at `{mount.target}`",
+                                     hint="use a folder below /, without `..`, e.g. /data"))
+            elif target in seen:
+                found.append(Problem(path=f"mounts[{i}].target", message=f"`{target}` is also mounts[{seen[target]}]",
+                                     hint="give each mount its own target"))
+            seen.setdefault(target, i)
         return found
 
     @property

@@ -34,7 +34,11 @@ class LifecycleCode(StrEnum):
     WORKERS_LOST = "WORKERS_LOST"      # the node is alive but its agent no longer runs the gang
     PREEMPT_OVERRUN = "PREEMPT_OVERRUN"  # asked to checkpoint, not stopped long after its deadline
     CANCELLED = "CANCELLED"            # the user cancelled the job
+    TIME_LIMIT = "TIME_LIMIT"          # the attempt ran longer than the spec's `time_limit` (fails, checkpoint kept)
     CLUSTER_RESTARTED = "CLUSTER_RESTARTED"  # the cluster was stopped under the gang (corral up)
+    HELD = "HELD"                      # a pending job held by its owner or an admin (corral hold)
+    REQUEUE_REQUESTED = "REQUEUE_REQUESTED"  # asked to checkpoint and wait again (corral requeue)
+    NODE_DRAINED = "NODE_DRAINED"      # asked to checkpoint and move: its node is drained with --evict
 
     @property
     def uses_a_restart(self) -> bool:

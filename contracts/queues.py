@@ -7,6 +7,8 @@ it at `apply` names the line to fix instead of producing a quota that silently c
 
 from __future__ import annotations
 
+import re
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -16,10 +18,20 @@ from corral.contracts.jobspec import PRIORITY_CLASSES, PRIORITY_HINT, Priority, 
 from corral.contracts.problems import Problem, SpecError
 from corral.contracts.validation import convert_collecting, parse_document, utf8_text
 
-__all__ = ["QueueSpec", "QueuesFile", "load_queues_file", "load_queues_text", "parent_of",
-           "validate_queues"]
+__all__ = ["QueueSpec", "QueuesFile", "duration_seconds", "load_queues_file", "load_queues_text", "merged_tree",
+           "parent_of", "validate_queues"]
 
 Gpus = Annotated[int, msgspec.Meta(ge=0)]
+#: A duration written with units: `90s`, `30m`, `4h`, `2d`, `1h30m` (`s`, `m`, `h`, `d`).
+DurationText = Annotated[str, msgspec.Meta(pattern=r"^(?:[0-9]+(?:\.[0-9]+)?[smhd])+$",
+                                           description="a duration such as 90s, 30m, 4h, 1h30m or 2d")]
+PositiveSeconds = Annotated[float, msgspec.Meta(gt=0, description="seconds")]
+_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def duration_seconds(text: str) -> float:
+    """`1h30m` -> 5400.0 (the text already matched `DurationText`)."""
+    return sum(float(n) * _UNIT_SECONDS[unit] for n, unit in re.findall(r"([0-9.]+)([smhd])", text))
 
 
 def parent_of(name: str) -> str | None:
@@ -30,7 +42,9 @@ def parent_of(name: str) -> str | None:
 class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One queue. `max_gpus=None`: no ceiling beyond the cluster; `lend_limit=None`: lends all unused;
     `max_priority=None`: jobs may ask for any priority (0..10000), else admission rejects a job
-    above it (a class name is stored as its integer)."""
+    above it (a class name is stored as its integer). `max_wait`: how long a job of this queue
+    (or of a queue below it that sets none) may wait before quota records a WaitExceeded for it
+    (`corral jobs --stuck`); seconds, or a duration such as `4h` (stored as seconds); None: never."""
 
     name: QueuePath
     guaranteed_gpus: Gpus = 0
@@ -46,6 +60,10 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     #: Whether a job of this queue may run as root (a submitter whose OS account is uid 0) on node
     #: agents that run each job as its submitter's OS user (`--run-as submitter`); refused if not.
     allow_root: bool = False
+    if TYPE_CHECKING:  # after __post_init__ the value is always seconds (or None)
+        max_wait: float | None = None
+    else:
+        max_wait: PositiveSeconds | DurationText | None = None
 
     FIELD_HINTS: ClassVar[dict[str, str]] = {
         "name": "a queue path such as research/nlp",
@@ -56,12 +74,19 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         "max_priority": f"the highest priority a job of this queue may ask for: {PRIORITY_HINT[4:]}",
         "submitters": "user names allowed to submit here, e.g. [alice, bob] (leave out for everyone)",
         "allow_root": "true to let jobs of this queue run as root (uid 0) on the nodes; default false",
+        "max_wait": "how long a job may wait before it is escalated: seconds > 0 or a duration such as 30m, 4h, "
+                    "1h30m (leave out for never)",
     }
 
     def __post_init__(self) -> None:
         if isinstance(self.max_priority, str):
             msgspec.structs.force_setattr(self, "max_priority", PRIORITY_CLASSES[self.max_priority])
+        if isinstance(self.max_wait, str):
+            msgspec.structs.force_setattr(self, "max_wait", duration_seconds(self.max_wait))
         problems = []
+        if self.max_wait is not None and self.max_wait <= 0:
+            problems.append(Problem(path="max_wait", message=f"max_wait {self.max_wait} is not a positive duration",
+                                    hint="give a duration such as 30m or 4h, or leave max_wait out"))
         if self.max_gpus is not None and self.max_gpus < self.guaranteed_gpus:
             problems.append(Problem(path="max_gpus", message=f"max_gpus {self.max_gpus} is below "
                                     f"guaranteed_gpus {self.guaranteed_gpus}",
@@ -85,18 +110,21 @@ class QueuesFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         if problems:
             raise SpecError(problems)
 
-    def resolved(self) -> list[QueueSpec]:
+    def resolved(self, existing: Collection[str] = ()) -> list[QueueSpec]:
         """Every queue of the tree, parents first, implied parents added.
 
         An implied parent (`research` when only `research/nlp` is written) guarantees the sum of
-        its children's guarantees and has no ceiling.
+        its children's guarantees and has no ceiling. A parent in `existing` (the current tree,
+        for a file applied over it) is not implied: a file naming only `research/nlp` replaced the
+        real `research` with an implied one, dropping its guarantee, ceiling, max_wait and
+        submitters.
         """
         by_name = {q.name: q for q in self.queues}
         implied: dict[str, int] = {}
         for q in self.queues:
             child = q.name
             parent = parent_of(child)
-            while parent is not None and parent not in by_name:
+            while parent is not None and parent not in by_name and parent not in existing:
                 implied[parent] = implied.get(parent, 0)
                 child, parent = parent, parent_of(parent)
         for name in implied:
@@ -107,6 +135,14 @@ class QueuesFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             implied[name] += inner
         everything = {**by_name, **{n: QueueSpec(name=n, guaranteed_gpus=g) for n, g in implied.items()}}
         return [everything[n] for n in sorted(everything, key=lambda n: (n.count("/"), n))]
+
+
+def merged_tree(current: Iterable[QueueSpec], change: Iterable[QueueSpec]) -> list[QueueSpec]:
+    """The whole tree after applying `change` over `current`, parents first: queues are added or
+    changed, never deleted (a job may still be waiting in a queue a file no longer names)."""
+    tree = {q.name: q for q in current}
+    tree.update({q.name: q for q in change})
+    return [tree[n] for n in sorted(tree, key=lambda n: (n.count("/"), n))]
 
 
 def tree_problems(queues: list[QueueSpec]) -> list[Problem]:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from corral.contracts.envelope import Event
-from corral.contracts.events import ALL_EVENTS
+from corral.contracts.events import ALL_EVENTS, UPCASTERS
 from corral.contracts.problems import ContractError, problem_from_validation_error
 
 __all__ = ["REGISTRY", "EventRegistry", "Upcaster", "decode", "encode", "validated"]
@@ -157,6 +157,8 @@ def _decode_header(raw: bytes | str) -> _Header:
 
 
 REGISTRY = EventRegistry(ALL_EVENTS)
+for _type, _version, _upcaster in UPCASTERS:
+    REGISTRY.register_upcaster(_type, _version, _upcaster)
 
 
 def encode(event: Event) -> bytes:

@@ -45,12 +45,15 @@ __all__ = [
 DEFAULT_PREFIX = "corral"
 #: Requests from outside the event log: users and pipelines (jobs, queue configuration) and node
 #: agents (their reports; agents have no database, placement records what they say).
-INBOX_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested", "QueueConfigured",
-                                "NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone")
+INBOX_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested", "JobHeld", "JobHoldReleased",
+                                "JobRequeueRequested", "QueueConfigured", "QueueTreeApplied", "QueueChangeRefused",
+                                "NodeDrained", "NodeUndrained", "NodeRegistered", "WorkerStarted", "WorkerExited",
+                                "CheckpointDone")
 #: Reports a node agent publishes on `<prefix>.inbox.node.<node>.<Type>`.
 NODE_REPORT_TYPES: tuple[str, ...] = ("NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone")
 #: Requests a submitter publishes on `<prefix>.inbox.user.<user>.<Type>`.
-USER_REQUEST_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested")
+USER_REQUEST_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested", "JobHeld", "JobHoldReleased",
+                                       "JobRequeueRequested")
 _IDENTITY_TOKEN = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 

@@ -3,7 +3,9 @@
 Why: "one NATS node lost, nothing lost" can only be shown with a real cluster: R3 streams whose
 leader dies, clients that reconnect to the surviving servers. Each server listens on 127.0.0.1 on
 free ports (client and route), shares the test's authorization (a superuser), and names the other
-two as routes; `url` lists all three for `CORRAL_NATS_URL` (see `corral.bus.urls`).
+two as routes; `url` lists all three for `CORRAL_NATS_URL` (see `corral.bus.urls`). The routes
+use TLS as deployed (deploy/nats/nats.conf): a CA and certificate from `corral.stack.tls`, both
+sides verified; clients stay on plain TCP here.
 """
 
 from __future__ import annotations
@@ -17,15 +19,18 @@ from pathlib import Path
 import nats
 
 from corral.bus.urls import server_urls
+from corral.stack import tls
 from corral.stack.servers import NatsServer, free_port
 
 HOST = "127.0.0.1"
 
 
-def cluster_block(name: str, server_name: str, route_port: int, routes: list[int]) -> str:
+def cluster_block(name: str, server_name: str, route_port: int, routes: list[int],
+                  route_tls: tls.TlsFiles | None = None) -> str:
     others = ", ".join(f'"nats-route://{HOST}:{port}"' for port in routes)
     return (f'server_name: "{server_name}"\n'
-            f'cluster {{\n  name: "{name}"\n  listen: "{HOST}:{route_port}"\n  routes: [{others}]\n}}\n')
+            f'cluster {{\n  name: "{name}"\n  listen: "{HOST}:{route_port}"\n  routes: [{others}]\n'
+            + (route_tls.route_block() if route_tls else "") + "}\n")
 
 
 @dataclass
@@ -38,14 +43,18 @@ class NatsCluster:
     size: int = 3
     servers: dict[str, NatsServer] = field(default_factory=dict)
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="corral-test-natscluster-")))
+    #: TLS on the routes between the servers (False: plain TCP, as before deploy/nats had it).
+    route_tls: bool = True
 
     def start(self) -> NatsCluster:
         routes = [free_port(HOST) for _ in range(self.size)]
+        files = tls.generate(self.root / "tls", [HOST, "localhost"]) if self.route_tls else None
         for i in range(self.size):
             name = f"n{i + 1}"
             self.servers[name] = NatsServer(
                 self.root / name, host=HOST, port=free_port(HOST), authorization=self.authorization,
-                cluster=cluster_block("corral-test", name, routes[i], [p for j, p in enumerate(routes) if j != i]))
+                cluster=cluster_block("corral-test", name, routes[i], [p for j, p in enumerate(routes) if j != i],
+                                      files))
         for server in self.servers.values():
             server.start()
         return self

@@ -49,6 +49,7 @@ class Invariant(StrEnum):
     PREEMPTION_LOOP = "PREEMPTION_LOOP"            # 3+ preemptions of one job within 10 minutes
     ALLOCATIONS_DIFFER = "ALLOCATIONS_DIFFER"      # the allocations table is not the fold of the ledger
     PORT_HELD_TWICE = "PORT_HELD_TWICE"            # one MASTER_ADDR:MASTER_PORT given to two live gangs
+    WAIT_ESCALATED_TWICE = "WAIT_ESCALATED_TWICE"  # two WaitExceeded for one wait of a job
 
     @property
     def check(self) -> str:
@@ -59,7 +60,8 @@ class Invariant(StrEnum):
 _CHECK_OF = {Invariant.GPU_HELD_TWICE: "gpus", Invariant.GANG_PARTIAL: "gangs",
              Invariant.TWO_LIVE_ATTEMPTS: "gangs", Invariant.JOB_LOST: "accounting",
              Invariant.JOB_STUCK: "accounting", Invariant.PREEMPTION_LOOP: "preemption",
-             Invariant.ALLOCATIONS_DIFFER: "allocations_table", Invariant.PORT_HELD_TWICE: "rendezvous"}
+             Invariant.ALLOCATIONS_DIFFER: "allocations_table", Invariant.PORT_HELD_TWICE: "rendezvous",
+             Invariant.WAIT_ESCALATED_TWICE: "escalation"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +307,12 @@ class Accounting:
                 self._set(entry, e.job_id, _Phase.WAITING, code)
         elif isinstance(e, ev.JobRequeued):
             self._set(entry, e.job_id, _Phase.WAITING, str(e.reason.code))
+        elif isinstance(e, ev.JobHeld | ev.JobHoldReleased):
+            # held: waits for an operator, with that reason; released: waits again (quota and
+            # placement may have nothing new to say about it, it waited before)
+            j = self.jobs.get(e.job_id)
+            if j is not None and j.phase is _Phase.WAITING:
+                self._set(entry, e.job_id, _Phase.WAITING, "HELD" if isinstance(e, ev.JobHeld) else "HOLD_RELEASED")
         elif isinstance(e, ev.GangReserved):
             self._set(entry, e.job_id, _Phase.STARTING)
         elif isinstance(e, ev.JobRunning):
@@ -387,6 +395,32 @@ class PreemptionLoop:
         return []
 
 
+class Escalations:
+    """At most one WaitExceeded per wait of a job (`corral.core.escalation`): a wait starts when the
+    job is admitted, requeued or released from a hold; quota, restarted or not, never escalates
+    the same wait twice. (A WaitExceeded itself is no reason to wait: `Accounting` ignores it.)"""
+
+    name = "escalation"
+
+    def __init__(self) -> None:
+        self.escalated: dict[str, int] = {}  # job -> the position of its current wait's WaitExceeded
+
+    def observe(self, entry: Entry) -> list[Violation]:
+        e = entry.event
+        if isinstance(e, ev.JobAdmitted | ev.JobRequeued | ev.JobHoldReleased):
+            self.escalated.pop(e.job_id, None)
+        elif isinstance(e, ev.WaitExceeded):
+            first = self.escalated.setdefault(e.job_id, entry.position)
+            if first != entry.position:
+                return [Violation(Invariant.WAIT_ESCALATED_TWICE, entry.position,
+                                  f"{e.job_id} escalated again in the wait since {e.waiting_since.isoformat()} "
+                                  f"(first at position {first})", e.job_id)]
+        return []
+
+    def finish(self, head: Entry | None) -> list[Violation]:
+        return []
+
+
 # --- the run -------------------------------------------------------------------------------
 
 
@@ -407,7 +441,7 @@ def compare_allocations(fold: set[AllocationRow], table: Iterable[AllocationRow]
 
 
 DEFAULT_CHECKS: tuple[Callable[[], Check], ...] = (GpuLedger, RendezvousPorts, GangBarrier, Accounting,
-                                                   PreemptionLoop)
+                                                   PreemptionLoop, Escalations)
 """The invariants `corral audit verify` folds; add a factory here (or pass more to `audit`)."""
 
 

@@ -3,7 +3,8 @@
 Why this shape: requests (submit, cancel, apply queues) go where any pipeline would put them — the
 JetStream inbox, deduplicated by `Nats-Msg-Id` — so the CLI has no privileged path. Questions
 (jobs, nodes, why, replay) are answered from the Postgres event log alone, read-only: the log is
-the truth, and folding it up to a moment rebuilds the cluster as it was then.
+the truth, and folding it up to a moment rebuilds the cluster as it was then. Questions about now
+start from the read model the projector keeps (`live_view`) and fold only the log after it.
 """
 
 from __future__ import annotations
@@ -11,23 +12,25 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 
 from corral.bus import Bus
 from corral.bus.limits import BusLimits
 from corral.contracts import events as ev
-from corral.contracts.envelope import Event, job_stream, new_event_id, queue_stream
+from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, job_stream, new_event_id
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.problems import ContractError, SpecError
-from corral.contracts.queues import QueuesFile
+from corral.contracts.queues import QueuesFile, QueueSpec
 from corral.contracts.registry import decode, encode
 from corral.contracts.sizes import recorded_size, size_problem
 from corral.contracts.subjects import USER_REQUEST_TYPES, Subjects
 from corral.eventstore import EventStore, StoredEvent
 from corral.projection import ClusterView
+from corral.readmodel.snapshots import read_view
 from corral.stack.context import Context
 from corral.stack.credentials import NatsCredentials
+from corral.telemetry import tracing
 
 
 def _user() -> str:
@@ -72,7 +75,7 @@ class Client:
 
     @classmethod
     async def connect(cls, ctx: Context, *, bus: bool = True, timeout: float = 5.0) -> Client:
-        store = await asyncio.wait_for(EventStore.open(ctx.postgres_dsn, pool_size=4), timeout)
+        store = await asyncio.wait_for(EventStore.open(ctx.postgres_dsn, pool_size=4, min_size=1), timeout)
         nats = None
         if bus:
             try:
@@ -127,7 +130,7 @@ class Client:
 
     async def publish_request(self, event: Event, msg_id: str | None = None) -> None:
         await self.bus.publish(self._request_subject(event), encode(event), msg_id or event.event_id,
-                               retry_for=self.REQUEST_RETRY_SECONDS)
+                               {tracing.CORRELATION: event.correlation_id}, retry_for=self.REQUEST_RETRY_SECONDS)
 
     async def submit(self, spec: JobSpec, *, job_id: str | None = None, user: str | None = None) -> str:
         job_id = job_id or new_job_id()
@@ -135,7 +138,10 @@ class Client:
         submitted = ev.JobSubmitted.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,
                                         job_id=job_id, spec=spec, submission_id=spec.submission_id, user=user)
         refuse_oversized(submitted, self.bus.limits.max_spec_bytes)
-        await self.publish_request(submitted, spec.submission_id or submitted.event_id)
+        # The root of the job's trace (when tracing is on): every service continues it.
+        with tracing.span("corral submit", **{"corral.job_id": job_id, "corral.queue": spec.queue,
+                                              "corral.gpus": spec.total_gpus, "enduser.id": user}):
+            await self.publish_request(submitted, spec.submission_id or submitted.event_id)
         return job_id
 
     async def verdict(self, job_id: str, timeout: float,
@@ -168,15 +174,101 @@ class Client:
                                             job_id=job_id, user=user, message=message or f"cancelled by {user}")
         await self.publish_request(request)
 
-    async def apply_queues(self, queues: QueuesFile, *, user: str | None = None) -> list[str]:
-        user = user or _user()
-        names = []
-        for spec in queues.resolved():
-            configured = ev.QueueConfigured.new(stream=queue_stream(spec.name), actor=f"user/{user}",
-                                                correlation_id=spec.name, queue=spec)
-            await self.publish_request(configured)
-            names.append(spec.name)
-        return names
+    async def hold(self, job_id: str, *, release: bool = False, message: str = "") -> Event:
+        """Hold a pending job (or, `release=True`, let a held one wait again). Returns the request:
+        what admission records for it names it as its cause (`request_outcome`)."""
+        user = self.identity or _user()
+        kind = ev.JobHoldReleased if release else ev.JobHeld
+        request = kind.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,
+                           job_id=job_id, user=user, message=message)
+        await self.publish_request(request)
+        return request
+
+    async def requeue(self, job_id: str, *, message: str = "") -> Event:
+        """Ask a running job to checkpoint, stop and wait again. Returns the request (see `hold`)."""
+        user = self.identity or _user()
+        request = ev.JobRequeueRequested.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,
+                                             job_id=job_id, user=user, message=message)
+        await self.publish_request(request)
+        return request
+
+    async def request_outcome(self, job_id: str, request: Event, timeout: float) -> Event | None:
+        """The first event of the job's stream that `request` caused (what admission recorded for
+        it, or an AccessDenied), or None if there is none within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for _, event in await self.job_events(job_id):
+                if event.causation_id == request.event_id:
+                    return event
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.2)
+
+    async def drain(self, node: str, *, undrain: bool = False, evict: bool = False, message: str = "") -> None:
+        """No new work on `node` (`evict`: its jobs are asked to checkpoint and move), or, with
+        `undrain=True`, new work again: an admin's request."""
+        user = self.identity or _user()
+        stream, actor = f"node-{node}", f"user/{user}"
+        request: Event = (
+            ev.NodeUndrained.new(stream=stream, actor=actor, correlation_id=node, node=node, user=user, message=message)
+            if undrain else
+            ev.NodeDrained.new(stream=stream, actor=actor, correlation_id=node, node=node, user=user, message=message,
+                               evict=evict))
+        await self.publish_request(request)
+
+    async def apply_queues(self, queues: QueuesFile | Sequence[QueueSpec], *, user: str | None = None,
+                           message: str = "", rollback_of: int | None = None,
+                           evidence: Sequence[ev.GateCheck] = ()) -> list[str]:
+        """Ask quota to record a new version of the queue tree: `queues` over the current tree."""
+        request = await self.request_queue_tree(queues, user=user, message=message, rollback_of=rollback_of,
+                                                evidence=evidence)
+        return [spec.name for spec in request.queues]
+
+    async def request_queue_tree(self, queues: QueuesFile | Sequence[QueueSpec], *, user: str | None = None,
+                                 message: str = "", rollback_of: int | None = None,
+                                 evidence: Sequence[ev.GateCheck] = ()) -> ev.QueueTreeApplied:
+        """`apply_queues`, returning the request sent (for `queue_tree_outcome`)."""
+        user = user or self.identity or _user()
+        if isinstance(queues, QueuesFile):  # over the current tree: its parents are not implied anew
+            specs = queues.resolved(existing=(await self.live_view(job_ids=[])).queues)
+        else:
+            specs = list(queues)
+        request = ev.QueueTreeApplied.new(stream=QUEUE_TREE_STREAM, actor=f"user/{user}", correlation_id="queues",
+                                          queues=specs, user=user, message=message, rollback_of=rollback_of,
+                                          evidence=list(evidence))
+        await self.publish_request(request)
+        return request
+
+    async def queue_tree_outcome(self, request: ev.QueueTreeApplied, timeout: float, interval: float = 0.2
+                                 ) -> tuple[int, ev.QueueTreeApplied | ev.QueueChangeRefused] | None:
+        """What quota recorded for `request`: the tree version it became (its version in stream
+        `queue-tree`, the request's own event id) or the refusal it caused (stream `queue-gate`),
+        with its stream version; None if neither within `timeout` seconds (it still waits in the inbox)."""
+        deadline = time.monotonic() + timeout
+        after = {QUEUE_TREE_STREAM: 1, QUEUE_GATE_STREAM: 1}
+        while True:
+            for stream in after:
+                for stored in await self.store.read_stream(stream, after[stream]):
+                    after[stream] = stored.version + 1
+                    try:
+                        event = decode(stored.data)
+                    except ContractError:
+                        continue
+                    if isinstance(event, ev.QueueTreeApplied) and event.event_id == request.event_id:
+                        return stored.version, event
+                    if isinstance(event, ev.QueueChangeRefused) and event.causation_id == request.event_id:
+                        return stored.version, event
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(interval)
+
+    async def refuse_queues(self, queues: Sequence[QueueSpec], evidence: Sequence[ev.GateCheck], *,
+                            user: str | None = None, message: str = "") -> None:
+        """Record in the log that the evidence gate refused this change (nothing is applied)."""
+        user = user or self.identity or _user()
+        refused = ev.QueueChangeRefused.new(stream=QUEUE_GATE_STREAM, actor=f"user/{user}", correlation_id="queues",
+                                            queues=list(queues), user=user, message=message, evidence=list(evidence))
+        await self.publish_request(refused)
 
     # ---- questions (the log) -----------------------------------------------------------------
     async def events(self, *, after: int = 0, until: datetime | None = None,
@@ -214,16 +306,29 @@ class Client:
             view.apply(event, stored.version, stored.position)
         return view
 
+    async def live_view(self, *, job_ids: Collection[str] = (), states: Collection[str] = ()) -> ClusterView:
+        """The cluster now, from the read model (`corral.readmodel`: the projector's stored view plus
+        the log after it): every active job, node and queue, and of the jobs that are over only
+        those named in `job_ids` or in one of `states` (`FINISHED`: all of them). O(answer + the
+        events since the last snapshot); without a stored view of this code, the whole log."""
+        return await read_view(self.store, job_ids=job_ids, states=states)
+
     async def wait_for(self, predicate: Callable[[ClusterView], bool], timeout: float,
-                       interval: float = 0.2) -> ClusterView:
-        """Poll the log until `predicate(view)` holds; TimeoutError with the last view otherwise."""
+                       interval: float = 0.2, *, job_ids: Collection[str] | None = None) -> ClusterView:
+        """Poll the log until `predicate(view)` holds; TimeoutError with the last view otherwise.
+
+        With `job_ids`, the view starts from the read model (`live_view`) instead of the whole log:
+        only those jobs (and the active ones) are whole in it, so `predicate` must look at no other."""
         deadline = time.monotonic() + timeout
-        view = ClusterView()
-        after = 0
+        view, after = ClusterView(), 0
+        if job_ids is not None:
+            view = await self.live_view(job_ids=job_ids)
+            after = view.position
         while True:
             for stored in await self.store.read_all(after, limit=5000):
                 try:
-                    view.apply(decode(stored.data), stored.version, stored.position)
+                    # from the read model, in log order: no stream versions (each event comes once)
+                    view.apply(decode(stored.data), stored.version if job_ids is None else None, stored.position)
                 except ContractError:
                     pass
                 after = stored.position

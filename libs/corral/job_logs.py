@@ -24,11 +24,19 @@ class LogsRefused:
     message: str
 
 
-def job_log_files(log_dir: Path, job: str, rank: int | None = None) -> list[Path] | LogsRefused:
-    """The job's `rank-<n>.log` files under `log_dir/workers/<job>` (or `log_dir/<job>`)."""
+def check_job_id(job: str) -> LogsRefused | None:
+    """Why `job` is not a job id (so never a path), or None."""
     if not _JOB_ID.match(job) or ".." in job:
         return LogsRefused(f"{job!r} is not a job id (letters, digits, '.', '_', '-'; no path): "
                            "give the id `corral jobs` shows")
+    return None
+
+
+def job_log_files(log_dir: Path, job: str, rank: int | None = None) -> list[Path] | LogsRefused:
+    """The job's `rank-<n>.log` files under `log_dir/workers/<job>` (or `log_dir/<job>`)."""
+    refused = check_job_id(job)
+    if refused is not None:
+        return refused
     root = log_dir.resolve()
     for base in (log_dir / "workers" / job, log_dir / job):
         if base.is_symlink() or not base.is_dir():
@@ -49,3 +57,18 @@ def read_log(path: Path) -> str:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:
         return f.read().decode(errors="replace")
+
+
+def split_attempts(text: str, job: str) -> dict[int | None, list[str]]:
+    """A rank file's lines by the attempt that wrote them: each attempt's part starts at the
+    stepd's header line (`==== corral job <job> attempt <K> rank ...`); lines before any header
+    (files of older agents) are under None."""
+    head = f"==== corral job {job} attempt "
+    parts: dict[int | None, list[str]] = {}
+    current: int | None = None
+    for line in text.splitlines():
+        if line.startswith(head):
+            number = line[len(head):].split(" ", 1)[0]
+            current = int(number) if number.isdigit() else current
+        parts.setdefault(current, []).append(line)
+    return parts

@@ -145,6 +145,7 @@ class Gang:
     lost_nodes: frozenset[str] = frozenset()
     seen: Mapping[str, NodeSeen] = field(default_factory=dict)
     released_position: int | None = None  # the GangReleased's log position, once known
+    time_limit: float | None = None  # the spec's `time_limit`: seconds this attempt may run
 
     @property
     def ranks(self) -> frozenset[int]:
@@ -264,8 +265,8 @@ def _release(gang: Gang, state: GangState, now: float, limits: Limits) -> Releas
         return Release(LifecycleCode.COMPLETED, f"every rank exited 0 ({attempt})", Then.COMPLETE)
     if state is GangState.PREEMPTING:
         if ended:
-            who = f"job {gang.preemptor}" if gang.preemptor else "another job"
-            return Release(LifecycleCode.PREEMPTED, f"checkpointed and stopped for {who} ({attempt})")
+            why = f"for job {gang.preemptor}" if gang.preemptor else "as asked (requeue or drain)"
+            return Release(LifecycleCode.PREEMPTED, f"checkpointed and stopped {why} ({attempt})")
     elif crashed:
         # The rank that crashed first has an exit code; its peers were killed (no code).
         rank, code = min(crashed.items(), key=lambda rc: (rc[1] is None, rc[0]))
@@ -277,6 +278,11 @@ def _release(gang: Gang, state: GangState, now: float, limits: Limits) -> Releas
             f"{message}; no restarts left ({gang.restarts} of {gang.max_restarts} used)"))
     elif ended:
         return _requeue(LifecycleCode.CHECKPOINTED, f"every rank stopped after a checkpoint ({attempt})")
+    if state is GangState.RUNNING and gang.time_limit is not None and gang.running_since is not None \
+            and now - gang.running_since >= gang.time_limit:
+        message = (f"ran {now - gang.running_since:.0f}s, past its time_limit of {gang.time_limit:g}s ({attempt}); "
+                   "its ranks are stopped, its checkpoints kept")
+        return Release(LifecycleCode.TIME_LIMIT, message, Then.FAIL, fail_message=message)
     if state in (GangState.RUNNING, GangState.PREEMPTING):
         gone = _workers_lost(gang, limits)
         if gone is not None:

@@ -22,6 +22,7 @@ from corral.contracts.envelope import Event, Reason
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.lifecycle import LifecycleCode
 from corral.contracts.queues import QueueSpec
+from corral.core import escalation
 from corral.lifecycle import GangEvent, GangState, transition
 from corral.translate import job_from_spec, node_from_inventory, queue_from_spec
 
@@ -37,6 +38,7 @@ class JobState(StrEnum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     REJECTED = "REJECTED"
+    HELD = "HELD"                # admitted, kept from running until released (corral hold)
 
     @property
     def terminal(self) -> bool:
@@ -103,6 +105,9 @@ class JobView:
     reason: Reason | None = None  # the last reason: why pending, rejected, failed, preempted
     preempt: ev.PreemptRequested | None = None
     preempted_by: set[str] = field(default_factory=set)
+    #: `corral requeue`: the request, and the attempt it was made for (preemption acts on it once)
+    requeue_request: ev.JobRequeueRequested | None = None
+    requeue_attempt: int | None = None
     preempted_at: list[float] = field(default_factory=list)  # when each attempt was asked to checkpoint
     started_ranks: set[int] = field(default_factory=set)
     exited_ranks: dict[int, int | None] = field(default_factory=dict)
@@ -111,7 +116,13 @@ class JobView:
     resume_from: str | None = None
     restarts: int = 0
     attained_gpu_seconds: float = 0.0
+    #: work the last released attempt threw away: GPU-seconds since its last checkpoint (or start)
+    lost_gpu_seconds: float = 0.0
     cancel_requested: bool = False
+    #: When the current wait began (admitted, requeued, released from a hold), and its
+    #: WaitExceeded once quota recorded one (`core.escalation`: once per wait)
+    waiting_since: datetime | None = None
+    wait_exceeded: ev.WaitExceeded | None = None
     holding: bool = False  # GPUs reserved and not yet released (also while cancelling)
     gang: GangState | None = None  # the current attempt's gang while it holds its GPUs
     fences: dict[int, Fence] = field(default_factory=dict)  # released attempts whose GPUs are still held
@@ -185,23 +196,27 @@ class NodeView:
     name: str
     inventory: NodeInventory
     lost: bool = False
+    draining: bool = False  # no new work (corral drain); running jobs go on
+    drain: ev.NodeDrained | None = None  # the drain in force (`evict`: its jobs are asked to move)
     allocations: dict[int, str] = field(default_factory=dict)  # GPU index -> job id
     registered_at: datetime | None = None
     address: str | None = None  # where other hosts reach it (None: not advertised)
     rendezvous_ports: tuple[int, int] | None = None  # MASTER_PORT range (None: the default)
     version: int = 0
-    _core_node: tuple[NodeInventory, bool, core.Node] | None = field(default=None, repr=False, compare=False)
+    _core_node: tuple[NodeInventory, core.NodeState, core.Node] | None = field(default=None, repr=False,
+                                                                                compare=False)
 
     @property
     def gpu_count(self) -> int:
         return len(self.inventory.gpus)
 
     def core_node(self) -> core.Node:
+        state = core.NodeState.LOST if self.lost else core.NodeState.DRAINING if self.draining else core.NodeState.READY
         cached = self._core_node
-        if cached is not None and cached[0] is self.inventory and cached[1] == self.lost:
+        if cached is not None and cached[0] is self.inventory and cached[1] is state:
             return cached[2]
-        node = node_from_inventory(self.inventory, core.NodeState.LOST if self.lost else core.NodeState.READY)
-        self._core_node = (self.inventory, self.lost, node)
+        node = node_from_inventory(self.inventory, state)
+        self._core_node = (self.inventory, state, node)
         return node
 
 
@@ -212,6 +227,9 @@ class ClusterView:
     jobs: dict[str, JobView] = field(default_factory=dict)
     nodes: dict[str, NodeView] = field(default_factory=dict)
     queues: dict[str, QueueSpec] = field(default_factory=dict)
+    #: The numbered versions of the queue tree (QueueTreeApplied, `corral queues --history`),
+    #: oldest first; version N is `tree_versions[N - 1]`.
+    tree_versions: list[ev.QueueTreeApplied] = field(default_factory=list)
     submissions: dict[str, str] = field(default_factory=dict)  # submission id -> job id
     versions: dict[str, int] = field(default_factory=dict)
     #: The jobs that are `JobView.active`, kept as events are folded: the services scan these on
@@ -292,6 +310,20 @@ class ClusterView:
         return tuple(queue_from_spec(self.queues[q])
                      for q in sorted(self.queues, key=lambda n: (n.count("/"), n)))
 
+    def max_waits(self) -> dict[str, float | None]:
+        """Each queue's `max_wait` in seconds (None: not set), for `core.escalation`."""
+        return {name: q.max_wait for name, q in self.queues.items()}
+
+    def waits(self) -> list[escalation.Wait]:
+        """The current wait of every job waiting for quota or GPUs (held jobs do not wait)."""
+        out = []
+        for j in self.active.values():
+            if j.state is JobState.PENDING and j.waiting_since is not None:
+                e = j.wait_exceeded
+                out.append(escalation.Wait(j.job_id, j.queue, j.waiting_since.timestamp(),
+                                                None if e is None else (e.limit_queue, e.max_wait_seconds)))
+        return out
+
     def running_jobs(self) -> list[JobView]:
         return [j for j in self.active.values() if j.holding]
 
@@ -369,6 +401,19 @@ def _admitted(view: ClusterView, e: ev.JobAdmitted) -> None:
     j = view.job(e.job_id)
     if j.state is JobState.SUBMITTED:
         j.state = JobState.PENDING
+        _wait_starts(j, e.occurred_at)
+
+
+def _wait_starts(j: JobView, at: datetime) -> None:
+    j.waiting_since, j.wait_exceeded = at, None
+
+
+def _wait_exceeded(view: ClusterView, e: ev.WaitExceeded) -> None:
+    # Only for the wait it was recorded in: quota appends it guarded by the job stream's version,
+    # so it follows that wait's start in the stream; a stray one (another attempt) changes nothing.
+    j = view.job(e.job_id)
+    if j.state is JobState.PENDING and e.attempt == j.attempt:
+        j.wait_exceeded = e
 
 
 def _rejected(view: ClusterView, e: ev.JobRejected) -> None:
@@ -432,7 +477,8 @@ def _preempt_requested(view: ClusterView, e: ev.PreemptRequested) -> None:
         if j.state is not JobState.PREEMPTING:  # asked again for the same attempt: no new preemption
             j.preempted_at.append(e.occurred_at.timestamp())
         j.state, j.preempt, j.reason = JobState.PREEMPTING, e, e.reason
-        j.preempted_by.add(e.for_job_id)
+        if e.for_job_id is not None:
+            j.preempted_by.add(e.for_job_id)
         j.gang = _moved(j.gang, GangEvent.PREEMPT)
 
 
@@ -492,6 +538,10 @@ def _gang_released(view: ClusterView, e: ev.GangReleased) -> None:
         return
     if j.running_since is not None:
         j.attained_gpu_seconds += max(0.0, (e.occurred_at - j.running_since).total_seconds()) * j.gpus
+        if j.spec is not None and j.submitted_at is not None:  # the core's rule: from the last checkpoint
+            checkpoint = j.checkpoint_at.timestamp() if j.checkpoint_at else None
+            j.lost_gpu_seconds = core.RunningJob(j.core_job(), j.core_placement(), j.running_since.timestamp(),
+                                                 checkpoint).lost_work(e.occurred_at.timestamp())
     _fence(view, j, e)
     j.running_since, j.holding = None, False
     j.quota_stale = j.quota_gpus > 0
@@ -505,6 +555,7 @@ def _requeued(view: ClusterView, e: ev.JobRequeued) -> None:
     if not j.state.terminal:
         j.state, j.reason, j.attempt, j.resume_from = JobState.PENDING, e.reason, e.attempt, e.resume_from
         j.ranks, j.preempt = [], None
+        _wait_starts(j, e.occurred_at)
         if e.reason.code == LifecycleCode.RESTARTING:
             j.restarts += 1
 
@@ -550,7 +601,8 @@ def _cancel_requested(view: ClusterView, e: ev.JobCancelRequested) -> None:
 
 
 def _node_registered(view: ClusterView, e: ev.NodeRegistered) -> None:
-    inv = NodeInventory(node=e.node, gpus=e.gpus, nvlink_domains=e.nvlink_domains, rack=e.rack, zone=e.zone)
+    inv = NodeInventory(node=e.node, gpus=e.gpus, nvlink_domains=e.nvlink_domains, rack=e.rack, zone=e.zone,
+                        cpus=e.cpus, host_memory_gib=e.host_memory_gib, datasets=dict(e.datasets))
     existing = view.nodes.get(e.node)
     if existing is None:
         existing = view.nodes[e.node] = NodeView(name=e.node, inventory=inv, registered_at=e.occurred_at)
@@ -570,6 +622,42 @@ def _queue_configured(view: ClusterView, e: ev.QueueConfigured) -> None:
     view.queues[e.queue.name] = e.queue
 
 
+def _node_drained(view: ClusterView, e: ev.NodeDrained | ev.NodeUndrained) -> None:
+    node = view.nodes.get(e.node)
+    if node is not None:
+        node.drain = e if isinstance(e, ev.NodeDrained) else None
+        node.draining = node.drain is not None
+
+
+def _held(view: ClusterView, e: ev.JobHeld) -> None:
+    j = view.job(e.job_id)
+    if j.state is JobState.PENDING:
+        who = e.user or e.actor
+        j.state = JobState.HELD
+        j.reason = Reason(code=LifecycleCode.HELD.value, message=f"held by {who}" + (f": {e.message}" if e.message
+                          else "") + f"; corral release {e.job_id} lets it wait for GPUs again",
+                          details={"user": who})
+        j.quota_stale = j.quota_gpus > 0  # a held job gives its quota back
+
+
+def _requeue_requested(view: ClusterView, e: ev.JobRequeueRequested) -> None:
+    j = view.job(e.job_id)
+    if j.state in (JobState.STARTING, JobState.RUNNING):
+        j.requeue_request, j.requeue_attempt = e, j.attempt
+
+
+def _hold_released(view: ClusterView, e: ev.JobHoldReleased) -> None:
+    j = view.job(e.job_id)
+    if j.state is JobState.HELD:
+        j.state, j.reason = JobState.PENDING, None
+        _wait_starts(j, e.occurred_at)
+
+
+def _tree_applied(view: ClusterView, e: ev.QueueTreeApplied) -> None:
+    # The QueueConfigured events recorded with it set `queues`; this keeps the version's record.
+    view.tree_versions.append(e)
+
+
 _HANDLERS: dict[type[Event], Callable[[ClusterView, Any], None]] = {
     ev.JobSubmitted: _submitted,
     ev.JobAdmitted: _admitted,
@@ -578,6 +666,7 @@ _HANDLERS: dict[type[Event], Callable[[ClusterView, Any], None]] = {
     ev.QuotaReleased: _quota_released,
     ev.GangReserved: _gang_reserved,
     ev.PlacementPending: _pending,
+    ev.WaitExceeded: _wait_exceeded,
     ev.PreemptRequested: _preempt_requested,
     ev.CheckpointDone: _checkpoint_done,
     ev.GangReleased: _gang_released,
@@ -593,4 +682,10 @@ _HANDLERS: dict[type[Event], Callable[[ClusterView, Any], None]] = {
     ev.NodeRegistered: _node_registered,
     ev.NodeLost: _node_lost,
     ev.QueueConfigured: _queue_configured,
+    ev.QueueTreeApplied: _tree_applied,
+    ev.NodeDrained: _node_drained,
+    ev.NodeUndrained: _node_drained,
+    ev.JobHeld: _held,
+    ev.JobHoldReleased: _hold_released,
+    ev.JobRequeueRequested: _requeue_requested,
 }

@@ -34,6 +34,9 @@ def job_from_spec(job_id: str, spec: JobSpec, submit_time: float) -> core.Job:
         checkpoint_grace_seconds=spec.checkpoint.grace_seconds,
         min_runtime_seconds=spec.min_runtime_seconds,
         estimated_runtime_seconds=spec.estimated_runtime_seconds,
+        cpus_per_replica=spec.cpus_per_replica,
+        memory_gib_per_replica=spec.memory_gib_per_replica,
+        datasets=frozenset(m.dataset for m in spec.mounts if m.dataset is not None),
     )
 
 
@@ -52,6 +55,9 @@ def core_job(
     checkpoint_grace_seconds: float,
     min_runtime_seconds: float,
     estimated_runtime_seconds: float | None,
+    cpus_per_replica: float | None = None,
+    memory_gib_per_replica: float | None = None,
+    datasets: frozenset[str] = frozenset(),
 ) -> core.Job:
     """The one translation of a job request's fields into the core's Job.
 
@@ -59,12 +65,17 @@ def core_job(
     from traces as well as from specs) each built a `core.Job`, and they disagreed on rounding
     (the services truncated the checkpoint grace, the simulator rounded it up), so a replay did not
     decide what the cluster would. Both call this now. `topology` is (replica, gang, prefer); a
-    GPU request that names neither a model nor a memory size is no request (any GPU).
+    GPU request that names neither a model nor a memory size is no request (any GPU). Host CPUs
+    and memory per replica become a need per GPU (`core.GpuRequest.fits_node`), and the datasets
+    the job mounts restrict it to nodes that hold them.
     """
-    gpu = None
-    if gpu_model is not None or gpu_min_memory_gib is not None:
-        gpu = core.GpuRequest(model=gpu_model,
-                              min_memory_gib=None if gpu_min_memory_gib is None else math.ceil(gpu_min_memory_gib))
+    gpu: core.GpuRequest | None = core.GpuRequest(
+        model=gpu_model, min_memory_gib=None if gpu_min_memory_gib is None else math.ceil(gpu_min_memory_gib),
+        cpus_per_gpu=None if cpus_per_replica is None else cpus_per_replica / gpus_per_replica,
+        memory_gib_per_gpu=None if memory_gib_per_replica is None else memory_gib_per_replica / gpus_per_replica,
+        datasets=datasets)
+    if gpu is not None and gpu.is_any:
+        gpu = None
     replica, gang, prefer = topology
     return core.Job(
         id=job_id,
@@ -108,7 +119,8 @@ def node_from_inventory(inv: NodeInventory, state: core.NodeState = core.NodeSta
                  nvlink_domain=domain_of.get(g.index, len(inv.nvlink_domains) + g.index))
         for g in sorted(inv.gpus, key=lambda g: g.index)
     )
-    return core.Node(name=inv.node, gpus=gpus, rack=inv.rack, zone=inv.zone, state=state)
+    return core.Node(name=inv.node, gpus=gpus, rack=inv.rack, zone=inv.zone, state=state, cpus=inv.cpus,
+                     memory_gib=inv.host_memory_gib, datasets=frozenset(inv.datasets))
 
 
 def cluster_from_spec(spec: ClusterSpec) -> core.Cluster:

@@ -1,4 +1,4 @@
 from corral.services.admission.service import Admission
-from corral.services.runtime import main
+from corral.services.main import main
 
 main(Admission)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -27,9 +28,10 @@ from corral.contracts.envelope import Event, Reason, job_stream, node_stream, qu
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.problems import Problem
 from corral.contracts.sizes import SPEC_TOO_LARGE, recorded_size, size_problem
-from corral.contracts.subjects import Subjects
+from corral.contracts.subjects import USER_REQUEST_TYPES, Subjects
 from corral.eventstore import Tracking
-from corral.services.runtime import Service
+from corral.projection import JobState
+from corral.services.base import Service
 
 log = logging.getLogger("corral.admission")
 
@@ -38,7 +40,7 @@ class Admission(Service):
     name = "admission"
     #: `user.*.<Type>`: requests on a subject naming their sender (see `corral.bus.auth`); the bare
     #: subjects are writable only by a superuser (tests, single-user tools).
-    inbox = ("JobSubmitted", "JobCancelRequested", "user.*.JobSubmitted", "user.*.JobCancelRequested")
+    inbox = (*USER_REQUEST_TYPES, *(f"user.*.{t}" for t in USER_REQUEST_TYPES))
     events = ("NodeRegistered", "QueueConfigured")
     #: What judging and cancelling need: nodes, queues, which jobs exist and which have ended.
     consumes = ("NodeRegistered", "NodeLost", "QueueConfigured", "JobSubmitted", "JobRejected", "JobCompleted",
@@ -53,6 +55,8 @@ class Admission(Service):
             await self._admit(event, tracking)
         elif isinstance(event, ev.JobCancelRequested):
             await self._cancel(event, tracking, sender=sender)
+        elif isinstance(event, ev.JobHeld | ev.JobHoldReleased | ev.JobRequeueRequested):
+            await self._hold(event, tracking, sender=sender)
 
     def _sender(self, delivery: Delivery) -> str | None:
         return Subjects(self.bus.namespace).sender_of(delivery.subject, "user")
@@ -74,8 +78,7 @@ class Admission(Service):
             assert isinstance(submitted, ev.JobSubmitted)
             trackings.append(self.tracking(delivery))
             stream = job_stream(submitted.job_id)
-            if submitted.stream != stream:
-                submitted = msgspec.structs.replace(submitted, stream=stream)
+            submitted = self._as_received(submitted, stream)
             submission = submitted.submission_id or submitted.spec.submission_id
             if (stream in batches or self.view.versions.get(stream, 0) > 0
                     or (submission and (submission in self.view.submissions or submission in seen))):
@@ -89,10 +92,18 @@ class Admission(Service):
             return [None] * len(items)
         return await super().handle_inbox_batch(items)
 
+    def _as_received(self, submitted: ev.JobSubmitted, stream: str) -> ev.JobSubmitted:
+        """The submission on its job's stream, dated when admission received it.
+
+        The problem: the sender's `occurred_at` became the job's submit time, which orders FIFO
+        and fair-share waits and starts its max_wait: a submission dated 1970 jumped every queue
+        and was escalated at once; one dated 2100 was never escalated."""
+        return msgspec.structs.replace(submitted, stream=stream,
+                                       occurred_at=datetime.fromtimestamp(self.clock(), UTC))
+
     async def _admit(self, submitted: ev.JobSubmitted, tracking: Tracking) -> None:
         stream = job_stream(submitted.job_id)
-        if submitted.stream != stream:
-            submitted = msgspec.structs.replace(submitted, stream=stream)
+        submitted = self._as_received(submitted, stream)
         submission = submitted.submission_id or submitted.spec.submission_id
         if self.view.versions.get(stream, 0) > 0 or (submission and submission in self.view.submissions):
             log.info("job %s already submitted; duplicate ignored", submitted.job_id)
@@ -118,8 +129,8 @@ class Admission(Service):
         if problem is None:
             return None
         log.warning("job %s: submission of %d bytes refused (limit %d)", submitted.job_id, size, limit)
-        return ev.JobRejected.new(
-            stream=submitted.stream, actor="admission", causation=submitted, job_id=submitted.job_id,
+        return self.new_event(
+            ev.JobRejected, stream=submitted.stream, causation=submitted, job_id=submitted.job_id,
             problems=[problem],
             reason=Reason(code=SPEC_TOO_LARGE, message=f"{problem.message}; {problem.hint}",
                           details={"bytes": size, "limit": limit}))
@@ -145,8 +156,7 @@ class Admission(Service):
 
     def judge(self, submitted: ev.JobSubmitted) -> Event:
         spec = submitted.spec
-        common: dict[str, Any] = {"stream": submitted.stream, "actor": "admission", "causation": submitted,
-                  "job_id": submitted.job_id}
+        common: dict[str, Any] = {"stream": submitted.stream, "causation": submitted, "job_id": submitted.job_id}
         problems: list[Problem] = []
         reason: Reason | None = None
         if spec.queue not in self.view.queues:
@@ -188,9 +198,9 @@ class Admission(Service):
                 reason = Reason(code=str(blocked.code), message=f"can never be scheduled: {blocked.message}",
                                 details=dict(blocked.details))
         if reason is not None:
-            return ev.JobRejected.new(reason=reason, problems=problems, **common)
-        return ev.JobAdmitted.new(queue=spec.queue, priority=int(spec.priority), replicas=spec.replicas,
-                                  gpus_per_replica=spec.gpus_per_replica, **common)
+            return self.new_event(ev.JobRejected, reason=reason, problems=problems, **common)
+        return self.new_event(ev.JobAdmitted, queue=spec.queue, priority=int(spec.priority), replicas=spec.replicas,
+                              gpus_per_replica=spec.gpus_per_replica, **common)
 
     async def _cancel(self, request: ev.JobCancelRequested, tracking: Tracking, *, sender: str | None = None) -> None:
         # We are sent only some of a job's events (`consumes`): read the rest before deciding.
@@ -203,19 +213,56 @@ class Admission(Service):
         denied = cancel_denied(sender, job.user, admins())
         if denied is not None:
             log.warning("job %s: cancel by %s refused: %s", request.job_id, sender, denied.message)
+            refusal = self.new_event(ev.AccessDenied, stream=stream, causation=request,
+                                     correlation_id=request.job_id, user=sender or "unknown",
+                                     request=request.type, job_id=request.job_id, reason=denied)
+            if not await self.append({stream: [refusal]}, tracking=tracking):
+                raise Retry("job stream moved on; recording the refusal again", delay=0.05)
+            return
+        cancelled = self.new_event(
+            ev.JobCancelled, stream=stream, actor=f"user/{request.user}" if request.user else None,
+            causation=request, correlation_id=request.job_id, job_id=request.job_id,
+            reason=Reason(code="CANCELLED_BY_USER", message=request.message or "cancelled by request",
+                          details={"user": request.user or "unknown"}))
+        if not await self.append({stream: [request, cancelled]}, tracking=tracking):
+            raise Retry("job stream moved on; retrying the cancellation", delay=0.05)
+
+
+    async def _hold(self, request: ev.JobHeld | ev.JobHoldReleased | ev.JobRequeueRequested, tracking: Tracking, *,
+                    sender: str | None = None) -> None:
+        """Record a hold (a pending job), its release (a held job) or a requeue request (a job
+        holding GPUs) as the request itself, on the job's stream; anything else (the job runs, ended,
+        is not held) changes nothing."""
+        stream = job_stream(request.job_id)
+        await self.refresh_stream(stream)
+        job = self.view.jobs.get(request.job_id)
+        wanted = {ev.JobHeld: (JobState.PENDING,), ev.JobHoldReleased: (JobState.HELD,),
+                  ev.JobRequeueRequested: (JobState.STARTING, JobState.RUNNING)}[type(request)]
+        if job is None or job.state not in wanted:
+            log.info("job %s: %s ignored: the job is %s", request.job_id, request.type,
+                     job.state.value if job else "unknown")
+            await self.append({}, tracking=tracking)
+            return
+        denied = cancel_denied(sender, job.user, admins(), request.type)
+        if denied is not None:
             refusal = ev.AccessDenied.new(stream=stream, actor="admission", causation=request,
                                           correlation_id=request.job_id, user=sender or "unknown",
                                           request=request.type, job_id=request.job_id, reason=denied)
             if not await self.append({stream: [refusal]}, tracking=tracking):
                 raise Retry("job stream moved on; recording the refusal again", delay=0.05)
             return
-        cancelled = ev.JobCancelled.new(
-            stream=stream, actor=f"user/{request.user}" if request.user else "admission", causation=request,
-            correlation_id=request.job_id, job_id=request.job_id,
-            reason=Reason(code="CANCELLED_BY_USER", message=request.message or "cancelled by request",
-                          details={"user": request.user or "unknown"}))
-        if not await self.append({stream: [request, cancelled]}, tracking=tracking):
-            raise Retry("job stream moved on; retrying the cancellation", delay=0.05)
+        # Admission's own event, caused by the request: the sender's event id and time were recorded
+        # as sent, and a release's time restarts the job's wait (a release dated 2100 kept it from
+        # ever passing its queue's max_wait). Its words are kept, cut to `REQUEST_MESSAGE_LIMIT`.
+        recorded = self.new_event(type(request), stream=stream, actor=request.actor, causation=request,
+                                  correlation_id=request.job_id, job_id=request.job_id, user=request.user,
+                                  message=request.message[:REQUEST_MESSAGE_LIMIT])
+        if not await self.append({stream: [recorded]}, tracking=tracking):
+            raise Retry("job stream moved on; retrying the hold", delay=0.05)
+
+
+#: Characters of an operator's `--message` kept in the recorded hold, release or requeue.
+REQUEST_MESSAGE_LIMIT = 1000
 
 
 def priority_above_cap(spec: JobSpec, max_priority: int | None) -> tuple[Problem, Reason] | None:
@@ -257,19 +304,22 @@ def admins() -> frozenset[str]:
 def as_sent_by(event: Event, sender: str | None) -> Event:
     """The request as its sender made it: the user is the one its subject names (the NATS identity
     that published it, enforced by the server), never the one written in the message."""
-    if sender is None or not isinstance(event, ev.JobSubmitted | ev.JobCancelRequested):
+    if sender is None or not isinstance(event, ev.JobSubmitted | ev.JobCancelRequested | ev.JobHeld
+                                        | ev.JobHoldReleased | ev.JobRequeueRequested):
         return event
     if event.user == sender and event.actor == f"user/{sender}":
         return event
     return msgspec.structs.replace(event, user=sender, actor=f"user/{sender}")
 
 
-def cancel_denied(sender: str | None, owner: str | None, admin_users: frozenset[str]) -> Reason | None:
-    """Only the job's owner or an admin cancels it; None when allowed (a sender-less request came
-    on a subject only a superuser may publish to)."""
+def cancel_denied(sender: str | None, owner: str | None, admin_users: frozenset[str],
+                  request: str = "JobCancelRequested") -> Reason | None:
+    """Only the job's owner or an admin cancels (holds, releases) it; None when allowed (a
+    sender-less request came on a subject only a superuser may publish to)."""
     if sender is None or sender == owner or sender in admin_users:
         return None
-    return Reason(code=RejectionCode.NOT_OWNER, message=f"{sender} may not cancel a job of {owner or 'another user'}: "
+    verb = {"JobHeld": "hold", "JobHoldReleased": "release", "JobRequeueRequested": "requeue"}.get(request, "cancel")
+    return Reason(code=RejectionCode.NOT_OWNER, message=f"{sender} may not {verb} a job of {owner or 'another user'}: "
                   "only its owner or an admin may", details={"user": sender, "owner": owner or "unknown"})
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -45,6 +44,7 @@ from corral.contracts.cluster import (
     parse_cluster_shorthand,
 )
 from corral.contracts.problems import SpecError
+from corral.telemetry import logs
 
 from .inventory import NvmlUnavailable, discover
 from .run_as import RUN_AS_ENV, RunAs
@@ -69,6 +69,18 @@ def read_cluster(path: Path) -> ClusterSpec:
         return load_cluster_file(path)
     except SpecError as exc:
         raise UsageError(f"--cluster-file {path}: {exc}") from None
+
+
+def cluster_checkpoint_dir(path: Path | None) -> Path | None:
+    """The cluster file's shared `checkpoint_dir`, the default checkpoint root (None: not declared,
+    or not a cluster file)."""
+    if path is None:
+        return None
+    try:
+        declared = read_cluster(path).checkpoint_dir
+    except (UsageError, OSError):
+        return None
+    return Path(declared) if declared else None
 
 
 def model_name(nvml_name: str) -> str:
@@ -136,8 +148,8 @@ def parser() -> argparse.ArgumentParser:
                    "sim-timer: simulate every job as a timer inside the agent (no process per rank)")
     p.add_argument("--work-dir", type=Path, default=Path(".corral/nodes"),
                    help="control files and, by default, checkpoints and logs (default .corral/nodes)")
-    p.add_argument("--checkpoint-dir", type=Path, help="root of CORRAL_CHECKPOINT_DIR (default "
-                   "<work-dir>/checkpoints; use shared storage across machines)")
+    p.add_argument("--checkpoint-dir", type=Path, help="root of CORRAL_CHECKPOINT_DIR (default: the cluster "
+                   "file's checkpoint_dir, else <work-dir>/checkpoints; use shared storage across machines)")
     p.add_argument("--log-dir", type=Path, help="rank logs root (default $CORRAL_LOG_DIR/workers, else "
                    "<work-dir>/logs)")
     p.add_argument("--heartbeat-seconds", type=float, default=2.0, help="heartbeat period (default 2)")
@@ -162,7 +174,8 @@ def options(args: argparse.Namespace, environ: os._Environ[str] | dict[str, str]
         run_as = RunAs(args.run_as) if args.run_as else RunAs.parse(environ.get(RUN_AS_ENV) or RunAs.SUBMITTER)
         return AgentOptions(work_dir=args.work_dir.resolve(), runtime=args.runtime,
                             job_log_dir=log_dir.resolve() if log_dir else None,
-                            checkpoint_root=args.checkpoint_dir.resolve() if args.checkpoint_dir else None,
+                            checkpoint_root=(args.checkpoint_dir.resolve() if args.checkpoint_dir
+                                             else cluster_checkpoint_dir(args.cluster_file)),
                             heartbeat_seconds=args.heartbeat_seconds, stop_grace_seconds=args.stop_grace,
                             stop_workers_on_exit=args.stop_workers_on_exit, run_as=run_as)
     except ValueError as exc:
@@ -171,8 +184,7 @@ def options(args: argparse.Namespace, environ: os._Environ[str] | dict[str, str]
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure("node-agent")  # text, or JSON lines with CORRAL_LOG_FORMAT=json
     try:
         url = os.environ.get("CORRAL_NATS_URL")
         if not url:

@@ -39,7 +39,8 @@ ROLE_NAME = "default"
 """torchrun's role of every worker (one role per job)."""
 
 RESERVED_ENV = frozenset({
-    "CUDA_VISIBLE_DEVICES", *TORCH_ENV, ENV_JOB_ID, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_ATTEMPT,
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", *TORCH_ENV,
+    ENV_JOB_ID, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_ATTEMPT,
     ENV_CONTROL, ENV_CHECKPOINT_SIGNAL,
 })
 """Variables the agent owns: inherited values are dropped and a job may not set them."""
@@ -52,6 +53,16 @@ class RankAssignment:
     rank: int
     local_rank: int
     gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class MountBind:
+    """A spec mount resolved on this node: the host folder (a dataset's path here, or the spec's
+    path) seen by the job at `target`."""
+
+    host: str
+    target: str
+    read_only: bool = True
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,14 @@ class Assignment:
     workdir: Path | None = None
     user: WorkerUser | None = None  # the OS account the ranks run as (None: the agent's; see `run_as`)
     group_world_size: int = 1  # how many nodes the gang spans (torchrun's GROUP_WORLD_SIZE)
+    runtime: str = "process"  # the `runtimes.WorkerRuntime` that starts each rank
+    image: str | None = None  # the container image (podman, docker, apptainer)
+    mounts: tuple[MountBind, ...] = ()
+    cpus: float | None = None  # per rank, for runtimes that can limit it (containers)
+    memory_gib: float | None = None
+    #: `checkpoint_dir` was named by the spec (`checkpoint.dir`), not made by the agent under its
+    #: checkpoint root: under run-as it is made as the submitter, never given to them (`run_as`).
+    checkpoint_dir_from_spec: bool = False
 
     def __post_init__(self) -> None:
         if not self.job_id or "/" in self.job_id or self.job_id.startswith("."):
@@ -89,7 +108,7 @@ class Assignment:
                              "and not start with '.' (it names log and control folders)")
         if self.attempt < 0:
             raise ValueError(f"assignment {self.job_id}: attempt must be >= 0 (0 is the first run), got {self.attempt}")
-        if not self.command:
+        if not self.command and self.image is None:
             raise ValueError(f"assignment {self.job_id}: command is empty; give the program and its args")
         if not self.ranks:
             raise ValueError(f"assignment {self.job_id}: ranks is empty; a node runs at least one rank")
@@ -143,6 +162,9 @@ def build_rank_env(assignment: Assignment, rank: RankAssignment, control_path: P
     env.update(assignment.env)
     env.update({
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in rank.gpus),
+        # the host's indices, whatever the runtime renumbers CUDA_VISIBLE_DEVICES to (see `runtimes`);
+        # reserved: in a container it is what the NVIDIA toolkit reads
+        "NVIDIA_VISIBLE_DEVICES": ",".join(str(g) for g in rank.gpus) or "void",
         "RANK": str(rank.rank),
         "LOCAL_RANK": str(rank.local_rank),
         "WORLD_SIZE": str(assignment.world_size),

@@ -27,6 +27,7 @@ import msgspec
 import nats.errors
 
 from corral.bus import Bus, Outgoing
+from corral.bus.relay import CORRELATION_ID as CORRELATION
 from corral.contracts.envelope import Event, Reason, job_stream, new_event_id
 from corral.contracts.events import CheckpointDone, WorkerExited, WorkerStarted
 from corral.contracts.registry import encode
@@ -97,7 +98,8 @@ class ReportPublisher:
                     self._queue.task_done()
 
     async def _publish(self, events: list[Event]) -> None:
-        messages = [Outgoing(report_subject(self._subjects, e), encode(e), e.event_id) for e in events]
+        messages = [Outgoing(report_subject(self._subjects, e), encode(e), e.event_id, {CORRELATION: e.correlation_id})
+                    for e in events]
         while True:
             try:
                 await self._bus.publish_many(messages)

@@ -12,6 +12,7 @@ by agents that counted from 1, are read back into this numbering by `step_files`
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -19,7 +20,7 @@ from typing import Literal
 from corral.contracts.events import GangReserved
 from corral.contracts.jobspec import JobSpec
 
-from .assignment import Assignment, RankAssignment, sim_command
+from .assignment import Assignment, MountBind, RankAssignment, sim_command
 from .run_as import WorkerUser
 
 AgentRuntime = Literal["sim", "sim-timer", "process"]
@@ -60,12 +61,19 @@ def local_ranks(event: GangReserved, node: str) -> LocalRanks | None:
                       node_count=len(nodes))
 
 
+def simulated(spec: JobSpec, runtime: AgentRuntime) -> bool:
+    """Whether the job runs as the `sim` worker (a sim job, or an agent that simulates every job)."""
+    return spec.runtime == "sim" or runtime != "process"
+
+
 def job_command(spec: JobSpec, runtime: AgentRuntime, python: str) -> tuple[str, ...]:
-    """What each rank executes: the spec's command, or the `sim` worker for simulated jobs."""
-    if spec.runtime == "process" and runtime == "process":
-        if not spec.command:
-            raise ValueError("job spec: 'command' is required when runtime is process")
-        return tuple(spec.command)
+    """What each rank executes: the spec's command, or the `sim` worker for simulated jobs.
+
+    A container job may leave `command` out (the image's entrypoint runs): an empty tuple."""
+    if not simulated(spec, runtime):
+        if not spec.command and spec.image is None:
+            raise ValueError(f"job spec: 'command' is required when runtime is {spec.runtime}")
+        return tuple(spec.command or ())
     duration = spec.duration_seconds
     if duration is None:
         duration = spec.estimated_runtime_seconds or DEFAULT_SIM_SECONDS
@@ -73,19 +81,40 @@ def job_command(spec: JobSpec, runtime: AgentRuntime, python: str) -> tuple[str,
     return sim_command(duration, python=python, extra=extra)
 
 
+def resolve_mounts(spec: JobSpec, node: str, datasets: Mapping[str, str]) -> tuple[MountBind, ...]:
+    """The spec's mounts with each dataset name replaced by its path on this node.
+
+    Raises ValueError naming the mount, the node and the datasets it has when one is missing."""
+    binds = []
+    for i, mount in enumerate(spec.mounts):
+        host = mount.source
+        if mount.dataset is not None:
+            if mount.dataset not in datasets:
+                have = ", ".join(sorted(datasets)) or "none"
+                raise ValueError(f"mounts[{i}]: dataset `{mount.dataset}` is not declared on node {node} "
+                                 f"(it has: {have}); declare it in the cluster file's datasets")
+            host = datasets[mount.dataset]
+        binds.append(MountBind(host=host, target=mount.target, read_only=mount.read_only))
+    return tuple(binds)
+
+
 def build_assignment(event: GangReserved, node: str, spec: JobSpec, *, runtime: AgentRuntime,
                      python: str, checkpoint_root: Path, log_dir: Path,
-                     user: WorkerUser | None = None) -> Assignment | None:
+                     user: WorkerUser | None = None, datasets: Mapping[str, str] | None = None,
+                     ) -> Assignment | None:
     """The Assignment for `node`, or None when the gang has no rank here.
 
     `max_restarts` is 0 on purpose: a crash is reported, and placement (which sees every node)
     decides whether the whole gang restarts, so no agent restarts its share on its own. `user`: the
-    OS account the ranks run as (None: the agent's own; see `run_as`).
+    OS account the ranks run as (None: the agent's own; see `run_as`). `datasets`: this node's
+    datasets (name -> path), for the spec's mounts. The checkpoint folder is the spec's
+    `checkpoint.dir`, else `<checkpoint_root>/<job>`. A simulated job runs as a plain process.
     Raises ValueError (naming the field) when the spec cannot run, e.g. env sets a reserved name.
     """
     share = local_ranks(event, node)
     if share is None:
         return None
+    sim = simulated(spec, runtime)
     return Assignment(
         job_id=event.job_id,
         attempt=event.attempt,
@@ -96,11 +125,18 @@ def build_assignment(event: GangReserved, node: str, spec: JobSpec, *, runtime: 
         master_port=event.master_port,
         ranks=share.ranks,
         command=job_command(spec, runtime, python),
-        checkpoint_dir=checkpoint_root / event.job_id,
+        checkpoint_dir=Path(spec.checkpoint.dir) if spec.checkpoint.dir else checkpoint_root / event.job_id,
         log_dir=log_dir,
         env=dict(spec.env),
         resume_from=Path(event.resume_from) if event.resume_from else None,
         checkpoint_signal=spec.checkpoint.signal,
         max_restarts=0,
         user=user,
+        workdir=Path(spec.workdir) if spec.workdir and not sim else None,
+        runtime="process" if sim else spec.runtime,
+        image=None if sim else spec.image,
+        mounts=() if sim else resolve_mounts(spec, node, datasets or {}),
+        cpus=spec.cpus_per_replica,
+        memory_gib=spec.memory_gib_per_replica,
+        checkpoint_dir_from_spec=bool(spec.checkpoint.dir),
     )

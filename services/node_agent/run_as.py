@@ -24,6 +24,7 @@ import enum
 import os
 import pwd
 import stat
+import subprocess
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,6 +187,25 @@ def own_dir(path: Path, user: WorkerUser, mode: int = 0o700) -> None:
     if (st.st_uid, st.st_gid) != (user.uid, user.gid):
         os.chown(path, user.uid, user.gid, follow_symlinks=False)
     os.chmod(path, mode)  # a directory, checked above; its parent only the agent writes
+
+
+def make_dir_as(path: Path, user: WorkerUser) -> None:
+    """Make `path` exist as `user` would make it (`mkdir -p` run as that user); take nothing.
+
+    The problem: a spec's `checkpoint.dir` is any absolute path, and `own_dir` (for folders the agent
+    names under its own checkpoint root) gave an existing folder to the submitter: `checkpoint:
+    {dir: /etc}` made /etc theirs, and another user's checkpoint folder could be taken the same way.
+    A folder the job names is made with the job's own rights, or the start fails saying so."""
+    try:
+        done = subprocess.run(["mkdir", "-p", "--", str(path)], user=user.uid, group=user.gid,
+                              extra_groups=list(user.groups), capture_output=True, text=True, timeout=30,
+                              cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PermissionError(f"checkpoint.dir {path}: could not be made as user `{user.name}`: {exc}") from exc
+    if done.returncode != 0:
+        raise PermissionError(f"checkpoint.dir {path}: user `{user.name}` (uid {user.uid}) cannot make it "
+                              f"({done.stderr.strip() or f'mkdir exited {done.returncode}'}); name a folder that "
+                              "user may write, or leave checkpoint.dir out to use the cluster's")
 
 
 def own_file(path: Path, user: WorkerUser, mode: int = 0o600) -> None:

@@ -13,7 +13,8 @@ What an agent does:
   an attempt still running here), JobCompleted / JobFailed / JobRejected (forget the spec),
   NodeLost of one of its nodes (register again: the node is alive, placement may use it again),
   QueueConfigured (whether a queue's jobs may run as root, see `run_as`);
-- report WorkerStarted / WorkerExited / CheckpointDone to the inbox (see `reports`).
+- report WorkerStarted / WorkerExited / CheckpointDone to the inbox (see `reports`);
+- publish each rank's output to `<ns>.logs.<job>.<attempt>.<node>.<rank>` (see `log_shipper`).
 
 The durable delivers only events published after it was first created (DeliverPolicy.NEW), and a
 restarted process resumes from its acknowledged position: an agent never replays history and
@@ -80,12 +81,15 @@ from corral.contracts.queues import QueueSpec
 from corral.contracts.registry import decode, encode
 from corral.contracts.subjects import Subjects
 from corral.health import start_beat
+from corral.telemetry.agent import AgentTelemetry
+from corral.telemetry.health import Phase
 
 from .adoption import LEDGER_TYPES, ReservationLedger, should_stop
+from .log_shipper import LogShipper, ShippingEvents
 from .reports import START_FAILED, NodeReports, ReportPublisher
 from .reservation import AgentRuntime, build_assignment, local_ranks
 from .run_as import Refused, RunAs, WorkerUser, resolve, switches_users
-from .supervisor import Supervisor
+from .supervisor import AgentEvents, Supervisor
 from .timer_supervisor import TimerSupervisor
 
 log = logging.getLogger("corral.node_agent")
@@ -178,15 +182,19 @@ class AgentOptions:
 class NodeAgent:
     """One node: its inventory, its supervisor, and what it does with each event."""
 
-    def __init__(self, inventory: NodeInventory, options: AgentOptions, publisher: ReportPublisher) -> None:
+    def __init__(self, inventory: NodeInventory, options: AgentOptions, publisher: ReportPublisher,
+                 shipper: LogShipper | None = None) -> None:
         self.inventory = inventory
         self.node = inventory.node
         self.actor = f"node-agent/{self.node}"
         self.options = options
         self.reports = NodeReports(self.node, publisher)
+        # Each rank's output also goes to the bus (`log_shipper`), when a shipper is given.
+        events: AgentEvents = self.reports if shipper is None else ShippingEvents(
+            self.reports, shipper, self.node, options.logs, options.work_dir / self.node / "logship")
         self.supervisor: Supervisor | TimerSupervisor = (
             TimerSupervisor(self.reports) if options.runtime == "sim-timer" else
-            Supervisor(self.reports, options.work_dir / self.node / "run", kill_grace=options.kill_grace_seconds,
+            Supervisor(events, options.work_dir / self.node / "run", kill_grace=options.kill_grace_seconds,
                        python=options.python))
         # Ranks run as their submitter only where there are processes to run and we may switch.
         self.switch_users = options.runtime != "sim-timer" and switches_users(options.run_as)
@@ -201,7 +209,8 @@ class NodeAgent:
                                   node=self.node, gpus=list(inv.gpus),
                                   nvlink_domains=[list(d) for d in inv.nvlink_domains],
                                   rack=inv.rack, zone=inv.zone, address=self.options.advertise_address,
-                                  rendezvous_ports=PortRange(low=ports[0], high=ports[1]) if ports else None)
+                                  rendezvous_ports=PortRange(low=ports[0], high=ports[1]) if ports else None,
+                                  cpus=inv.cpus, host_memory_gib=inv.host_memory_gib, datasets=dict(inv.datasets))
 
     def heartbeat(self, handled_position: int | None = None) -> NodeHeartbeat:
         self._heartbeats += 1
@@ -245,7 +254,7 @@ class NodeAgent:
             assignment = build_assignment(event, self.node, spec, runtime=self.options.runtime,
                                           python=self.options.python,
                                           checkpoint_root=self.options.checkpoints, log_dir=self.options.logs,
-                                          user=user)
+                                          user=user, datasets=self.inventory.datasets)
         except ValueError as exc:
             self._not_started(event, [r.rank for r in share.ranks], str(exc))
             return
@@ -520,7 +529,12 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
     bus = await Bus.connect(nats_url, namespace, name=f"corral-node-agents-{namespace}", credentials=credentials,
                             ca=ca)
     publisher = ReportPublisher(bus, subjects)
-    agents = [NodeAgent(inv, options, publisher) for inv in inventories]
+
+    async def publish_log(subject: str, data: bytes, msg_id: str) -> None:
+        await bus.publish(subject, data, msg_id, timeout=5.0)
+
+    shipper = LogShipper(publish_log, namespace) if options.runtime != "sim-timer" else None
+    agents = [NodeAgent(inv, options, publisher, shipper) for inv in inventories]
     host = AgentHost(bus, agents, publisher)
     if options.runtime != "sim-timer":
         if switches_users(options.run_as):
@@ -534,12 +548,15 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
     consumer = None
     beats: asyncio.Task[None] | None = None
     health = start_beat(lambda: bool(bus.nc.is_connected))
+    telemetry = AgentTelemetry(host.agents, lambda: host.handled_position, lambda: bool(bus.nc.is_connected))
+    await telemetry.start()  # /metrics, /healthz, /readyz (CORRAL_METRICS_ADDR)
     try:
         await bus.ensure_streams()
         publisher.start()
         durable = durable_name(names)
         consumer = await bus.consume(durable, [subjects.event(t) for t in CONSUMED_TYPES], host.on_event,
                                      deliver_new_only=True, batch=64, max_deliver=5, inactive_threshold=IDLE_EXPIRY)
+        telemetry.phase(Phase.REBUILDING)
         try:
             info = await bus.js.consumer_info(bus.names.stream(EVENTS), durable)
             read = await host.load_history(durable, acked_through=int(info.ack_floor.stream_seq or 0))
@@ -557,14 +574,18 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
             publisher.send(agent.registration())
         beats = asyncio.create_task(_heartbeats(bus, subjects, host, options.heartbeat_seconds),
                                     name="node-agent-heartbeats")
+        telemetry.consuming([consumer])
         if on_ready is not None:
             on_ready(host)
         await stop.wait()
     finally:
+        await telemetry.stop()
         host.ready.set()
         if consumer is not None:
             await consumer.stop()
         await asyncio.gather(*(agent.close() for agent in agents), return_exceptions=True)
+        if shipper is not None:
+            await shipper.close(grace=2.0)
         if health is not None:
             health.cancel()
         if beats is not None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .assignment import Assignment, RankAssignment
+from .assignment import Assignment, MountBind, RankAssignment
 from .run_as import WorkerUser
 
 STATE_VERSION = 2  # 1: attempts counted from 1 (read back as attempt - 1)
@@ -148,6 +148,21 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def signal_group_members(pgid: int, sig: int, *, spare: int) -> None:
+    """Signal every process of group `pgid` but `spare` (found in /proc; none without it)."""
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit() or int(entry) == spare:
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_bytes()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), sig)
+
+
 # --- the Assignment as JSON ----------------------------------------------------------------------
 
 def assignment_to_json(a: Assignment) -> dict[str, Any]:
@@ -160,6 +175,9 @@ def assignment_to_json(a: Assignment) -> dict[str, Any]:
         "checkpoint_signal": a.checkpoint_signal, "max_restarts": a.max_restarts, "restarts": a.restarts,
         "workdir": str(a.workdir) if a.workdir else None,
         "user": a.user.to_json() if a.user else None, "group_world_size": a.group_world_size,
+        "runtime": a.runtime, "image": a.image, "cpus": a.cpus, "memory_gib": a.memory_gib,
+        "mounts": [{"host": m.host, "target": m.target, "read_only": m.read_only} for m in a.mounts],
+        "checkpoint_dir_from_spec": a.checkpoint_dir_from_spec,
     }
 
 
@@ -176,6 +194,13 @@ def assignment_from_json(d: dict[str, Any]) -> Assignment:
         user=WorkerUser.from_json(d["user"]) if d.get("user") else None,
         # files written before it was recorded: at least enough nodes for this one's rank
         group_world_size=int(d.get("group_world_size", int(d["node_rank"]) + 1)),
+        # files written before runtimes: a process, no image, no mounts
+        runtime=d.get("runtime") or "process", image=d.get("image"),
+        mounts=tuple(MountBind(str(m["host"]), str(m["target"]), bool(m.get("read_only", True)))
+                     for m in d.get("mounts") or ()),
+        cpus=float(d["cpus"]) if d.get("cpus") is not None else None,
+        memory_gib=float(d["memory_gib"]) if d.get("memory_gib") is not None else None,
+        checkpoint_dir_from_spec=bool(d.get("checkpoint_dir_from_spec", False)),
     )
 
 

@@ -6,9 +6,10 @@ Ctrl-C of `corral up`) killed every one of them. Slurm solves this with slurmste
 per-step supervisor that outlives slurmd; this is Corral's.
 
 The agent writes `launch.json` (see `step_files`) and starts this process in its own session; it
-then owns the ranks: it launches them (each in its own process group, env and log exactly as
-before), waits for them, writes every start, checkpoint report and exit (code or signal, and why)
-to `state.json` atomically, carries out the agent's commands from `commands.json` (preempt: the
+then owns the ranks: it launches them through the job's runtime (`runtimes`: a process, a
+bubblewrap sandbox or a container; each in its own process group, env and log exactly as
+before), waits for them, writes every start, checkpoint report and exit (code or signal, and
+why) to `state.json` atomically, carries out the agent's commands from `commands.json` (preempt: the
 checkpoint signal, SIGTERM, SIGKILL at the deadline; stop: SIGTERM, SIGKILL after the grace) and
 tears the local gang down when one rank crashes. It exits once every rank has ended and the final
 state is written. It never talks to NATS: whichever agent runs reports from the state file.
@@ -47,7 +48,8 @@ from corral.contracts.worker import CHECKPOINTED_EXIT_CODE, signal_from_name
 
 from .assignment import build_rank_env, rank_log_path
 from .control import ControlChannel
-from .run_as import WorkerUser, own_dir, own_file, reach_problem, user_base_env
+from .run_as import WorkerUser, make_dir_as, own_dir, own_file, reach_problem, user_base_env
+from .runtimes import USER_FLAG_RUNTIMES, Launch, runtime_for
 from .step_files import (
     ENDED,
     RUNNING,
@@ -55,20 +57,22 @@ from .step_files import (
     STATE,
     STATE_VERSION,
     WAKE_SIGNAL,
-    Launch,
     control_path,
     create_json,
     process_start_time,
     read_commands,
     read_launch,
     signal_group,
+    signal_group_members,
     write_json,
 )
+from .step_files import Launch as LaunchFile
 
 log = logging.getLogger("corral.stepd")
 
 POLL_RUNNING = 0.25  # control files while nothing is pending; exits and commands wake us at once
 POLL_BUSY = 0.05  # while preempting (waiting for checkpoint reports)
+LINGER_RETRY = 1.0  # seconds between tries to remove a container its client left behind
 EXIT_AFTER_REPORT = 2.0  # a rank that reported its checkpoint gets this long to exit by itself
 
 # state["mode"]: what the gang is doing; decides the reason of an exit (see `classify`)
@@ -119,12 +123,15 @@ def open_log(path: Path, user: WorkerUser | None) -> BinaryIO:
 
 
 class Stepd:
-    def __init__(self, folder: Path, launch: Launch) -> None:
+    def __init__(self, folder: Path, launch: LaunchFile) -> None:
         self.folder = folder
         self.launch = launch
         self.a = launch.assignment
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        #: ranks whose process ended but whose container is still there: rank -> (exit code, next try)
+        self.lingering: dict[int, tuple[int, float]] = {}
         self.controls: dict[int, ControlChannel] = {}
+        self.launches: dict[int, Launch] = {}  # how each rank was started (its runtime's Launch)
         self.reported: set[int] = set()  # ranks that reported a checkpoint during a preemption
         self.kill_at: float | None = None
         self.preempting: dict[str, Any] | None = None
@@ -188,6 +195,7 @@ class Stepd:
 
     def timeout(self, now: float) -> float:
         due = [POLL_BUSY if self.preempting else POLL_RUNNING]
+        due += [at - now for _, at in self.lingering.values()]
         if self.kill_at is not None:
             due.append(self.kill_at - now)
         if self.preempting is not None:
@@ -232,28 +240,47 @@ class Stepd:
             log_file.flush()
             control = control_path(self.folder, spec.rank)
             try:
-                if user is None:
-                    env = build_rank_env(self.a, spec, control, os.environ)
-                    return subprocess.Popen(
-                        list(self.a.command), env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-                        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                        cwd=str(self.a.workdir) if self.a.workdir else None)
-                # As the submitter (see `run_as`): the stepd stays root to signal the ranks; the rank
-                # gets its own checkpoint directory and control file, nothing else of ours.
-                own_dir(self.a.checkpoint_dir, user)
-                own_file(control, user)
-                problem = reach_problem([self.a.checkpoint_dir, control], user, self.a.workdir)
-                if problem is not None:
-                    raise PermissionError(problem)
-                env = build_rank_env(self.a, spec, control, user_base_env(os.environ, user))
+                base = os.environ if user is None else user_base_env(os.environ, user)
+                if user is not None:
+                    # As the submitter (see `run_as`): the stepd stays root to signal the ranks; the
+                    # rank gets its own checkpoint directory and control file, nothing else of ours.
+                    if self.a.checkpoint_dir_from_spec:
+                        make_dir_as(self.a.checkpoint_dir, user)
+                    else:
+                        own_dir(self.a.checkpoint_dir, user)
+                    own_file(control, user)
+                    workdir = self.a.workdir  # checked on the host only where it is a host folder
+                    seen = workdir if self.a.runtime == "process" and workdir and workdir.is_dir() else None
+                    problem = reach_problem([self.a.checkpoint_dir, control], user, seen)
+                    if problem is not None:
+                        raise PermissionError(problem)
+                elif self.a.runtime != "process":  # a bind's source must exist
+                    self.a.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+                    os.close(os.open(control, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+                launch = runtime_for(self.a.runtime).launch(self.a, spec, build_rank_env(self.a, spec, control, base),
+                                                             control)
+                missing = [str(p) for p in launch.needs if not p.exists()]
+                if missing:
+                    raise FileNotFoundError(f"mount source {', '.join(missing)} does not exist on this node")
+                self.launches[spec.rank] = launch
+                cwd = launch.cwd if launch.cwd or user is None or self.a.runtime != "process" else user.cwd()
+                if cwd is not None and self.a.runtime == "process" and not os.path.isdir(cwd):
+                    # As slurmstepd does: a folder this node does not have (the submitter's, on a
+                    # laptop) is no reason not to run; say so where the user looks.
+                    fallback = user.cwd() if user is not None else None
+                    log_file.write(f"==== workdir {cwd} does not exist on this node; starting in "
+                                   f"{fallback or os.getcwd()} instead ====\n".encode())
+                    cwd = fallback
+                ids: dict[str, Any] = {} if user is None else {
+                    "user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
+                if user is not None and self.a.runtime in USER_FLAG_RUNTIMES:
+                    ids = {}  # the container client runs as the agent; the container as the user (--user)
                 return subprocess.Popen(
-                    list(self.a.command), env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                    cwd=str(self.a.workdir) if self.a.workdir else user.cwd(),
-                    user=user.uid, group=user.gid, extra_groups=list(user.groups))
-            except OSError as exc:
+                    launch.argv, env=launch.env, stdin=subprocess.DEVNULL, stdout=log_file,
+                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, cwd=cwd, **ids)
+            except (OSError, ValueError) as exc:
                 log_file.write(f"==== could not start: {exc} ====\n".encode())
-                raise
+                raise OSError(str(exc)) from exc
 
     def reap(self, now: float) -> None:
         for rank, proc in list(self.procs.items()):
@@ -262,17 +289,56 @@ class Stepd:
                 continue
             del self.procs[rank]
             self.drain_controls()
-            rec = self.state["ranks"][str(rank)]
-            reason = classify(self.state["mode"], code)
-            rec.update(exit_code=code, exited_at=time.time(), reason=reason, cause=self.state["cause"])
-            self.dirty = True
-            signal_group(proc.pid, signal_module.SIGKILL)  # leftovers the rank spawned
-            spec = next(r for r in self.a.ranks if r.rank == rank)
-            with contextlib.suppress(OSError), open_log(rank_log_path(self.a, spec), self.a.user) as out:
-                out.write(f"==== exited with code {code} ====\n".encode())
-            if reason == "crashed" and self.state["mode"] == M_RUNNING:
-                self.state.update(mode=M_FAILING, failed_rank=rank, failed_exit_code=code)
-                self.terminate(self.launch.kill_grace, now)
+            self.signal(rank, proc.pid, signal_module.SIGKILL)  # leftovers the rank spawned
+            if self.container_left(rank):
+                log.warning("job %s rank %d: its container is still there after the client exited; "
+                            "the rank ends (and its GPUs are freed) once it is removed", self.a.job_id, rank)
+                self.lingering[rank] = (code, now + LINGER_RETRY)
+                continue
+            self.exited(rank, code, now)
+        for rank, (code, at) in list(self.lingering.items()):
+            if now < at:
+                continue
+            self.remove_container(rank)
+            if self.container_left(rank):
+                self.lingering[rank] = (code, now + LINGER_RETRY)
+                continue
+            del self.lingering[rank]
+            self.exited(rank, code, now)
+
+    def container_left(self, rank: int) -> bool:
+        """Whether the rank's runtime left something running (its container): a GPU is free only
+        when its processes are gone, so a failed `rm --force` (swallowed before) kept the
+        container on GPUs the node reported free. Unknown (the engine does not answer) is "left"."""
+        launch = self.launches.get(rank)
+        if launch is None or not launch.exists_argv:
+            return False
+        try:
+            done = subprocess.run(launch.exists_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return True
+        return done.returncode == 0
+
+    def remove_container(self, rank: int) -> None:
+        launch = self.launches.get(rank)
+        if launch is not None and launch.kill_argv:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(launch.kill_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=10, check=False)
+
+    def exited(self, rank: int, code: int, now: float) -> None:
+        """Record that the rank is over (its process and anything its runtime left are gone)."""
+        rec = self.state["ranks"][str(rank)]
+        reason = classify(self.state["mode"], code)
+        rec.update(exit_code=code, exited_at=time.time(), reason=reason, cause=self.state["cause"])
+        self.dirty = True
+        spec = next(r for r in self.a.ranks if r.rank == rank)
+        with contextlib.suppress(OSError), open_log(rank_log_path(self.a, spec), self.a.user) as out:
+            out.write(f"==== exited with code {code} ====\n".encode())
+        if reason == "crashed" and self.state["mode"] == M_RUNNING:
+            self.state.update(mode=M_FAILING, failed_rank=rank, failed_exit_code=code)
+            self.terminate(self.launch.kill_grace, now)
 
     def drain_controls(self) -> None:
         for rank, channel in self.controls.items():
@@ -329,14 +395,26 @@ class Stepd:
                            "reported_at": None, "termed": False, "killed": False}
         sig = signal_from_name(signal_name or self.a.checkpoint_signal)
         for rank in self.live_procs():
-            signal_group(self.procs[rank].pid, sig)
+            self.signal(rank, self.procs[rank].pid, sig)
+
+    def signal(self, rank: int, pgid: int, sig: int) -> None:
+        """Signal a rank's process group as its runtime wants: a sandbox's bwrap (the leader) dies of
+        any signal, taking the job along, so it gets only SIGKILL; after a SIGKILL, a container the
+        client leaves behind is removed."""
+        launch = self.launches.get(rank)
+        if launch is not None and launch.spare_leader and sig != signal_module.SIGKILL:
+            signal_group_members(pgid, sig, spare=pgid)
+        else:
+            signal_group(pgid, sig)
+        if sig == signal_module.SIGKILL:
+            self.remove_container(rank)
 
     def live_procs(self) -> list[int]:
         return sorted(self.procs)
 
     def terminate(self, grace: float, now: float) -> None:
         for rank in self.live_procs():
-            signal_group(self.procs[rank].pid, signal_module.SIGTERM)
+            self.signal(rank, self.procs[rank].pid, signal_module.SIGTERM)
         at = now + grace
         self.kill_at = at if self.kill_at is None else min(self.kill_at, at)
 
@@ -351,7 +429,7 @@ class Stepd:
                 if now >= term_time:
                     p["termed"] = True
                     for rank in self.live_procs():
-                        signal_group(self.procs[rank].pid, signal_module.SIGTERM)
+                        self.signal(rank, self.procs[rank].pid, signal_module.SIGTERM)
             if now >= p["deadline"] and not p["killed"]:
                 p["killed"] = True
                 self.kill_all("preemption deadline")
@@ -362,7 +440,7 @@ class Stepd:
     def kill_all(self, why: str) -> None:
         for rank in self.live_procs():
             log.warning("job %s rank %d still runs (%s); SIGKILL", self.a.job_id, rank, why)
-            signal_group(self.procs[rank].pid, signal_module.SIGKILL)
+            self.signal(rank, self.procs[rank].pid, signal_module.SIGKILL)
 
 
 def _nothing(signum: int, frame: FrameType | None) -> None:

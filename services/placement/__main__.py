@@ -1,4 +1,4 @@
+from corral.services.main import main
 from corral.services.placement.service import Placement
-from corral.services.runtime import main
 
 main(Placement)

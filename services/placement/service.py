@@ -10,7 +10,8 @@ Each reconcile:
    node once that node's ranks are gone — the fence) from the log and from the heartbeats'
    `running_job_ids` (a running gang a live node no longer runs is released: WORKERS_LOST);
    this module only turns those values into events;
-3. placement: the core's `schedule` over jobs holding quota → GangReserved, written together
+3. placement: the core's placement step (`corral.core.steps.placement_step`) over jobs holding
+   quota → GangReserved, written together
    with a GpusAllocated per node (node streams at their expected versions; the allocations
    table's unique index refuses a GPU held twice), or PlacementPending when the reason changes.
 
@@ -22,9 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -37,12 +37,12 @@ from corral.contracts.envelope import Event, Reason, job_stream, node_stream
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
 from corral.contracts.subjects import NODE_REPORT_TYPES, Subjects
+from corral.core.steps import placement_step
 from corral.eventstore import Tracking
-from corral.projection import Fence, JobState, JobView
+from corral.projection import Fence, JobState, JobView, NodeView
+from corral.services.base import Service
 from corral.services.placement.rendezvous import choose_rendezvous
 from corral.services.placement.report_auth import report_refused
-from corral.services.runtime import Service
-from corral.translate import wire_reason
 
 log = logging.getLogger("corral.placement")
 
@@ -51,9 +51,10 @@ class Placement(Service):
     lease = "placement"
     #: `node.*.<Report>`: reports on a subject naming the node that sent them (a node identity may
     #: publish only its own, see `corral.bus.auth`); the bare subjects only a superuser may publish.
-    inbox = ("NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone",
+    inbox = ("NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone", "NodeDrained", "NodeUndrained",
              *(f"node.*.{t}" for t in NODE_REPORT_TYPES))
-    config = core.SchedulerConfig(preemption=False, reclaim=False, quotas=False)
+    #: the cluster's policy; placement decides in its configuration of it (`corral.core.steps`)
+    config = core.SchedulerConfig()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -133,11 +134,31 @@ class Placement(Service):
             trackings.append(self.tracking(delivery))
             if event.job_id not in self.view.jobs:
                 continue  # its tracking row only
-            stream = job_stream(event.job_id)
-            batches.setdefault(stream, []).append(msgspec.structs.replace(event, stream=stream))
+            batches.setdefault(job_stream(event.job_id), []).append(self._report_as_recorded(event))
         if await self.append_handled(batches, trackings):
             return [None] * len(items)
         return await super().handle_inbox_batch(items)
+
+    def _report_as_recorded(self, report: ev.WorkerStarted | ev.WorkerExited | ev.CheckpointDone) -> Event:
+        """A worker's report on its job's stream, its time kept within what can be true.
+
+        The problem: the agent's `occurred_at` was recorded as sent, and it feeds the job's
+        running time (attained service, which orders LAS) and its last checkpoint (the work a
+        preemption would lose, which orders victims): a checkpoint dated an hour ahead made a job
+        look cheap to stop, one dated before its run made it look expensive. The agent's clock is
+        kept (it is when the rank started or saved), but never later than now, nor before this
+        attempt was placed (a checkpoint: before it ran)."""
+        job = self.view.jobs[report.job_id]
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        floor = job.submitted_at
+        if report.attempt == job.attempt:
+            floor = job.placed_at or floor
+            if isinstance(report, ev.CheckpointDone) and job.running_since is not None:
+                floor = job.running_since
+        at = min(report.occurred_at, now)
+        if floor is not None and at < floor:
+            at = min(floor, now)
+        return msgspec.structs.replace(report, stream=job_stream(report.job_id), occurred_at=at)
 
     def _report_refused(self, event: Event, delivery: Delivery) -> str | None:
         sender = Subjects(self.bus.namespace).sender_of(delivery.subject, "node")
@@ -162,7 +183,15 @@ class Placement(Service):
             if event.job_id not in self.view.jobs:
                 await self.append({}, tracking=tracking)
                 return
-            event = msgspec.structs.replace(event, stream=job_stream(event.job_id))
+            event = self._report_as_recorded(event)
+        elif isinstance(event, ev.NodeDrained | ev.NodeUndrained):
+            node = self.view.nodes.get(event.node)
+            if node is None or _drain_changes_nothing(node, event):
+                log.info("%s of node %s changes nothing (%s)", event.type, event.node,
+                         "no such node" if node is None else "already so")
+                await self.append({}, tracking=tracking)
+                return
+            event = msgspec.structs.replace(event, stream=node_stream(event.node))
         else:
             return
         if not await self.append({event.stream: [event]}, tracking=tracking):
@@ -181,10 +210,10 @@ class Placement(Service):
         limit under load). Each job's events are guarded by the versions they were decided on: if
         the whole batch loses a race (an inbox report landed meanwhile), each job is appended on
         its own with those versions, so only the job that moved waits for the next reconcile."""
-        if time.monotonic() - self._lifecycles_full_at >= self.tick_seconds:
+        if self.monotonic() - self._lifecycles_full_at >= self.tick_seconds:
             # Everything now and then: some steps are due to time alone (start barrier, fences,
             # heartbeats that stopped listing a gang).
-            self._lifecycles_full_at = time.monotonic()
+            self._lifecycles_full_at = self.monotonic()
             jobs = self.view.running_jobs() + self.view.fenced_jobs()
         else:
             jobs = [j for j in (self.view.jobs.get(i) for i in self._lifecycle_dirty)
@@ -228,8 +257,7 @@ class Placement(Service):
             if now - last <= self.lost_after:
                 continue
             log.warning("node %s lost: no heartbeat for %.1fs", node.name, now - last)
-            lost = ev.NodeLost.new(stream=node_stream(node.name), actor="placement", correlation_id=node.name,
-                                   node=node.name, reason=Reason(
+            lost = self.new_event(ev.NodeLost, stream=node_stream(node.name), node=node.name, reason=Reason(
                                        code="HEARTBEAT_MISSED",
                                        message=f"no heartbeat from {node.name} for {now - last:.0f}s "
                                                f"(limit {self.lost_after:.0f}s)",
@@ -249,44 +277,41 @@ class Placement(Service):
             released: ev.GangReleased | None = None
             for step in lifecycle.next_steps(gang, now, self.limits):
                 event: Event
-                stream = job_stream(job.job_id)
-                common: dict[str, Any] = {"stream": stream, "actor": "placement", "correlation_id": job.job_id,
-                                          "job_id": job.job_id}
                 if isinstance(step, lifecycle.MarkRunning):
-                    event = ev.JobRunning.new(attempt=gang.attempt, **common)
+                    event = self.new_event(ev.JobRunning, job_id=job.job_id, attempt=gang.attempt)
                 elif isinstance(step, lifecycle.Release):
-                    released = ev.GangReleased.new(
-                        reason=Reason(code=step.code.value, message=step.message,
-                                      details={"attempt": gang.attempt}), attempt=gang.attempt, **common)
-                    batches.setdefault(stream, []).append(released)
+                    released = self.new_event(
+                        ev.GangReleased, job_id=job.job_id, attempt=gang.attempt,
+                        reason=Reason(code=step.code.value, message=step.message, details={"attempt": gang.attempt}))
+                    batches.setdefault(released.stream, []).append(released)
                     log.info("job %s attempt %d released: %s %s", job.job_id, gang.attempt, step.code.value,
                              step.message)
-                    then = self._then(job, gang, step, released, common)
+                    then = self._then(job, gang, step, released)
                     if then is None:
                         continue
                     event = then
                 else:
-                    event = ev.GpusReleased.new(
-                        stream=node_stream(step.node), actor="placement", correlation_id=job.job_id,
+                    event = self.new_event(
+                        ev.GpusReleased, stream=node_stream(step.node), correlation_id=job.job_id,
                         causation=released, node=step.node, job_id=job.job_id, gpus=list(step.gpus),
                         attempt=gang.attempt)
                 batches.setdefault(event.stream, []).append(event)
         return batches
 
-    @staticmethod
-    def _then(job: JobView, gang: lifecycle.Gang, step: lifecycle.Release, released: ev.GangReleased,
-              common: dict[str, Any]) -> Event | None:
+    def _then(self, job: JobView, gang: lifecycle.Gang, step: lifecycle.Release,
+              released: ev.GangReleased) -> Event | None:
         """How the job goes on after its gang's release."""
+        common: dict[str, Any] = {"job_id": job.job_id, "causation": released, "correlation_id": job.job_id}
         if step.then is lifecycle.Then.COMPLETE:
-            return ev.JobCompleted.new(attempt=gang.attempt, causation=released, **common)
+            return self.new_event(ev.JobCompleted, attempt=gang.attempt, **common)
         if step.then is lifecycle.Then.FAIL:
-            return ev.JobFailed.new(reason=Reason(code=step.code.value, message=step.fail_message or step.message),
-                                    attempt=gang.attempt, causation=released, **common)
+            return self.new_event(ev.JobFailed, attempt=gang.attempt, **common, reason=Reason(
+                code=step.code.value, message=step.fail_message or step.message))
         if step.then is lifecycle.Then.REQUEUE:
             code = step.requeue_code or step.code
-            return ev.JobRequeued.new(
-                reason=Reason(code=code.value, message=step.message, details={"attempt": gang.attempt + 1}),
-                attempt=gang.attempt + 1, resume_from=job.checkpoint, causation=released, **common)
+            return self.new_event(
+                ev.JobRequeued, attempt=gang.attempt + 1, resume_from=job.checkpoint, **common,
+                reason=Reason(code=code.value, message=step.message, details={"attempt": gang.attempt + 1}))
         return None
 
     def _gang(self, job: JobView) -> lifecycle.Gang | None:
@@ -301,7 +326,8 @@ class Placement(Service):
             restarts=job.restarts, max_restarts=job.spec.restart.max_restarts if job.spec else 0,
             preemptor=job.preempt.for_job_id if job.preempt else None,
             preempt_deadline=job.preempt.deadline.timestamp() if job.preempt else None,
-            lost_nodes=self._lost(placement), seen=self.beats.about(placement.nodes(), job.job_id))
+            lost_nodes=self._lost(placement), seen=self.beats.about(placement.nodes(), job.job_id),
+            time_limit=job.spec.time_limit if job.spec else None)
 
     def _fenced_gang(self, job: JobView, fence: Fence) -> lifecycle.Gang:
         """A released attempt of the job whose GPUs are still held, as a `lifecycle.Gang`."""
@@ -317,20 +343,20 @@ class Placement(Service):
         return frozenset(n for n in placement.nodes() if (v := self.view.nodes.get(n)) is not None and v.lost)
 
     async def _place(self, now: float) -> None:
-        if not self._place_dirty and time.monotonic() - self._placed_at < self.tick_seconds:
+        if not self._place_dirty and self.monotonic() - self._placed_at < self.tick_seconds:
             return
-        self._place_dirty, self._placed_at = False, time.monotonic()
+        self._place_dirty, self._placed_at = False, self.monotonic()
         waiting = [j for j in self.view.active.values()
                    if j.state is JobState.PENDING and j.quota_gpus and not j.quota_stale and j.spec is not None]
         if not waiting or not self.view.nodes:
             return
         snapshot = self.view.snapshot(now, pending=waiting, releasing=True)
-        # One append for every gang of this cycle (decided together on one snapshot, so they never
-        # overlap), and one for the reasons: a commit per event was the log's limit under load.
+        # One append for every gang and reason of this cycle (decided together on one snapshot, so
+        # they never overlap): a commit per event was the log's limit under load.
         gangs: dict[str, list[Event]] = {}
         reasons: dict[str, list[Event]] = {}
         taken: dict[str, set[int]] = {}  # rendezvous ports given out in this cycle, by address
-        for decision in core.schedule(snapshot, self.config, memo=self.classes):
+        for decision in placement_step(snapshot, self.config, memo=self.classes):
             job = self.view.jobs[decision.job_id]
             reason: core.Reason | None = None
             if isinstance(decision, core.Place):
@@ -342,20 +368,24 @@ class Placement(Service):
                         gangs.setdefault(stream, []).extend(events)
             elif isinstance(decision, core.Pending):
                 reason = decision.reason
-            if reason is not None and self.reason_news(job, str(reason.code), reason.message):
-                pending = ev.PlacementPending.new(stream=job_stream(job.job_id), actor="placement",
-                                                  correlation_id=job.job_id, job_id=job.job_id,
-                                                  reason=wire_reason(reason))
+            pending = self.pending_event(job, reason) if reason is not None else None
+            if pending is not None:
                 reasons[pending.stream] = [pending]
         if gangs:
+            # One commit for the cycle's gangs and reasons (group commit); the reasons alone after
+            # the gangs lost (a job's stream holds its gang or its reason, never both).
+            merged = {stream: [*events] for stream, events in gangs.items()}  # in the gangs' order, then
+            for stream, events in reasons.items():
+                merged.setdefault(stream, []).extend(events)
             try:
-                if not await self.append(gangs):
-                    self._place_dirty = True  # lost a race: decide again on the fresh state
+                if await self.append(merged):
+                    return
+                self._place_dirty = True  # lost a race: decide again on the fresh state
             except asyncpg.UniqueViolationError as exc:
                 self._place_dirty = True
                 # The last line of defence fired: our view was wrong. Nothing was written; re-read.
                 log.error("allocations refused by the database (a GPU is held already): %s", exc)
-                for stream in gangs:
+                for stream in merged:
                     await self.refresh_stream(stream)
         await self.append(reasons)
 
@@ -369,16 +399,16 @@ class Placement(Service):
         if isinstance(rendezvous, core.Reason):
             return rendezvous
         address, port = rendezvous
-        gang = ev.GangReserved.new(
-            stream=stream, actor="placement", correlation_id=job.job_id, job_id=job.job_id,
+        gang = self.new_event(
+            ev.GangReserved, job_id=job.job_id,
             ranks=[ev.RankPlacement(rank=r.rank, node=r.node, gpus=list(r.gpus)) for r in decision.placement.ranks],
             world_size=len(decision.placement.ranks), master_addr=address, master_port=port,
             attempt=job.attempt, resume_from=job.resume_from)
         batches: dict[str, list[Event]] = {stream: [gang]}
         for node, gpus in decision.placement.gpus_by_node().items():
-            batches[node_stream(node)] = [ev.GpusAllocated.new(
-                stream=node_stream(node), actor="placement", correlation_id=job.job_id, causation=gang,
-                node=node, job_id=job.job_id, gpus=list(gpus), attempt=job.attempt)]
+            batches[node_stream(node)] = [self.new_event(
+                ev.GpusAllocated, stream=node_stream(node), causation=gang, node=node, job_id=job.job_id,
+                gpus=list(gpus), attempt=job.attempt)]
         return batches
 
 
@@ -396,3 +426,13 @@ def _at(at: datetime | None) -> float:
 
 
 __all__ = ["Placement"]
+
+
+def _drain_changes_nothing(node: NodeView, request: ev.NodeDrained | ev.NodeUndrained) -> bool:
+    """An undrain of a node taking work, or a drain of a draining node that asks for no more than
+    the drain in force. A `--evict` on a node drained without it is recorded: it was dropped as
+    "already so", and the operator was told its jobs were asked to move."""
+    if isinstance(request, ev.NodeUndrained):
+        return not node.draining
+    return node.drain is not None and (node.drain.evict or not request.evict)
+

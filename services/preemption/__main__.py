@@ -1,4 +1,4 @@
+from corral.services.main import main
 from corral.services.preemption.service import Preemption
-from corral.services.runtime import main
 
 main(Preemption)

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from corral import core
 from corral.contracts import events as ev
-from corral.contracts.envelope import Reason, job_stream
+from corral.contracts.envelope import Event, Reason, job_stream
 from corral.contracts.lifecycle import LifecycleCode
-from corral.projection import JobState
-from corral.services.runtime import Service
+from corral.core.steps import preemption_step
+from corral.projection import ClusterView, JobState, JobView
+from corral.services.base import Service
 from corral.translate import wire_reason
 
 log = logging.getLogger("corral.preemption")
@@ -46,50 +47,100 @@ class Preemption(Service):
         self.classes = core.ClassMemo()
 
     async def reconcile(self) -> None:
-        await self._requeue()
-        wait = self._last_preempt + self.preempt_interval_seconds - time.monotonic()
+        # One append for all of this reconcile's decisions (group commit): the requeues, and the
+        # preemption requests when a victim search is due. All or nothing: after a lost race the
+        # streams are re-read and the next reconcile decides again.
+        decisions = self._requeues()
+        for stream, events in self._asked_to_move().items():
+            decisions.setdefault(stream, []).extend(events)
+        wait = self._last_preempt + self.preempt_interval_seconds - self.monotonic()
         if wait > 0:
             asyncio.get_running_loop().call_later(wait, self.changed.set)
-            return
-        self._last_preempt = time.monotonic()
-        await self._preempt()
-        # A search over a long backlog takes long: wait a few times its duration before the next
-        # one, so victim searches use at most about a fifth of this process's time.
-        self._last_preempt += 4 * (time.monotonic() - self._last_preempt)
+        else:
+            self._last_preempt = self.monotonic()
+            for stream, events in self._requests(asked=decisions.keys()).items():
+                decisions.setdefault(stream, []).extend(events)
+            # A search over a long backlog takes long: wait a few times its duration before the
+            # next one, so victim searches use at most about a fifth of this process's time.
+            self._last_preempt += 4 * (self.monotonic() - self._last_preempt)
+        await self.append(decisions)
 
-    async def _requeue(self) -> None:
+    def _requeues(self) -> dict[str, list[Event]]:
         victims = [j for j in self.view.active.values()
                    if j.state is JobState.REQUEUING and j.reason is not None
                    and j.reason.code == LifecycleCode.PREEMPTED]
+        out: dict[str, list[Event]] = {}
         for job in sorted(victims, key=lambda j: j.job_id):
-            requeued = ev.JobRequeued.new(
-                stream=job_stream(job.job_id), actor="preemption", correlation_id=job.job_id,
-                job_id=job.job_id, attempt=job.attempt + 1, resume_from=job.checkpoint,
+            requeued = self.new_event(
+                ev.JobRequeued, job_id=job.job_id, attempt=job.attempt + 1, resume_from=job.checkpoint,
                 reason=Reason(code=LifecycleCode.PREEMPTED.value,
-                              message=f"preempted; resumes from {job.checkpoint or 'the start'}",
-                              details={"resume_from": job.checkpoint or ""}))
-            await self.append({requeued.stream: [requeued]})
+                              message=f"preempted; resumes from {job.checkpoint or 'the start'}; "
+                                      f"{job.lost_gpu_seconds:.0f} GPU-seconds since its last checkpoint lost",
+                              details={"resume_from": job.checkpoint or "",
+                                       "lost_gpu_seconds": round(job.lost_gpu_seconds, 1)}))
+            out[requeued.stream] = [requeued]
+        return out
 
-    async def _preempt(self) -> None:
+    def _asked_to_move(self) -> dict[str, list[Event]]:
+        """Running jobs an operator asked to move: `corral requeue` (a JobRequeueRequested for this
+        attempt) or a rank on a node drained with `--evict`. Each is asked to checkpoint and stop
+        (PreemptRequested without `for_job_id`), then requeued as any preemption victim is."""
+        now = self.clock()
+        out: dict[str, list[Event]] = {}
+        for job in sorted(self.view.active.values(), key=lambda j: j.job_id):
+            if job.state not in (JobState.STARTING, JobState.RUNNING) or not job.holding:
+                continue
+            reason = _asked_reason(job, self.view)
+            if reason is None:
+                continue
+            grace = job.spec.checkpoint.grace_seconds if job.spec else 30.0
+            request = self.new_event(
+                ev.PreemptRequested, victim_job_id=job.job_id,
+                deadline=datetime.fromtimestamp(now, UTC) + timedelta(seconds=grace),
+                signal=job.spec.checkpoint.signal if job.spec else "SIGUSR1", reason=reason)
+            log.info("asking %s to checkpoint and move: %s", job.job_id, reason.message)
+            out[request.stream] = [request]
+        return out
+
+    def _requests(self, asked: Collection[str] = ()) -> dict[str, list[Event]]:
         waiting = [j for j in self.view.active.values() if j.state is JobState.PENDING and j.spec is not None]
+        out: dict[str, list[Event]] = {}
         if not waiting or not self.view.running_jobs():
-            return
+            return out
         now = self.clock()
         snapshot = self.view.snapshot(now, pending=waiting)
-        # only Preempt decisions matter here: the core may skip explaining jobs that stay pending
-        for decision in core.schedule(snapshot, self.config, explain=False, memo=self.classes):
-            if not isinstance(decision, core.Preempt):
-                continue
+        for decision in preemption_step(snapshot, self.config, memo=self.classes):
             for victim_id in decision.victims:
                 victim = self.view.jobs.get(victim_id)
                 if victim is None or victim.state is JobState.PREEMPTING or not victim.holding:
                     continue
+                stream = job_stream(victim_id)
+                if stream in out or stream in asked:  # asked already in this reconcile
+                    continue
                 grace = victim.spec.checkpoint.grace_seconds if victim.spec else 30.0
                 signal = victim.spec.checkpoint.signal if victim.spec else "SIGUSR1"
-                request = ev.PreemptRequested.new(
-                    stream=job_stream(victim_id), actor="preemption", correlation_id=victim_id,
-                    victim_job_id=victim_id, for_job_id=decision.job_id,
+                request = self.new_event(
+                    ev.PreemptRequested, victim_job_id=victim_id, for_job_id=decision.job_id,
                     deadline=datetime.fromtimestamp(now, UTC) + timedelta(seconds=grace), signal=signal,
                     reason=wire_reason(decision.reason))
                 log.info("preempting %s for %s: %s", victim_id, decision.job_id, decision.reason.message)
-                await self.append({request.stream: [request]})
+                out[stream] = [request]
+        return out
+
+
+def _asked_reason(job: JobView, view: ClusterView) -> Reason | None:
+    """Why an operator wants this running job to checkpoint and move, or None."""
+    request = job.requeue_request
+    if request is not None and job.requeue_attempt == job.attempt:
+        who = request.user or request.actor
+        return Reason(code=LifecycleCode.REQUEUE_REQUESTED.value,
+                      message=f"requeue requested by {who}" + (f": {request.message}" if request.message else ""),
+                      details={"user": who})
+    for node in sorted({rank.node for rank in job.ranks}):
+        drain = view.nodes[node].drain if node in view.nodes else None
+        if drain is not None and drain.evict:
+            return Reason(code=LifecycleCode.NODE_DRAINED.value,
+                          message=f"node {node} drained with --evict by {drain.user}"
+                                  + (f": {drain.message}" if drain.message else ""),
+                          details={"node": node, "user": drain.user})
+    return None

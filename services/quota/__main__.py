@@ -1,4 +1,4 @@
+from corral.services.main import main
 from corral.services.quota.service import Quota
-from corral.services.runtime import main
 
 main(Quota)

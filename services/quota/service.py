@@ -1,28 +1,36 @@
 """Quota: the queue tree and the usage ledger; who may take GPUs next, in fair-share order.
 
-Owns QueueConfigured (from `corral apply`, via the inbox) and QuotaReserved / QuotaReleased on job
-streams. Each reconcile asks the core for the fair-share order of waiting jobs and checks each
+Owns the queue tree: QueueTreeApplied (a numbered version of the whole tree, from `corral apply` via
+the inbox) with a QueueConfigured per queue it changes, QueueChangeRefused (a change the evidence
+gate refused, recorded for the audit), QueueConfigured sent alone (older clients); and QuotaReserved
+/ QuotaReleased on job streams. Each reconcile runs the core's quota step (`corral.core.reservation.reserve_quota`, the
+first of the pipeline in `corral.core.steps`): waiting jobs in fair-share order, each checked
 against the tree (guarantee, borrowing, lend limits, max_gpus) with the usage of everything
-already reserved: a job that passes gets QuotaReserved and placement may now place it; one that
-does not gets a PlacementPending with the quota reason, only when that reason changes.
+already reserved, and none that the same round's preemption step would take back. A job that
+passes gets QuotaReserved and placement may now place it; one that does not gets a
+PlacementPending with the quota reason, when that is news (`Service.pending_event`). This module
+only picks the step's inputs from the log (who waits, who holds quota) and records its answers.
 Quota is given back when a job ends or its GPUs are released (preemption, node loss, restart).
+A job waiting longer than its queue's `max_wait` gets a WaitExceeded with its blocker, once per
+wait (`core.escalation`; the fold knows which waits were escalated, also after a restart).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 import msgspec
 
 from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
-from corral.contracts.envelope import Event, Reason, job_stream, queue_stream
-from corral.core.reservation import Reserve, reserve_quota
+from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, Reason, queue_stream
+from corral.contracts.queues import merged_tree, tree_problems
+from corral.core import escalation
+from corral.core.reservation import Reserve, Revoke, reserve_quota
 from corral.projection import JobState
-from corral.services.runtime import Service
+from corral.services.base import Service
 from corral.translate import wire_reason
 
 log = logging.getLogger("corral.quota")
@@ -30,12 +38,22 @@ log = logging.getLogger("corral.quota")
 
 class Quota(Service):
     name = "quota"
-    inbox = ("QueueConfigured",)
+    inbox = ("QueueConfigured", "QueueTreeApplied", "QueueChangeRefused")
     events = ("JobAdmitted", "JobRequeued", "GangReleased", "JobCompleted", "JobFailed", "JobCancelled",
-              "QueueConfigured", "NodeRegistered", "NodeLost", "QuotaReserved", "QuotaReleased", "GangReserved")
+              "QueueConfigured", "QueueTreeApplied", "QueueChangeRefused", "NodeRegistered", "NodeLost",
+              "QuotaReserved", "QuotaReleased", "GangReserved")
+    #: the cluster's policy: the quota step decides with it as it is (`corral.core.steps`)
     config = core.SchedulerConfig()
 
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
+        if isinstance(event, ev.QueueTreeApplied):
+            await self._apply_tree(event, delivery)
+            return
+        if isinstance(event, ev.QueueChangeRefused):
+            refused = msgspec.structs.replace(event, stream=QUEUE_GATE_STREAM)
+            if not await self.append({QUEUE_GATE_STREAM: [refused]}, tracking=self.tracking(delivery)):
+                raise Retry("queue gate stream moved on; retrying", delay=0.05)
+            return
         if not isinstance(event, ev.QueueConfigured):
             return
         tracking = self.tracking(delivery)
@@ -48,6 +66,34 @@ class Quota(Service):
         if not await self.append({stream: [event]}, tracking=tracking):
             raise Retry("queue stream moved on; retrying", delay=0.05)
 
+    async def _apply_tree(self, event: ev.QueueTreeApplied, delivery: Delivery) -> None:
+        """Record version N+1 of the tree: the whole tree after this change (the queues named, over
+        the current ones: queues are never deleted) and a QueueConfigured for each queue it changes,
+        in one transaction, so that `queues` and the version history can never disagree."""
+        changed = [q for q in event.queues if self.view.queues.get(q.name) != q]
+        whole = merged_tree(self.view.queues.values(), event.queues)
+        problems = tree_problems(whole)
+        if problems:
+            # Checked by `corral apply` too; a request from another client is checked here, and an
+            # inconsistent tree (children promised more than their parent has) is never recorded.
+            said = "; ".join(f"{whole[int(p.path.split(']')[0].removeprefix('queues['))].name}: {p.message}"
+                             for p in problems)
+            log.warning("queue tree change by %s refused: %s", event.user, said)
+            refused = self.new_event(ev.QueueChangeRefused, stream=QUEUE_GATE_STREAM, causation=event,
+                                     correlation_id="queues", queues=list(event.queues), user=event.user,
+                                     message=f"the tree would be inconsistent: {said}"[:2000], evidence=[])
+            if not await self.append({QUEUE_GATE_STREAM: [refused]}, tracking=self.tracking(delivery)):
+                raise Retry("queue gate stream moved on; retrying", delay=0.05)
+            return
+        version = msgspec.structs.replace(event, stream=QUEUE_TREE_STREAM, queues=whole)
+        batches: dict[str, list[Event]] = {QUEUE_TREE_STREAM: [version]}
+        for queue in changed:
+            batches[queue_stream(queue.name)] = [ev.QueueConfigured.new(
+                stream=queue_stream(queue.name), actor=event.actor, correlation_id=event.event_id,
+                causation=event, queue=queue, now=event.occurred_at)]
+        if not await self.append(batches, tracking=self.tracking(delivery)):
+            raise Retry("queue streams moved on; retrying", delay=0.05)
+
     #: A reservation round that had to be played out against preemption (see
     #: corral.core.reservation) is a whole scheduling cycle over the backlog, like a victim search:
     #: after one that took long, wait a few times its duration before the next, so that it uses
@@ -57,13 +103,14 @@ class Quota(Service):
 
     async def reconcile(self) -> None:
         await self._release()
-        wait = self._next_reserve - time.monotonic()
+        await self._escalate()
+        wait = self._next_reserve - self.monotonic()
         if wait > 0:
             asyncio.get_running_loop().call_later(wait, self.changed.set)
             return
         took = await self._reserve()
         if took > self.slow_round_seconds:
-            self._next_reserve = time.monotonic() + 4 * took
+            self._next_reserve = self.monotonic() + 4 * took
 
     async def _release(self) -> None:
         # One append for all of this reconcile's decisions: a commit per event was the log's limit.
@@ -71,19 +118,35 @@ class Quota(Service):
         done = [j for j in self.view.active.values() if j.quota_gpus and (j.state.terminal or j.quota_stale)]
         for job in sorted(done, key=lambda j: j.job_id):
             why = (job.reason.code if job.reason else job.state.value)
-            released = ev.QuotaReleased.new(
-                stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
-                queue=job.queue, gpus=job.quota_gpus,
+            released = self.new_event(
+                ev.QuotaReleased, job_id=job.job_id, queue=job.queue, gpus=job.quota_gpus,
                 reason=Reason(code="QUOTA_RELEASED", message=f"{job.quota_gpus} GPUs of queue {job.queue} "
                               f"given back ({why})", details={"gpus": job.quota_gpus}))
             batches[released.stream] = [released]
         await self.append(batches)
 
+    async def _escalate(self) -> None:
+        """A WaitExceeded for each job waiting past its queue's max_wait, with its blocker."""
+        limits = self.view.max_waits()
+        if all(limit is None for limit in limits.values()):
+            return
+        now = self.clock()
+        batches: dict[str, list[Event]] = {}
+        for due in escalation.to_escalate(self.view.waits(), limits, now):
+            job = self.view.jobs[due.job_id]
+            if job.waiting_since is None:  # never: a Wait is made only for a job with one
+                continue
+            self._emit(batches, self.new_event(
+                ev.WaitExceeded, job_id=job.job_id, queue=job.queue, limit_queue=due.limit_queue,
+                attempt=job.attempt, waiting_since=job.waiting_since, max_wait_seconds=due.max_wait,
+                waited_seconds=due.waited, blocker=job.reason))
+        await self.append(batches)  # after a lost race the streams are re-read; the next reconcile decides again
+
     async def _reserve(self) -> float:
         """Reserve quota where the core says so; returns the seconds the decision took."""
         pending = [j for j in self.view.active.values() if j.state is JobState.PENDING and j.spec is not None]
         if not self.view.queues or not any(not j.quota_gpus for j in pending):
-            return 0.0
+            return 0.0  # every waiting job holds quota: the core decides nothing (reserve_quota)
         # a reservation not given back yet (its job ended, was released or requeued) still counts
         held = [(j.queue, j.quota_gpus) for j in self.view.active.values()
                 if j.quota_gpus and not j.holding and (j.state is not JobState.PENDING or j.quota_stale)]
@@ -92,19 +155,22 @@ class Quota(Service):
         by_id = {j.job_id: j for j in pending}
         reserved = {j.job_id for j in pending if j.quota_gpus}
         batches: dict[str, list[Event]] = {}
-        started = time.monotonic()
+        started = self.monotonic()
         decisions = reserve_quota(snapshot, self.config, reserved=reserved, held=held)
-        took = time.monotonic() - started
+        took = self.monotonic() - started
         for decision in decisions:
             job = by_id[decision.job_id]
             if isinstance(decision, Reserve):
-                self._emit(batches, ev.QuotaReserved.new(
-                    stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
-                    queue=job.queue, gpus=decision.gpus, borrowed=decision.borrowed))
-            elif self.reason_news(job, str(decision.reason.code), decision.reason.message):
-                self._emit(batches, ev.PlacementPending.new(
-                    stream=job_stream(job.job_id), actor="quota", correlation_id=job.job_id, job_id=job.job_id,
-                    reason=wire_reason(decision.reason)))
+                self._emit(batches, self.new_event(ev.QuotaReserved, job_id=job.job_id, queue=job.queue,
+                                                   gpus=decision.gpus, borrowed=decision.borrowed))
+            elif isinstance(decision, Revoke):
+                # it would be started now and taken back at once: it waits without quota
+                self._emit(batches, self.new_event(ev.QuotaReleased, job_id=job.job_id, queue=job.queue,
+                                                   gpus=job.quota_gpus, reason=wire_reason(decision.reason)))
+                if (why := self.pending_event(job, decision.reason)) is not None:
+                    self._emit(batches, why)
+            elif (why := self.pending_event(job, decision.reason)) is not None:
+                self._emit(batches, why)
         await self.append(batches)  # all or nothing: after a lost race the next reconcile decides again
         return took
 

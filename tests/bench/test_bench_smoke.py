@@ -15,53 +15,66 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
 TRACES = BENCH.parent.parent / "shared" / "traces"  # ../shared/traces from the project root, as bench/ reads it
 PHILLY = TRACES / "philly_2017_sep_oct.csv"
 OPENB = (TRACES / "openb_node_list_gpu_node.csv", TRACES / "openb_pod_list_default.csv")
 
 
 def run(script: str, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
+    """Run `script` (a path from the project root, e.g. "bench/core.py") and return what it printed."""
+    done = subprocess.run([sys.executable, str(ROOT / script), *args], capture_output=True, text=True,
                           timeout=timeout, env=None if env is None else {**os.environ, **env})
     assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
 
 
 def test_core_cycle_bench_runs() -> None:
-    assert "decisions/s" in run("core.py", "--jobs", "50", "--nodes", "8", "--repeat", "1")
+    assert "decisions/s" in run("bench/core.py", "--smoke")
 
 
 @pytest.mark.skipif(not all(p.is_file() for p in OPENB), reason=f"the OpenB traces are not under {TRACES}")
 def test_openb_fill_bench_runs() -> None:
-    assert "best-fit" in run("openb_fill.py", "--seeds", "1", "--traces", str(TRACES))
+    assert "best-fit" in run("bench/openb_fill.py", "--smoke", "--traces", str(TRACES))
 
 
 def test_eventstore_bench_runs() -> None:
-    assert "events/s" in run("eventstore.py", "--events", "200", "--concurrency", "2")
+    assert "events/s" in run("bench/eventstore.py", "--smoke")
 
 
 @pytest.mark.skipif(not PHILLY.is_file(), reason=f"the Philly trace is not at {PHILLY}")
 def test_philly_replay_bench_runs() -> None:
-    out = run("sim_philly.py", "--limit", "200", "--cluster", "8x8:H100", "--policies", "fifo,corral")
+    out = run("bench/sim_philly.py", "--smoke")
     assert "Jain's fairness" in out
 
 
 def test_live_system_bench_runs() -> None:
-    out = run("e2e.py", "--rate", "5", "--seconds", "2")
+    out = run("bench/e2e.py", "--smoke")
     assert "placements/s" in out and "CPU per job" in out
 
 
 def test_kueue_shaped_bench_runs() -> None:
-    assert "avg time to admission" in run("kueue_baseline.py", "--smoke")
+    out = run("bench/kueue_baseline.py", "--smoke")
+    assert "avg time to admission" in out and "waiting under each reason" in out
+
+
+def test_kueue_shaped_sim_bench_runs() -> None:
+    assert "before quota, by reason" in run("bench/kueue_sim.py", "--smoke")
 
 
 def test_compiled_core_builds() -> None:
     """bench/compiled.py builds the core with mypyc and the build is the one imported. At -O0, in
     build/mypyc-O0/: the C compiler is what takes the time (~1 min at the benchmarks' -O3, from
     scratch as in CI), and this checks the build, not the speed of what it builds."""
-    site = run("compiled.py", timeout=600, env={"MYPYC_OPT_LEVEL": "0"}).strip().splitlines()[-1]
+    site = run("bench/compiled.py", "--smoke", timeout=600).strip().splitlines()[-1]
     assert "mypyc-O0" in site
     imported = subprocess.run([sys.executable, "-c", "import corral.core.cycle as m; print(m.__file__)"],
                               capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": site})
     assert imported.stdout.strip().startswith(site) and imported.stdout.strip().endswith(".so"), imported
+
+
+def test_read_model_bench_runs() -> None:
+    """10,000 events: the CLI's questions from the read model agree with the whole log's answers."""
+    out = run("bench/readmodel.py", "--smoke")
+    assert "why (waiting job)" in out and "before" in out and "fresh process" in out

@@ -57,11 +57,11 @@ async def connect(stack: Stack) -> Client:
     return await Client.connect(stack.context)
 
 
-async def with_queues(client: Client, queues: list[dict[str, object]], nodes: int) -> None:
+async def with_queues(client: Client, queues: list[dict[str, object]], nodes: int, timeout: float = 30) -> None:
     await client.apply_queues(validate_queues({"queues": queues}))
     names = {str(q["name"]) for q in queues}
     await client.wait_for(lambda v: names <= set(v.queues) and
-                          sum(1 for n in v.nodes.values() if not n.lost) >= nodes, 30)
+                          sum(1 for n in v.nodes.values() if not n.lost) >= nodes, timeout)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from corral.contracts.jobspec import validate_job_spec
 from corral.contracts.registry import encode
 from corral.eventstore import EventStore
 from corral.projection import JobState
-from corral.services.runtime import to_new_event
+from corral.services.base import to_new_event
 from corral.stack.servers import PostgresServer
 from corral.stack.up import Stack, StackOptions
 from tests.e2e.conftest import StackFactory, connect, dump_logs, with_queues

@@ -19,6 +19,7 @@ from typing import Any
 from corral.cli.cluster import state_of
 from corral.client import Client
 from corral.projection import JobState
+from corral.readmodel.codec import SCHEMA
 from corral.stack.up import Stack
 from tests.e2e.conftest import StackFactory, connect, with_queues
 
@@ -129,6 +130,19 @@ async def test_commands_show_tables_and_json_for_a_running_cluster(make_stack: S
         await c.wait_for(lambda v: not v.jobs[job].holding, 30)
         assert job not in [r["id"] for r in as_json(corral(stack, "jobs", "--json"))]
         assert job in [r["id"] for r in as_json(corral(stack, "jobs", "--all", "--json"))]
+
+        # The services keep the CLI's read model: a stored view of this code that reaches the log's
+        # head, and the jobs that are over stored apart (what `jobs --all` just read).
+        deadline, stored = time.monotonic() + 30, None
+        while time.monotonic() < deadline:
+            async with c.store.connection() as conn:
+                stored = await conn.fetchval("SELECT position FROM view_snapshots WHERE schema = $1", SCHEMA)
+                over = await conn.fetchval("SELECT count(*) FROM view_jobs WHERE schema = $1", SCHEMA)
+            if stored == await c.store.head_position() and over:
+                break
+            await asyncio.sleep(0.5)
+        else:
+            raise AssertionError(f"no stored view at the log's head (stored at {stored})")
     finally:
         await c.close()
 

@@ -99,7 +99,9 @@ def test_the_readme_first_session_from_a_fresh_shell_through_the_ddp_example(ses
     here = project(tmp_path, "proj")
     env = fresh_shell(tmp_path / "home")
     out = (tmp_path / "up.log").open("w")
-    up = subprocess.Popen([CORRAL, "up"], cwd=here, env=env, stdout=out, stderr=subprocess.STDOUT,
+    # `corral up` runs in the folder above the project: the agents' folder is not where the jobs'
+    # files are; `corral submit` in the project runs a process job there (its workdir, as sbatch).
+    up = subprocess.Popen([CORRAL, "up"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
                           start_new_session=True)
     try:
         wait_until(lambda: "Ctrl-C stops everything" in (tmp_path / "up.log").read_text() or up.poll() is not None,
@@ -132,7 +134,8 @@ def test_the_readme_first_session_from_a_fresh_shell_through_the_ddp_example(ses
         assert "CANCELLED" in shown and "None" not in shown
 
         # The DDP example: `command: [python, examples/ddp_allreduce.py, ...]` must find torch and corral,
-        # although this shell's PATH has no venv: the agent puts its own interpreter's bin first.
+        # although this shell's PATH has no venv: the agent puts its own interpreter's bin first; and
+        # its script, relative to the folder it was submitted from, not to the agents' folder.
         ddp = corral(here, env, "submit", "examples/ddp-allreduce.yaml", "--wait", "--until-done", "--json",
                      "--timeout", "240", check=False)
         assert ddp.returncode == 0, ddp.stdout + ddp.stderr + "\n" + corral(here, env, "logs", "--json",
@@ -152,7 +155,42 @@ def test_the_readme_first_session_from_a_fresh_shell_through_the_ddp_example(ses
         out.close()
     # The cluster is gone: the folder's context says so instead of pointing at nothing.
     gone = corral(here, env, "jobs", check=False)
-    assert gone.returncode == 3 and "is gone" in gone.stderr, gone.stderr
+    assert gone.returncode == 3 and "is gone" in " ".join(gone.stderr.split()), gone.stderr  # may wrap at 80
+
+
+def readiness(stack: Stack) -> dict[str, str]:
+    """Each service process's /readyz answer ("200 {...}") by process name."""
+    import urllib.error
+    import urllib.request
+
+    answers = {}
+    for p in stack.processes:
+        if p.name == "node-agents" or not p.metrics_url:
+            continue
+        try:
+            with urllib.request.urlopen(p.metrics_url + "/readyz", timeout=5) as answer:
+                answers[p.name] = f"{answer.status} {answer.read().decode()}"
+        except urllib.error.HTTPError as exc:
+            answers[p.name] = f"{exc.code} {exc.read().decode()}"
+        except OSError as exc:
+            answers[p.name] = f"unreachable {exc}"
+    return answers
+
+
+def services_ready(stack: Stack) -> bool:
+    """Every service of `stack` has a process answering /readyz with 200 (rebuilt from the log,
+    consuming, caught up); of placement and its standby, the one holding the lease."""
+    ready: dict[str, bool] = {}
+    for name, answer in readiness(stack).items():
+        service = name.removesuffix("-standby")
+        ready[service] = ready.get(service, False) or answer.startswith("200 ")
+    return all(ready.values())
+
+
+def print_service_logs(folder: Path) -> None:
+    for log in sorted((folder / ".corral" / "logs").glob("*.log")):
+        print(f"--- {log.name} (last 60 lines)")
+        print("\n".join(log.read_text(errors="replace").splitlines()[-60:]))
 
 
 async def test_two_clusters_in_two_folders_each_folder_reaches_only_its_own(
@@ -181,9 +219,17 @@ async def test_two_clusters_in_two_folders_each_folder_reaches_only_its_own(
             nodes = corral(folder, env, "nodes", check=False)
             return nodes.returncode == 0 and "node-0" in nodes.stdout
 
-        for folder in (a, b):
+        for folder, stack in zip((a, b), stacks, strict=True):
             wait_until(lambda f=folder: has_nodes(f), 60, "nodes")
-            corral(folder, env, "apply", "examples/queues.yaml")
+            try:
+                # Two stacks beside the other test workers load the machine: quota may still be starting
+                # when the nodes show (CI once waited out apply's 30 s). Wait for every service's /readyz.
+                wait_until(lambda s=stack: services_ready(s), 120, "every service ready",
+                           show=lambda s=stack: readiness(s))
+                corral(folder, env, "apply", "--timeout", "90", "examples/queues.yaml")
+            except AssertionError:
+                print_service_logs(folder)  # shown by pytest with the failure: what quota was doing
+                raise
         in_a = submitted(corral(a, env, "submit", "examples/team-b-share.yaml"))
         (b / "deep" / "er").mkdir(parents=True)
         in_b = submitted(corral(b / "deep" / "er", env, "submit", "../../examples/nvlink-8.yaml"))  # from a subfolder

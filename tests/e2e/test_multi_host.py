@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from corral.contracts.jobspec import validate_job_spec
+from corral.contracts.logs import LogChunk
+from corral.log_stream import LogQuery, read_chunks
 from corral.projection import JobState
 from corral.stack.up import Agents
 from tests.e2e.conftest import StackFactory, connect, dump_logs, with_queues
@@ -107,6 +109,12 @@ async def test_ddp_across_three_agents_meets_at_rank_0s_node_address(
             assert found is not None, text
             seen[rank] = (found.group(1), int(found.group(2)))
             assert f"rank {rank} done at step 10" in text, text
+        # The same lines from the bus, each rank's from the agent of its node (issue 16).
+        chunks: list[LogChunk] = []
+        await read_chunks(c.bus, LogQuery(ddp), chunks.append)
+        for rank, node in by_rank.items():
+            assert any(f"rank {rank} done at step 10" in line for ch in chunks if (ch.rank, ch.node) == (rank, node)
+                       for line in ch.lines), [(ch.rank, ch.node, ch.lines[-1:]) for ch in chunks]
         port = seen[0][1]
         assert seen == dict.fromkeys(by_rank, (master, port)), f"every rank met at rank 0's node {master}: {seen}"
         assert port in agents[by_rank[0]].ports, f"MASTER_PORT {port} is from {by_rank[0]}'s --port-range"

@@ -237,6 +237,20 @@ async def test_cancel_another_users_job_is_denied(secured: Stack) -> None:
         await admin.close()
 
 
+async def test_a_requeue_of_another_users_job_is_answered_with_the_refusal(secured: Stack) -> None:
+    """`corral requeue` (and hold) waited for the job's state to move: bob's refused request
+    waited 15 s and then asked whether admission was running. The refusal names the request."""
+    job_id, admin = await _running_job(secured, user=None)
+    try:
+        async with await Client.connect(_ctx(secured, "bob")) as bob:
+            outcome = await bob.request_outcome(job_id, await bob.requeue(job_id, message="mine now"), 15)
+            assert isinstance(outcome, ev.AccessDenied) and outcome.reason.code == "NOT_OWNER", outcome
+        assert (await admin.view()).jobs[job_id].attempt == 0
+    finally:
+        await admin.cancel(job_id)
+        await admin.close()
+
+
 async def test_apply_queues_as_non_admin_is_refused(secured: Stack) -> None:
     async with await Client.connect(_ctx(secured, "bob")) as bob:
         queue = validate_queues({"queues": [{"name": "bobs", "guaranteed_gpus": 16}]}).resolved()[0]
@@ -373,3 +387,46 @@ async def test_an_agent_cannot_create_pull_or_redefine_another_durable(secured: 
     # The agent's own history read still works with these rights (it read the past at start).
     log = (secured.options.data_dir / "logs" / "node-agents.log").read_text()
     assert "could not read past job specs" not in log and "past event(s)" in log, log[-2000:]
+
+
+async def test_log_lines_come_only_from_the_node_that_ran_the_rank_and_only_an_admin_reads_them(
+        secured: Stack) -> None:
+    """Ranks' output on the bus (`corral.contracts.logs`): a node publishes only its own nodes'
+    log subjects (a forged chunk of another node is refused by the server), a submitter publishes
+    none, and reading the log stream takes the admin's login."""
+    from corral.contracts.logs import LogChunk, encode_chunk, log_subject
+    from corral.log_stream import LogQuery, LogStreamUnavailable, read_chunks
+
+    job_id, client = await _running_job(secured)
+    try:
+        chunks: list[LogChunk] = []
+        for _ in range(30):  # the admin (this context's login) reads the stream
+            chunks = []
+            await read_chunks(client.bus, LogQuery(job_id), chunks.append)
+            if any("sim rank=0" in line for c in chunks for line in c.lines):
+                break
+            await asyncio.sleep(0.5)
+        assert any("sim rank=0" in line for c in chunks for line in c.lines), chunks
+        mine = next(iter(chunks)).node
+
+        def chunk(node: str) -> tuple[str, bytes, str]:
+            forged = LogChunk(job_id=job_id, attempt=0, node=node, rank=0, offset=10**9, end=10**9,
+                              lines=["forged"])
+            return log_subject(NS, job_id, 0, node, 0), encode_chunk(forged), f"forged-{node}-{secrets.token_hex(4)}"
+
+        async with _bus_as(secured, _agent_user(secured)) as agent:
+            for node in ("evil", "node-9"):
+                subject, data, msg_id = chunk(node)
+                with pytest.raises((TimeoutError, nats.errors.Error)):
+                    await agent.publish(subject, data, msg_id, timeout=1.0)
+            subject, data, msg_id = chunk(mine)
+            await agent.publish(subject, data, msg_id, timeout=5.0)  # its own node: taken
+        async with _bus_as(secured, "bob") as bob:
+            subject, data, msg_id = chunk(mine)
+            with pytest.raises((TimeoutError, nats.errors.Error)):
+                await bob.publish(subject, data, msg_id, timeout=1.0)
+            with pytest.raises(LogStreamUnavailable, match="admin"):
+                await read_chunks(bob, LogQuery(job_id), lambda _: None, timeout=1.0)
+    finally:
+        await client.cancel(job_id)
+        await client.close()

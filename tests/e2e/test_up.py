@@ -15,6 +15,7 @@ from typing import Any
 from corral.client import Client
 from corral.contracts.jobspec import validate_job_spec
 from corral.stack.context import Context
+from tests.metrics_text import get
 
 
 def start_up(data_dir: Path, home: Path, *extra: str) -> tuple[subprocess.Popen[str], dict[str, Any], float]:
@@ -61,6 +62,12 @@ def test_up_starts_from_nothing_registers_nodes_and_a_restart_keeps_state(tmp_pa
         # ... and the CA its NATS is verified with (TLS on by default, corral.stack.tls)
         assert ctx.nats_url.startswith("tls://") and ctx.nats_ca == status["nats_ca"] == str(data / "tls" / "ca.pem")
         ca = (data / "tls" / "ca.pem").read_bytes()
+        # every process's /metrics, /healthz, /readyz: printed, in the context, as Prometheus targets
+        endpoints = {p["name"]: p["metrics"] for p in status["processes"]}
+        assert ctx.metrics == endpoints and all(url.startswith("http://127.0.0.1:") for url in endpoints.values())
+        targets = json.loads((data / "telemetry" / "targets.json").read_text())
+        assert sorted(t["targets"][0] for t in targets) == sorted(u.removeprefix("http://") for u in endpoints.values())
+        assert get(endpoints["admission"] + "/healthz")[0] == 200
 
         async def submit() -> str:
             async with await Client.connect(ctx) as c:
@@ -80,6 +87,7 @@ def test_up_starts_from_nothing_registers_nodes_and_a_restart_keeps_state(tmp_pa
         ctx = Context.load(data / "context.json")
         assert (ctx.nats_url, ctx.postgres_dsn) == (status["nats"], status["postgres"])
         assert (data / "tls" / "ca.pem").read_bytes() == ca, "a restart keeps the CA (copied CAs stay valid)"
+        assert ctx.metrics == endpoints, "a restart keeps the endpoints' ports (when still free)"
 
         async def check() -> None:
             async with await Client.connect(ctx) as c:

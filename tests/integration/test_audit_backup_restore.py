@@ -14,7 +14,7 @@ import asyncpg
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream
 from corral.eventstore import ANY, EventStore
-from corral.services.runtime import to_new_event
+from corral.services.base import to_new_event
 from corral.stack.servers import _pg_bin
 
 R = Reason(code="X", message="x")

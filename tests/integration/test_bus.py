@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+import nats.errors
+import nats.js.errors
 import pytest
 
 from corral.bus import (
@@ -289,3 +292,66 @@ async def test_a_batch_holds_only_what_met_the_outage_and_settles_the_rest(bus: 
     assert [d.headers[DLQ_ERROR] for d in dlq.deliveries] == ["poison: bad report"]
     info = await bus.js.consumer_info(bus.names.stream("inbox"), "placement-inbox")
     assert info.num_ack_pending == 0 and info.num_redelivered == 0
+
+
+async def test_json_log_lines_logged_while_handling_a_message_carry_its_job(bus: Bus) -> None:
+    """Issue 17: the consumer sets the job being handled (`corral.telemetry.logs.handling`), so a
+    handler's line that does not name the job still carries its id, one message or a batch."""
+    import json
+    import logging
+
+    from corral.telemetry import logs
+
+    lines: list[dict[str, str]] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(json.loads(formatter.format(record)))
+
+    formatter = logs.JsonFormatter("test")
+    log = logging.getLogger("corral.test.handling")
+    log.addHandler(capture := Capture())
+    log.setLevel(logging.INFO)
+
+    async def handler(delivery: Delivery) -> None:
+        log.info("handling %s", delivery.subject)
+
+    async def batch_handler(deliveries: list[Delivery]) -> list[BaseException | None]:
+        log.info("handling %d", len(deliveries))
+        return [None] * len(deliveries)
+
+    try:
+        one, batch = bus.names.events_subject("GangReserved"), bus.names.events_subject("JobSubmitted")
+        await bus.publish(one, b"{}", msg_id="e1", headers={"Corral-Stream": "job-j01kbx2m3n4p5qr"})
+        await bus.publish(batch, b'{"type":"JobSubmitted","job_id":"train-7"}', msg_id="e2")
+        await bus.consume("one", [one], handler)
+        await bus.consume("batch", [batch], handler, batch_handler=batch_handler)
+        await wait_until(lambda: len(lines) >= 2)
+    finally:
+        log.removeHandler(capture)
+    assert sorted((line["message"], line["job_id"]) for line in lines) == [
+        ("handling 1", "train-7"), (f"handling {one}", "j01kbx2m3n4p5qr")]
+
+
+async def test_declaring_streams_waits_out_an_unavailable_jetstream(nats_url: str, namespace: str) -> None:
+    """CI: a service started beside a 3-server cluster that was still electing crashed in
+    `ensure_streams` (`update_stream` timed out). The server here is real; its first two answers
+    are replaced by what a forming cluster says (a 503, then a timeout)."""
+    b = await Bus.connect(nats_url, namespace=namespace)
+    try:
+        real_add = b.js.add_stream
+        faults: list[BaseException] = [
+            nats.js.errors.ServiceUnavailableError(code=503, err_code=10023, description="insufficient resources"),
+            nats.errors.TimeoutError()]
+
+        async def add_stream(config: Any, **kwargs: Any) -> Any:
+            if faults:
+                raise faults.pop(0)
+            return await real_add(config, **kwargs)
+
+        b.js.add_stream = add_stream  # type: ignore[method-assign]
+        await asyncio.wait_for(b.ensure_streams(), 20)
+        assert not faults
+        assert (await b.js.stream_info(b.names.stream("events"))).config.subjects == [f"{namespace}.events.>"]
+    finally:
+        await b.close()

@@ -36,9 +36,10 @@ NODES = ("node-0", "node-1")
 AUTH_HEADER = """# Who may connect to Corral's NATS: generated from corral.bus.auth for namespace `corral` and the
 # nodes of docker-compose.yml (`python -m tests.integration.test_deploy_nats_conf` rewrites it; a
 # test fails when it drifts). `svc-services`: all services and the relay (the only publishers of
-# corral.events.>); `agent-node-agent-<node>`: the agent of one node (its reports and heartbeats,
-# its own two consumers); `admin`: queues, streams, submit/cancel as admin. Passwords come from
-# the environment; with one unset, nats-server does not start. More nodes: add them to NODES there.
+# corral.events.>); `agent-node-agent-<node>`: the agent of one node (its reports, heartbeats and
+# ranks' output, its own two consumers); `admin`: queues, streams, submit/cancel as admin, reading
+# logs. Passwords come from the environment; with one unset, nats-server does not start. More
+# nodes: add them to NODES there.
 """
 
 

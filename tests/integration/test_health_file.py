@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from corral.services.admission.service import Admission
-from corral.services.runtime import Settings, run_service
+from corral.services.run_loop import run_service
+from corral.services.settings import Settings
 from tests.conftest import Infra
 
 

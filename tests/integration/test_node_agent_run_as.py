@@ -160,3 +160,41 @@ async def test_a_directory_the_user_cannot_reach_fails_the_start_naming_it(tmp_p
     assert "user `nobody`" in start.failed[0] and f"chmod o+x {blocked}" in start.failed[0]
     (failed,) = events.of("start_failed")
     assert failed["reason"] is ExitReason.START_FAILED and failed["exit_code"] is None
+
+
+async def test_a_checkpoint_dir_named_by_the_spec_is_made_as_the_submitter_and_never_given_to_them(
+        agent: Cluster) -> None:
+    """The review: `checkpoint: {dir: /etc}` was chowned to the submitter (own_dir ran as root on a
+    folder the spec named). An existing folder is left as it is; a missing one is made with the
+    submitter's rights, or the start fails naming the field."""
+    victim = agent.options.work_dir.parent / "victim"
+    victim.mkdir(mode=0o755)
+    await agent.publish(submitted("job-steal", "nobody", checkpoint={"dir": str(victim)}))
+    await agent.publish(reserved("job-steal", [(0, "node-0", [0])]))
+    await wait_for(lambda: len(agent.seen.of(WorkerExited, "job-steal")) == 1)
+    st = os.lstat(victim)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)  # still root's, mode unchanged
+    assert agent.seen.of(WorkerExited, "job-steal")[0].exit_code != 0  # the probe cannot write there
+
+    denied = victim / "sub"  # nobody may not create it inside root's 0755 folder
+    await agent.publish(submitted("job-deny", "nobody", checkpoint={"dir": str(denied)}))
+    await agent.publish(reserved("job-deny", [(0, "node-0", [0])]))
+    await wait_for(lambda: len(agent.seen.of(WorkerExited, "job-deny")) == 1)
+    exited = agent.seen.of(WorkerExited, "job-deny")[0]
+    assert exited.exit_code != 0 and not denied.exists()
+    assert agent.seen.of(WorkerStarted, "job-deny") == []
+
+    shared = agent.options.work_dir.parent / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)
+    mine = shared / "runs" / "mine"
+    ok = await run_with(agent, "job-mine", checkpoint={"dir": str(mine)})
+    assert ok.exit_code == 0, ok.reason
+    assert os.lstat(mine).st_uid == NOBODY.pw_uid and (mine / "uid").read_text().split() == [str(NOBODY.pw_uid)]
+
+
+async def run_with(c: Cluster, job_id: str, **spec: Any) -> WorkerExited:
+    await c.publish(submitted(job_id, "nobody", **spec))
+    await c.publish(reserved(job_id, [(0, "node-0", [0])]))
+    await wait_for(lambda: len(c.seen.of(WorkerExited, job_id)) == 1)
+    return c.seen.of(WorkerExited, job_id)[0]

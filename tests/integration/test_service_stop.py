@@ -12,7 +12,9 @@ import asyncio
 import time
 from typing import ClassVar
 
-from corral.services.runtime import Service, Settings, run_service
+from corral.services.base import Service
+from corral.services.run_loop import run_service
+from corral.services.settings import Settings
 
 
 class Counting(Service):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -25,7 +26,8 @@ from corral.services.admission.service import Admission
 from corral.services.placement.service import Placement
 from corral.services.preemption.service import Preemption
 from corral.services.quota.service import Quota
-from corral.services.runtime import Settings, run_service
+from corral.services.run_loop import run_service
+from corral.services.settings import Settings
 from corral.stack.context import Context
 
 
@@ -148,3 +150,67 @@ async def test_a_submission_to_an_unknown_queue_is_rejected_naming_the_field(sys
     assert view.jobs[job_id].reason is not None and view.jobs[job_id].reason.code == "QUEUE_UNKNOWN"
     rejected = [e for _, e in await c.job_events(job_id) if isinstance(e, ev.JobRejected)]
     assert rejected[0].problems[0].path == "queue"
+
+
+async def test_a_hold_and_its_release_are_recorded_at_admissions_time_not_the_senders(system: Running) -> None:
+    """The review: admission recorded a user's JobHeld / JobHoldReleased as sent, with the sender's
+    event id and time, and a release's time starts the job's wait again: a release dated 2100
+    kept the job from ever passing its queue's max_wait. The recorded event is admission's own."""
+    c = system.client
+    await c.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 8}]}))
+    await register_nodes(c, "1x8:H100", system.beats)
+    await c.wait_for(lambda v: len(v.nodes) == 1 and "team-a" in v.queues, 15)
+    job_id = await c.submit(spec(gpus_per_replica=16))  # type: ignore[arg-type]  # never fits: waits
+    await c.wait_for(lambda v: job_id in v.jobs and v.jobs[job_id].state is JobState.PENDING, 15)
+    future = datetime(2100, 1, 1, tzinfo=UTC)
+    for kind, state in ((ev.JobHeld, JobState.HELD), (ev.JobHoldReleased, JobState.PENDING)):
+        sent = kind.new(stream=job_stream(job_id), actor="user/someone", correlation_id=job_id, job_id=job_id,
+                        now=future, message="x" * 5000)
+        await c.publish_request(sent)
+        view = await c.wait_for(lambda v, s=state: v.jobs[job_id].state is s, 15)  # type: ignore[misc]
+        recorded = [e for _, e in await c.job_events(job_id) if isinstance(e, kind)][-1]
+        assert recorded.event_id != sent.event_id and recorded.causation_id == sent.event_id
+        assert recorded.occurred_at < future and len(recorded.message) <= 1000
+    assert view.jobs[job_id].waiting_since is not None and view.jobs[job_id].waiting_since < future
+
+
+async def test_a_submission_is_dated_when_admission_receives_it(system: Running) -> None:
+    """The review: a submission dated 1970 became the job's submit time, ahead of every job in
+    FIFO and fair-share order (and past its queue's max_wait at once)."""
+    c = system.client
+    await c.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 8}]}))
+    await register_nodes(c, "1x8:H100", system.beats)
+    await c.wait_for(lambda v: len(v.nodes) == 1 and "team-a" in v.queues, 15)
+    old = ev.JobSubmitted.new(stream=job_stream("jback"), actor="user/someone", job_id="jback",
+                              spec=spec(), now=datetime(1970, 1, 2, tzinfo=UTC))  # type: ignore[arg-type]
+    await c.publish_request(old)
+    view = await c.wait_for(lambda v: "jback" in v.jobs and v.jobs["jback"].state is not JobState.PENDING, 15)
+    assert view.jobs["jback"].submitted_at is not None
+    assert abs((view.jobs["jback"].submitted_at - datetime.now(UTC)).total_seconds()) < 60
+
+
+async def test_a_workers_report_is_dated_no_later_than_now_nor_before_its_attempt(system: Running) -> None:
+    """The review: an agent's report was recorded with the time it wrote. A checkpoint dated an
+    hour ahead made its job look cheap to preempt (no work lost), a start dated 1970 gave it days
+    of attained service. Reports are kept within [the attempt's placement, now]."""
+    c = system.client
+    await c.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 8}]}))
+    await register_nodes(c, "1x8:H100", system.beats)
+    await c.wait_for(lambda v: len(v.nodes) == 1 and "team-a" in v.queues, 15)
+    job_id = await c.submit(spec(gpus_per_replica=8))  # type: ignore[arg-type]
+    view = await c.wait_for(lambda v: job_id in v.jobs and v.jobs[job_id].state is JobState.STARTING, 15)
+    job = view.jobs[job_id]
+    (rank,) = job.ranks
+    await c.publish_request(ev.WorkerStarted.new(
+        stream=job_stream(job_id), actor=f"node-agent/{rank.node}", correlation_id=job_id, job_id=job_id,
+        rank=0, node=rank.node, pid=1000, attempt=job.attempt, now=datetime(1970, 1, 2, tzinfo=UTC)))
+    view = await c.wait_for(lambda v: v.jobs[job_id].state is JobState.RUNNING, 15)
+    assert view.jobs[job_id].running_since is not None and job.placed_at is not None
+    assert view.jobs[job_id].running_since >= job.placed_at
+    ahead = datetime.now(UTC) + timedelta(hours=1)
+    await c.publish_request(ev.CheckpointDone.new(
+        stream=job_stream(job_id), actor=f"node-agent/{rank.node}", correlation_id=job_id, job_id=job_id,
+        path="/ckpt/step-9", rank=0, attempt=job.attempt, now=ahead))
+    view = await c.wait_for(lambda v: v.jobs[job_id].checkpoint_at is not None, 15)
+    assert view.jobs[job_id].checkpoint_at is not None
+    assert view.jobs[job_id].checkpoint_at < ahead - timedelta(minutes=50)

@@ -24,7 +24,7 @@ from corral.contracts.queues import validate_queues
 from corral.contracts.registry import encode
 from corral.contracts.subjects import Subjects
 from corral.projection import JobState
-from corral.services.runtime import to_new_event
+from corral.services.base import to_new_event
 from tests.integration.test_services_flow import Running, register_nodes, report, spec
 from tests.integration.test_services_flow import system as system
 

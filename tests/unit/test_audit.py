@@ -174,6 +174,34 @@ def test_an_admitted_job_with_no_reason_is_lost_after_the_grace() -> None:
     assert [(v.invariant, v.job_id) for v in report.violations] == [(Invariant.JOB_LOST, "a")]
 
 
+def escalate(log: Log, job: str, seconds: float = 1.0) -> int:
+    return log.add(ev.WaitExceeded, seconds=seconds, job_id=job, queue="q", limit_queue="q", attempt=0,
+                   waiting_since=T0, max_wait_seconds=60.0, waited_seconds=61.0, blocker=R)
+
+
+def test_a_wait_escalated_once_per_wait_is_accepted_and_twice_is_found() -> None:
+    """WaitExceeded is no reason to wait and no new wait; one per wait (admitted, requeued, released)."""
+    log = Log()
+    log.admit("a")
+    log.add(ev.PlacementPending, job_id="a", reason=R)
+    escalate(log, "a", seconds=61)
+    log.place("a", [("n1", [0])])
+    log.start("a", [("n1", [0])])
+    log.release("a", [("n1", [0])], then="requeue")
+    escalate(log, "a", seconds=61)  # a new wait: escalated again, once
+    log.add(ev.NodeHeartbeat, seconds=5, node="n1")
+    assert kinds(log) == []
+    twice = escalate(log, "a")
+    report = audit(log.entries)
+    assert [(v.invariant, v.position, v.invariant.check) for v in report.violations] == \
+           [(Invariant.WAIT_ESCALATED_TWICE, twice, "escalation")]
+    lost = Log()
+    lost.admit("b")
+    escalate(lost, "b")  # escalated while waiting with no reason: still lost
+    lost.add(ev.NodeHeartbeat, seconds=120, node="n1")
+    assert kinds(lost) == [Invariant.JOB_LOST]
+
+
 def test_a_recent_admission_is_not_judged() -> None:
     log = Log()
     log.admit("a")

@@ -45,9 +45,13 @@ def test_an_agent_names_exactly_its_two_consumers_in_every_jetstream_call() -> N
 def test_a_submitter_publishes_only_under_its_own_name() -> None:
     bob = auth.submitter("corral", "bob", "pw")
     requests = [p for p in bob.publish if p.startswith("corral.")]
-    assert requests == ["corral.inbox.user.bob.JobSubmitted", "corral.inbox.user.bob.JobCancelRequested"]
+    assert requests == ["corral.inbox.user.bob.JobSubmitted", "corral.inbox.user.bob.JobCancelRequested",
+                        "corral.inbox.user.bob.JobHeld", "corral.inbox.user.bob.JobHoldReleased",
+                        "corral.inbox.user.bob.JobRequeueRequested"]
     admin = auth.submitter("corral", "root", "pw", admin=True)
-    assert "corral.inbox.>" in admin.publish and "corral.inbox.QueueConfigured" not in bob.publish
+    assert "corral.inbox.>" in admin.publish
+    # queue trees and node drains are an admin's: no submitter subject takes them
+    assert not any(t in p for p in bob.publish for t in ("Queue", "NodeDrained", "NodeUndrained"))
 
 
 def test_the_config_block_lists_every_identity_once() -> None:
@@ -68,3 +72,29 @@ def test_subjects_name_their_sender() -> None:
     assert s.sender_of("corral.inbox.user.bob.x.JobSubmitted", "user") is None
     with pytest.raises(ValueError):
         s.user_request("bob", "QueueConfigured")
+
+
+def _allows(patterns: tuple[str, ...], subject: str) -> bool:
+    """NATS subject matching: `*` one token, `>` the rest."""
+    tokens = subject.split(".")
+    for pattern in patterns:
+        wanted = pattern.split(".")
+        if wanted[-1] == ">" and len(tokens) >= len(wanted) and all(
+                w in ("*", t) for w, t in zip(wanted[:-1], tokens, strict=False)):
+            return True
+        if len(wanted) == len(tokens) and all(w in ("*", t) for w, t in zip(wanted, tokens, strict=True)):
+            return True
+    return False
+
+
+def test_an_agent_publishes_log_lines_only_as_its_own_nodes() -> None:
+    from corral.contracts.logs import log_subject
+
+    agent = auth.agent("corral", ["node-0", "gpu.1"], "d1", "pw")
+    assert _allows(agent.publish, log_subject("corral", "j1", 0, "node-0", 3))
+    assert _allows(agent.publish, log_subject("corral", "j.2", 4, "gpu.1", 0))
+    assert not _allows(agent.publish, log_subject("corral", "j1", 0, "node-1", 3))
+    assert not _allows(agent.publish, "corral.logs.j1.0.node-0.3.extra")
+    assert "$JS.API.STREAM.INFO.CORRAL_LOGS" in agent.publish  # it waits for the stream, never creates it
+    bob = auth.submitter("corral", "bob", "pw")
+    assert not _allows(bob.publish, log_subject("corral", "j1", 0, "node-0", 3))

@@ -295,3 +295,22 @@ def test_random_reports_never_release_an_attempt_twice_nor_complete_a_crashed_ga
     assert len(releases) <= 1
     if any(c not in (0, WorkerExit.CHECKPOINTED) for c in g.exits.values()):
         assert all(r.code is not LifecycleCode.COMPLETED for r in releases)
+
+
+# ---- time limit (issue 16) -----------------------------------------------------------------------
+
+def test_a_running_attempt_past_its_time_limit_fails_with_time_limit() -> None:
+    g = gang(time_limit=3.0)  # running since 101
+    assert next_steps(g, 103.9, LIMITS) == ()
+    steps = next_steps(g, 104.0, LIMITS)
+    release = next(s for s in steps if isinstance(s, Release))
+    assert (release.code, release.then) == (LifecycleCode.TIME_LIMIT, Then.FAIL)
+    assert "time_limit of 3s" in release.message and "checkpoints kept" in (release.fail_message or "")
+
+
+def test_the_time_limit_gives_way_to_completion_and_to_a_preemption_under_way() -> None:
+    done = gang(time_limit=3.0, exits={0: WorkerExit.COMPLETED, 1: WorkerExit.COMPLETED})
+    assert next(s for s in next_steps(done, 500.0, LIMITS) if isinstance(s, Release)).code is LifecycleCode.COMPLETED
+    preempting = gang(S.PREEMPTING, time_limit=3.0, preempt_deadline=200.0)
+    assert not any(isinstance(s, Release) for s in next_steps(preempting, 150.0, LIMITS))
+    assert next_steps(gang(S.STARTING, started=frozenset(), running_since=None, time_limit=3.0), 110.0, LIMITS) == ()

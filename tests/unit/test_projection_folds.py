@@ -8,6 +8,8 @@ quota's stale reservations, the core's attained service), so each rule has a row
   restart; a requeue of a job that already ended changes nothing;
 - a release opens a fence (GPUs stay allocated until the node's GpusReleased), a stale attempt's
   release opens none, and quota held across a release is marked stale until QuotaReleased;
+- a wait starts at admission, a requeue or a released hold; its WaitExceeded counts for that
+  wait only (a requeued job waits anew, not escalated); one for a job not waiting changes nothing;
 - the events of a stream are folded once, in order (duplicates and gaps are reported).
 """
 
@@ -25,6 +27,8 @@ from corral.contracts.cluster import parse_cluster_shorthand
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream
 from corral.contracts.jobspec import validate_job_spec
 from corral.contracts.lifecycle import LifecycleCode
+from corral.contracts.queues import QueueSpec
+from corral.core.escalation import to_escalate
 from corral.lifecycle import GangState
 from corral.projection import Applied, ClusterView, JobState, JobView
 
@@ -116,7 +120,22 @@ def _end(cls: type[Event], **payload: Any) -> Callable[[Script, str], None]:
     return lambda s, _: s.job(cls, attempt=s.attempt, **payload)
 
 
+def _hold(s: Script, _: str) -> None:
+    s.job(ev.JobHeld, user="bob", message="why not")
+
+
+def _unhold(s: Script, _: str) -> None:
+    s.job(ev.JobHoldReleased, user="bob")
+
+
+def _escalate(s: Script, _: str) -> None:
+    since = s.view.jobs[JOB].waiting_since or s.now
+    s.job(ev.WaitExceeded, queue="q", limit_queue="q", attempt=s.attempt, waiting_since=since,
+          max_wait_seconds=5.0, waited_seconds=(s.now - since).total_seconds(), blocker=_reason("GANG_DOES_NOT_FIT"))
+
+
 STEPS: dict[str, Callable[[Script, str], None]] = {
+    "hold": _hold, "unhold": _unhold, "escalate": _escalate,
     "quota": _quota, "unquota": _unquota, "place": _place, "start": _start, "preempt": _preempt,
     "release": _release, "release@0": _release_first, "freed": _freed, "requeue": _requeue,
     "complete": _end(ev.JobCompleted), "fail": _end(ev.JobFailed, reason=_reason("WORKER_FAILED")),
@@ -126,6 +145,9 @@ STEPS: dict[str, Callable[[Script, str], None]] = {
 DERIVED: dict[str, Callable[[JobView], Any]] = {
     "times_preempted": lambda j: len(j.preempted_at),
     "fences": lambda j: {a: f.open for a, f in j.fences.items()},
+    "escalated": lambda j: j.wait_exceeded is not None,
+    "wait_from_step": lambda j: None if j.waiting_since is None
+    else round((j.waiting_since - T0).total_seconds() / STEP_SECONDS),
 }
 
 ALL_GPUS = {NODE: tuple(range(8))}
@@ -168,6 +190,30 @@ CASES: list[tuple[str, list[str], dict[str, Any]]] = [
     ("attained service: GPUs x seconds from JobRunning to the release",
      [*RUN, f"release:{P}"],
      {"attained_gpu_seconds": 8 * STEP_SECONDS}),
+    ("a held job gives its quota back and is no longer pending",
+     ["quota", "hold"],
+     {"state": JobState.HELD, "quota_stale": True, "active": True}),
+    ("a released hold waits again, with no reason left",
+     ["hold", "unhold"],
+     {"state": JobState.PENDING, "reason": None}),
+    ("only a pending job is held",
+     [*RUN, "hold"],
+     {"state": JobState.RUNNING}),
+    ("admitted: the wait starts, not escalated",
+     [],
+     {"wait_from_step": 0, "escalated": False}),
+    ("escalated in this wait, with its blocker",
+     ["escalate"],
+     {"wait_from_step": 0, "escalated": True, "state": JobState.PENDING}),
+    ("a requeued job waits anew: the earlier escalation does not count",
+     ["escalate", *RUN, f"release:{P}", f"requeue:{P}"],
+     {"wait_from_step": 6, "escalated": False, "attempt": 1}),
+    ("a released hold waits anew",
+     ["escalate", "hold", "unhold"],
+     {"wait_from_step": 3, "escalated": False, "state": JobState.PENDING}),
+    ("a WaitExceeded for a job not waiting changes nothing",
+     [*RUN, "escalate"],
+     {"state": JobState.RUNNING, "escalated": False}),
     ("JobRunning moves only a starting gang",
      [*RUN, "preempt:b", "start"],
      {"state": JobState.PREEMPTING, "gang": GangState.PREEMPTING}),
@@ -179,6 +225,19 @@ def test_a_jobs_events_fold_into(steps: list[str], expected: dict[str, Any]) -> 
     job = Script().run(steps)
     got = {k: DERIVED[k](job) if k in DERIVED else getattr(job, k) for k in expected}
     assert got == expected
+
+
+def test_a_drained_node_takes_no_new_work_and_undrained_takes_it_again() -> None:
+    from corral.core import NodeState
+
+    script = Script()
+    script.run([])
+    drained = ev.NodeDrained.new(stream=node_stream(NODE), actor="user/op", node=NODE, user="op", now=T0)
+    script.view.apply(drained)
+    assert script.view.cluster().nodes[0].state is NodeState.DRAINING
+    assert script.view.nodes[NODE].draining
+    script.view.apply(ev.NodeUndrained.new(stream=node_stream(NODE), actor="user/op", node=NODE, user="op", now=T0))
+    assert script.view.cluster().nodes[0].state is NodeState.READY
 
 
 def test_the_node_map_follows_the_fence() -> None:
@@ -202,3 +261,42 @@ def test_each_stream_is_folded_once_and_in_order(versions: list[int], results: l
     got = [view.apply(ev.JobSubmitted.new(stream=job_stream(JOB), actor="t", job_id=JOB, spec=spec, now=T0),
                       version=v) for v in versions]
     assert got == results
+
+
+def test_a_released_attempt_lost_the_work_since_its_last_checkpoint() -> None:
+    """Issue 19: lost work counts from the last checkpoint (the one written at the preemption signal)."""
+    t0 = datetime(2026, 12, 1, tzinfo=UTC)
+
+    def at(seconds: float, cls: type[Event], **payload: Any) -> Event:
+        return cls.new(stream=job_stream("v"), actor="t", correlation_id="v", job_id="v",
+                       now=t0 + timedelta(seconds=seconds), **payload)
+
+    view = ClusterView()
+    spec = validate_job_spec({"name": "v", "queue": "q", "gpus_per_replica": 2, "runtime": "sim",
+                              "duration_seconds": 600})
+    view.apply(at(0, ev.JobSubmitted, spec=spec))
+    view.apply(at(0, ev.JobAdmitted, queue="q", priority=100, replicas=1, gpus_per_replica=2))
+    view.apply(at(1, ev.GangReserved, ranks=[ev.RankPlacement(rank=0, node="node-0", gpus=[0, 1])], world_size=1,
+                  master_addr="127.0.0.1", master_port=29500))
+    view.apply(at(2, ev.JobRunning))
+    view.apply(at(127.0, ev.CheckpointDone, path="/c/step-9", step=9, rank=0))
+    view.apply(at(127.5, ev.GangReleased, reason=Reason(code="PREEMPTED", message="checkpointed")))
+    assert view.jobs["v"].lost_gpu_seconds == 1.0  # 0.5 s x 2 GPUs, not 125.5 s x 2
+
+
+def test_a_view_rebuilt_from_the_log_escalates_each_wait_once() -> None:
+    """What quota does after a restart: the log folded again says which waits were escalated."""
+    script = Script()
+    script.view.apply(ev.QueueConfigured.new(stream="queue-q", actor="test", queue=QueueSpec(name="q", max_wait=5.0),
+                                             now=T0))
+    script.run([])
+    view, now = script.view, T0.timestamp() + 6
+    assert [d.job_id for d in to_escalate(view.waits(), view.max_waits(), now)] == [JOB]
+    _escalate(script, "")
+    assert to_escalate(view.waits(), view.max_waits(), now + 100) == []
+    for step in [*RUN, f"release:{P}", f"requeue:{P}"]:  # requeued: a new wait, escalated again once past
+        script.now += timedelta(seconds=STEP_SECONDS)
+        STEPS[step.partition(":")[0]](script, step.partition(":")[2])
+    since = script.now.timestamp()
+    assert to_escalate(view.waits(), view.max_waits(), since + 5) == []
+    assert [d.job_id for d in to_escalate(view.waits(), view.max_waits(), since + 5.5)] == [JOB]

@@ -6,18 +6,20 @@ PreemptRequested, GangReleased... were obeyed the same way). Here each party get
 permissions the nats-server enforces before a message reaches any stream:
 
 - a **service** (admission, quota, placement, preemption): publishes `<ns>.events.>` (every service
-  process may run the outbox relay, see `corral.services.runtime`; a service already appends to the
+  process may run the outbox relay, see `corral.services.relay`; a service already appends to the
   log, which is the truth, so relaying it gives it no new power) and `<ns>.dlq.>`, and the JetStream
   API. Nobody else may publish an event: node agents obey only what the relay published.
-- a **node agent** process hosting nodes N: publishes only `<ns>.inbox.node.<n>.<Report>` and
-  `<ns>.heartbeat.<n>` for n in N, its own DLQ subject, and the JetStream calls of exactly two
+- a **node agent** process hosting nodes N: publishes only `<ns>.inbox.node.<n>.<Report>`,
+  `<ns>.heartbeat.<n>` and its ranks' output `<ns>.logs.<job>.<attempt>.<n>.<rank>` for n in N
+  (so no node can forge another's log lines), its own DLQ subject, and the JetStream calls of exactly two
   consumers named after its durable: the durable (create, info, pull, ack) and its one-shot history
   consumer (`corral.bus.naming.history_consumer`: create, info, pull, delete). It cannot create
   streams, create, pull from, redefine or delete any other consumer, or ack others' messages.
   Placement still checks that a report's node is the one its subject names and that this node
   holds the gang (`corral.services.placement`).
-- a **submitter** `<user>`: publishes only `<ns>.inbox.user.<user>.JobSubmitted` and
-  `...JobCancelRequested` (admission records `<user>`, whatever the spec says) and reads stream info.
+- a **submitter** `<user>`: publishes only `<ns>.inbox.user.<user>.<Request>` for its requests
+  (`USER_REQUEST_TYPES`: submit, cancel, hold, release; admission records `<user>`, whatever the
+  spec says) and reads stream info.
 - an **admin**: a submitter that may also apply queues (`<ns>.inbox.QueueConfigured`), manage
   streams and consumers (the whole JetStream API) and read every subject; admission lets an admin
   cancel any job.
@@ -36,7 +38,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace, history_consumer
+from corral.bus.naming import DLQ, EVENTS, INBOX, LOGS, Namespace, history_consumer
+from corral.contracts.subjects import USER_REQUEST_TYPES
 
 _USER = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -86,7 +89,7 @@ def _token(name: str) -> str:
 
 def _js_read(ns: Namespace) -> list[str]:
     """JetStream calls that only read: account info and stream info of this namespace's streams."""
-    return ["$JS.API.INFO", *(f"$JS.API.STREAM.INFO.{ns.stream(k)}" for k in (EVENTS, INBOX, DLQ))]
+    return ["$JS.API.INFO", *(f"$JS.API.STREAM.INFO.{ns.stream(k)}" for k in (EVENTS, INBOX, DLQ, LOGS))]
 
 
 def service(namespace: str, name: str, password: str) -> Identity:
@@ -109,6 +112,8 @@ def agent(namespace: str, nodes: Sequence[str], durable: str, password: str, *, 
     publish = [
         *(f"{ns.name}.{INBOX}.node.{_token(n)}.>" for n in nodes),
         *(f"{ns.name}.heartbeat.{_token(n)}" for n in nodes),
+        # its ranks' output: `<ns>.logs.<job>.<attempt>.<node>.<rank>` of its own nodes only
+        *(f"{ns.name}.{LOGS}.*.*.{_token(n)}.*" for n in nodes),
         f"{ns.name}.{DLQ}.{events}.*",  # dead letters of events-stream messages (one per message)
         *_js_read(ns),
         f"$JS.ACK.{events}.{durable}.>",
@@ -134,7 +139,7 @@ def agent(namespace: str, nodes: Sequence[str], durable: str, password: str, *, 
 def submitter(namespace: str, user: str, password: str, *, admin: bool = False) -> Identity:
     ns = Namespace(namespace)
     _check_user(user)
-    own = [f"{ns.name}.{INBOX}.user.{user}.JobSubmitted", f"{ns.name}.{INBOX}.user.{user}.JobCancelRequested"]
+    own = [f"{ns.name}.{INBOX}.user.{user}.{request}" for request in USER_REQUEST_TYPES]
     if not admin:
         return Identity(user, password, Role.SUBMITTER, publish=(*own, *_js_read(ns)),
                         subscribe=(f"{inbox_prefix(user)}.>",))

@@ -35,10 +35,11 @@ from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, Not
 from corral.bus.consumer import BatchHandler, RunningConsumer, dead_letter_publisher
 from corral.bus.delivery import MSG_ID, Handler
 from corral.bus.limits import BusLimits
-from corral.bus.naming import DLQ, EVENTS, INBOX, Namespace
+from corral.bus.naming import DLQ, EVENTS, INBOX, LOGS, Namespace
 from corral.bus.unavailable import UnavailableBackoff, is_unavailable
 from corral.bus.urls import first_credentials, server_urls
 from corral.contracts.subjects import INBOX_TYPES, NODE_REPORT_TYPES, USER_REQUEST_TYPES
+from corral.telemetry import tracing
 
 _log = logging.getLogger("corral.bus")
 DUPLICATE_WINDOW = 120.0  # seconds; a republish later than this is a new message to JetStream
@@ -139,6 +140,12 @@ _STREAMS_WAIT = 60.0
 _CONSUMER_WAIT = 120.0
 
 
+def _service_name(connection: str) -> str:
+    """The name a process's spans carry: its NATS connection's (a service's name, `corral-cli`),
+    one name for every node-agent process (`corral-node-agents-<ns>`: `node-agent`)."""
+    return "node-agent" if connection.startswith("corral-node-agents") else connection
+
+
 def _matches(subject: str, pattern: str) -> bool:
     """Whether a concrete subject matches a NATS subject pattern with `*` tokens (no `>`)."""
     tokens, wanted = subject.split("."), pattern.split(".")
@@ -213,6 +220,7 @@ class Bus:
             # that does not hold a certificate of this CA never receives the password.
             identity.update(tls=tls, tls_handshake_first=True)
         nc = await _connect(url, name=name or f"corral-{namespace}", max_reconnect_attempts=-1, **identity)
+        tracing.configure(_service_name(name or f"corral-{namespace}"))
         bus = cls(nc, names, limits)
         bus.manages_streams = role not in _STREAM_READERS
         return bus
@@ -255,7 +263,8 @@ class Bus:
     # -- streams --------------------------------------------------------------------------------
 
     def stream_configs(self) -> list[StreamConfig]:
-        """The three streams: events (the facts), inbox (requests to services), dlq (failures).
+        """The four streams: events (the facts), inbox (requests to services), dlq (failures),
+        logs (ranks' output, user data: `corral.contracts.logs`).
 
         Each is bounded (`BusLimits`: age, bytes, message size; oldest discarded first). The inbox
         takes only the subjects a service reads (`INBOX_TYPES`): a request on any other subject
@@ -283,30 +292,62 @@ class Bus:
                          max_msg_size=limits.dlq_max_msg_bytes,
                          description="Messages a consumer could never process, with the reason in headers; "
                                      "one per original message", **common),
+            StreamConfig(name=self.names.stream(LOGS), subjects=[self.names.wildcard(LOGS)],
+                         max_age=limits.logs_max_age, max_bytes=limits.logs_max_bytes,
+                         max_msg_size=limits.logs_max_msg_bytes,
+                         description="Ranks' output published by node agents (user data, not events; "
+                                     "the full files stay on the nodes)", **common),
         ]
 
     async def ensure_streams(self) -> None:
         """Create the streams, or bring an existing one to the declared config. Idempotent.
 
         A stream already as declared is left alone without a create call, so clients whose identity
-        may only read stream info (node agents, submitters: see `corral.bus.auth`) pass here.
+        may only read stream info (node agents, submitters: see `corral.bus.auth`) pass here; they
+        wait for every stream but the log stream, which only delays their log chunks.
         Without a replicas setting (`BusLimits.stream_replicas` None) a stream is created with one
-        replica and an existing stream keeps its replicas, also when another limit is updated."""
+        replica and an existing stream keeps its replicas, also when another limit is updated.
+
+        An unavailable JetStream (`is_unavailable`: a timeout, a 503 "insufficient resources" while
+        a cluster still forms or elects) is waited out for up to `_STREAMS_WAIT` seconds per stream:
+        a service started beside a NATS cluster that was not ready crashed here (CI, the 3-server
+        test: `update_stream` timed out) instead of waiting for its dependency."""
+        loop = asyncio.get_running_loop()
         for config in self.stream_configs():
-            if await self._stream_as_declared(config):
-                continue
-            if not self.manages_streams:
-                await self._wait_for_stream(config)
-                continue
-            try:
-                await self.js.add_stream(config)
-            except BadRequestError as exc:
-                if exc.err_code != _STREAM_IN_USE:
-                    raise
-                if config.num_replicas is None:
-                    existing = await self.js.stream_info(config.name)
-                    config.num_replicas = existing.config.num_replicas
-                await self.js.update_stream(config)
+            deadline = loop.time() + _STREAMS_WAIT
+            attempt = 0
+            while True:
+                try:
+                    await self._declare_stream(config)
+                    break
+                except Exception as exc:
+                    if not is_unavailable(exc) or loop.time() > deadline:
+                        raise
+                    attempt += 1
+                    delay = UnavailableBackoff().delay(attempt)
+                    _log.warning("stream %s: JetStream unavailable (%s: %s); retrying in %.1fs",
+                                 config.name, type(exc).__name__, exc, delay)
+                    await asyncio.sleep(delay)
+
+    async def _declare_stream(self, config: StreamConfig) -> None:
+        if await self._stream_as_declared(config):
+            return
+        if not self.manages_streams:
+            if config.name == self.names.stream(LOGS):
+                # Not needed to run: an agent's log chunks wait for it (services of an older
+                # version never create it, and an agent upgraded first must still start).
+                return
+            await self._wait_for_stream(config)
+            return
+        try:
+            await self.js.add_stream(config)
+        except BadRequestError as exc:
+            if exc.err_code != _STREAM_IN_USE:
+                raise
+            if config.num_replicas is None:
+                existing = await self.js.stream_info(config.name)
+                config.num_replicas = existing.config.num_replicas
+            await self.js.update_stream(config)
 
     async def _wait_for_stream(self, config: StreamConfig) -> None:
         loop = asyncio.get_running_loop()
@@ -340,7 +381,7 @@ class Bus:
         if not msg_id:
             raise ValueError("msg_id must be a non-empty string (the event_id): it deduplicates retries")
         self._check_subject(subject)
-        all_headers = {**(headers or {}), MSG_ID: msg_id}
+        all_headers = {**(tracing.outgoing(subject, headers) or {}), MSG_ID: msg_id}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + retry_for
         attempt = 0
@@ -377,7 +418,7 @@ class Bus:
                 if not message.msg_id:
                     raise ValueError("msg_id must be a non-empty string (the event_id)")
                 self._check_subject(message.subject)
-                headers = {**(message.headers or {}), MSG_ID: message.msg_id}
+                headers = {**(tracing.outgoing(message.subject, message.headers) or {}), MSG_ID: message.msg_id}
                 self._ack_seq += 1
                 token = str(self._ack_seq)
                 future: asyncio.Future[Any] = loop.create_future()

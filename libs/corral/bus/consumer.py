@@ -47,6 +47,7 @@ from corral.bus.delivery import (
     retry_delay,
 )
 from corral.bus.unavailable import UnavailableBackoff, is_unavailable
+from corral.telemetry import logs, tracing
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,12 @@ class RunningConsumer:
         #: True while a dependency is down and this consumer holds a message, waiting for it.
         self.waiting_for_dependency = False
         self.task: asyncio.Task[None] = asyncio.create_task(self._run(), name=f"consumer:{durable}")
+
+    async def backlog(self) -> tuple[int, int]:
+        """(messages not yet delivered, delivered but not acknowledged) of this durable, as the
+        server counts them: its lag (metrics and readiness, `corral.telemetry`)."""
+        info = await self._sub.consumer_info()
+        return int(info.num_pending or 0), int(info.num_ack_pending or 0)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -188,7 +195,8 @@ class RunningConsumer:
 
             async def handle(deliveries: list[Delivery]) -> list[BaseException | None]:
                 try:
-                    await self._handler(deliveries[0])
+                    with tracing.receiving(self.durable, deliveries), logs.handling(deliveries):
+                        await self._handler(deliveries[0])
                     return [None]
                 except Exception as exc:
                     return [exc]
@@ -229,7 +237,8 @@ class RunningConsumer:
 
         async def handle(deliveries: list[Delivery]) -> list[BaseException | None]:
             try:
-                outcomes = list(await batch_handler(deliveries))
+                with tracing.receiving(self.durable, deliveries), logs.handling(deliveries):
+                    outcomes = list(await batch_handler(deliveries))
                 if len(outcomes) != len(deliveries):
                     raise RuntimeError(f"batch handler returned {len(outcomes)} outcomes for "
                                        f"{len(deliveries)} messages")

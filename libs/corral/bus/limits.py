@@ -6,10 +6,11 @@ near NATS' max payload (8 MiB) could not be republished by the outbox relay once
 re-encoded it, which stopped the relay for good.
 
 So every stream has a maximum age, a maximum size and a maximum message size; the dead-letter
-stream also a maximum count. Submissions are bounded well below the message size
-(`max_spec_bytes`), so the recorded JobSubmitted always fits on the bus. Defaults are sane for
-one installation; each can be overridden from the environment (names below, values in bytes or
-seconds). Pure: reading a mapping, no I/O.
+stream also a maximum count. The log stream (ranks' output, `corral.contracts.logs`) is user data,
+not events: it keeps less for less long, and its oldest chunks go first. Submissions are bounded
+well below the message size (`max_spec_bytes`), so the recorded JobSubmitted always fits on the
+bus. Defaults are sane for one installation; each can be overridden from the environment (names
+below, values in bytes or seconds). Pure: reading a mapping, no I/O.
 
 Replicas (`stream_replicas`, CORRAL_STREAM_REPLICAS): how many nats-servers of a JetStream cluster
 hold each stream (3 in a deployment: one server may be lost with nothing lost; 1 for `corral up`'s
@@ -36,7 +37,7 @@ MAX_REPLICAS = 5
 
 @dataclass(frozen=True, slots=True)
 class BusLimits:
-    """Limits of the three streams, and of one message. Environment: CORRAL_<FIELD> upper-cased,
+    """Limits of the four streams, and of one message. Environment: CORRAL_<FIELD> upper-cased,
     e.g. CORRAL_MAX_EVENT_BYTES=1048576, CORRAL_EVENTS_MAX_AGE=604800."""
 
     #: Largest message (payload + headers) on the events and inbox streams.
@@ -51,6 +52,13 @@ class BusLimits:
     dlq_max_age: float = 30 * DAY
     dlq_max_bytes: int = 256 * MIB
     dlq_max_msgs: int = 10_000
+    logs_max_age: float = 3 * DAY
+    #: Counted against the nats-server's `max_file_store` like every stream's max bytes (8 GB for
+    #: `corral up`'s, which two installations on one server share in tests): raise both together.
+    logs_max_bytes: int = 256 * MIB
+    #: Largest log chunk message: an agent ships at most 32 KiB of lines per chunk
+    #: (`corral.services.node_agent.log_chunks`), which JSON escaping may grow up to six times.
+    logs_max_msg_bytes: int = 256 * KIB
     #: Servers holding each stream (1..5); None: 1 for a new stream, an existing one keeps its own.
     stream_replicas: int | None = None
 

@@ -4,8 +4,9 @@ Why: several Corral clusters (and every test) may share one NATS account; a name
 every subject and stream so they never see each other's messages. Pure and I/O-free.
 
 Namespace "corral" gives subjects `corral.events.JobSubmitted`, `corral.inbox.<name>`,
-`corral.dlq.<STREAM>.<seq>` (one dead letter per original message) and streams `CORRAL_EVENTS`,
-`CORRAL_INBOX`, `CORRAL_DLQ`.
+`corral.dlq.<STREAM>.<seq>` (one dead letter per original message),
+`corral.logs.<job>.<attempt>.<node>.<rank>` (ranks' output, see `corral.contracts.logs`) and
+streams `CORRAL_EVENTS`, `CORRAL_INBOX`, `CORRAL_DLQ`, `CORRAL_LOGS`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from dataclasses import dataclass
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]+$")
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 _SUBJECT_TAIL = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
-_FILTER_TAIL = re.compile(r"^([A-Za-z0-9_-]+|\*)(\.([A-Za-z0-9_-]+|\*))*(\.>)?$|^>$")
+# '~' stands for a '.' in a node name or job id (one token: see corral.contracts.subjects, .logs)
+_FILTER_TAIL = re.compile(r"^([A-Za-z0-9_~-]+|\*)(\.([A-Za-z0-9_~-]+|\*))*(\.>)?$|^>$")
 
 EVENTS = "events"
 INBOX = "inbox"
 DLQ = "dlq"
-KINDS = (EVENTS, INBOX, DLQ)
+LOGS = "logs"
+KINDS = (EVENTS, INBOX, DLQ, LOGS)
 
 
 def history_consumer(durable: str) -> str:
@@ -46,7 +49,7 @@ class Namespace:
                              f"and stream names), got {self.name!r}")
 
     def stream(self, kind: str) -> str:
-        """Stream name for `kind` (events, inbox or dlq), e.g. CORRAL_EVENTS."""
+        """Stream name for `kind` (events, inbox, dlq or logs), e.g. CORRAL_EVENTS."""
         if kind not in KINDS:
             raise ValueError(f"stream kind must be one of {KINDS}, got {kind!r}")
         return f"{self.name.upper()}_{kind.upper()}"
@@ -89,7 +92,7 @@ class Namespace:
         kind, _, tail = rest.partition(".")
         if prefix != self.name or kind not in KINDS or not _FILTER_TAIL.match(tail):
             raise ValueError(f"subject {subject!r} is not under namespace {self.name!r}: expected "
-                             f"{self.name}.<events|inbox|dlq>.<tokens>")
+                             f"{self.name}.<events|inbox|dlq|logs>.<tokens>")
         return kind
 
     def stream_for(self, subjects: Sequence[str]) -> str:

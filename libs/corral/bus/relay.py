@@ -39,6 +39,7 @@ from corral.contracts import events as ev
 from corral.contracts.envelope import CLUSTER_STREAM, Reason, new_event_id
 from corral.contracts.registry import encode
 from corral.eventstore import ANY, DuplicateEvent, EventStore, NewEvent, StoredEvent
+from corral.telemetry import tracing
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ SCHEMA_VERSION = "Corral-Schema-Version"
 STREAM = "Corral-Stream"
 STREAM_VERSION = "Corral-Stream-Version"
 POSITION = "Corral-Position"
-CORRELATION_ID = "Corral-Correlation-Id"
+CORRELATION_ID = tracing.CORRELATION  # "Corral-Correlation-Id"
 CAUSATION_ID = "Corral-Causation-Id"
 OCCURRED_AT = "Corral-Occurred-At"
 
@@ -181,7 +182,12 @@ class OutboxRelay:
         publishable: list[StoredEvent] = []
         for event in events:
             self._hook("before_publish", event)
-            message = Outgoing(self.subject_for(event), event.data, event.event_id, event_headers(event))
+            subject = self.subject_for(event)
+            headers = event_headers(event)
+            traceparent = tracing.relayed(event.trace_context, event.type, subject, event.position)
+            if traceparent is not None:
+                headers[tracing.TRACEPARENT] = traceparent
+            message = Outgoing(subject, event.data, event.event_id, headers)
             size = message_size(message)
             if size > limit:
                 await self._skip(event, size, limit, f"{size:,} bytes with headers; the bus takes at most "

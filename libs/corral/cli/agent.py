@@ -31,6 +31,8 @@ from corral.contracts import events as ev
 from corral.contracts.cluster import GpuDevice, NodeInventory
 from corral.core.rendezvous import AGENT_PORT_RANGE, parse_port_range
 from corral.stack.context import DEFAULT_NAMESPACE, Context, locate
+from corral.telemetry import logs
+from corral.telemetry.endpoint import DEFAULT_ADDRESS, METRICS_ADDR_ENV, parse_address
 
 EXIT_USAGE = 2
 
@@ -72,6 +74,13 @@ def address_towards(nats_url: str) -> str:
     except OSError as exc:
         raise AgentUsageError(f"cannot tell which local address reaches NATS at {host}:{port} ({exc}); "
                               "give --advertise-address ADDR") from None
+
+
+def _shared_checkpoints(inventory: str | None) -> Path | None:
+    """The `checkpoint_dir` of the cluster file given as `--inventory` (None: none declared)."""
+    from corral.services.node_agent.__main__ import cluster_checkpoint_dir
+
+    return cluster_checkpoint_dir(Path(inventory)) if inventory and inventory != "nvml" else None
 
 
 def file_inventories(path: Path, nodes: list[str]) -> list[NodeInventory]:
@@ -204,6 +213,9 @@ def register(app: typer.Typer) -> None:
             "--stop-workers-on-exit", envvar="CORRAL_AGENT_STOP_WORKERS_ON_EXIT",
             help="On SIGTERM stop every gang first (default: leave them for the next agent to adopt).")] = False,
         heartbeat_seconds: Annotated[float, typer.Option(help="Heartbeat period.")] = 2.0,
+        metrics_address: Annotated[str, typer.Option(
+            "--metrics-address", envvar=METRICS_ADDR_ENV,
+            help="HOST:PORT of the agent's /metrics, /healthz and /readyz (off: none).")] = DEFAULT_ADDRESS,
     ) -> None:
         """Run this host's node agent (one per GPU host): registers the node with its GPUs, address
         and rendezvous ports, runs the ranks placement gives it, until SIGTERM / Ctrl-C."""
@@ -220,6 +232,11 @@ def register(app: typer.Typer) -> None:
                 ports = parse_port_range(port_range)
             except ValueError as exc:
                 raise AgentUsageError(f"--port-range: {exc}") from None
+            try:
+                parse_address(metrics_address)
+            except ValueError as exc:
+                raise AgentUsageError(f"--metrics-address: {exc}") from None
+            os.environ[METRICS_ADDR_ENV] = metrics_address
             if runtime not in ("process", "sim", "sim-timer"):
                 raise AgentUsageError(f"--runtime {runtime!r}: use process, sim or sim-timer")
             try:
@@ -230,14 +247,13 @@ def register(app: typer.Typer) -> None:
             options = AgentOptions(
                 work_dir=work, runtime=cast(AgentRuntime, runtime),  # checked just above
                 job_log_dir=log_dir.resolve() if log_dir else None,
-                checkpoint_root=checkpoint_dir.resolve() if checkpoint_dir else None,
+                checkpoint_root=checkpoint_dir.resolve() if checkpoint_dir else _shared_checkpoints(inventory),
                 heartbeat_seconds=heartbeat_seconds, stop_workers_on_exit=stop_workers_on_exit,
                 run_as=mode, advertise_address=address, rendezvous_ports=ports)
         except AgentUsageError as exc:
             err_console.print(f"[red]error:[/red] {exc}", highlight=False)
             raise SystemExit(EXIT_USAGE) from None
-        logging.basicConfig(level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
-                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        logs.configure("node-agent")  # text, or JSON lines with CORRAL_LOG_FORMAT=json
         logging.getLogger("corral.agent").info(
             "agent for %s: advertising %s, rendezvous ports %d-%d, state in %s",
             ", ".join(n.node for n in nodes), address, ports[0], ports[1], work)

@@ -90,7 +90,8 @@ def register(app: typer.Typer) -> None:
         json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     ) -> None:
         """Fold the whole log: no GPU held twice, no gang half placed, one live attempt per job, no job
-        lost or stuck, no preemption loop, allocations table = fold. Exit 1 at the first violation."""
+        lost or stuck, no preemption loop, no wait escalated twice, allocations table = fold. Exit 1 at the
+        first violation."""
         # Only the log is read: a --postgres DSN (or CORRAL_POSTGRES_DSN) is enough, e.g. for a restored copy.
         dsn = ConnectionOptions.postgres or os.environ.get("CORRAL_POSTGRES_DSN") or context().postgres_dsn
         try:

@@ -9,15 +9,19 @@ from typing import Annotated, Any
 
 import typer
 
+from corral.cli import queue_config as qc
 from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.present import JOB_COLUMNS, job_row, node_rows, queue_rows
-from corral.cli.session import EXIT_FAILURE, context, with_client
+from corral.cli.session import EXIT_FAILURE, context, require_admin, with_client
 from corral.client import Client
-from corral.contracts.problems import SpecError
-from corral.contracts.queues import load_queues_file
+from corral.contracts import events as ev
 from corral.projection import ClusterView
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+#: How long `corral apply` waits for quota to record the change (by default; it stays in quota's inbox after).
+APPLY_WAIT = 30.0
 
 
 def parse_time(text: str) -> datetime:
@@ -62,9 +66,22 @@ def register(app: typer.Typer) -> None:
                       r["map"]) for r in rows])
 
     @app.command()
-    def queues(json_out: JsonOpt = False) -> None:
+    def queues(history: Annotated[bool, typer.Option("--history", help="The numbered versions of the tree: "
+                                                      "who applied each, when and why.")] = False,
+               diff: Annotated[tuple[int, int] | None, typer.Option(help="What changed between two versions, "
+                                                                    "e.g. --diff 2 3.")] = None,
+               json_out: JsonOpt = False) -> None:
         """The queue tree: guaranteed, max, GPUs in use (placed), quota reserved (pending jobs too),
         borrowed, lendable, pending jobs, share of the cluster in use."""
+        if history or diff:
+            view = with_client(lambda c: c.live_view(), bus=False)
+            if diff:
+                changes = qc.diff_rows(view, diff[0], diff[1])
+                print_json(changes) if json_out else qc.print_diff(diff[0], diff[1], changes)
+                return
+            versions = qc.history_rows(view)
+            print_json(versions) if json_out else qc.print_history(versions)
+            return
         rows = with_client(lambda c: _view_rows(c, queue_rows), bus=False)
         if json_out:
             print_json(rows)
@@ -76,34 +93,86 @@ def register(app: typer.Typer) -> None:
                       r["reserved"], r["borrowed"], r["lendable"], r["pending"], f"{r['share']:.0%}") for r in rows])
 
     @app.command()
-    def apply(file: Annotated[Path, typer.Argument(help="queues.yaml: {queues: [{name, guaranteed_gpus, ...}]}")],
-              wait: Annotated[bool, typer.Option(help="Wait until quota has recorded every queue.")] = True,
+    def apply(file: Annotated[str | None, typer.Argument(
+                  help="queues.yaml: {queues: [{name, guaranteed_gpus, ...}]}; with --rollback, the version to "
+                       "restore (default: the one before the current)")] = None,
+              message: Annotated[str, typer.Option("--message", "-m", help="Why: recorded with the version.")] = "",
+              what_if: Annotated[bool, typer.Option("--what-if", help="Replay the recorded workload under the "
+                                                    "current and the proposed tree and print both; apply nothing.")
+                                 ] = False,
+              since: Annotated[str, typer.Option(help="What-if: replay the jobs submitted since then (7d, 12h, "
+                                                 "ISO 8601).")] = "7d",
+              require: Annotated[list[str] | None, typer.Option(
+                  "--require", help="Evidence gate: apply only if the what-if meets it, e.g. "
+                                    "'queue team-a p95_wait <= 2h' (repeatable).")] = None,
+              rollback: Annotated[bool, typer.Option("--rollback", help="Restore an earlier version of the tree "
+                                                     "(as a new version).")] = False,
+              wait: Annotated[bool, typer.Option(help="Wait until quota has recorded the new version.")] = True,
+              timeout: Annotated[float, typer.Option(help="How long to wait for quota, in seconds.", min=0)
+                                 ] = APPLY_WAIT,
               json_out: JsonOpt = False) -> None:
-        """Create or change queues (the tree, quotas, weights, borrowing limits)."""
+        """Create or change queues (the tree, quotas, weights, borrowing limits): each apply is a
+        numbered version (corral queues --history); --what-if shows its effect first, --require
+        refuses it when the effect misses, --rollback goes back."""
+        from corral.sim.whatif import parse_criterion
+
         try:
-            spec = load_queues_file(file)
-        except SpecError as exc:
-            err_console.print(f"[red]error:[/red] {file} is not a valid queues file:", highlight=False)
-            for p in exc.problems:
-                err_console.print(f"  [bold]{p.path}[/bold]: {p.message}" + (f"\n    hint: {p.hint}" if p.hint else ""),
-                                  highlight=False)
-            raise SystemExit(EXIT_FAILURE) from None
-        except OSError as exc:
-            err_console.print(f"[red]error:[/red] cannot read {file}: {exc.strerror}", highlight=False)
-            raise SystemExit(EXIT_FAILURE) from None
+            criteria = [parse_criterion(text) for text in require or []]
+        except ValueError as exc:
+            qc._fail(str(exc))
+        if not what_if:
+            require_admin("corral apply")
+        view, events = with_client(qc.read_log, bus=False)
+        change = qc.load_change(file, rollback, message, view)
+        proposed = qc.merged(view, change)
+        checks: list[Any] = []
+        evidence: dict[str, Any] = {}
+        if what_if or criteria:
+            start = parse_time(f"-{since}" if since[:1].isdigit() and since[-1:] in "smhd" else since)
+            result = qc.what_if_for(events, list(view.queues.values()), proposed, start)
+            checks = [c.check(result) for c in criteria]
+            evidence = {"what_if": qc.what_if_json(result, checks)}
+            if not json_out:
+                qc.print_what_if(result, checks)
+            passed = all(c.passed for c in checks)
+            if (what_if or not passed) and json_out:
+                print_json(evidence | {"applied": False, "refused": not passed})
+            if what_if:
+                return
+            if not passed:
+                with_client(lambda c: c.refuse_queues(proposed, checks, message=change.message))
+                err_console.print("[red]refused:[/red] the what-if misses "
+                                  f"{sum(not c.passed for c in checks)} of {len(checks)} criteria; nothing applied "
+                                  "(the refusal is recorded: corral events)", highlight=False)
+                raise SystemExit(qc.EXIT_REFUSED)
+        before = len(view.tree_versions)
 
-        async def go(c: Client) -> list[str]:
-            names = await c.apply_queues(spec)
-            if wait:
-                wanted = {q.name: q for q in spec.resolved()}
-                await c.wait_for(lambda v: all(v.queues.get(n) == q for n, q in wanted.items()), 30)
-            return names
+        async def go(c: Client) -> int | tuple[int, str]:
+            request = await c.request_queue_tree(change.queues, message=change.message,
+                                                 rollback_of=change.rollback_of, evidence=checks)
+            if not wait:
+                return before + 1
+            outcome = await c.queue_tree_outcome(request, timeout)
+            if outcome is None:
+                return EXIT_FAILURE, (f"the change was sent but quota has not recorded it within {timeout:g} s "
+                                      "(is quota running? `corral status`); it waits in quota's inbox: see "
+                                      "`corral queues --history`")
+            number, recorded = outcome
+            if isinstance(recorded, ev.QueueChangeRefused):
+                return qc.EXIT_REFUSED, f"quota refused the change: {recorded.message or 'see `corral events`'}"
+            return number
 
-        names = with_client(go)
+        version = with_client(go)
+        if isinstance(version, tuple):
+            code, problem = version
+            err_console.print(f"[red]error:[/red] {problem}", highlight=False)
+            raise SystemExit(code)
+        names = [q.name for q in change.queues]
         if json_out:
-            print_json({"applied": names})
+            print_json({"applied": names, "version": version, "rollback_of": change.rollback_of} | evidence)
         else:
-            console.print(f"Applied {len(names)} queues: {', '.join(names)}", highlight=False)
+            what = f"Rolled back to v{change.rollback_of}" if change.rollback_of else f"Applied {len(names)} queues"
+            console.print(f"{what}: {', '.join(names)} (queue tree v{version})", highlight=False)
 
     @app.command()
     def events(
@@ -136,7 +205,7 @@ def register(app: typer.Typer) -> None:
             return start is None or stored.occurred_at >= start
 
         def row(stored: Any, event: Any) -> dict[str, Any]:
-            reason = getattr(event, "reason", None)
+            reason = getattr(event, "reason", None) or getattr(event, "blocker", None)  # WaitExceeded: its blocker
             return {"position": stored.position, "at": stored.occurred_at.isoformat(), "stream": stored.stream,
                     "type": stored.type, "actor": event.actor,
                     "job": getattr(event, "job_id", None) or getattr(event, "victim_job_id", None),
@@ -179,17 +248,21 @@ def register(app: typer.Typer) -> None:
         """The cluster's state at a past moment, rebuilt only from the Postgres event log."""
         moment = parse_time(until)
 
-        async def go(c: Client) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        async def go(c: Client) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
             view = await c.view(until=moment)
             rows = [job_row(j, moment) for j in sorted(view.jobs.values(), key=lambda j: j.job_id)
                     if not j.state.terminal]  # AGE as it was at that moment
-            return state_of(view), rows
+            tree = {"version": len(view.tree_versions),
+                    "queues": {q.name: {"guaranteed_gpus": q.guaranteed_gpus, "max_gpus": q.max_gpus,
+                                        "weight": q.weight} for q in view.queues.values()}}
+            return state_of(view), rows, tree
 
-        state, rows = with_client(go, bus=False)
+        state, rows, tree = with_client(go, bus=False)
         if json_out:
-            print_json({"until": moment.isoformat(), **state})
+            print_json({"until": moment.isoformat(), **state, "queue_tree": tree})
             return
-        console.print(f"Cluster as of {moment.isoformat()} (log position {state['position']}):", highlight=False)
+        console.print(f"Cluster as of {moment.isoformat()} (log position {state['position']}, queue tree "
+                      f"v{tree['version']}):", highlight=False)
         print_table("jobs (not finished)", JOB_COLUMNS, [[r[c.lower()] for c in JOB_COLUMNS] for r in rows],
                     below="REASON")
         print_table("nodes", ["NODE", "STATE", "ALLOCATED GPUS"],
@@ -198,7 +271,7 @@ def register(app: typer.Typer) -> None:
 
 
 async def _view_rows(c: Client, fn: Any) -> Any:
-    return fn(await c.view())
+    return fn(await c.live_view())
 
 
 def _emit(rows: list[dict[str, Any]], json_out: bool, header: bool = True) -> None:

@@ -1,7 +1,8 @@
-"""Job commands: submit, jobs, show, cancel, why, logs (sbatch / squeue / scontrol / scancel)."""
+"""Job commands: submit, jobs, show, cancel, why (sbatch / squeue / scontrol / scancel); logs in `logs`."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -11,16 +12,40 @@ from typing import Annotated, Any, Literal
 import typer
 
 from corral.cli.output import console, err_console, print_json, print_table
-from corral.cli.present import JOB_COLUMNS, job_detail, job_row, unblock_hint
-from corral.cli.session import EXIT_FAILURE, context, with_client
+from corral.cli.present import (
+    JOB_COLUMNS,
+    STUCK_COLUMNS,
+    job_detail,
+    job_row,
+    release_hint,
+    seconds_text,
+    stuck_rows,
+    stuck_table_row,
+    unblock_detail,
+)
+from corral.cli.session import EXIT_FAILURE, with_client
 from corral.client import Client, check_spec_size
-from corral.contracts.jobspec import JobSpec, load_job_spec
+from corral.contracts.jobspec import JobSpec, validate_job_spec
 from corral.contracts.problems import SpecError
-from corral.contracts.validation import utf8_text
-from corral.job_logs import LogsRefused, job_log_files, read_log
+from corral.contracts.validation import parse_document, utf8_text
 from corral.projection import JobState
+from corral.readmodel.snapshots import FINISHED
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def in_folder(doc: Any, folder: str) -> Any:
+    """The spec document with its `workdir` made absolute against the submitter's `folder` (as
+    sbatch does: a relative one is resolved there, and a `process` job without one starts there,
+    not in whatever folder the node agent was started from)."""
+    if not isinstance(doc, dict):
+        return doc
+    workdir = doc.get("workdir")
+    if isinstance(workdir, str) and workdir and not workdir.startswith("/"):
+        return {**doc, "workdir": os.path.normpath(os.path.join(folder, workdir))}
+    if workdir is None and doc.get("runtime", "process") == "process" and folder.startswith("/"):
+        return {**doc, "workdir": folder}
+    return doc
 
 
 def read_spec(file: str) -> JobSpec:
@@ -33,7 +58,7 @@ def read_spec(file: str) -> JobSpec:
     fmt: Literal["yaml", "json"] | None = (
         "json" if file.endswith(".json") else ("yaml" if file.endswith((".yaml", ".yml")) else None))
     try:
-        spec = load_job_spec(utf8_text(data), fmt)
+        spec = validate_job_spec(in_folder(parse_document(utf8_text(data), fmt), os.getcwd()))
         check_spec_size(spec)
         return spec
     except SpecError as exc:
@@ -91,7 +116,7 @@ def register(app: typer.Typer) -> None:
                     console.print(f"{job_id}: {j.state.value}{reason}", highlight=False)
                 return j.state in goal
 
-            view = await c.wait_for(progressed, timeout)
+            view = await c.wait_for(progressed, timeout, job_ids=[job_id])
             return job_row(view.jobs[job_id])
 
         try:
@@ -122,13 +147,20 @@ def register(app: typer.Typer) -> None:
         state: Annotated[str | None, typer.Option(help="Only these states, comma-separated: PENDING,RUNNING.")] = None,
         user: Annotated[str | None, typer.Option(help="Only this user's jobs.")] = None,
         all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
+        stuck: Annotated[bool, typer.Option("--stuck", help="Only jobs waiting longer than their queue's max_wait: "
+                                            "how long past it, and what blocks them.")] = False,
         json_out: JsonOpt = False,
     ) -> None:
         """List jobs (like squeue): ID, NAME, QUEUE, PRIO, STATE, GPUS, NODES, AGE, REASON."""
+        if stuck:
+            _stuck(queue, user, json_out)
+            return
         states = {s.strip().upper() for s in state.split(",")} if state else None
 
         async def go(c: Client) -> list[dict[str, Any]]:
-            view = await c.view()
+            # Jobs that are over are read only when asked for (the read model keeps them apart).
+            over = [s for s in FINISHED if (s in states if states is not None else all_jobs)]
+            view = await c.live_view(states=over)
             now = datetime.now(UTC)
             rows = []
             for j in sorted(view.jobs.values(), key=lambda j: (j.submitted_at or now, j.job_id)):
@@ -156,7 +188,7 @@ def register(app: typer.Typer) -> None:
         """Everything about one job: spec, state, placement (rank -> node, GPUs), checkpoint."""
 
         async def go(c: Client) -> dict[str, Any] | None:
-            view = await c.view()
+            view = await c.live_view(job_ids=[job])
             j = view.jobs.get(job)
             return job_detail(j) if j is not None and j.spec is not None else None
 
@@ -184,7 +216,7 @@ def register(app: typer.Typer) -> None:
         """Cancel a job (like scancel): its workers are stopped and its GPUs released."""
 
         async def go(c: Client) -> bool:
-            view = await c.view()
+            view = await c.live_view(job_ids=[job])
             j = view.jobs.get(job)
             if j is None:
                 return False
@@ -207,8 +239,10 @@ def register(app: typer.Typer) -> None:
             trail = await c.job_events(job)
             if not trail:
                 return None
-            view = await c.view()
-            j = view.jobs[job]
+            view = await c.live_view(job_ids=[job])
+            j = view.jobs.get(job)
+            if j is None:
+                return None
             steps = []
             for stored, event in trail:
                 reason = getattr(event, "reason", None)
@@ -216,13 +250,20 @@ def register(app: typer.Typer) -> None:
                     "at": stored.occurred_at.isoformat(), "version": stored.version, "event": stored.type,
                     "actor": event.actor, "code": reason.code if reason is not None else None,
                     "message": reason.message if reason is not None else _summary(event),
-                    "details": dict(reason.details) if reason is not None else {},
+                    "details": dict(reason.details) if reason is not None else _details(event),
                 })
-            blocker = None
-            if j.state is JobState.PENDING:
+            blocker: dict[str, Any] | None = None
+            if j.state is JobState.HELD and j.reason is not None:
+                blocker = {"code": j.reason.code, "message": j.reason.message, "unblock": f"corral release {job}",
+                           "after_release": release_hint(view, j, time.time())}
+            elif j.state is JobState.PENDING:
                 blocker = {"code": j.reason.code if j.reason else "WAITING",
                            "message": j.reason.message if j.reason else "waiting for the next scheduling cycle",
-                           "unblock": unblock_hint(view, j, time.time())}
+                           **(unblock_detail(view, j, time.time()) or {"unblock": None})}
+                if j.wait_exceeded is not None:
+                    blocker["wait_exceeded"] = _details(j.wait_exceeded) | {
+                        "at": j.wait_exceeded.occurred_at.isoformat(),
+                        "words": _waited(j.wait_exceeded)}
             return {"id": job, "state": j.state.value, "trail": steps, "blocker": blocker}
 
         result = with_client(go, bus=False)
@@ -237,32 +278,39 @@ def register(app: typer.Typer) -> None:
                       (f"{s['code']}: " if s["code"] else "") + (s["message"] or "")) for s in result["trail"]])
         if result["blocker"]:
             b = result["blocker"]
+            if result["state"] == "HELD":  # the message says who held it and that `corral release` ends it
+                console.print(f"[bold yellow]Held[/bold yellow] — {b['message']}", highlight=False)
+                if b.get("after_release"):
+                    console.print(f"[bold]Once released:[/bold] {b['after_release']}", highlight=False)
+                return
             console.print(f"[bold yellow]Pending[/bold yellow] — {b['code']}: {b['message']}", highlight=False)
+            if b.get("fair_share"):
+                console.print(f"[bold]Fair share:[/bold] {b['fair_share'].removeprefix('fair share: ')}",
+                              highlight=False)
             if b["unblock"]:
                 console.print(f"[bold]Would unblock:[/bold] {b['unblock']}", highlight=False)
+            if b.get("wait_exceeded"):
+                console.print(f"[bold red]Escalated[/bold red] at {b['wait_exceeded']['at'][11:19]}: "
+                              f"{b['wait_exceeded']['words']} (`corral jobs --stuck`)", highlight=False)
 
-    @app.command()
-    def logs(job: str, rank: Annotated[int | None, typer.Option(help="Only this rank.")] = None,
-             json_out: JsonOpt = False) -> None:
-        """Worker output captured by the node agents (all ranks, or one)."""
-        ctx = context()
-        log_dir = Path(ctx.log_dir or ".corral/logs")
-        found = job_log_files(log_dir, job, rank)
-        if isinstance(found, LogsRefused):
-            err_console.print(f"[red]error:[/red] {found.message}", highlight=False)
-            raise SystemExit(EXIT_FAILURE)
-        files, base = found, log_dir / "workers" / job
-        if not files:
-            err_console.print(f"[red]error:[/red] no logs for job {job!r}"
-                              + (f" rank {rank}" if rank is not None else "") + f" under {base}", highlight=False)
-            raise SystemExit(EXIT_FAILURE)
-        if json_out:
-            print_json({f.stem: read_log(f) for f in files})
-            return
-        for f in files:
-            console.rule(f.stem)
-            sys.stdout.write(read_log(f))
-            sys.stdout.flush()
+
+def _stuck(queue: str | None, user: str | None, json_out: bool) -> None:
+    """`corral jobs --stuck`: the jobs past their queue's max_wait (escalated or about to be)."""
+
+    async def go(c: Client) -> list[dict[str, Any]]:
+        view = await c.view()
+        return [r for r in stuck_rows(view, time.time())
+                if (not queue or r["queue"] == queue or r["queue"].startswith(queue + "/"))
+                and (not user or r["user"] == user)]
+
+    rows = with_client(go, bus=False)
+    if json_out:
+        print_json(rows)
+    elif not rows:
+        console.print("No job waits longer than its queue's max_wait.", highlight=False)
+    else:
+        now = datetime.now(UTC)
+        print_table("waiting past max_wait", STUCK_COLUMNS, [stuck_table_row(r, now) for r in rows], below="BLOCKER")
 
 
 def _shown(column: str, value: Any) -> Any:
@@ -297,6 +345,24 @@ def print_rejection(result: dict[str, Any]) -> None:
                           + (f"\n    hint: {p['hint']}" if p["hint"] else ""), highlight=False)
 
 
+def _details(event: Any) -> dict[str, Any]:
+    """The figures of a step that has no reason (a WaitExceeded: its limit, its wait, its blocker)."""
+    if type(event).__name__ != "WaitExceeded":
+        return {}
+    blocker = event.blocker
+    return {"queue": event.queue, "limit_queue": event.limit_queue, "max_wait_seconds": event.max_wait_seconds,
+            "waited_seconds": event.waited_seconds, "waiting_since": event.waiting_since.isoformat(),
+            "attempt": event.attempt,
+            "blocker": None if blocker is None else {"code": blocker.code, "message": blocker.message}}
+
+
+def _waited(event: Any) -> str:
+    """A WaitExceeded in words: how long, since when, which limit."""
+    where = event.queue if event.limit_queue == event.queue else f"{event.queue} (set on {event.limit_queue})"
+    return (f"waited {seconds_text(event.waited_seconds)} since {event.waiting_since.isoformat()[11:19]}, past "
+            f"max_wait {seconds_text(event.max_wait_seconds)} of queue {where}")
+
+
 def _summary(event: Any) -> str:
     name = type(event).__name__
     if name == "GangReserved":
@@ -317,4 +383,10 @@ def _summary(event: Any) -> str:
         return f"every rank started (attempt {event.attempt})"
     if name == "JobCompleted":
         return "every rank exited 0"
+    if name == "WaitExceeded":
+        blocker = f"{event.blocker.code}: {event.blocker.message}" if event.blocker else "no reason recorded yet"
+        return f"{_waited(event)}; blocked by {blocker}"
+    if name in ("JobHeld", "JobHoldReleased"):
+        verb = "held" if name == "JobHeld" else "released"
+        return f"{verb} by {event.user or event.actor}" + (f": {event.message}" if event.message else "")
     return ""

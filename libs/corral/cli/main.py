@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli import agent, audit, cluster, demo, dlq, jobs, service, tools
+from corral.cli import agent, audit, cluster, credentials, demo, dlq, jobs, logs, observe, operator, service, tools
 from corral.cli.output import console, err_console, fail, print_json, print_table
 from corral.cli.session import ConnectionOptions
 
@@ -63,6 +63,12 @@ def up(
     agent_node: Annotated[list[str] | None, typer.Option(
         "--agent-node", help="A node whose agent runs elsewhere (`corral agent --node NAME`); repeatable. Each "
                              "gets NATS credentials <data-dir>/credentials/agent-node-agent-NAME.json.")] = None,
+    listen: Annotated[str, typer.Option(
+        "--listen", help="Address of this host the NATS and Postgres `corral up` starts listen on (0.0.0.0: all): "
+                         "agents and CLIs on other hosts reach them there.")] = "127.0.0.1",
+    advertise_address: Annotated[str | None, typer.Option(
+        "--advertise-address", help="Address or host name clients are given for those servers (default: "
+                                    "the --listen address; with 0.0.0.0, this host's name).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Start NATS, Postgres, the five services and simulated node agents, and keep them running
@@ -83,7 +89,8 @@ def up(
         raise typer.BadParameter(f"--agents {agents!r}: use simulated or none") from None
     stack = Stack(StackOptions(data_dir=data_dir, cluster=cluster, cluster_file=cluster_file, nats_url=nats,
                                postgres_dsn=postgres, namespace=ns, runtime=runtime,
-                               stream_replicas=replicas, agents=mode, agent_nodes=tuple(agent_node or ())),
+                               stream_replicas=replicas, agents=mode, agent_nodes=tuple(agent_node or ()),
+                               listen=listen, advertise=advertise_address),
                   say=lambda message: err_console.print(message, highlight=False))
     signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM while starting stops what started, too
     try:
@@ -106,10 +113,12 @@ def up(
         print_json({"nats": ctx.nats_url, "nats_ca": ctx.nats_ca, "postgres": ctx.postgres_dsn,
                     "namespace": ctx.namespace,
                     "data_dir": ctx.data_dir, "started_in_seconds": round(elapsed, 2),
-                    "processes": [{"name": p.name, "pid": p.pid} for p in stack.processes],
+                    "processes": [{"name": p.name, "pid": p.pid, "metrics": p.metrics_url} for p in stack.processes],
                     "servers": [{"name": name, "pid": server.proc.pid}
                                 for name, server in (("nats", stack.nats), ("postgres", stack.postgres))
                                 if server is not None and server.proc is not None],
+                    "listen": listen if stack.nats or stack.postgres else None,
+                    "join": [j.as_json() for j in stack.join_commands()],
                     "nodes": nodes})
     else:
         console.print(f"[bold green]Corral is up[/bold green] in {elapsed:.1f}s  (data: {ctx.data_dir})")
@@ -118,9 +127,13 @@ def up(
             ("postgres", ctx.postgres_dsn.partition("?")[0] + ("" if stack.postgres else "  (external)")),
             *[(p.name, f"pid {p.pid}  log {p.log_path}") for p in stack.processes],
         ])
+        print_table("telemetry: /metrics, /healthz, /readyz", ["PROCESS", "ENDPOINT"], [
+            (p.name, p.metrics_url) for p in stack.processes if p.metrics_url
+        ])
         print_table(f"{len(nodes)} nodes registered", ["NODE", "GPUS", "MODEL", "RACK"],
                     [(n["name"], n["gpus"], n["model"], n["rack"]) for n in nodes])
         console.print(where_commands_find(Path(ctx.data_dir or data_dir)), highlight=False)
+        _print_joins(stack, listen)
         console.print("Ctrl-C stops everything.")
     _run_until_interrupted(stack, stopping)
 
@@ -133,12 +146,36 @@ def server(
     namespace: Annotated[str | None, typer.Option(help="Subject/stream prefix (default corral).")] = None,
     agent_node: Annotated[list[str] | None, typer.Option(
         "--agent-node", help="A node whose agent runs elsewhere (`corral agent --node NAME`); repeatable.")] = None,
+    listen: Annotated[str, typer.Option(
+        "--listen", help="Address of this host its own NATS and Postgres listen on (0.0.0.0: all).")] = "127.0.0.1",
+    advertise_address: Annotated[str | None, typer.Option(
+        "--advertise-address", help="Address or host name clients are given (default: --listen's).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """The control plane only: NATS, Postgres and the services, no node agents (`corral up --agents
-    none`). Each GPU host runs `corral agent`."""
+    none`). Each GPU host runs `corral agent` (the printed join command: --listen ADDR first)."""
     up(data_dir=data_dir, cluster=None, cluster_file=None, nats=nats, postgres=postgres, namespace=namespace,
-       runtime="process", agents="none", agent_node=agent_node, json_out=json_out)
+       runtime="process", agents="none", agent_node=agent_node, listen=listen, advertise_address=advertise_address,
+       json_out=json_out)
+
+
+def _print_joins(stack: object, listen: str) -> None:
+    """Each `--agent-node`'s join command (the files to copy to its host, the line to run there)."""
+    from corral.stack.join import is_loopback
+    from corral.stack.up import Stack
+
+    assert isinstance(stack, Stack)
+    joins = stack.join_commands()
+    if not joins:
+        return
+    where = " (they listen on loopback: from this machine only; `--listen ADDR` for other hosts)" \
+        if is_loopback(listen) else ""
+    console.print(f"Agents join from their hosts{where}: copy the files there, then run the line.", highlight=False)
+    for j in joins:
+        console.print(f"  {j.node}:", highlight=False)
+        for here, there in j.copy:
+            console.print(f"    copy {here} to {there}", highlight=False, soft_wrap=True)
+        console.print(f"    run  {j.shell()}", highlight=False, soft_wrap=True)
 
 
 def where_commands_find(data_dir: Path) -> str:
@@ -186,6 +223,7 @@ def _run_until_interrupted(stack: object, stopping: _StopRequest) -> None:
 
 
 jobs.register(app)
+logs.register(app)
 agent.register(app)
 cluster.register(app)
 tools.register(app)
@@ -194,6 +232,9 @@ demo.register(app)
 dlq.register(app)
 audit.register(app)
 service.register(app)
+operator.register(app)
+credentials.register(app)
+observe.register(app)
 
 
 def main() -> None:

@@ -12,9 +12,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+from corral.bus.auth import Role
 from corral.cli.output import err_console
 from corral.client import Client
 from corral.stack.context import Context, NoClusterError, resolve
+from corral.stack.credentials import NatsCredentials
 
 T = TypeVar("T")
 
@@ -31,10 +33,10 @@ class ConnectionOptions:
     namespace: str | None = None
 
 
-def context() -> Context:
+def context(*, need_postgres: bool = True) -> Context:
     try:
         return resolve(ConnectionOptions.nats, ConnectionOptions.postgres, ConnectionOptions.namespace,
-                       ConnectionOptions.context)
+                       ConnectionOptions.context, need_postgres=need_postgres)
     except NoClusterError as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise SystemExit(EXIT_NO_CLUSTER) from None
@@ -70,3 +72,28 @@ def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True) -> T:
 
 class _Unreachable(Exception):
     pass
+
+
+def admin_problem(ctx: Context, action: str) -> str | None:
+    """Why this person's login may not `action` (an admin's request: drain, undrain, apply), or None.
+
+    The problem: NATS refuses a submitter's publish to the admins' subjects without a word to the
+    client, which waited out its 30 s retry window and ended in a traceback."""
+    if ctx.credentials is None:
+        return None  # no login: a cluster without authentication
+    try:
+        creds = NatsCredentials.load(ctx.credentials)
+    except (OSError, ValueError, KeyError):
+        return None  # unreadable: connecting will say so
+    if creds.role in ("", Role.ADMIN.value, Role.SUPERUSER.value):
+        return None
+    return (f"{action} needs the admin's login; {ctx.credentials} is the login of {creds.role} `{creds.user}`: "
+            "run it where `corral up` ran, or with CORRAL_CREDENTIALS set to the admin's credentials file")
+
+
+def require_admin(action: str) -> None:
+    """Exit 1 with `admin_problem` when this person's login may not `action`."""
+    problem = admin_problem(context(), action)
+    if problem is not None:
+        err_console.print(f"[red]error:[/red] {problem}", highlight=False)
+        raise SystemExit(EXIT_FAILURE)

@@ -49,33 +49,36 @@ PlotDir = Annotated[str | None, typer.Option(
     "--plot", help=f"Write PNG plots into this folder (needs matplotlib: pip install 'corral\\[{PLOT_EXTRA}]').")]
 FromLog = Annotated[bool, typer.Option(
     "--from-log", help="Replay the submissions in this cluster's event log (what-if on its own history).")]
+PipelineOpt = Annotated[str, typer.Option(
+    "--pipeline", help="cycle: the single combined cycle (default); services: quota, placement and preemption "
+                       "one after the other, as the live services decide.")]
 
 
 @sim_app.callback()
 def sim(ctx: typer.Context, trace: Trace = None, cluster: ClusterOpt = None, queues: Queues = None,
         policy: Policy = "corral", seed: Seed = 0, limit: Limit = None, failures_mtbf_hours: Mtbf = None,
         repair_hours: Repair = 4.0, json_path: JsonPath = None, plot_dir: PlotDir = None,
-        from_log: FromLog = False) -> None:
+        from_log: FromLog = False, pipeline: PipelineOpt = "cycle") -> None:
     """Replay a workload through Corral's scheduling core and print the schedule's scores."""
     if ctx.invoked_subcommand is not None:
         return
     raise SystemExit(run(trace, cluster, queues, policy, seed, limit, failures_mtbf_hours, repair_hours,
-                         json_path, plot_dir, from_log, compare_all=False))
+                         json_path, plot_dir, from_log, compare_all=False, pipeline=pipeline))
 
 
 @sim_app.command("compare")
 def compare_command(trace: Trace = None, cluster: ClusterOpt = None, queues: Queues = None,
                     policy: Policy = "corral", seed: Seed = 0, limit: Limit = None,
                     failures_mtbf_hours: Mtbf = None, repair_hours: Repair = 4.0, json_path: JsonPath = None,
-                    plot_dir: PlotDir = None, from_log: FromLog = False) -> None:
+                    plot_dir: PlotDir = None, from_log: FromLog = False, pipeline: PipelineOpt = "cycle") -> None:
     """The same workload under every policy (or those of --policy), side by side."""
     raise SystemExit(run(trace, cluster, queues, policy, seed, limit, failures_mtbf_hours, repair_hours,
-                         json_path, plot_dir, from_log, compare_all=True))
+                         json_path, plot_dir, from_log, compare_all=True, pipeline=pipeline))
 
 
 def run(trace: str | None, cluster: str | None, queues: str | None, policy: str, seed: int, limit: int | None,
         failures_mtbf_hours: float | None, repair_hours: float, json_path: str | None, plot_dir: str | None,
-        from_log: bool, *, compare_all: bool, show_progress: bool | None = None) -> int:
+        from_log: bool, *, compare_all: bool, show_progress: bool | None = None, pipeline: str = "cycle") -> int:
     """The command's work; returns the exit code (0 ok, 2 bad input named with its fix)."""
     from corral.sim.api import DEFAULT_POLICIES, compare
     from corral.sim.engine import FailureModel
@@ -105,7 +108,7 @@ def run(trace: str | None, cluster: str | None, queues: str | None, policy: str,
     try:
         with _progress(wanted) as report:
             results = compare(trace, cluster, policies, queues=queues, seed=seed, failures=failures, limit=limit,
-                              progress=report)
+                              progress=report, pipeline=pipeline)
     except ValueError as error:  # bad input: the message names the field and the fix
         return _bad(str(error))
     print(render_result(results[0]) if len(results) == 1 else render_comparison(results))

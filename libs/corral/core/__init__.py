@@ -34,11 +34,26 @@ Phases, callable on their own because the live services split the work:
         preemption service: the cheapest victims after which the job provably fits.
     static_feasibility(cluster, job, idle=None) -> Reason | None
         admission: TOPOLOGY_UNSATISFIABLE / NO_MATCHING_GPU when the request can never fit.
+    hints.unblock(snapshot, job_id, config=SchedulerConfig()) -> Hint
+        `corral why`: the smallest set of events (jobs ending, nodes back, quota raised) after
+        which the cycle, rerun on the what-if state (`whatif.apply_events`), places the job.
+    escalation.to_escalate(waits, limits, now) -> list[Overdue]
+        quota service: the waits past their queue's `max_wait` not escalated yet (WaitExceeded,
+        once per wait); `escalation.stuck` is `corral jobs --stuck`'s list.
+
+The live services as three configurations of one pipeline (`steps`, `pipeline`):
+    step_config(Step.QUOTA | Step.PLACEMENT | Step.PREEMPTION, config) -> SchedulerConfig
+    reserve_quota (quota), placement_step(snapshot, config, *, holding=None, explain=True, memo=None),
+    preemption_step(snapshot, config, *, memo=None) -> list[Preempt]: what each service decides.
+    run_round(snapshot, config, *, holding=(), held=()) -> Round: the three in a row, as the
+        services run them (the simulator's pipeline mode).
 
 Where each rule lives: `cycle` (the steps of one job's decision, in order), `prepared` (a cycle's
 input, from a snapshot; `state` keeps the same between cycles), `ledger` (free, releasing and
 claimed GPUs), `preemption/` (eligibility: the victim rule; candidates; search; plan), `quota`,
-`ordering`, `placement`, `backfill`, `reservation` (the quota service's round); `shortcuts` holds
+`ordering`, `placement`, `backfill`, `reservation` (the quota step's round), `steps` and
+`pipeline` (the services' split), `whatif` and `hints` (exact unblock hints), `escalation` (waits
+past `max_wait`); `shortcuts` holds
 the speed-ups (class answers, negative caches, early stop), `reasons` the wording of answers.
 
 Policies (`SchedulerConfig.named`): "corral" fair share + EASY backfill + preemption + reclaim;

@@ -14,10 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from corral.core.fitcount import Headroom
 from corral.core.gpuset import FreeGpus, Statement
-from corral.core.ledger import give_back
+from corral.core.ledger import Masks, give_back
 from corral.core.model import Job, Placement
-from corral.core.placement import find_placement
+from corral.core.placement import find_placement, fits_now, placement_or_none
+
+# the cluster memo's table of reservation placements (`_placed_memo`), cleared when this full
+_PLACED = "reservation placements"
+_PLACED_AT_MOST = 20_000
 
 
 class Release(NamedTuple):
@@ -80,10 +85,9 @@ def reserve(
             marks.append(stmt.mark())
             give_back(stmt, ((i, m & ~claimed.get(i, 0)) for i, m in order[len(marks) - 1].masks))
 
-    def attempt(k: int) -> Placement | None:
+    def attempt(k: int) -> bool:
         to_prefix(k)
-        found = find_placement(fi.cluster, fi, job)
-        return found if isinstance(found, Placement) else None
+        return fits_now(fi, job)
 
     # The shortest prefix after which the job fits (feasibility only grows with the prefix): no
     # prefix can fit before the released GPUs add up to the job's size; from there, gallop
@@ -95,23 +99,58 @@ def reserve(
     if lo is None:
         return None
     try:
-        hi = _shortest_prefix(attempt, lo, len(order))
-        if hi is None:
-            return None
-        placement = attempt(hi)
+        if job.topology.gang is None:  # the counts answer each prefix: one pass, no index moves
+            counted = _counted_prefix(fi, job, order, claimed, lo)
+            if counted is None:
+                return None
+            hi, room = counted
+            masks, gpus = _placed_memo(fi, job, room, lambda: _placed(to_prefix, hi, fi, job))
+        else:
+            found = _shortest_prefix(attempt, lo, len(order))
+            if found is None:
+                return None
+            hi = found
+            masks, gpus = _placed(to_prefix, hi, fi, job)
     finally:
         stmt.rollback()
-    assert placement is not None
-    return Reservation(
-        job.id, order[hi - 1].end, releases_of(placement, fi), placement.gpu_count, holder_within_guarantee
-    )
+    return Reservation(job.id, order[hi - 1].end, masks, gpus, holder_within_guarantee)
 
 
-def _shortest_prefix(attempt: Callable[[int], Placement | None], lo: int, n: int) -> int | None:
+def _placed(to_prefix: Callable[[int], None], k: int, fi: FreeGpus, job: Job) -> tuple[Masks, int]:
+    """Where the job would start once the first k releases are back: its GPUs per node, and how many."""
+    to_prefix(k)
+    placement = find_placement(fi.cluster, fi, job)
+    assert isinstance(placement, Placement)
+    return releases_of(placement, fi), placement.gpu_count
+
+
+def _placed_memo(
+    fi: FreeGpus, job: Job, room: Headroom, place: Callable[[], tuple[Masks, int]]
+) -> tuple[Masks, int]:
+    """`place()`, remembered in the cluster's memo by the job's shape and the free GPUs it places
+    on (those of `fi` with the released ones, which `room` holds): placement is a pure function
+    of them, and a replay reserves for the same shape on the same GPUs again and again (the next
+    cycle only added a waiting job: ~60 % of Corral's reservations on the first 10,000 Philly
+    jobs). The key: which nodes are eligible (`fi.static`), the job's `shortcuts.shape`, the GPUs."""
+    free = list(fi.free)
+    for i, m in room.now.items():
+        free[i] = m
+    memo = fi.cluster.memo.setdefault(_PLACED, {})
+    assert isinstance(memo, dict)
+    key = (id(fi.static), job.replicas, job.gpus_per_replica, job.topology, job.gpu, tuple(free))
+    found = memo.get(key)
+    if found is None:
+        if len(memo) >= _PLACED_AT_MOST:
+            memo.clear()
+        found = memo[key] = place()
+    return found
+
+
+def _shortest_prefix(attempt: Callable[[int], bool], lo: int, n: int) -> int | None:
     """The shortest prefix length (of n) that `attempt` fits, knowing none shorter than `lo` does:
     gallop then bisect. None: not even all n."""
     hi, step = lo if lo > 0 else 1, 1
-    while attempt(hi) is None:
+    while not attempt(hi):
         if hi == n:
             return None
         lo = hi  # from here on: prefixes of length <= lo are known not to fit
@@ -119,11 +158,28 @@ def _shortest_prefix(attempt: Callable[[int], Placement | None], lo: int, n: int
         step *= 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if attempt(mid) is not None:
+        if attempt(mid):
             hi = mid
         else:
             lo = mid
     return hi
+
+
+def _counted_prefix(
+    fi: FreeGpus, job: Job, order: list[Release], claimed: dict[int, int], lo: int
+) -> tuple[int, Headroom] | None:
+    """`_shortest_prefix` for a job without a hard gang level, from the counts (`Headroom`): the
+    releases are added one by one and the first prefix (of at least `lo`, and at least one
+    release, as the gallop starts) after which the job fits is the shortest, since fitting only
+    grows with the prefix; with the counts after it. None: not even all of them."""
+    room = Headroom(fi, job)
+    start = max(lo, 1)
+    for k, release in enumerate(order, start=1):
+        for i, m in release.masks:
+            room.add(i, m & ~claimed.get(i, 0))
+        if k >= start and room.fits():
+            return k, room
+    return None
 
 
 def _count_bound(fi: FreeGpus, need: int, order: list[Release], claimed: dict[int, int]) -> int | None:
@@ -145,7 +201,6 @@ def find_placement_avoiding(fi: FreeGpus, job: Job, reservation: Reservation) ->
             hold = m & fi.free[i]
             if hold:
                 stmt.take(i, hold)
-        found = find_placement(fi.cluster, fi, job)
+        return placement_or_none(fi, job)
     finally:
         stmt.rollback()
-    return found if isinstance(found, Placement) else None

@@ -68,7 +68,7 @@ class Cycle:
         self.cluster = prepared.snapshot.cluster
         self.tree, self.usage = prepared.tree, prepared.usage
         self.gpus = GpuLedger(prepared.fi, prepared.releasing)
-        self.candidates = Candidates(prepared.running, self.now, config)
+        self.candidates = Candidates(prepared.running, self.now, config, prepared.kept)
         self.fast = Shortcuts()
         self.placed: list[Release] = []  # backfill releases of the jobs placed this cycle
         self.reservation: Reservation | None = None
@@ -147,6 +147,9 @@ class Cycle:
             reason, starves = shared
             if starves:
                 self._starve(p.job)
+            if reason.code is ReasonCode.RESERVED_FOR:  # names the job: the class's answer, reworded
+                assert self.reservation is not None
+                reason = reasons.reserved_for(p.job, self.reservation, self.now)
             return Pending(p.job.id, reason)
         version, starved = self.fast.version, self.starved
         decision = self._decide(p)
@@ -182,7 +185,7 @@ class Cycle:
         GPUs are held for a starved guaranteed job; a Reason or None (known already) when it does
         not fit."""
         job = p.job
-        key = (shape(job), avoid)
+        key = (self.fast.shape_of(job), avoid)
         if key in self.fast.no_fit:
             return None
         found: Placement | Reason | None
@@ -202,13 +205,13 @@ class Cycle:
     def _wait_for_releasing(self, p: PendingJob) -> Pending | None:
         """If GPUs being released by preempted jobs make the job fit, hold them for it."""
         job = p.job
-        if not self.gpus.releasing or shape(job) in self.fast.no_release_fit:
+        if not self.gpus.releasing or self.fast.shape_of(job) in self.fast.no_release_fit:
             return None
         if self.fi.total_free + self.gpus.releasing_count() < job.total_gpus:
             return None
         found = self.gpus.fit_with_releasing(job)
         if found is None:
-            self.fast.no_release_fit.add(shape(job))
+            self.fast.no_release_fit.add(self.fast.shape_of(job))
             return None
         self.fast.changing()
         coming, _ = self.gpus.claim(found)
@@ -228,7 +231,7 @@ class Cycle:
         (strict order: blocks everyone behind it)."""
         job = p.job
         if avoid:
-            unmasked = find_placement(self.cluster, self.fi, job)
+            unmasked = self._unmasked(job)
             if isinstance(unmasked, Placement):
                 assert self.reservation is not None
                 return Pending(job.id, reasons.reserved_for(job, self.reservation, self.now))
@@ -237,6 +240,9 @@ class Cycle:
         if never is not None:
             return Pending(job.id, never)
         reason = found if found is not None else self._no_fit(job)
+        if job.queue in self.tree.configs:  # a configured queue: its fair-share state is part of why
+            used, guaranteed = self.usage.held.get(job.queue, 0), self.tree.guarantee[job.queue]
+            reason = self.fast.with_standing(reason, job.queue, used, guaranteed)
         if self.config.quotas and within_guarantee(self.tree, self.usage, job.queue, job.total_gpus):
             self._starve(job)
         if self.config.backfill and self.reservation is None:
@@ -273,27 +279,42 @@ class Cycle:
 
     def _never(self, job: Job) -> Reason | None:
         """`static_feasibility` of the job's shape: a pure function of the cluster, so it is kept
-        in the cluster's memo (with the idle index it needs) for every cycle on the same Cluster."""
-        memo = self.cluster.memo
-        key = ("static_feasibility", shape(job))
-        if key not in memo:
-            idle = memo.get("idle_index")
-            if not isinstance(idle, FreeGpus):
-                idle = memo["idle_index"] = idle_index(self.cluster)
-            memo[key] = static_feasibility(self.cluster, job, idle)
-        found = memo[key]
+        in the cluster's memo (with the idle index it needs) for every cycle on the same Cluster,
+        and by shape number for this cycle."""
+        n = self.fast.shape_of(job)
+        if n in self.fast.never:
+            found = self.fast.never[n]
+        else:
+            memo = self.cluster.memo
+            key = ("static_feasibility", shape(job))
+            if key not in memo:
+                idle = memo.get("idle_index")
+                if not isinstance(idle, FreeGpus):
+                    idle = memo["idle_index"] = idle_index(self.cluster)
+                memo[key] = static_feasibility(self.cluster, job, idle)
+            found = self.fast.never[n] = memo[key]
         assert found is None or isinstance(found, Reason)
         return found
 
     def _no_fit(self, job: Job) -> Reason:
         """find_placement's Reason for a shape known not to fit, computed once per state version."""
-        key = shape(job)
+        key = self.fast.shape_of(job)
         hit = self.fast.no_fit_reason.get(key)
         if hit is not None and hit[0] == self.fast.version:
             return hit[1]
         found = find_placement(self.cluster, self.fi, job)
         assert isinstance(found, Reason)
         self.fast.no_fit_reason[key] = (self.fast.version, found)
+        return found
+
+    def _unmasked(self, job: Job) -> Placement | Reason:
+        """find_placement on every free GPU, reserved ones included, once per shape and state version."""
+        key = self.fast.shape_of(job)
+        hit = self.fast.unmasked.get(key)
+        if hit is None or hit[0] != self.fast.version:
+            hit = self.fast.unmasked[key] = (self.fast.version, find_placement(self.cluster, self.fi, job))
+        found = hit[1]
+        assert isinstance(found, (Placement, Reason))
         return found
 
     def _starve(self, job: Job) -> None:
@@ -307,13 +328,18 @@ class Cycle:
     ) -> PreemptionPlan | Reason | None:
         """A preemption plan for the job (victims not already taken; never the reserved GPUs when
         `avoid`). `candidates_of` is called only when the answer is not already known to be "no
-        plan" (listing the candidates is O(running jobs) under LAS)."""
+        plan", except under LAS: there it is called first, because it answers "nobody" at once for
+        most waiting jobs (`Candidates._las_may_find`), and the job's key is not built for them."""
         las = self.config.order is OrderPolicy.LAS
+        candidates = candidates_of() if las else None
+        if candidates is not None and not candidates:
+            return None
         own = p.job.id in self.prepared.preemptors
         key = (self.fast.preempt_key(p, las=las, own=own, check_quota=check_quota), avoid)
         if key in self.fast.no_preempt:
             return None
-        candidates = candidates_of()
+        if candidates is None:
+            candidates = candidates_of()
         if not candidates:
             return None
         reserved = self.reservation.masks if avoid and self.reservation is not None else None
@@ -321,7 +347,7 @@ class Cycle:
             plan = plan_preemption(
                 self.snapshot, p, self.config, free=self.fi, tree=self.tree, usage=self.usage,
                 candidates=candidates, taken=self.gpus.victims, check_quota=check_quota,
-                releasing=self.gpus.releasing, presorted=True,
+                releasing=self.gpus.releasing, presorted=True, explain=False,
             )
         if not isinstance(plan, PreemptionPlan):
             self.fast.no_preempt.add(key)

@@ -182,6 +182,14 @@ class FreeGpus:
         "zone_nodes",
         "zones",
     )
+    static: ClusterIndex
+    # the free GPUs (the rest is the cluster's): node index -> mask, counts, buckets by free count
+    free: list[int]
+    total_free: int
+    rack_free: list[int]
+    zone_free: list[int]
+    node_buckets: list[dict[int, None]]
+    dom_buckets: list[dict[tuple[int, int], None]]
 
     def __init__(
         self,
@@ -189,9 +197,11 @@ class FreeGpus:
         eligible_states: frozenset[NodeState] = frozenset({NodeState.READY}),
         *,
         used: Mapping[int, int] | None = None,
+        like: FreeGpus | None = None,
     ):
-        """Every GPU free, except `used` (node index -> mask of GPUs taken)."""
-        st = self.static = ClusterIndex.of(cluster, eligible_states)
+        """Every GPU free, except `used` (node index -> mask of GPUs taken); or, given `like`
+        (an index of the same cluster), the GPUs free there (`copy`)."""
+        st = self.static = ClusterIndex.of(cluster, eligible_states) if like is None else like.static
         self.cluster = cluster
         self.names = st.names
         self.index_of = st.index_of
@@ -208,6 +218,14 @@ class FreeGpus:
         self.rack_nodes = st.rack_nodes
         self.zone_nodes = st.zone_nodes
         self._match_cache = st.match_cache
+        if like is not None:
+            self.free = like.free.copy()
+            self.rack_free = like.rack_free.copy()
+            self.zone_free = like.zone_free.copy()
+            self.node_buckets = [b.copy() for b in like.node_buckets]
+            self.dom_buckets = [b.copy() for b in like.dom_buckets]
+            self.total_free = like.total_free
+            return
         self.free = list(st.all_masks)
         if used:
             for i, m in used.items():
@@ -220,8 +238,8 @@ class FreeGpus:
         st = self.static
         self.rack_free = [0] * len(st.racks)
         self.zone_free = [0] * len(st.zones)
-        self.node_buckets: list[dict[int, None]] = [{} for _ in range(st.max_node + 1)]
-        self.dom_buckets: list[dict[tuple[int, int], None]] = [{} for _ in range(st.max_domain + 1)]
+        self.node_buckets = [{} for _ in range(st.max_node + 1)]
+        self.dom_buckets = [{} for _ in range(st.max_domain + 1)]
         total = 0
         free, eligible, domains = self.free, st.eligible, st.domains
         node_rack, node_zone, rack_free, zone_free = st.node_rack, st.node_zone, self.rack_free, self.zone_free
@@ -241,6 +259,15 @@ class FreeGpus:
                     for d, dm in enumerate(doms):
                         dom_buckets[(f & dm).bit_count()][(i, d)] = None
         self.total_free = total
+
+    def copy(self) -> FreeGpus:
+        """An independent index with the same free GPUs, without `_rebuild`'s pass over every node.
+
+        Why: a `SchedulerState` keeps one index current between cycles (each change moves the few
+        nodes it touches) and hands each cycle a copy it may change. The copy's buckets are the
+        same sets as a rebuilt index's; their insertion order may differ, which nothing reads
+        (placement takes `min` or `sorted` of a bucket, or its size)."""
+        return FreeGpus(self.cluster, like=self)
 
     @classmethod
     def from_running(
@@ -308,11 +335,12 @@ class FreeGpus:
 
     def match_masks(self, request: GpuRequest | None) -> tuple[bool, list[int]]:
         """(every GPU matches, per-node mask of GPUs that satisfy `request`)."""
-        if request is None or (request.model is None and request.min_memory_gib is None):
+        if request is None or request.is_any:
             return True, self.all_masks
         hit = self._match_cache.get(request)
         if hit is None:
-            masks = [mask_of(g.index for g in n.gpus if request.matches(g)) for n in self.cluster.nodes]
+            masks = [mask_of(g.index for g in n.gpus if request.matches(g)) if request.fits_node(n) else 0
+                     for n in self.cluster.nodes]
             hit = (masks == self.all_masks, masks)
             self._match_cache[request] = hit
         return hit

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 from corral.core.gpuset import FreeGpus, Statement
 from corral.core.model import Job, Placement, RunningJob
-from corral.core.placement import find_placement
+from corral.core.placement import placement_or_none
 
 Masks = tuple[tuple[int, int], ...]
 
@@ -79,10 +79,9 @@ class GpuLedger:
         try:
             for i, m in self.releasing.items():
                 stmt.give(i, m)
-            found = find_placement(self.fi.cluster, self.fi, job)
+            return placement_or_none(self.fi, job)
         finally:
             stmt.rollback()
-        return found if isinstance(found, Placement) else None
 
     def claim(self, placement: Placement, victims: Sequence[RunningJob] = ()) -> tuple[int, bool]:
         """Hold `placement`'s GPUs for a job that waits: free ones are taken now, releasing ones

@@ -79,6 +79,9 @@ class Node:
     rack: str
     zone: str
     state: NodeState = NodeState.READY
+    cpus: float | None = None  # host CPU cores and memory (None: not declared, never a limit)
+    memory_gib: float | None = None
+    datasets: frozenset[str] = frozenset()  # datasets this node holds (a job's mounts may need them)
 
     def __post_init__(self) -> None:
         indices = [g.index for g in self.gpus]
@@ -191,11 +194,32 @@ class GpuRequest:
 
     model: str | None = None
     min_memory_gib: int | None = None
+    #: Host CPUs and memory a rank needs per GPU it holds. A GPU carries its share of its node's
+    #: (node CPUs / node GPUs): as GPUs are exclusive, jobs that fit their shares never oversubscribe
+    #: a node (Slurm's CPUs-per-GPU). A node that declares no capacity is not limited.
+    cpus_per_gpu: float | None = None
+    memory_gib_per_gpu: float | None = None
+    datasets: frozenset[str] = frozenset()  # only nodes holding all of these (node-local data)
+
+    @property
+    def is_any(self) -> bool:
+        return (self.model is None and self.min_memory_gib is None and self.cpus_per_gpu is None
+                and self.memory_gib_per_gpu is None and not self.datasets)
 
     def matches(self, gpu: Gpu) -> bool:
         if self.model is not None and gpu.model != self.model:
             return False
         return self.min_memory_gib is None or gpu.memory_gib >= self.min_memory_gib
+
+    def fits_node(self, node: Node) -> bool:
+        """Whether `node` gives each of its GPUs enough host CPU and memory, and has the datasets."""
+        share = len(node.gpus) or 1
+        if self.cpus_per_gpu is not None and node.cpus is not None and self.cpus_per_gpu * share > node.cpus:
+            return False
+        if self.memory_gib_per_gpu is not None and node.memory_gib is not None \
+                and self.memory_gib_per_gpu * share > node.memory_gib:
+            return False
+        return self.datasets <= node.datasets
 
     def describe(self) -> str:
         parts = []
@@ -203,7 +227,17 @@ class GpuRequest:
             parts.append(self.model)
         if self.min_memory_gib is not None:
             parts.append(f">= {self.min_memory_gib} GiB")
-        return " ".join(parts) or "any GPU"
+        if not parts:
+            parts.append("any GPU")
+        if self.cpus_per_gpu is not None:
+            parts.append(f"with >= {self.cpus_per_gpu:g} host CPUs per GPU")
+        if self.memory_gib_per_gpu is not None:
+            parts.append(f"with >= {self.memory_gib_per_gpu:g} GiB host memory per GPU")
+        if self.datasets:
+            parts.append("on a node with dataset " + ", ".join(sorted(self.datasets)))
+        return " ".join(parts)
+
+
 
 
 @dataclass(frozen=True, slots=True)

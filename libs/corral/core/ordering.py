@@ -106,67 +106,100 @@ def fair_share_walk(
     """`_fair_share_order` from each known queue's jobs already in `_in_queue_key` order (and the
     jobs of unknown queues, last, in submit order): the part a `SchedulerState` cannot keep, because
     the shares move with every job taken. `usage` is not changed."""
-    usage = usage.copy()
-    heads: dict[str, deque[PendingJob]] = {q: deque(js) for q, js in sorted_by_queue.items() if js}
-    waiting: dict[str, int] = {}
-    for q, js in heads.items():
-        for a in tree.path(q):
-            waiting[a] = waiting.get(a, 0) + len(js)
-    heaps: dict[str, list[tuple[tuple[tuple[int, float], tuple[int, float, str], str], str]]] = {}
-    current: dict[tuple[str, str], tuple[tuple[int, float], tuple[int, float, str], str]] = {}
-    best: dict[str, tuple[int, float, str]] = {}  # best job key anywhere in a subtree with waiting jobs
-
-    def offer(owner: str, cand: str, key: tuple[tuple[int, float], tuple[int, float, str], str]) -> None:
-        if current.get((owner, cand)) != key:
-            current[(owner, cand)] = key
-            heapq.heappush(heaps.setdefault(owner, []), (key, cand))
-
-    def refresh(q: str) -> None:
-        """Recompute q's own entry, its best job key and its entry in its parent's heap."""
-        own = heads.get(q)
-        share = share_key(tree, usage, q)
-        if own:
-            offer(q, q, (share, _in_queue_key(own[0]), q))
-        else:
-            current.pop((q, q), None)
-        parent = tree.parent(q)
-        if waiting.get(q, 0) > 0:
-            keys = [_in_queue_key(own[0])] if own else []
-            keys.extend(best[c] for c in tree.children.get(q, ()) if waiting.get(c, 0) > 0)
-            best[q] = min(keys)
-            offer(parent, q, (share, best[q], q))
-        else:
-            best.pop(q, None)
-            current.pop((parent, q), None)
-
-    for q in sorted(waiting, key=lambda n: -n.count("/")):  # leaves before their ancestors
-        refresh(q)
-
-    remaining = sum(len(js) for js in heads.values())
-    while remaining:
-        node = _descend(heaps, current)
-        p = heads[node].popleft()
-        yield p
-        remaining -= 1
-        usage.add(node, p.job.total_gpus)
-        for a in tree.path(node):
-            waiting[a] -= 1
-        for a in tree.path(node):
-            refresh(a)
+    walk = _Walk(tree, usage.copy(), sorted_by_queue)
+    yield from walk.jobs()
     yield from unknown
 
 
 _Offer = tuple[tuple[int, float], tuple[int, float, str], str]
 
 
-def _descend(heaps: dict[str, list[tuple[_Offer, str]]], current: dict[tuple[str, str], _Offer]) -> str:
-    """From the root, follow each level's best current offer down to the queue whose job is next."""
-    node = ROOT
-    while True:
-        heap = heaps[node]
-        while current.get((node, heap[0][1])) != heap[0][0]:
-            heapq.heappop(heap)  # stale: the candidate's key changed or it has no jobs left
-        choice = heap[0][1]
-        if choice == node:
-            return node
-        node = choice
+class _Walk:
+    """The state of one `fair_share_walk`: per tree node a heap of offers (share key, best job key
+    in the candidate's subtree, name) from its children with waiting jobs and from its own jobs,
+    and the current offer of each (owner, candidate), against which heap entries are checked.
+
+    A class rather than closures inside the generator: `refresh` runs for every ancestor of every
+    job taken (~12 % of a Corral cycle), and a queue whose subtree has no other waiting queue
+    (every leaf) skips the list of keys and its own heap -- it is its only candidate."""
+
+    __slots__ = ("best", "current", "heads", "heaps", "nested", "tree", "usage", "waiting")
+
+    def __init__(self, tree: QueueTree, usage: QueueUsage, sorted_by_queue: dict[str, list[PendingJob]]) -> None:
+        self.tree, self.usage = tree, usage
+        self.heads: dict[str, deque[PendingJob]] = {q: deque(js) for q, js in sorted_by_queue.items() if js}
+        self.waiting: dict[str, int] = {}
+        for q, js in self.heads.items():
+            for a in tree.path(q):
+                self.waiting[a] = self.waiting.get(a, 0) + len(js)
+        # nodes with a waiting child: their own jobs compete with their children's offers
+        self.nested = {tree.parent(q) for q in self.waiting}
+        self.heaps: dict[str, list[tuple[_Offer, str]]] = {}
+        self.current: dict[tuple[str, str], _Offer] = {}
+        self.best: dict[str, tuple[int, float, str]] = {}  # best job key in a subtree with waiting jobs
+
+    def jobs(self) -> Iterator[PendingJob]:
+        tree, usage, heads, waiting = self.tree, self.usage, self.heads, self.waiting
+        for q in sorted(waiting, key=lambda n: -n.count("/")):  # leaves before their ancestors
+            self.refresh(q)
+        remaining = sum(len(js) for js in heads.values())
+        while remaining:
+            node = self.descend()
+            p = heads[node].popleft()
+            yield p
+            remaining -= 1
+            usage.add(node, p.job.total_gpus)
+            path = tree.path(node)
+            for a in path:
+                waiting[a] -= 1
+            for a in path:
+                self.refresh(a)
+
+    def offer(self, owner: str, cand: str, key: _Offer) -> None:
+        if self.current.get((owner, cand)) != key:
+            self.current[(owner, cand)] = key
+            heap = self.heaps.get(owner)
+            if heap is None:
+                heap = self.heaps[owner] = []
+            heapq.heappush(heap, (key, cand))
+
+    def refresh(self, q: str) -> None:
+        """Recompute q's own entry, its best job key and its entry in its parent's heap."""
+        own = self.heads.get(q)
+        tree = self.tree
+        share = share_key(tree, self.usage, q)
+        mine = _in_queue_key(own[0]) if own else None
+        nested = q in self.nested
+        if nested:
+            if mine is not None:
+                self.offer(q, q, (share, mine, q))
+            else:
+                self.current.pop((q, q), None)
+        parent = tree.parent(q)
+        if self.waiting.get(q, 0) > 0:
+            if nested:
+                keys = [mine] if mine is not None else []
+                keys.extend(self.best[c] for c in tree.children.get(q, ()) if self.waiting.get(c, 0) > 0)
+                best = self.best[q] = min(keys)
+            else:
+                assert mine is not None
+                best = self.best[q] = mine
+            self.offer(parent, q, (share, best, q))
+        else:
+            self.best.pop(q, None)
+            self.current.pop((parent, q), None)
+
+    def descend(self) -> str:
+        """From the root, follow each level's best current offer down to the queue whose job is next."""
+        node = ROOT
+        heaps, current, nested = self.heaps, self.current, self.nested
+        while True:
+            if node != ROOT and node not in nested:
+                return node  # no waiting child: its own jobs are its only candidate
+            heap = heaps[node]
+            while current.get((node, heap[0][1])) != heap[0][0]:
+                heapq.heappop(heap)  # stale: the candidate's key changed or it has no jobs left
+            choice = heap[0][1]
+            if choice == node:
+                return node
+            node = choice

@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 from corral.core.decisions import Reason, ReasonCode
 from corral.core.gpuset import FreeGpus, indices_of
-from corral.core.model import Cluster, Job, NodeState, Placement, RankPlacement, TopologyLevel
+from corral.core.model import Cluster, GpuRequest, Job, Node, NodeState, Placement, RankPlacement, TopologyLevel
 
 _SCOPE = MappingProxyType({
     None: "",
@@ -28,7 +28,7 @@ _SCOPE = MappingProxyType({
 
 
 @dataclass(slots=True)
-class _Request:
+class GangRequest:
     """The job's shape against one index: what a filter needs to count a node's slots."""
 
     fi: FreeGpus
@@ -47,24 +47,24 @@ class _Request:
 # -- filter plugins: each narrows what a node can offer; together they give its slot count --------
 
 
-def filter_node_eligible(req: _Request, i: int) -> bool:
+def filter_node_eligible(req: GangRequest, i: int) -> bool:
     """Only READY nodes take new work (draining and lost nodes are never offered)."""
     return req.fi.eligible[i]
 
 
-def filter_gpu_match(req: _Request, i: int) -> int:
+def filter_gpu_match(req: GangRequest, i: int) -> int:
     """Free GPUs of the node that satisfy the job's model and memory request."""
     return req.fi.free[i] & req.match[i]
 
 
-def filter_replica_topology(req: _Request, i: int, usable: int) -> int:
+def filter_replica_topology(req: GangRequest, i: int, usable: int) -> int:
     """Ranks that fit: a rank lives on one node, and inside one NVLink domain if the job says so."""
     if req.nvlink_replica:
         return sum((usable & d).bit_count() // req.k for d in req.fi.domains[i])
     return usable.bit_count() // req.k
 
 
-def node_slots(req: _Request, i: int) -> int:
+def node_slots(req: GangRequest, i: int) -> int:
     if not filter_node_eligible(req, i):
         return 0
     return filter_replica_topology(req, i, filter_gpu_match(req, i))
@@ -73,7 +73,7 @@ def node_slots(req: _Request, i: int) -> int:
 # -- score plugins: best fit inside a group, tightest group first ----------------------------------
 
 
-def _pack(req: _Request, nodes: list[int], need: int) -> list[tuple[int, int]] | None:
+def _pack(req: GangRequest, nodes: list[int], need: int) -> list[tuple[int, int]] | None:
     """Fewest nodes for `need` ranks, the last one best-fit (bin-packing); None if they do not fit."""
     slotted = [(s, i) for i in nodes if (s := node_slots(req, i)) > 0]
     if sum(s for s, _ in slotted) < need:
@@ -94,7 +94,7 @@ def _pack(req: _Request, nodes: list[int], need: int) -> list[tuple[int, int]] |
     return chosen
 
 
-def _spread(req: _Request, groups: list[list[int]], need: int) -> list[tuple[int, int]] | None:
+def _spread(req: GangRequest, groups: list[list[int]], need: int) -> list[tuple[int, int]] | None:
     """Fewest groups (racks) for `need` ranks, the last one best-fit, then fewest nodes inside."""
     caps = []
     for g in groups:
@@ -122,7 +122,7 @@ def _spread(req: _Request, groups: list[list[int]], need: int) -> list[tuple[int
     return out
 
 
-def _pick_gpus(req: _Request, i: int, n: int) -> list[tuple[int, ...]]:
+def _pick_gpus(req: GangRequest, i: int, n: int) -> list[tuple[int, ...]]:
     """GPUs for `n` ranks on node i: each rank best-fit into one NVLink domain when it can."""
     fi = req.fi
     usable = fi.free[i] & req.match[i]
@@ -149,7 +149,7 @@ def _pick_gpus(req: _Request, i: int, n: int) -> list[tuple[int, ...]]:
     return ranks
 
 
-def _to_placement(req: _Request, chosen: list[tuple[int, int]]) -> Placement:
+def _to_placement(req: GangRequest, chosen: list[tuple[int, int]]) -> Placement:
     ranks: list[RankPlacement] = []
     for i, n in chosen:
         for gpus in _pick_gpus(req, i, n):
@@ -157,7 +157,7 @@ def _to_placement(req: _Request, chosen: list[tuple[int, int]]) -> Placement:
     return Placement(tuple(ranks))
 
 
-def _in_one_domain(req: _Request) -> list[tuple[int, int]] | None:
+def _in_one_domain(req: GangRequest) -> list[tuple[int, int]] | None:
     """The whole gang inside one NVLink domain: the fullest domain that still fits."""
     fi, total = req.fi, req.total
     if req.all_match:
@@ -182,7 +182,7 @@ def _in_one_domain(req: _Request) -> list[tuple[int, int]] | None:
     return [(best[1], req.replicas)]
 
 
-def _in_one_node(req: _Request) -> list[tuple[int, int]] | None:
+def _in_one_node(req: GangRequest) -> list[tuple[int, int]] | None:
     """The whole gang on one node: the fullest node that still fits."""
     fi, total = req.fi, req.total
     if req.all_match:
@@ -205,13 +205,13 @@ def _in_one_node(req: _Request) -> list[tuple[int, int]] | None:
     return None if best is None else [(best[1], req.replicas)]
 
 
-def _group_free(req: _Request, groups: list[list[int]], totals: list[int]) -> list[int]:
+def _group_free(req: GangRequest, groups: list[list[int]], totals: list[int]) -> list[int]:
     if req.all_match:
         return totals
     return [sum(filter_gpu_match(req, i).bit_count() for i in g) for g in groups]
 
 
-def _in_one_group(req: _Request, groups: list[list[int]], totals: list[int]) -> list[tuple[int, int]] | None:
+def _in_one_group(req: GangRequest, groups: list[list[int]], totals: list[int]) -> list[tuple[int, int]] | None:
     """The whole gang inside one rack (or zone): the fullest group that fits."""
     free = _group_free(req, groups, totals)
     order = sorted((f, g) for g, f in enumerate(free) if f >= req.total)
@@ -222,7 +222,7 @@ def _in_one_group(req: _Request, groups: list[list[int]], totals: list[int]) -> 
     return None
 
 
-def _cluster_capacity(req: _Request) -> int:
+def cluster_capacity(req: GangRequest) -> int:
     """Ranks the whole cluster could take now (O(buckets) when every GPU matches)."""
     fi, k = req.fi, req.k
     if req.all_match:
@@ -232,9 +232,9 @@ def _cluster_capacity(req: _Request) -> int:
     return sum(node_slots(req, i) for i in range(len(fi.names)))
 
 
-def _request(fi: FreeGpus, job: Job) -> _Request:
+def request_for(fi: FreeGpus, job: Job) -> GangRequest:
     all_match, match = fi.match_masks(job.gpu)
-    return _Request(
+    return GangRequest(
         fi, job.replicas, job.gpus_per_replica, job.topology.replica is TopologyLevel.NVLINK, all_match, match
     )
 
@@ -247,18 +247,40 @@ def find_placement(cluster: Cluster, free: FreeGpus, job: Job) -> Placement | Re
     """
     if free.cluster is not cluster and free.cluster != cluster:
         raise ValueError("find_placement: `free` indexes a different cluster than `cluster`")
-    req = _request(free, job)
+    req = request_for(free, job)
     chosen = _place(req, job)
     if chosen is not None:
         return _to_placement(req, chosen)
     return _no_fit_reason(req, job)
 
 
-def _place(req: _Request, job: Job) -> list[tuple[int, int]] | None:
+def placement_or_none(free: FreeGpus, job: Job) -> Placement | None:
+    """`find_placement`'s Placement, or None without the Reason (for callers that drop it)."""
+    req = request_for(free, job)
+    chosen = _place(req, job)
+    return None if chosen is None else _to_placement(req, chosen)
+
+
+def fits_now(free: FreeGpus, job: Job) -> bool:
+    """Whether `find_placement` would place the whole gang on `free`, without building the
+    Placement or, when it does not fit, the Reason: searches that try many what-ifs (a backfill
+    reservation's prefixes of releases, a preemption plan's prefixes of victims) need only that.
+
+    Without a hard gang level the counts answer alone: `_place` then ends, if nothing tighter
+    fits, by spreading over racks (or zones), which fails only when the groups' slots sum to fewer
+    than the replicas -- the cluster's capacity, which `_place` checks first."""
+    req = request_for(free, job)
+    if job.topology.gang is None:
+        enough = (free.total_free if req.all_match else 1 << 62) >= req.total
+        return enough and cluster_capacity(req) >= req.replicas
+    return _place(req, job) is not None
+
+
+def _place(req: GangRequest, job: Job) -> list[tuple[int, int]] | None:
     fi = req.fi
     hard = job.topology.gang
     limit = 4 if hard is None else hard.depth
-    if (fi.total_free if req.all_match else 1 << 62) < req.total or _cluster_capacity(req) < req.replicas:
+    if (fi.total_free if req.all_match else 1 << 62) < req.total or cluster_capacity(req) < req.replicas:
         return None
     if limit == 0:
         return _in_one_domain(req) if req.total <= fi.max_domain else None
@@ -292,7 +314,7 @@ def _place(req: _Request, job: Job) -> list[tuple[int, int]] | None:
     return _spread(req, fi.rack_nodes, req.replicas)
 
 
-def _no_fit_reason(req: _Request, job: Job) -> Reason:
+def _no_fit_reason(req: GangRequest, job: Job) -> Reason:
     fi = req.fi
     hard = job.topology.gang
     free_total = (
@@ -331,7 +353,7 @@ def _no_fit_reason(req: _Request, job: Job) -> Reason:
         msg = f"needs {job.shape}{scope}; best {unit} has {best} free GPUs"
         details.append(("best_group_free", best))
     else:
-        cap = _cluster_capacity(req)
+        cap = cluster_capacity(req)
         msg = (
             f"needs {job.shape}; {free_total} matching GPUs are free but fragmented: "
             f"room for {cap} of {job.replicas} ranks"
@@ -345,6 +367,20 @@ def idle_index(cluster: Cluster) -> FreeGpus:
     return FreeGpus(cluster, frozenset({NodeState.READY, NodeState.DRAINING}))
 
 
+def _node_offer(request: GpuRequest, nodes: tuple[Node, ...]) -> str:
+    """What the best nodes offer of what `request` needs of a node, for a refusal."""
+    said = []
+    if request.cpus_per_gpu is not None:
+        cpus = [n.cpus / len(n.gpus) for n in nodes if n.cpus is not None and n.gpus]
+        said.append(f"at most {max(cpus):g} host CPUs per GPU" if cpus else "no declared CPUs")
+    if request.memory_gib_per_gpu is not None:
+        memory = [n.memory_gib / len(n.gpus) for n in nodes if n.memory_gib is not None and n.gpus]
+        said.append(f"at most {max(memory):g} GiB host memory per GPU" if memory else "no declared memory")
+    if request.datasets:
+        said.append("datasets " + (", ".join(sorted({d for n in nodes for d in n.datasets})) or "none"))
+    return "; its nodes give " + ", ".join(said) if said else ""
+
+
 def static_feasibility(cluster: Cluster, job: Job, idle: FreeGpus | None = None) -> Reason | None:
     """None when the job could fit this cluster's shape if it were idle; else why it never can.
 
@@ -352,13 +388,14 @@ def static_feasibility(cluster: Cluster, job: Job, idle: FreeGpus | None = None)
     `idle` may be passed (from `idle_index`) to avoid rebuilding it for every job.
     """
     fi = idle if idle is not None else idle_index(cluster)
-    req = _request(fi, job)
+    req = request_for(fi, job)
     if not any(m for i, m in enumerate(req.match) if fi.eligible[i]):
         have = sorted({f"{g.model} {g.memory_gib} GiB" for n in cluster.nodes for g in n.gpus})
         want = job.gpu.describe() if job.gpu is not None else "any GPU"
         return Reason(
             ReasonCode.NO_MATCHING_GPU,
-            f"no GPU in the cluster matches {want}; it has {', '.join(have) or 'no GPUs'}",
+            f"no GPU in the cluster matches {want}; it has {', '.join(have) or 'no GPUs'}"
+            + (_node_offer(job.gpu, cluster.nodes) if job.gpu is not None else ""),
             (("needs_gpus", job.total_gpus),),
         )
     if _place(req, job) is not None:

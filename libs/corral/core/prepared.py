@@ -22,6 +22,7 @@ from corral.core.ledger import add_masks
 from corral.core.model import PendingJob, RunningJob, SchedulerConfig, Snapshot
 from corral.core.ordering import iter_pending, tree_for
 from corral.core.quota import QueueTree, QueueUsage
+from corral.core.running import RunningIndex
 from corral.core.shortcuts import ClassMemo
 
 _BY_ID = attrgetter("job.id")
@@ -35,7 +36,8 @@ class Prepared:
     every pending job's class id (numbers are only compared within one cycle); live and sample:
     the classes in order of their first job in `snapshot.pending`, with their job counts and that
     first job (None: the cycle counts them itself); releases: the backfill release of every running
-    job not asked to checkpoint, by job id (any order; empty when the policy does not backfill)."""
+    job not asked to checkpoint, by job id (any order; empty when the policy does not backfill);
+    kept: the running jobs as the owner keeps them (`Candidates`; None: the cycle computes)."""
 
     snapshot: Snapshot
     tree: QueueTree
@@ -49,6 +51,7 @@ class Prepared:
     releases: Mapping[str, Release]
     live: dict[int | None, int] | None = None
     sample: dict[int, PendingJob] | None = None
+    kept: RunningIndex | None = None
 
 
 def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Prepared:

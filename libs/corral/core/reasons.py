@@ -8,10 +8,11 @@ answers are worded here.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Sequence
 
 from corral.core.backfill import Reservation
 from corral.core.decisions import Reason, ReasonCode
-from corral.core.model import Job, OrderPolicy, Placement
+from corral.core.model import Job, OrderPolicy, Placement, RunningJob
 
 
 def placed(job: Job, placement: Placement, reservation: Reservation | None) -> Reason:
@@ -61,6 +62,18 @@ def reserved_for(job: Job, r: Reservation, now: float) -> Reason:
     )
 
 
+def with_standing(reason: Reason, queue: str, used: int, guaranteed: int) -> Reason:
+    """`reason`, with the fair-share state of the job's queue (issue 19: "GANG_DOES_NOT_FIT: 0
+    free" never said that the queue was under its guarantee, i.e. first in fair-share order)."""
+    where = ("under its guarantee" if used < guaranteed else
+             f"borrows {used - guaranteed}" if used > guaranteed else "at its guarantee")
+    return Reason(
+        reason.code,
+        reason.message + f"; queue {queue} uses {used} of {guaranteed} guaranteed GPUs ({where})",
+        (*reason.details, ("queue_used", used), ("queue_guaranteed", guaranteed)),
+    )
+
+
 def with_reservation(reason: Reason, r: Reservation) -> Reason:
     """`reason`, saying that the job now holds the backfill reservation `r`."""
     return Reason(
@@ -69,4 +82,34 @@ def with_reservation(reason: Reason, r: Reservation) -> Reason:
         + f"; holds a reservation of {r.gpus} GPUs"
         + ("" if math.isinf(r.shadow_time) else f" from t={r.shadow_time:.0f}"),
         (*reason.details, ("reserved_gpus", r.gpus), ("shadow_time", r.shadow_time)),
+    )
+
+
+def preempting(kinds: Collection[ReasonCode], victims: Sequence[RunningJob], now: float) -> Reason:
+    """Why victims are preempted, and what it costs. Lost work counts from each victim's last
+    checkpoint (`RunningJob.lost_work`), and a victim with a checkpoint grace is asked to write one
+    first: the work since its last checkpoint is lost only if it stops without one (issue 19: the
+    reason said "125 GPU-seconds are lost" of a victim that checkpointed at the signal)."""
+    unsaved = sum(v.lost_work(now) for v in victims)
+    gpus = sum(v.placement.gpu_count for v in victims)
+    ids = ", ".join(sorted(v.job.id for v in victims))
+    if ReasonCode.RECLAIMED_FOR_GUARANTEE in kinds:
+        code, why = ReasonCode.RECLAIMED_FOR_GUARANTEE, "reclaiming guaranteed GPUs from borrowing queues"
+    elif ReasonCode.PREEMPTED_FOR_LAS in kinds:
+        code, why = ReasonCode.PREEMPTED_FOR_LAS, "victims attained far more service"
+    else:
+        code = ReasonCode.PREEMPTED_FOR_PRIORITY
+        why = f"victims have lower priority (max {max(v.job.priority for v in victims)})"
+    grace = min(v.job.checkpoint_grace_seconds for v in victims)
+    cost = (
+        f"{unsaved:.0f} GPU-seconds since their last checkpoint are lost only if they stop without "
+        f"checkpointing (they are asked to, within {grace} s)"
+        if grace > 0
+        else f"{unsaved:.0f} GPU-seconds since their last checkpoint are lost (no checkpoint grace)"
+    )
+    return Reason(
+        code,
+        f"preempting {len(victims)} job(s) ({ids}) holding {gpus} GPUs, {why}; {cost}",
+        (("victims", len(victims)), ("freed_gpus", gpus), ("unsaved_gpu_seconds", unsaved),
+         ("checkpoint_grace_seconds", grace)),
     )

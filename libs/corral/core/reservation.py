@@ -18,38 +18,34 @@ it back. Jobs that no waiting job could ever preempt (within their guarantees at
 not preemptible, or nothing of higher priority waits in their queue) are reserved on the quota
 check alone, as before, so a big guaranteed gang still reaches placement and its reservation.
 For the others ("exposed": see `_Exposure`) the round is played out with the core's own
-decisions, the same ones the services take:
-1. placement: `schedule` with preemption, reclaim and quotas off (the placement service's config)
-   over every job holding quota, this round's included;
-2. preemption: `schedule` with the full config (the preemption service's) on the state where
-   those jobs run;
+decisions, the same ones the services take (`corral.core.steps`):
+1. placement: `placement_step` over every job holding quota, this round's included;
+2. preemption: `preemption_step` on the state where those jobs run;
 a job reserved this round that (2) picks as a victim is not reserved, nor is one exposed already
 at its turn in the order (it borrows, or a job of higher priority waits in its queue) that (1)
 cannot start now and (2) does not make a preemptor: holding quota, it would start later, on
 whatever GPUs come free first, and be reclaimed then. A job within its guarantees at its turn is
 reserved even when it cannot start yet, as before. Not reserving a job changes the round, so
-it is played again until no job reserved in it is a victim (each pass drops at least one job).
+it is played again until no job reserved in it is a victim (each pass drops at least one job),
+and a job not reserved counts for nothing: the jobs its quota blocked at their turn are checked
+again without it (otherwise, found by the simulator's services pipeline under LAS, a held-back
+8-GPU job kept the 1-GPU job that would preempt it out of its queue's quota, and nothing was
+reserved, round after round). A reservation held from an earlier round is played out the same
+way when it is exposed now (a job that may reclaim it arrived since): if placement would start
+it and preemption take it back at once, it is given back (`Revoke`) instead of wasting the
+victim's checkpoint grace (found by the simulator's services pipeline too).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from corral.core.cycle import schedule
-from corral.core.decisions import Pending, Place, Preempt, Reason, ReasonCode
-from corral.core.model import (
-    Job,
-    OrderPolicy,
-    PendingJob,
-    Placement,
-    RunningJob,
-    SchedulerConfig,
-    Snapshot,
-)
+from corral.core.decisions import Pending, Place, Reason, ReasonCode
+from corral.core.model import Job, OrderPolicy, PendingJob, Placement, SchedulerConfig, Snapshot
 from corral.core.ordering import order_pending, tree_for
 from corral.core.quota import ROOT, QueueTree, QueueUsage, quota_check
+from corral.core.steps import Step, after_placing, placement_step, preemption_step, step_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +59,17 @@ class Reserve:
 
 
 def placement_config(config: SchedulerConfig) -> SchedulerConfig:
-    """What the placement service decides with: the same order and backfill, over jobs that hold
-    quota already, without preemption, reclaim or quota checks (services/placement/service.py)."""
-    return dataclasses.replace(config, preemption=False, reclaim=False, quotas=False)
+    """What the placement step decides with (`corral.core.steps.step_config`)."""
+    return step_config(Step.PLACEMENT, config)
+
+
+@dataclass(frozen=True, slots=True)
+class Revoke:
+    """Give back the quota a waiting job holds: placement would start it now and preemption
+    take it back at once (`reason` names the job it would be taken back for)."""
+
+    job_id: str
+    reason: Reason
 
 
 def reserve_quota(
@@ -74,30 +78,70 @@ def reserve_quota(
     *,
     reserved: Collection[str] = frozenset(),
     held: Iterable[tuple[str, int]] = (),
-) -> list[Reserve | Pending]:
+) -> list[Reserve | Pending | Revoke]:
     """One decision per pending job not in `reserved`, in fair-share order: Reserve, or Pending
-    with the reason. `snapshot.pending` holds every job waiting for GPUs; `reserved` names those
-    among them that already hold quota (they count as used and are not decided again); `held` is
-    (queue, GPUs) still reserved by jobs neither running nor pending (not given back yet).
-    `config` is the preemption service's: the one whose decisions must not undo these."""
+    with the reason; then a Revoke for each job of `reserved` that would be started and taken
+    back at once. `snapshot.pending` holds every job waiting for GPUs; `reserved` names those
+    among them that already hold quota (they count as used and are not decided again unless
+    exposed); `held` is (queue, GPUs) still reserved by jobs neither running nor pending (not
+    given back yet). `config` is the preemption service's: the one whose decisions must not
+    undo these. A round in which every waiting job holds quota decides nothing (the quota service
+    skips it: with a backlog that all holds quota, each round would replay placement for nothing)."""
+    if all(p.job.id in reserved for p in snapshot.pending):
+        return []
     tree = tree_for(snapshot, config)
-    usage = QueueUsage.of(tree, snapshot.running)
+    base = QueueUsage.of(tree, snapshot.running)
     for queue, gpus in held:
         if tree.known(queue):
-            usage.add(queue, gpus)
-    waiting = [p for p in snapshot.pending if p.job.id not in reserved]
-    for p in snapshot.pending:  # reserved but not yet placed counts too
-        if p.job.id in reserved and tree.known(p.job.queue):
-            usage.add(p.job.queue, p.job.total_gpus)
+            base.add(queue, gpus)
+    holders = {p.job.id: p.job for p in snapshot.pending if p.job.id in reserved}
+    waiting = [p for p in snapshot.pending if p.job.id not in holders]
     order = order_pending(
         Snapshot(snapshot.now, snapshot.cluster, snapshot.queues, tuple(waiting), snapshot.running), config, tree=tree
     )
+    exposure = _Exposure(snapshot, config, tree)
+    refused: dict[str, Reason] = {}
+    while True:
+        usage = base.copy()
+        for job in holders.values():  # reserved but not yet placed counts too, unless revoked
+            if job.id not in refused and tree.known(job.queue):
+                usage.add(job.queue, job.total_gpus)
+        out, admitted, exposed, borrowing = _quota_pass(snapshot, config, order, usage, exposure, refused)
+        # a reservation held from earlier rounds may be exposed now (a job that may reclaim it
+        # arrived since): it is played out too, and given back if it would be taken back at once
+        risky = [i for i, job in holders.items() if i not in refused and exposure.of(job, usage)]
+        keep = set(holders) - set(risky) - set(refused)
+        more = _played_out(snapshot, config, keep, admitted + risky, exposed | set(risky), borrowing) \
+            if exposed or risky else {}
+        refused.update(more)
+        # A job not reserved after all (or whose reservation is revoked) counts for nothing: the
+        # round is decided again without it (otherwise a refused job held its queue's quota against
+        # the jobs it blocked, and the next round refused it again: nothing started, ever). Each
+        # pass refuses at least one more job, so this ends.
+        if not more:
+            return [*out, *(Revoke(i, refused[i]) for i in holders if i in refused)]
+
+
+def _quota_pass(
+    snapshot: Snapshot,
+    config: SchedulerConfig,
+    order: Iterable[PendingJob],
+    usage: QueueUsage,
+    exposure: _Exposure,
+    refused: Mapping[str, Reason],
+) -> tuple[list[Reserve | Pending], list[str], set[str], set[str]]:
+    """Quota for each job in `order` but the `refused` ones (Pending with their reason, counting
+    nothing): the decisions, the jobs reserved, those exposed to preemption, and those exposed
+    already at their turn (`borrowing`: they wait without quota unless they start now)."""
+    tree = exposure.tree
     out: list[Reserve | Pending] = []
     admitted: list[Job] = []
-    exposure = _Exposure(snapshot, config, tree)
-    borrowing: set[str] = set()  # exposed with the usage at their turn: they wait without quota
+    borrowing: set[str] = set()
     for p in order:
         job = p.job
+        if job.id in refused:
+            out.append(Pending(job.id, refused[job.id]))
+            continue
         blocked = quota_check(snapshot, job, usage, tree=tree, quotas=config.quotas)
         if blocked is not None:
             out.append(Pending(job.id, blocked))
@@ -107,13 +151,14 @@ def reserve_quota(
         admitted.append(job)
         if exposure.of(job, usage):
             borrowing.add(job.id)
+    if admitted:  # a refusal states the usage after the whole round (later jobs took quota after its turn)
+        jobs = {p.job.id: p.job for p in order}
+        out = [Pending(d.job_id, quota_check(snapshot, jobs[d.job_id], usage, tree=tree, quotas=config.quotas)
+                       or d.reason) if isinstance(d, Pending) and d.job_id not in refused else d for d in out]
     # with every reservation of the round counted, more may be exposed (a later one pushed their
     # queue over its guarantee): those are checked against preemption too, but may wait with quota
     exposed = {j.id for j in admitted if j.id in borrowing or exposure.of(j, usage)}
-    if not exposed:
-        return out
-    refused = _played_out(snapshot, config, reserved, [j.id for j in admitted], exposed, borrowing)
-    return [Pending(d.job_id, refused[d.job_id]) if d.job_id in refused else d for d in out]
+    return out, [j.id for j in admitted], exposed, borrowing
 
 
 class _Exposure:
@@ -121,7 +166,8 @@ class _Exposure:
     superset of what `preemption.eligibility.victim_kind` may accept, given queue usage `usage`):
     - a waiting job of higher priority in the same queue (priority preemption);
     - a queue on the job's path above its guarantee, with a waiting job in a sibling subtree of it
-      (reclaim: that job may be entitled);
+      (reclaim: that job may be entitled); a job of a queue with children (admission refuses
+      those, the core does not) with a waiting job in a child subtree;
     - any job under LAS with preemption (attained service changes as jobs run).
     A job that is not preemptible, or is protected by `min_runtime_seconds` right after its start,
     is never a victim in the round it starts."""
@@ -134,9 +180,11 @@ class _Exposure:
         self.reclaim = config.reclaim and config.quotas
         self.top_priority: dict[str, int] = {}
         self.below: dict[str, int] = {}  # known waiting jobs per subtree (ROOT: all of them)
+        self.at: dict[str, int] = {}  # waiting jobs of each queue itself
         for p in snapshot.pending:
             q = p.job.queue
             self.top_priority[q] = max(self.top_priority.get(q, p.job.priority), p.job.priority)
+            self.at[q] = self.at.get(q, 0) + 1
             if tree.known(q):
                 for a in (*tree.path(q), ROOT):
                     self.below[a] = self.below.get(a, 0) + 1
@@ -149,6 +197,8 @@ class _Exposure:
         if not self.reclaim or not self.tree.known(job.queue):
             return False
         tree, below = self.tree, self.below
+        if below.get(job.queue, 0) > self.at.get(job.queue, 0):
+            return True
         return any(
             usage.active.get(q, 0) > tree.guarantee[q] and below.get(tree.parent(q), 0) > below.get(q, 0)
             for q in tree.path(job.queue)
@@ -167,16 +217,14 @@ def _played_out(
     reserve after all, with why; see the module docstring. Only `exposed` jobs can be victims
     (`_Exposure` is a superset of what preemption accepts): when none of them starts and no
     `borrowing` job waits, the preemption step (a whole cycle over the backlog) is skipped."""
-    now, cluster, queues = snapshot.now, snapshot.cluster, snapshot.queues
-    placing = placement_config(config)
     by_id = {p.job.id: p for p in snapshot.pending}
     keep = set(admitted)
     refused: dict[str, Reason] = {}
     while True:
-        holders = tuple(p for p in snapshot.pending if p.job.id in keep or p.job.id in reserved)
+        holders = {p.job.id for p in snapshot.pending if p.job.id in keep or p.job.id in reserved}
         placed: dict[str, Placement] = {}
         waits: dict[str, Reason] = {}
-        for d in schedule(Snapshot(now, cluster, queues, holders, snapshot.running), placing):
+        for d in placement_step(snapshot, config, holding=holders):
             if isinstance(d, Place):
                 placed[d.job_id] = d.placement
             elif isinstance(d, Pending):
@@ -184,15 +232,7 @@ def _played_out(
         waiting = sorted(i for i in borrowing & keep if i not in placed)
         if not waiting and not any(i in exposed for i in placed):
             return refused
-        started = tuple(_started(by_id[i], placement, now) for i, placement in placed.items())
-        after = Snapshot(
-            now,
-            cluster,
-            queues,
-            tuple(p for p in snapshot.pending if p.job.id not in placed),
-            snapshot.running + started,
-        )
-        preempts = [d for d in schedule(after, config, explain=False) if isinstance(d, Preempt)]
+        preempts = preemption_step(after_placing(snapshot, placed), config)
         drop: dict[str, Reason] = {}
         for d in preempts:
             for v in d.victims:
@@ -206,11 +246,6 @@ def _played_out(
             return refused
         refused.update(drop)
         keep.difference_update(drop)
-
-
-def _started(p: PendingJob, placement: Placement, now: float) -> RunningJob:
-    return RunningJob(p.job, placement, now, attained_gpu_seconds=p.attained_gpu_seconds, preempted_by=p.preempted_by,
-                      preempted_at=p.preempted_at)
 
 
 def _taken_back(job: Job, by: Job, why: Reason) -> Reason:

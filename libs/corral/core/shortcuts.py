@@ -19,14 +19,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from corral.core import reasons
 from corral.core.decisions import Decision, Pending, Reason, ReasonCode
 from corral.core.model import Job, PendingJob
 
 if TYPE_CHECKING:
     from corral.core.cycle import Cycle
 
-# reasons that name the job itself or record GPUs held for it: never shared with other jobs
-_PER_JOB_REASONS = frozenset({ReasonCode.RESERVED_FOR, ReasonCode.WAITING_FOR_PREEMPTION})
+# reasons that record GPUs held for the job: never shared with other jobs. RESERVED_FOR names the
+# job ("starting J now would delay it") but changes nothing: shared, and reworded for each job
+# (`Cycle.decide`), so that its class counts as answered (`EarlyStop`).
+_PER_JOB_REASONS = frozenset({ReasonCode.WAITING_FOR_PREEMPTION})
 
 # how many jobs in a row must leave the state unchanged before `EarlyStop` probes the other classes
 _QUIET_BEFORE_PROBING = 8
@@ -98,11 +101,16 @@ class Shortcuts:
         "answers",
         "borrow_epoch",
         "dry",
+        "never",
         "no_fit",
         "no_fit_reason",
         "no_preempt",
         "no_release_fit",
         "release_epoch",
+        "shape_ids",
+        "shapes",
+        "standings",
+        "unmasked",
         "version",
     )
 
@@ -112,16 +120,45 @@ class Shortcuts:
         self.answers: dict[int, tuple[int, Reason, bool]] = {}  # class -> (version, reason, starves)
         self.no_fit: set[tuple[object, bool]] = set()  # (shape, avoiding the reservation)
         self.no_fit_reason: dict[object, tuple[int, Reason]] = {}  # shape -> (version, why)
+        self.unmasked: dict[object, tuple[int, object]] = {}  # shape -> (version, fit ignoring the reservation)
         self.no_release_fit: set[object] = set()  # shapes: releasing GPUs do not make them fit
         self.no_preempt: set[object] = set()  # `preempt_key`s without a plan
         self.borrow_epoch = 0  # a queue grew over its guarantee: it may hold reclaimable jobs now
         self.release_epoch = 0  # the releasing pool grew
+        self.shapes: dict[str, int] = {}  # job id -> its shape's number (`shape_of`)
+        self.shape_ids: dict[tuple[object, ...], int] = {}
+        self.never: dict[int, object] = {}  # shape number -> static feasibility (`Cycle._never`)
+        self.standings: dict[tuple[int, str, int, int], tuple[Reason, Reason]] = {}
+
+    def shape_of(self, job: Job) -> int:
+        """`shape(job)` as a small number, built and hashed once per job a cycle. The negative
+        caches are keyed by shape and asked several times for every job decided: the shape tuple
+        holds a Topology and a GpuRequest, which hash in Python, not C (~6 % of a LAS cycle)."""
+        n = self.shapes.get(job.id)
+        if n is None:
+            key = shape(job)
+            n = self.shape_ids.get(key)
+            if n is None:
+                n = self.shape_ids[key] = len(self.shape_ids)
+            self.shapes[job.id] = n
+        return n
 
     def changing(self) -> None:
         """The cycle's committed state is about to change: a probe stops here; else a new version."""
         if self.dry:
             raise WouldChange
         self.version += 1
+
+    def with_standing(self, reason: Reason, queue: str, used: int, guaranteed: int) -> Reason:
+        """`reasons.with_standing`, once per reason object and standing a cycle: the jobs that do
+        not fit share one Reason per shape and state version, and rewording it for each of them
+        (a new message string every time) was ~3 % of a cycle. The entry keeps its reason alive,
+        so an id is never reused while it is in the table."""
+        key = (id(reason), queue, used, guaranteed)
+        hit = self.standings.get(key)
+        if hit is None or hit[0] is not reason:
+            hit = self.standings[key] = (reason, reasons.with_standing(reason, queue, used, guaranteed))
+        return hit[1]
 
     def shared_answer(self, key: int | None) -> tuple[Reason, bool] | None:
         """The class's Pending answer at this version (and whether it starves the queue), if any."""
@@ -152,7 +189,7 @@ class Shortcuts:
         the job preempted someone still running (its answer is its own)."""
         job = p.job
         return (
-            shape(job),
+            self.shape_of(job),
             job.queue,
             job.priority,
             p.preempted_by,

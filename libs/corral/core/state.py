@@ -18,7 +18,7 @@ jobs added is remembered, so `snapshot()` lists them as the owner's own dicts wo
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections.abc import Iterator, Sequence
 from operator import attrgetter
 
@@ -40,9 +40,9 @@ from corral.core.model import (
 from corral.core.ordering import fair_share_walk
 from corral.core.prepared import Prepared
 from corral.core.quota import QueueTree, QueueUsage
+from corral.core.running import RunningIndex
 from corral.core.shortcuts import class_key
 
-_BY_ID = attrgetter("job.id")
 _BY_SUBMIT = attrgetter("job.submit_time", "job.id")
 _READY = frozenset({NodeState.READY})
 
@@ -80,11 +80,13 @@ class SchedulerState:
         self._configured = {q.name for q in self.queues}
         self._pending: dict[str, PendingJob] = {}
         self._running: dict[str, RunningJob] = {}
+        self._run_index = RunningIndex()  # sorted by id; priorities; attained service
         # classes (`shortcuts.class_key`): numbered here, for as long as the state lives
         self._class_ids: dict[tuple[object, ...], int] = {}
         self._class: dict[str, int] = {}
         self._members: dict[int, dict[str, PendingJob]] = {}
         self._seq: dict[str, int] = {}  # pending job -> when it was added (its place in the snapshot)
+        self._firsts: list[tuple[int, int]] = []  # (seq of its first job, class), sorted
         self._next_seq = 0
         # the order: one sorted list, or one per queue for fair share
         self._order = _SortedJobs()
@@ -102,6 +104,7 @@ class SchedulerState:
         self._tree: QueueTree | None = None
         self.cluster = cluster
         self._index = ClusterIndex.of(cluster, _READY)
+        self._fi = FreeGpus(cluster, _READY)  # kept current: each cycle gets a copy
 
     # -- changes --------------------------------------------------------------------------------
     def set_cluster(self, cluster: Cluster) -> None:
@@ -115,6 +118,7 @@ class SchedulerState:
             add_masks(self._used, masks)
             if job_id in self._releases:
                 self._releases[job_id] = self._releases[job_id]._replace(masks=masks)
+        self._fi = FreeGpus(cluster, _READY, used=self._used)
 
     def add_pending(self, p: PendingJob) -> None:
         job_id = p.job.id
@@ -129,16 +133,26 @@ class SchedulerState:
         if k is None:
             k = self._class_ids[key] = len(self._class_ids)
         self._class[job_id] = k
-        self._members.setdefault(k, {})[job_id] = p
+        members = self._members.get(k)
+        if members is None:
+            members = self._members[k] = {}
+            insort(self._firsts, (self._seq[job_id], k))
+        members[job_id] = p
         self._sorted_for(p).add(self._order_key(p), p)
         self._name(job.queue, +1)
 
     def remove_pending(self, job_id: str) -> PendingJob:
         p = self._pending.pop(job_id)
-        del self._seq[job_id]
+        seq = self._seq.pop(job_id)
         k = self._class.pop(job_id)
         members = self._members[k]
+        first = next(iter(members)) == job_id
         del members[job_id]
+        if first:  # the class's place in the order of first jobs moves (or it is gone)
+            firsts = self._firsts
+            del firsts[bisect_left(firsts, (seq, k))]
+            if members:
+                insort(firsts, (self._seq[next(iter(members))], k))
         if not members:
             del self._members[k]
         self._sorted_for(p).remove(self._order_key(p))
@@ -151,14 +165,19 @@ class SchedulerState:
             raise ValueError(f"job {job_id!r} is already pending or running; job ids must be unique")
         masks = self._index.held_masks(r, self._used)
         self._running[job_id] = r
+        self._run_index.add(r)
         self._masks[job_id] = masks
         add_masks(self._used, masks)
+        for i, m in masks:
+            self._fi.take(i, m)
         self._count(r, +1)
         self._name(r.job.queue, +1)
 
     def remove_running(self, job_id: str) -> RunningJob:
         r = self._running.pop(job_id)
+        self._run_index.remove(r)
         for i, m in self._masks.pop(job_id):
+            self._fi.give(i, m)
             left = self._used[i] & ~m
             if left:
                 self._used[i] = left
@@ -172,10 +191,15 @@ class SchedulerState:
         """The same running job (same id and placement) with new facts: asked to checkpoint, a
         checkpoint taken, more attained service."""
         old = self._running[r.job.id]
-        if r.placement != old.placement or r.job.queue != old.job.queue:
+        if (r.placement is not old.placement and r.placement != old.placement) or r.job.queue != old.job.queue:
             raise ValueError(f"job {r.job.id!r}: replace_running keeps the placement; remove and add it")
-        self._count(old, -1)
         self._running[r.job.id] = r
+        self._run_index.replace(old, r)
+        if r.job is old.job and (r.preempting, r.preempted_by, r.start_time) == (
+            old.preempting, old.preempted_by, old.start_time
+        ):
+            return  # a checkpoint taken, more service: nothing `_count` keeps changes
+        self._count(old, -1)
         self._count(r, +1)
 
     def _count(self, r: RunningJob, sign: int) -> None:
@@ -269,8 +293,8 @@ class SchedulerState:
             snapshot=self.snapshot(now),
             tree=tree,
             usage=usage,
-            fi=FreeGpus(self.cluster, used=self._used),
-            running=sorted(self._running.values(), key=_BY_ID),
+            fi=self._fi.copy(),
+            running=self._run_index.jobs.copy(),
             releasing=releasing,
             preemptors=preemptors,
             order=self._ordered,
@@ -278,13 +302,13 @@ class SchedulerState:
             releases=self._releases if self.config.backfill else {},
             live=live,
             sample=sample,
+            kept=self._run_index,
         )
 
     def _live_classes(self) -> tuple[dict[int | None, int], dict[int, PendingJob]]:
         """Classes in the order of their first job in the snapshot (see `shortcuts.EarlyStop`),
         with their job counts and that first job."""
-        seq, members = self._seq, self._members
-        firsts = sorted((seq[next(iter(m))], k) for k, m in self._members.items())
+        members, firsts = self._members, self._firsts
         live: dict[int | None, int] = {k: len(members[k]) for _, k in firsts}
         return live, {k: next(iter(members[k].values())) for _, k in firsts}
 

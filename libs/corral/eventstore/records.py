@@ -75,6 +75,9 @@ class StoredEvent:
     version: int
     position: int
     recorded_at: datetime
+    #: The W3C `traceparent` of the append (None unless the appender traced): telemetry, not part of
+    #: the event or of the hash chain; the relay publishes it (see `corral.telemetry.tracing`).
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

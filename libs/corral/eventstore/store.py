@@ -42,7 +42,9 @@ stream, raises `DuplicateEvent`: two different appends are reusing ids.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Mapping, Sequence
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, overload
 
 import asyncpg
@@ -58,11 +60,16 @@ from corral.eventstore.records import (
     Tracking,
 )
 from corral.eventstore.wakeups import AppendWakeups
+from corral.telemetry import tracing
 
 _COLUMNS = ("event_id, stream, type, schema_version, data::text AS data, correlation_id, causation_id,"
-            " occurred_at, version, position, recorded_at")
+            " occurred_at, version, position, recorded_at, trace_context")
 
 Plan = list[tuple[str, ExpectedVersion, list[NewEvent]]]
+
+AppendObserver = Callable[[float, int], None]
+"""Told (seconds the append took, events written) after each append that reached the database,
+whatever its outcome (`EventStore.observe_appends`; the services' append-latency metric)."""
 
 
 def _stored(row: Any) -> StoredEvent:
@@ -71,8 +78,14 @@ def _stored(row: Any) -> StoredEvent:
         schema_version=row["schema_version"], data=row["data"].encode(),
         correlation_id=row["correlation_id"], causation_id=row["causation_id"],
         occurred_at=row["occurred_at"], version=row["version"], position=row["position"],
-        recorded_at=row["recorded_at"],
+        recorded_at=row["recorded_at"], trace_context=row["trace_context"],
     )
+
+
+def _recalled(events: list[StoredEvent]) -> list[StoredEvent]:
+    """Events read, after telling tracing their stored trace contexts (a no-op when it is off)."""
+    tracing.recall(events)
+    return events
 
 
 def _check_expected(stream: str, expected: ExpectedVersion) -> None:
@@ -102,6 +115,22 @@ def _columns(plan: Plan) -> list[list[Any]]:
     ]
 
 
+def _events(plan: Plan) -> list[NewEvent]:
+    return [event for _, _, batch in plan for event in batch]
+
+
+def _call(function: str, traces: dict[str, str] | None) -> str:
+    """The append statement: the `_traced` variant (migrations/060) stores each event's trace
+    context; without traces, the plain function (what every append does when tracing is off)."""
+    if traces is None:
+        return f"SELECT * FROM {function}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+    return f"SELECT * FROM {function}_traced($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+
+
+def _traces(traces: dict[str, str] | None) -> list[str]:
+    return [] if traces is None else [json.dumps(traces)]
+
+
 def _plan(batches: Mapping[str, tuple[ExpectedVersion, Sequence[NewEvent]]]) -> Plan:
     plan: Plan = []
     seen: set[str] = set()
@@ -127,9 +156,21 @@ class EventStore:
         self._pool = pool
         self._wakeups = AppendWakeups(dsn)
         self._poll_interval = poll_interval
+        self._observers: list[AppendObserver] = []
+
+    def observe_appends(self, observer: AppendObserver) -> None:
+        """Call `observer` after every append (see `AppendObserver`)."""
+        self._observers.append(observer)
+
+    def _appended(self, started: float, plan: Plan) -> None:
+        if self._observers:
+            took, count = time.perf_counter() - started, sum(len(batch) for _, _, batch in plan)
+            for observer in self._observers:
+                observer(took, count)
 
     @classmethod
-    async def open(cls, dsn: str, *, pool_size: int = 10, poll_interval: float = 1.0) -> EventStore:
+    async def open(cls, dsn: str, *, pool_size: int = 10, poll_interval: float = 1.0,
+                   min_size: int = 2) -> EventStore:
         """Connect, apply pending migrations (safe with concurrent starters) and return the store.
 
         A login that may not run DDL (a service's, the CLI's) opens a migrated database: with
@@ -139,12 +180,15 @@ class EventStore:
         """
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
-        conn = await asyncpg.connect(dsn)
+        # The migration check runs on the pool's first connection: each connection costs a scram
+        # handshake, and a CLI command (`corral jobs`) is over in a few queries.
+        pool = await asyncpg.create_pool(dsn, min_size=min(min_size, pool_size), max_size=pool_size)
         try:
-            await migrate_if_needed(conn)
-        finally:
-            await conn.close()
-        pool = await asyncpg.create_pool(dsn, min_size=min(2, pool_size), max_size=pool_size)
+            async with pool.acquire() as conn:
+                await migrate_if_needed(conn)
+        except BaseException:
+            await pool.close()
+            raise
         return cls(pool, dsn, poll_interval=poll_interval)
 
     async def close(self) -> None:
@@ -205,15 +249,18 @@ class EventStore:
     async def _append(self, plan: Plan, tracking: Tracking | None) -> dict[str, int] | AlreadyProcessed:
         streams = [stream for stream, _, _ in plan]
         async with self._pool.acquire() as conn:
+            started = time.perf_counter()
             try:
-                # One autocommit statement: the head lock is held only inside the database.
-                row = await conn.fetchrow(
-                    "SELECT * FROM corral_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                    *_columns(plan),
-                    tracking.consumer if tracking else None, tracking.key if tracking else None,
-                )
+                with tracing.appending(_events(plan), "corral_append") as traces:
+                    # One autocommit statement: the head lock is held only inside the database.
+                    row = await conn.fetchrow(
+                        _call("corral_append", traces), *_columns(plan),
+                        tracking.consumer if tracking else None, tracking.key if tracking else None,
+                        *_traces(traces))
             except (asyncpg.InvalidTextRepresentationError, UnicodeDecodeError) as exc:
                 raise self._invalid_data(plan, exc) from exc
+            finally:
+                self._appended(started, plan)
             status = row["status"]
             if status == "ok":
                 return dict(zip(streams, row["versions"] or [], strict=True))
@@ -250,18 +297,19 @@ class EventStore:
         streams = [stream for stream, _, _ in plan]
         keys = [t.key for t in trackings]
         async with self._pool.acquire() as conn:
+            started = time.perf_counter()
             try:
-                row = await conn.fetchrow(
-                    "SELECT * FROM corral_append_tracked($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                    *_columns(plan),
-                    consumer, keys,
-                )
+                with tracing.appending(_events(plan), "corral_append_tracked") as traces:
+                    row = await conn.fetchrow(_call("corral_append_tracked", traces), *_columns(plan),
+                                              consumer, keys, *_traces(traces))
             except (asyncpg.InvalidTextRepresentationError, UnicodeDecodeError) as exc:
                 raise self._invalid_data(plan, exc) from exc
             except asyncpg.PostgresError as exc:
                 if getattr(exc, "sqlstate", None) == "CR001":
                     return AlreadyProcessed(consumer, ",".join(keys))
                 raise
+            finally:
+                self._appended(started, plan)
         status = row["status"]
         if status == "ok":
             return dict(zip(streams, row["versions"] or [], strict=True))
@@ -315,6 +363,12 @@ class EventStore:
 
     # -- reading -----------------------------------------------------------------------------
 
+    def connection(self) -> Any:
+        """A pooled connection (`async with store.connection() as conn:`), for readers that need
+        several statements in one transaction (the read models, `corral.readmodel`)."""
+        return self._pool.acquire()
+
+
     async def stream_version(self, stream: str) -> int:
         """How many events `stream` holds (0 if it does not exist)."""
         async with self._pool.acquire() as conn:
@@ -342,7 +396,7 @@ class EventStore:
             rows = await conn.fetch(
                 f"SELECT {_COLUMNS} FROM events WHERE stream = $1 AND version >= $2 ORDER BY version",
                 stream, from_version)
-        return [_stored(row) for row in rows]
+        return _recalled([_stored(row) for row in rows])
 
     async def read_all(self, after_position: int = 0, limit: int = 1000,
                        types: Sequence[str] | None = None) -> list[StoredEvent]:
@@ -353,7 +407,7 @@ class EventStore:
                 f"SELECT {_COLUMNS} FROM events WHERE position > $1"
                 " AND ($3::text[] IS NULL OR type = ANY($3::text[])) ORDER BY position LIMIT $2",
                 after_position, limit, list(types) if types is not None else None)
-        return [_stored(row) for row in rows]
+        return _recalled([_stored(row) for row in rows])
 
     async def follow_batches(self, after_position: int = 0, *, limit: int = 1000,
                              types: Sequence[str] | None = None) -> AsyncGenerator[list[StoredEvent], None]:
@@ -412,6 +466,16 @@ class EventStore:
         async with self._pool.acquire() as conn:
             position = await conn.fetchval("SELECT position FROM relay_positions WHERE relay = $1", relay)
         return int(position or 0)
+
+    async def relay_backlog(self, relay: str) -> tuple[int, int, datetime | None]:
+        """(the log's head position, the last position `relay` published, when the oldest event it
+        has not published yet was recorded — None if it is caught up): the relay's lag."""
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT h.position AS head, coalesce(r.position, 0) AS relayed,"
+                " (SELECT recorded_at FROM events WHERE position = coalesce(r.position, 0) + 1) AS oldest"
+                " FROM event_log_head h LEFT JOIN relay_positions r ON r.relay = $1 WHERE h.id", relay)
+        return int(row["head"]), int(row["relayed"]), row["oldest"]
 
     async def save_relay_position(self, relay: str, position: int) -> None:
         """Record the relay's progress (never moves back)."""

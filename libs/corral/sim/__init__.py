@@ -24,7 +24,7 @@ from corral.sim.output import (
     write_comparison_json,
     write_json,
 )
-from corral.sim.workload import SimJob, TopologySpec, Workload, WorkloadError
+from corral.sim.workload import SimJob, TopologySpec, Workload, WorkloadError, sim_job
 
 __all__ = [
     "DEFAULT_POLICIES",
@@ -44,6 +44,7 @@ __all__ = [
     "render_result",
     "result_document",
     "run_simulation",
+    "sim_job",
     "write_comparison_json",
     "write_json",
 ]

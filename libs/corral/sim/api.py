@@ -54,12 +54,15 @@ def run_simulation(
     limit: int | None = None,
     scheduler: Scheduler | None = None,
     progress: Callable[[float, EngineStats], None] | None = None,
+    pipeline: str = "cycle",
 ) -> SimResult:
     """Replay `workload` on `cluster` under `policy` (or an explicit `config`).
 
     workload: a Workload, `philly:FILE`, `openb:FILE` or a JSONL path; `limit` keeps the first N jobs.
     cluster: a Cluster, a cluster file (YAML/JSON as `corral up`) or a shorthand like `64x8:H100`.
     queues: QueueConfigs or a queues file; None gives every workload queue an equal guarantee.
+    pipeline: "cycle" (the single combined cycle) or "services" (quota, placement and preemption
+    one after the other, as the live services decide; see `corral.sim.engine`).
     """
     loaded = workload if isinstance(workload, Workload) else load_workload(workload)
     if limit is not None:
@@ -77,6 +80,8 @@ def run_simulation(
     else:
         configured = load_queues(queues) if isinstance(queues, str | Path) else tuple(queues)
         chosen = complete_queues(configured, loaded.queues)
+    if pipeline != "cycle":
+        notes.append(f"pipeline {pipeline}: quota, placement and preemption decide one after the other")
     if failures is not None:
         notes.append(
             f"node failures: mean time between failures {failures.mtbf_hours} h per node, "
@@ -84,7 +89,8 @@ def run_simulation(
         )
     chosen_config = config or SchedulerConfig.named(policy)
     outcome = Simulator(
-        loaded, built, chosen, chosen_config, seed=seed, failures=failures, scheduler=scheduler, progress=progress
+        loaded, built, chosen, chosen_config, seed=seed, failures=failures, scheduler=scheduler, progress=progress,
+        pipeline=pipeline,
     ).run()
     summary = summarize(outcome.records, built, chosen)
     return SimResult(
@@ -112,6 +118,7 @@ def compare(
     failures: FailureModel | None = None,
     limit: int | None = None,
     progress: Callable[[str, float, EngineStats], None] | None = None,
+    pipeline: str = "cycle",
 ) -> list[SimResult]:
     """The same workload, cluster, queues and seed under each policy, in the order given.
 
@@ -120,7 +127,7 @@ def compare(
     loaded = workload if isinstance(workload, Workload) else load_workload(workload)
     return [
         run_simulation(loaded, cluster, policy=p, queues=queues, seed=seed, failures=failures, limit=limit,
-                       progress=None if progress is None else _for_policy(progress, p))
+                       progress=None if progress is None else _for_policy(progress, p), pipeline=pipeline)
         for p in policies
     ]
 

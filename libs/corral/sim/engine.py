@@ -17,6 +17,14 @@ tells a `corral.core.state.SchedulerState` every change, so a cycle starts from 
 usage, order and job classes as they stand instead of rebuilding them from a snapshot; the
 decisions are exactly those of `schedule(snapshot)` (property-tested). A caller's own `scheduler`
 gets the snapshot instead.
+
+Two pipelines (`pipeline=`): "cycle" (the default) runs the single combined cycle, where quota,
+placement and preemption are decided for each job together; "services" runs the live services'
+round instead (`corral.core.pipeline.run_round`): quota reserves (a job keeps its reservation
+while it waits; it is given back when the job stops), placement places jobs holding quota,
+preemption acts on the state that leaves. Every cycle then builds a snapshot (slower), and no
+cycle is skipped as futile (a reservation may change while no GPU is free).
+tests/unit/sim/test_pipeline_agreement.py states where the two must agree.
 """
 
 from __future__ import annotations
@@ -47,12 +55,16 @@ from corral.core import (
     SchedulerConfig,
     Snapshot,
 )
+from corral.core.pipeline import run_round
 from corral.core.state import SchedulerState
 from corral.lifecycle import Gang, GangState, Limits, Release, Then, next_steps
 from corral.sim.records import Interval, JobRecord, RankRecord
 from corral.sim.workload import SimJob, Workload
 
 Scheduler = Callable[[Snapshot, SchedulerConfig], list[Decision]]
+
+#: "cycle": the single combined cycle; "services": quota, placement and preemption one after the other.
+PIPELINES = ("cycle", "services")
 
 # Event kinds, in the order they are applied at one instant: GPUs come back before jobs arrive.
 _COMPLETE, _RELEASE, _FAIL, _REPAIR = 0, 1, 2, 3
@@ -111,24 +123,28 @@ class SimOutcome:
 
 
 def core_job(job: SimJob) -> Job:
-    """The job as the policy sees it: everything but the true duration (`corral.translate.core_job`,
-    the services' translation too)."""
-    topo = job.topology
-    return translate.core_job(
-        job_id=job.id,
-        queue=job.queue,
-        replicas=job.replicas,
-        gpus_per_replica=job.gpus_per_replica,
-        submit_time=job.submit,
-        priority=job.priority,
-        gpu_model=job.gpu_model,
-        gpu_min_memory_gib=job.gpu_min_memory_gib,
-        topology=(topo.replica, topo.gang, topo.prefer),
-        preemptible=job.preemptible,
-        checkpoint_grace_seconds=job.checkpoint_grace_seconds,
-        min_runtime_seconds=job.min_runtime_seconds,
-        estimated_runtime_seconds=job.estimated_runtime_seconds,
-    )
+    """The job as the policy sees it: its spec at its submit time, never the true duration
+    (`corral.translate.job_from_spec`, the services' translation too)."""
+    return translate.job_from_spec(job.id, job.spec, job.submit)
+
+
+def last_periodic_checkpoint(start: float, now: float, interval: float) -> float:
+    """The time of the last checkpoint at or before `now` of a run started at `start` that
+    checkpoints every `interval` seconds: `last <= now < last + interval`.
+
+    The problem: `start + floor((now - start) / interval) * interval` alone fell one period short
+    when the subtraction rounded down (start 145.004, now 1045.004: 899.9999999999999 / 60 floors
+    to 14), so the next checkpoint was `now` again and the simulator re-queued it forever (hypothesis
+    found the hang in tests/unit/sim/test_pipeline_agreement.py)."""
+    periods = math.floor((now - start) / interval)
+    last = start + periods * interval
+    while last + interval <= now:
+        periods += 1
+        last = start + periods * interval
+    while last > now and periods > 0:  # and the quotient rounded up to a whole period not yet reached
+        periods -= 1
+        last = start + periods * interval
+    return last
 
 
 class Simulator:
@@ -147,9 +163,18 @@ class Simulator:
         progress: Callable[[float, EngineStats], None] | None = None,
         progress_every: int = 5000,
         skip_futile_cycles: bool = True,
+        pipeline: str = "cycle",
     ) -> None:
         """`progress(now, stats)` is called every `progress_every` cycles (for long replays);
-        `skip_futile_cycles=False` runs every cycle (to prove that skipping changes nothing)."""
+        `skip_futile_cycles=False` runs every cycle (to prove that skipping changes nothing);
+        `pipeline`: one of `PIPELINES` (see the module docstring)."""
+        if pipeline not in PIPELINES:
+            raise ValueError(f"unknown pipeline {pipeline!r}; choose one of {', '.join(PIPELINES)}")
+        if pipeline == "services" and scheduler is not None:
+            raise ValueError("pipeline 'services' runs the core's steps; a scheduler of the caller's runs 'cycle'")
+        self._services = pipeline == "services"
+        #: services pipeline: waiting jobs that hold quota (reserved, not placed yet)
+        self._holding: set[str] = set()
         self._progress = progress
         self._progress_every = progress_every
         self._actions: Scheduler
@@ -177,7 +202,7 @@ class Simulator:
         # strict FIFO: only the oldest pending job can start first, so its size alone decides
         self._strict_fifo = config.order is OrderPolicy.FIFO and not config.backfill and not self._can_preempt
         self._fifo_heads: list[tuple[float, str]] = []
-        self._skip_futile = skip_futile_cycles
+        self._skip_futile = skip_futile_cycles and not self._services
         self._track_checkpoints = self._can_preempt
         self._sim: dict[str, SimJob] = {j.id: j for j in workload.jobs}
         if len(self._sim) != len(workload.jobs):
@@ -374,7 +399,9 @@ class Simulator:
             self._advance_checkpoints(now)
         self.stats.max_pending = max(self.stats.max_pending, len(self._pending))
         started = time.perf_counter()
-        if self._on_state:
+        if self._services:
+            decisions = self._round(now)
+        elif self._on_state:
             decisions = self._state.cycle(now)
         else:
             decisions = self._actions(self._state.snapshot(now), self._config)
@@ -392,7 +419,15 @@ class Simulator:
                 for victim in decision.victims:
                     self._preempt(now, victim, decision.job_id)
 
+    def _round(self, now: float) -> list[Decision]:
+        """The services' round (`run_round`): its Place and Preempt decisions, in that order; the
+        jobs quota reserved for keep their reservation until they are placed."""
+        done = run_round(self._state.snapshot(now), self._config, holding=self._holding)
+        self._holding = (self._holding - done.revoked) | done.reserved
+        return [*done.placed, *done.preempts]
+
     def _place(self, now: float, job_id: str, placement: Placement) -> None:
+        self._holding.discard(job_id)
         pending = self._pop_pending(job_id)
         if pending is None:
             raise SimulationError(f"core placed {job_id!r}, which is not pending at t={now}")
@@ -461,7 +496,7 @@ class Simulator:
             if run is None or run.epoch != epoch:
                 continue
             interval = self._sim[job_id].checkpoint_interval_seconds
-            last = run.start + math.floor((now - run.start) / interval) * interval
+            last = last_periodic_checkpoint(run.start, now, interval)
             r = self._running[job_id]
             self._state.replace_running(
                 RunningJob(r.job, r.placement, r.start_time, last, r.preempting, r.attained_gpu_seconds, r.preempted_by,

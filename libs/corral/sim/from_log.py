@@ -17,6 +17,7 @@ import json
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,10 @@ from corral.contracts import events as ev
 from corral.contracts.envelope import Event
 
 
-def workload_from_events(events: Sequence[Event]) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
-    """(JSONL job lines, cluster file, queues file) from the log's events, in log order."""
+def workload_from_events(events: Sequence[Event], since: datetime | None = None,
+                         ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """(JSONL job lines, cluster file, queues file) from the log's events, in log order; with
+    `since`, only the jobs submitted since then (the cluster and queues are the whole log's)."""
     submitted: dict[str, ev.JobSubmitted] = {}
     started: dict[str, float] = {}
     ran: dict[str, float] = {}
@@ -55,7 +58,7 @@ def workload_from_events(events: Sequence[Event]) -> tuple[list[dict[str, Any]],
             }
         elif isinstance(e, ev.QueueConfigured):
             queues[e.queue.name] = msgspec.to_builtins(e.queue)
-    jobs = [s for j, s in submitted.items() if j not in rejected]
+    jobs = [s for j, s in submitted.items() if j not in rejected and (since is None or s.occurred_at >= since)]
     t0 = min((s.occurred_at.timestamp() for s in jobs), default=0.0)
     lines = []
     for s in jobs:
@@ -84,13 +87,14 @@ class ExportedInputs:
     queues: str | None
 
 
-def export_inputs(events: Sequence[Event], out_dir: Path | None = None) -> ExportedInputs:
+def export_inputs(events: Sequence[Event], out_dir: Path | None = None, since: datetime | None = None,
+                  ) -> ExportedInputs:
     """Write the log's submissions, nodes and queues as simulator input files (for `--from-log`).
 
     The caller reads the log (the CLI through its connection options, see `corral.cli.sim`): the
     simulator is below the CLI and never reaches a cluster itself.
     """
-    lines, cluster, queues = workload_from_events(events)
+    lines, cluster, queues = workload_from_events(events, since)
     if not lines:
         raise SystemExit("error: the event log holds no admitted submissions to replay")
     out = out_dir or Path(tempfile.mkdtemp(prefix="corral-from-log-"))

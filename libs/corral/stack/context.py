@@ -51,6 +51,9 @@ class Context:
     #: The CA file the nats-server's certificate must chain to (`<data_dir>/tls/ca.pem`, see
     #: `corral.stack.tls`). None: plain TCP (an external NATS, the test suite's).
     nats_ca: str | None = None
+    #: Each process's telemetry endpoint (`/metrics`, `/healthz`, `/readyz`) by process name, e.g.
+    #: {"placement": "http://127.0.0.1:40123"} (written by `corral up`; see corral.telemetry).
+    metrics: dict[str, str] | None = None
 
     def save(self, *paths: Path) -> None:
         for path in paths:
@@ -104,8 +107,12 @@ def locate(explicit: Path | str | None = None) -> Path | None:
 
 
 def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
-            namespace: str | None = None, context_path: Path | str | None = None) -> Context:
+            namespace: str | None = None, context_path: Path | str | None = None, *,
+            need_postgres: bool = True) -> Context:
     """Find the cluster from flags, environment or the context file; raise NoClusterError if none.
+
+    `need_postgres` False: the NATS address is enough (`corral logs` reads only the bus); the
+    context's DSN is then empty when none is known.
 
     A context file is read only when flags or environment leave the NATS URL or the DSN unknown;
     then a missing explicit file, or a file whose `corral up` has exited, is a NoClusterError that
@@ -117,7 +124,7 @@ def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
     saved: Context | None = None
     if path is not None and path.is_file():
         saved = Context.load(path)
-    if not nats or not dsn:
+    if not nats or (need_postgres and not dsn):
         if path is None:
             raise NoClusterError(
                 f"no Corral cluster found: no {LOCAL_CONTEXT} in {Path.cwd()} or its parents. Start one here "
@@ -133,7 +140,8 @@ def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
                 f"Start it again with `{restart}` (its events are kept), or delete {path}")
     nats = nats or (saved.nats_url if saved else None)
     dsn = dsn or (saved.postgres_dsn if saved else None)
-    assert nats and dsn
+    dsn = dsn or ""
+    assert nats and (dsn or not need_postgres)
     ns = namespace or os.environ.get("CORRAL_NAMESPACE") or (saved.namespace if saved else DEFAULT_NAMESPACE)
     same = saved is not None and saved.nats_url == nats and saved.postgres_dsn == dsn
     return Context(nats_url=nats, postgres_dsn=dsn, namespace=ns,
@@ -141,4 +149,5 @@ def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
                    log_dir=os.environ.get("CORRAL_LOG_DIR") or (saved.log_dir if same and saved else None),
                    pid=saved.pid if same and saved else None, host=saved.host if same and saved else None,
                    credentials=os.environ.get("CORRAL_CREDENTIALS") or (saved.credentials if same and saved else None),
-                   nats_ca=os.environ.get("CORRAL_NATS_CA") or (saved.nats_ca if same and saved else None))
+                   nats_ca=os.environ.get("CORRAL_NATS_CA") or (saved.nats_ca if same and saved else None),
+                   metrics=saved.metrics if same and saved else None)

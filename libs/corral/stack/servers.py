@@ -28,9 +28,23 @@ class ServerStartError(RuntimeError):
 
 def free_port(host: str = "127.0.0.1") -> int:
     """Ask the kernel for a free TCP port on `host`."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+WILDCARDS = ("0.0.0.0", "::")
+
+
+def reachable(host: str) -> str:
+    """The address a local client dials to reach a server listening on `host` (a wildcard: loopback)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
+def host_port(host: str, port: int) -> str:
+    """`host:port` for a URL or a listen directive (an IPv6 address in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen[bytes] | None,
@@ -147,9 +161,12 @@ class NatsServer:
     """A nats-server with JetStream; `sync_interval: always` so an acknowledged message is on disk."""
 
     data_dir: Path
+    #: The address it listens on (`corral up --listen`): loopback by default; 0.0.0.0 for all.
     host: str = "127.0.0.1"
     port: int = 0
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    #: The address clients are told to dial (`url`); None: `host` (loopback for a wildcard).
+    advertise: str | None = None
     #: An `authorization { ... }` block (see `corral.bus.auth.nats_authorization`); empty: open.
     authorization: str = field(default="", repr=False)
     #: A `tls { ... }` block (see `corral.stack.tls.TlsFiles.server_block`); empty: plain TCP.
@@ -159,7 +176,7 @@ class NatsServer:
 
     @property
     def url(self) -> str:
-        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{host_port(self.advertise or reachable(self.host), self.port)}"
 
     def start(self, timeout: float = 15.0) -> NatsServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -170,7 +187,7 @@ class NatsServer:
         conf = self.data_dir / "nats.conf"
         self._stop_orphan(conf)
         conf.write_text(
-            f'listen: "{self.host}:{self.port}"\n'
+            f'listen: "{host_port(self.host, self.port)}"\n'
             f'pid_file: "{self.pid_file}"\n'
             "jetstream {\n"
             f'  store_dir: "{store}"\n'
@@ -190,7 +207,7 @@ class NatsServer:
                 [nats_server_binary(), "-c", str(conf)],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
-        _wait_for_port(self.host, self.port, timeout, self.proc, log)
+        _wait_for_port(reachable(self.host), self.port, timeout, self.proc, log)
         return self
 
     @property
@@ -289,16 +306,20 @@ class PostgresServer:
     and the CLI get their own logins (`corral.stack.pglogins`)."""
 
     data_dir: Path
+    #: The address it listens on (`corral up --listen`): loopback by default; 0.0.0.0 for all.
     host: str = "127.0.0.1"
     port: int = 0
     database: str = "corral"
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     password_file: Path | None = None
     password: str = field(default="", repr=False)
+    #: The address clients are told to dial (`dsn`); None: `host` (loopback for a wildcard).
+    advertise: str | None = None
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://postgres:{self.password}@{self.host}:{self.port}/{self.database}"
+        where = host_port(self.advertise or reachable(self.host), self.port)
+        return f"postgresql://postgres:{self.password}@{where}/{self.database}"
 
     def _preexec(self) -> Callable[[], None] | None:
         ids = _run_as()
@@ -360,7 +381,7 @@ class PostgresServer:
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=preexec,
             )
-        _wait_for_port(self.host, self.port, timeout, self.proc, log)
+        _wait_for_port(reachable(self.host), self.port, timeout, self.proc, log)
         self._bootstrap(bin_dir, timeout)
         return self
 

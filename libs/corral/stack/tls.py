@@ -9,6 +9,10 @@ answers on its address. Here `corral up` creates, once per data directory:
     <data_dir>/tls/server.pem   the nats-server certificate, for loopback, localhost and this host
     <data_dir>/tls/server.key   its key (0600)
 
+The server certificate serves both directions of a route between NATS servers too (`route_block`:
+each server dials the others and must present a certificate of the same CA), so it carries the
+client-auth usage besides server-auth; a certificate made before without it is replaced.
+
 The nats-server then requires TLS (`tls { ... }` in its config, see `server_block`): a client that
 does not speak TLS is refused before it can send a password, and a client verifies the server
 against `ca.pem` (never the system's trust store), so one that does not trust this CA refuses the
@@ -73,6 +77,17 @@ class TlsFiles:
                 f"  timeout: {handshake_timeout}\n"
                 "  handshake_first: true\n"
                 "}\n")
+
+    def route_block(self, handshake_timeout: float = 5.0) -> str:
+        """The `tls { ... }` block of a `cluster { ... }`: routes between NATS servers encrypted, and
+        only a server whose certificate chains to this CA may route (both sides verify)."""
+        return ("  tls {\n"
+                f"    cert_file: {_quote(self.cert)}\n"
+                f"    key_file: {_quote(self.key)}\n"
+                f"    ca_file: {_quote(self.ca)}\n"
+                "    verify: true\n"
+                f"    timeout: {handshake_timeout}\n"
+                "  }\n")
 
 
 def _quote(path: Path) -> str:
@@ -144,8 +159,12 @@ def _server_cert_usable(files: TlsFiles, ca: x509.Certificate, hosts: Iterable[s
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except (OSError, ValueError, x509.ExtensionNotFound):
         return False
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return False
     return (cert.issuer == ca.subject and cert.not_valid_after_utc - RENEW_BEFORE > now
-            and all(name in san for name in _names(hosts)))
+            and all(name in san for name in _names(hosts)) and ExtendedKeyUsageOID.CLIENT_AUTH in usages)
 
 
 def _new_server_cert(files: TlsFiles, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey,
@@ -157,7 +176,9 @@ def _new_server_cert(files: TlsFiles, ca: x509.Certificate, ca_key: ec.EllipticC
             .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + SERVER_VALIDITY)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            # client auth too: a server dialing another's route port presents this certificate
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
             .add_extension(x509.SubjectAlternativeName(_names(hosts)), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
@@ -197,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     files = generate(Path(args[0]), args[1:] or None)
     print(f"CA (give to every client, CORRAL_NATS_CA): {files.ca}\n"
           f"server certificate: {files.cert}\nserver key: {files.key}\n"
-          f"nats-server config:\n{files.server_block()}", end="")
+          f"nats-server config (clients):\n{files.server_block()}"
+          f"inside cluster {{ ... }} (routes between the servers):\n{files.route_block()}", end="")
 
 
 if __name__ == "__main__":

@@ -34,12 +34,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
 from corral.bus.bus import CA_ENV
-from corral.stack import credentials, pglogins, tls
+from corral.stack import credentials, join, pglogins, tls
 from corral.stack.backoff import RestartBackoff
 from corral.stack.context import CONTEXT_FILE, Context, owned_by_this_process
 from corral.stack.lock import DataDirLock
@@ -52,6 +52,7 @@ from corral.stack.servers import (
     require_dev_servers,
     stop_orphan,
 )
+from corral.telemetry.endpoint import METRICS_ADDR_ENV
 
 SERVICES: tuple[str, ...] = ("admission", "quota", "placement", "preemption")
 DEFAULT_CLUSTER = "4x8:H100"
@@ -74,6 +75,8 @@ class ManagedProcess:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    #: Where its /metrics, /healthz and /readyz answer (`corral.telemetry`), e.g. http://127.0.0.1:40123
+    metrics_url: str | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -171,6 +174,10 @@ class StackOptions:
     #: Nodes whose agents run elsewhere (`corral agent --node N`): each gets an identity of its own,
     #: `<data_dir>/credentials/agent-node-agent-<N>.json`, when `corral up` runs its own NATS.
     agent_nodes: tuple[str, ...] = ()
+    #: Where our own nats-server and Postgres listen (`--listen`; see `corral.stack.join`), and the
+    #: address the context and the join commands give clients (None: the listen address).
+    listen: str = join.LOOPBACK
+    advertise: str | None = None
 
 
 @dataclass
@@ -194,6 +201,11 @@ class Stack:
             raise ValueError(f"--replicas {opts.stream_replicas} needs a NATS cluster of at least that many servers: "
                              "give it with --nats nats://HOST1:4222,nats://HOST2:4222,... (the nats-server "
                              "`corral up` starts is one server: --replicas 1)")
+        listen = join.check_listen(opts.listen)
+        if opts.nats_url and opts.postgres_dsn and (listen != join.LOOPBACK or opts.advertise):
+            raise ValueError("--listen/--advertise-address are for the servers `corral up` starts; with --nats "
+                             "and --postgres it starts none")
+        public = join.advertised(listen, opts.advertise)
         require_dev_servers(nats=not opts.nats_url, postgres=not opts.postgres_dsn)
         opts.data_dir.mkdir(parents=True, exist_ok=True)
         opts.data_dir = opts.data_dir.resolve()
@@ -208,14 +220,16 @@ class Stack:
         if not nats_url:
             # Our own NATS: nobody connects without an identity (see corral.bus.auth), nor without TLS.
             keyring = self._keyring(cluster_file)
-            tls_files = tls.generate(opts.data_dir / "tls") if opts.nats_tls else None
-            self.nats = NatsServer(opts.data_dir / "nats", port=_reuse(previous.get("nats")),
-                                   authorization=keyring.authorization(),
+            tls_files = tls.generate(opts.data_dir / "tls", tls.default_hosts(*join.certificate_hosts(
+                listen, opts.advertise))) if opts.nats_tls else None
+            self.nats = NatsServer(opts.data_dir / "nats", host=listen, advertise=public,
+                                   port=_reuse(previous.get("nats"), listen), authorization=keyring.authorization(),
                                    tls=tls_files.server_block() if tls_files else "").start()
             nats_url = self.nats.url
         dsn = opts.postgres_dsn
         if not dsn:
-            self.postgres = PostgresServer(opts.data_dir / "postgres", port=_reuse(previous.get("postgres")),
+            self.postgres = PostgresServer(opts.data_dir / "postgres", host=listen, advertise=public,
+                                           port=_reuse(previous.get("postgres"), listen),
                                            password_file=opts.data_dir / "credentials" / "pg-superuser.pgpass"
                                            ).start()
             dsn = self.postgres.dsn
@@ -268,13 +282,48 @@ class Stack:
                 p.env = {k: v for k, v in p.env.items() if k != "CORRAL_POSTGRES_DSN"}
             elif logins is not None:
                 p.env = {**p.env, "CORRAL_POSTGRES_DSN": logins.service(p.name.removesuffix("-standby"))}
+        self._metrics_addresses(previous)
+        self.context = replace(self.context, metrics={p.name: p.metrics_url for p in self.processes if p.metrics_url})
         for p in self.processes:
             p.start()
         self._save_pids()
+        self._save_ports()
+        self._save_scrape_targets()
         self.context.save(opts.data_dir / CONTEXT_FILE)  # `.corral/context.json` for the default data dir
         return self.context
 
     _agent_user: str = "agent"
+
+    def join_commands(self) -> list[join.JoinCommand]:
+        """How each `--agent-node` joins from its own host (none with an external NATS: its
+        identities are the operator's, see `corral credentials`)."""
+        from corral.services.node_agent.service import durable_name
+
+        ctx = self.context
+        if ctx is None or self.nats is None:
+            return []
+        keys = self.options.data_dir / "credentials"
+        ca = Path(ctx.nats_ca) if ctx.nats_ca else None
+        return [join.join_command(n, ctx.nats_url, ctx.namespace, keys / f"agent-{durable_name([n])}.json", ca)
+                for n in self.options.agent_nodes]
+
+    def _save_scrape_targets(self) -> None:
+        """`<data_dir>/telemetry/targets.json`: the endpoints as Prometheus's file_sd reads them
+        (deploy/prometheus/prometheus.yml, job corral-up)."""
+        targets = [{"targets": [p.metrics_url.removeprefix("http://")],
+                    "labels": {"process": p.name, "namespace": self.options.namespace}}
+                   for p in self.processes if p.metrics_url]
+        folder = self.options.data_dir / "telemetry"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "targets.json").write_text(json.dumps(targets, indent=2) + "\n")
+
+    def _metrics_addresses(self, previous: dict[str, int]) -> None:
+        """A port on 127.0.0.1 for each process's telemetry endpoint (`CORRAL_METRICS_ADDR`), the
+        previous run's when still free, so dashboards and contexts keep working across restarts."""
+        for p in self.processes:
+            port = _reuse(previous.get(f"metrics:{p.name}"), reuse_address=True) or free_port()
+            p.env = {**p.env, METRICS_ADDR_ENV: f"127.0.0.1:{port}"}
+            p.metrics_url = f"http://127.0.0.1:{port}"
 
     def _keyring(self, cluster_file: Path | None) -> credentials.Keyring:
         """Every identity of this installation (created once, kept across restarts): the simulated
@@ -322,6 +371,9 @@ class Stack:
             ports["nats"] = self.nats.port
         if self.postgres:
             ports["postgres"] = self.postgres.port
+        for p in self.processes:
+            if p.metrics_url:
+                ports[f"metrics:{p.name}"] = int(p.metrics_url.rsplit(":", 1)[1])
         (self.options.data_dir / "ports.json").write_text(json.dumps(ports))
 
     # ---- run / stop --------------------------------------------------------------------------
@@ -421,17 +473,21 @@ class Stack:
         path.unlink(missing_ok=True)
 
 
-def _reuse(port: int | None) -> int:
-    """Keep the previous port across restarts when it is still free, so old contexts stay valid."""
+def _reuse(port: int | None, host: str = join.LOOPBACK, *, reuse_address: bool = False) -> int:
+    """Keep the previous port across restarts when it is still free, so old contexts stay valid.
+    `reuse_address`: the server binds with SO_REUSEADDR (the telemetry endpoints), so a port whose
+    last connections linger in TIME_WAIT is free for it."""
     if port is None:
         return 0
     import socket
 
-    with socket.socket() as s:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        if reuse_address:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
-            return free_port()
+            return free_port(host)
     return port
 
 

@@ -1,8 +1,8 @@
 """`corral why`'s "would unblock": which running jobs must end before a pending job fits.
 
-The hint asks the core's backfill reservation (`core.backfill.reserve`) where the job would start
-and names the jobs holding GPUs of that placement, soonest expected end first; before, the CLI
-re-implemented "release running jobs until it fits" on its own.
+The hint is the core's (`core.hints.unblock`): the cycle rerun on what-if states, naming the
+smallest set of events (jobs ending, soonest expected end first) after which it places the job;
+before, the CLI released running jobs until the job alone fitted (see test_exact_hints.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import pytest
 from corral.cli.present import unblock_hint
 from corral.contracts import events as ev
 from corral.contracts.cluster import parse_cluster_shorthand
-from corral.contracts.envelope import Event, Reason, job_stream, node_stream
+from corral.contracts.envelope import Event, Reason, job_stream, node_stream, queue_stream
 from corral.contracts.jobspec import validate_job_spec
+from corral.contracts.queues import validate_queues
 from corral.projection import ClusterView
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -42,11 +43,15 @@ def run(view: ClusterView, job_id: str, node: str, gpus: list[int], estimate: fl
     view.apply(job_event(job_id, ev.JobRunning))
 
 
-def cluster(shape: str, running: list[tuple[str, str, list[int], float | None]]) -> ClusterView:
+def cluster(shape: str, running: list[tuple[str, str, list[int], float | None]], quota: bool = False) -> ClusterView:
     view = ClusterView()
     for inv in parse_cluster_shorthand(shape).inventories():
         view.apply(ev.NodeRegistered.new(stream=node_stream(inv.node), actor="agent", node=inv.node, gpus=inv.gpus,
                                          nvlink_domains=inv.nvlink_domains, rack=inv.rack, zone=inv.zone, now=T0))
+    q_limits: dict[str, object] = {"guaranteed_gpus": 8, "max_gpus": 8} if quota else {"guaranteed_gpus": 16}
+    queues = [{"name": "q", **q_limits}, {"name": "team-b", "guaranteed_gpus": 0, "max_gpus": 4}]
+    for q in validate_queues({"queues": queues}).queues:
+        view.apply(ev.QueueConfigured.new(stream=queue_stream(q.name), actor="t", queue=q, now=T0))
     for job_id, node, gpus, estimate in running:
         run(view, job_id, node, gpus, estimate)
     return view
@@ -95,18 +100,19 @@ def test_the_hint_names_the_jobs_that_must_end(shape: str, running: list[tuple[s
     assert not any(n in text for n in not_named), text
 
 
-def test_a_quota_blocker_names_its_queues_job_then_the_gpus_it_still_needs() -> None:
-    view = cluster("1x8:H100", [("mine", "node-0", HALF, 300), ("other", "node-0", OTHER_HALF, 600)])
-    # `mine` is in queue q (the `run` helper), the pending job too: its end gives the quota back, and
-    # the 8-GPU job also needs `other`'s half of the node
+def test_a_quota_blocker_names_its_queues_jobs_that_give_the_quota_back() -> None:
+    # queue q (max 8) runs 4 GPUs on each node; its 8-GPU job needs both back (a free node alone
+    # is not enough): the jobs are named soonest first, with what each gives back
+    view = cluster("2x8:H100", [("mine", "node-1", HALF, 300), ("other", "node-0", OTHER_HALF, 600)], quota=True)
     text = hint(view, 1, 8, code="MAX_GPUS_EXCEEDED")
-    assert text.startswith("queue q regains 4 GPUs when job mine ends (in ~200s)"), text
-    assert text.endswith("then it still needs node-0 frees 4 when job other ends (in ~500s)"), text
+    assert "when job mine ends (in ~200s); " in text and text.endswith("when job other ends (in ~500s)"), text
+    assert "regains 4 GPUs" in text and "frees 4" in text, text
 
 
 def test_a_quota_blocker_with_nothing_of_its_queue_running_says_to_raise_the_quota() -> None:
-    view = cluster("1x8:H100", [("a", "node-0", ALL, 300)])
-    assert "raise the quota of team-b" in hint(view, 1, 8, code="QUOTA_EXCEEDED", queue="team-b")
+    view = cluster("1x8:H100", [])
+    text = hint(view, 1, 8, code="MAX_GPUS_EXCEEDED", queue="team-b")
+    assert "queue team-b set to guaranteed_gpus 0, max_gpus 8 (`corral apply`)" in text, text
 
 
 def test_no_hint_for_a_job_that_is_not_pending() -> None:

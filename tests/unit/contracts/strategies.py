@@ -16,6 +16,13 @@ from hypothesis import strategies as st
 
 from corral.contracts.envelope import Event
 
+# hypothesis imports its regex strategy lazily, on the first `from_regex` it validates, and pytest
+# rewrites that module's asserts as it is imported. Imported deep inside hypothesis' recursive
+# validation of a struct strategy, CPython 3.11.7's compile() failed with "SystemError: AST
+# constructor recursion depth mismatch" (the fuzz test, first in its xdist worker). Validated here,
+# at import, the module is loaded from a shallow stack.
+st.from_regex(r"^a$", fullmatch=True).validate()
+
 _INT_BOUND = 2**53
 _MAX_ITEMS = 3
 

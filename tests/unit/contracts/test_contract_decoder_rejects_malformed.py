@@ -147,7 +147,7 @@ def test_unknown_type_names_the_type() -> None:
 def test_unknown_version_says_which_version_is_current() -> None:
     doc = _valid_job_submitted()
     doc["schema_version"] = 7
-    with pytest.raises(ContractError, match="current is 1") as info:
+    with pytest.raises(ContractError, match="current is 2") as info:
         decode(msgspec.json.encode(doc))
     assert info.value.field == "schema_version"
 

@@ -47,7 +47,7 @@ def test_event_id_rejects_bad_randomness_length() -> None:
 def test_new_fills_the_envelope() -> None:
     event = JobSubmitted.new(stream=job_stream("j1"), actor="cli:alice", job_id="j1", spec=SPEC, now=T0)
     assert event.type == "JobSubmitted"
-    assert event.schema_version == 1
+    assert event.schema_version == 2
     assert event.occurred_at == T0
     assert event.stream == "job-j1"
     assert event.correlation_id == event.event_id  # a root event correlates to itself
@@ -80,8 +80,8 @@ def test_naive_timestamps_are_refused_on_the_wire() -> None:
 
 
 def test_schema_version_is_fixed_by_the_class() -> None:
-    with pytest.raises(ValueError, match="schema_version 2"):
-        JobSubmitted(event_id=new_event_id(T0), schema_version=2, occurred_at=T0, stream="job-j1",
+    with pytest.raises(ValueError, match="schema_version 3"):
+        JobSubmitted(event_id=new_event_id(T0), schema_version=3, occurred_at=T0, stream="job-j1",
                      correlation_id="j1", actor="cli", job_id="j1", spec=SPEC)
 
 
@@ -100,3 +100,12 @@ def test_reason_codes_are_upper_snake() -> None:
                               reason=Reason(code="GANG_DOES_NOT_FIT", message="needs 32, best rack has 24",
                                             details={"needed": 32, "best": 24}))
     assert decode(encode(ok)) == ok
+
+
+def test_the_time_in_an_event_id_is_the_millisecond_it_was_made() -> None:
+    from datetime import UTC, datetime
+
+    from corral.contracts.envelope import event_id_time, new_event_id
+
+    made = datetime(2026, 12, 3, 19, 0, 0, 123000, tzinfo=UTC)
+    assert event_id_time(new_event_id(made)) == made

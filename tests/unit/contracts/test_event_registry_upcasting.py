@@ -1,4 +1,5 @@
-"""Old versions stay readable: an upcaster lifts a v0 JobSubmitted to v1 on decode."""
+"""Old versions stay readable: an upcaster lifts a v0 JobSubmitted to v1 on decode (and the
+registered v1 -> v2 upcaster on to the current version)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import msgspec
 import pytest
 
 from corral.contracts import ContractError, EventRegistry, JobSubmitted, new_event_id
-from corral.contracts.events import ALL_EVENTS
+from corral.contracts.events import ALL_EVENTS, UPCASTERS
 
 V0_JOB_SUBMITTED = {
     # v0 (hypothetical, for the test): the spec was flat, `gpus` was the total, no replicas.
@@ -36,13 +37,15 @@ def job_submitted_v0_to_v1(doc: dict[str, Any]) -> dict[str, Any]:
 def registry_with_upcaster() -> EventRegistry:
     registry = EventRegistry(ALL_EVENTS)
     registry.register_upcaster("JobSubmitted", 0, job_submitted_v0_to_v1)
+    for type_name, version, upcaster in UPCASTERS:
+        registry.register_upcaster(type_name, version, upcaster)
     return registry
 
 
 def test_v0_job_submitted_decodes_as_current_version() -> None:
     event = registry_with_upcaster().decode(msgspec.json.encode(V0_JOB_SUBMITTED))
     assert isinstance(event, JobSubmitted)
-    assert event.schema_version == 1
+    assert event.schema_version == 2
     assert event.spec.gpus_per_replica == 8
     assert event.spec.command == ["python", "train.py"]
     assert event.event_id == V0_JOB_SUBMITTED["event_id"]

@@ -82,3 +82,41 @@ def test_bad_queue_path_names_the_field() -> None:
     assert "research/nlp" in found["queues[0].name"]
     assert "queues[0].guaranteed_gpus" in found
     assert found["queues[0].wieght"] == "did you mean `weight`?"
+
+
+@pytest.mark.parametrize(("written", "seconds"), [("2s", 2.0), ("30m", 1800.0), ("1h30m", 5400.0), ("1.5h", 5400.0),
+                                                  ("2d", 172800.0), (90, 90.0), (0.5, 0.5)])
+def test_max_wait_is_seconds_or_a_duration_stored_as_seconds(written: object, seconds: float) -> None:
+    queue = validate_queues([{"name": "team-a", "max_wait": written}]).queues[0]
+    assert queue.max_wait == seconds
+    assert QueueSpec(name="team-a").max_wait is None  # never escalated unless set
+
+
+@pytest.mark.parametrize("written", ["0s", 0, -5, "4 hours", "2x", "h", True])
+def test_a_bad_max_wait_names_the_field_and_the_fix(written: object) -> None:
+    with pytest.raises(SpecError) as info:
+        validate_queues([{"name": "team-a", "max_wait": written}])
+    (problem,) = info.value.problems
+    assert problem.path == "queues[0].max_wait"
+    assert "30m" in problem.hint
+
+
+def test_a_file_applied_over_the_tree_does_not_imply_a_parent_that_exists() -> None:
+    """The review: a file naming only `research/nlp`, applied over a tree with a real `research`
+    (guarantee 24, ceiling 32, max_wait), implied a new `research` (guarantee 16, no ceiling)
+    that replaced it: the parent lost its ceiling and its other children's room."""
+    from corral.contracts.queues import merged_tree, tree_problems
+
+    current = load_queues_text(QUEUES_YAML + "  - {name: research/big, guaranteed_gpus: 0}\n").resolved()
+    change = load_queues_text("queues:\n  - {name: research/nlp, guaranteed_gpus: 16, max_gpus: 24}\n")
+    resolved = change.resolved(existing={q.name for q in current})
+    assert [q.name for q in resolved] == ["research/nlp"]
+    whole = {q.name: q for q in merged_tree(current, resolved)}
+    assert whole["research"].max_gpus == 32 and whole["research"].guaranteed_gpus == 24
+    assert whole["research/nlp"].max_gpus == 24
+    # a change that would promise children more than their parent is found in the merged tree
+    greedy = load_queues_text("queues:\n  - {name: research/nlp, guaranteed_gpus: 20}\n")
+    problems = tree_problems(merged_tree(current, greedy.resolved(existing={q.name for q in current})))
+    assert any("children of `research` are guaranteed 28 GPUs" in p.message for p in problems), problems
+    # on an empty tree the parent is still implied
+    assert [q.name for q in change.resolved()] == ["research", "research/nlp"]

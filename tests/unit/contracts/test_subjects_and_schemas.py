@@ -69,10 +69,10 @@ def test_export_writes_valid_json_for_every_event_and_spec(exported: Path) -> No
 
 
 def test_event_schema_pins_type_and_version(exported: Path) -> None:
-    schema = json.loads((exported / "JobSubmitted.v1.schema.json").read_text())
+    schema = json.loads((exported / "JobSubmitted.v2.schema.json").read_text())
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["properties"]["type"] == {"enum": ["JobSubmitted"]}
-    assert schema["properties"]["schema_version"]["const"] == 1
+    assert schema["properties"]["schema_version"]["const"] == 2
     assert {"type", "event_id", "occurred_at", "stream", "correlation_id", "actor", "job_id", "spec"} <= set(
         schema["required"])
 

@@ -23,6 +23,7 @@ from corral.core import (
     select_victims,
     static_feasibility,
 )
+from corral.core.reservation import Reserve, reserve_quota
 
 from .builders import job, running, snapshot
 
@@ -216,3 +217,18 @@ def test_backfilled_jobs_do_not_delay_the_reserved_gang():
     late = job("late", gpus=2, submit_time=9.0, estimated_runtime_seconds=500.0)
     ds = schedule(snapshot(cluster, [head, late], [r], now=1000.0), SchedulerConfig.named("backfill"))
     assert isinstance(ds[1], Pending) and ds[1].reason.code is ReasonCode.RESERVED_FOR
+
+
+def test_a_quota_reason_counts_every_reservation_of_its_round():
+    """Quota decides in fair-share order: the 2x4 gang's turn came first (4 of max 8 in use), then
+    the later 1x4 job was reserved the other 4. The gang's reason said "uses 4 of max 8" while the
+    queue used 8 (seen live: `corral why` printed it above "queue q uses 8 of 8 guaranteed GPUs")."""
+    cluster = Cluster.uniform(2, 4, "H100")
+    queues = [QueueConfig("q", guaranteed_gpus=8, max_gpus=8)]
+    run = [running(job("a", gpus=4), [("n000", (0, 1, 2, 3))])]
+    snap = snapshot(cluster, [job("g", 2, 4, submit_time=1.0), job("h", 1, 4, submit_time=2.0)], run, queues)
+    decisions = {d.job_id: d for d in reserve_quota(snap)}
+    assert isinstance(decisions["h"], Reserve)
+    gang = decisions["g"]
+    assert isinstance(gang, Pending) and gang.reason.code is ReasonCode.MAX_GPUS_EXCEEDED
+    assert gang.reason.message == "queue q uses 8 of max 8 GPUs; job needs 8 more", gang.reason

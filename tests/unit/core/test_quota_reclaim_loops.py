@@ -31,7 +31,8 @@ from corral.core import (
     Snapshot,
     schedule,
 )
-from corral.core.reservation import Reserve, reserve_quota
+from corral.core.pipeline import run_round
+from corral.core.reservation import Reserve, Revoke
 from tests.unit.core.builders import job, running
 from tests.unit.core.test_core_properties import clusters, queue_trees, random_job
 
@@ -42,13 +43,17 @@ PREEMPTION = SchedulerConfig()
 
 @dataclasses.dataclass
 class Round:
-    quota: list[Reserve | Pending]
+    quota: list[Reserve | Pending | Revoke]
     placed: dict[str, Placement]
     preempts: list[Preempt]
 
     @property
     def reserved(self) -> set[str]:
         return {d.job_id for d in self.quota if isinstance(d, Reserve)}
+
+    @property
+    def revoked(self) -> set[str]:
+        return {d.job_id for d in self.quota if isinstance(d, Revoke)}
 
     @property
     def victims(self) -> set[str]:
@@ -63,22 +68,10 @@ def decision_round(
     run: list[RunningJob],
     holding: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> Round:
-    """Quota, then placement over every job holding quota, then preemption on the state that leaves."""
-    snap = Snapshot(now, cluster, queues, tuple(pending), tuple(run))
-    quota = reserve_quota(snap, PREEMPTION, reserved=holding)
-    holders = holding | {d.job_id for d in quota if isinstance(d, Reserve)}
-    placing = Snapshot(now, cluster, queues, tuple(p for p in pending if p.job.id in holders), tuple(run))
-    placed = {d.job_id: d.placement for d in schedule(placing, PLACEMENT) if isinstance(d, Place)}
-    started = [
-        RunningJob(
-            p.job, placed[p.job.id], now, attained_gpu_seconds=p.attained_gpu_seconds, preempted_by=p.preempted_by
-        )
-        for p in pending
-        if p.job.id in placed
-    ]
-    after = Snapshot(now, cluster, queues, tuple(p for p in pending if p.job.id not in placed), tuple(run + started))
-    preempts = [d for d in schedule(after, PREEMPTION) if isinstance(d, Preempt)]
-    return Round(quota, placed, preempts)
+    """Quota, then placement over every job holding quota, then preemption on the state that leaves
+    (`corral.core.pipeline.run_round`, the services' round)."""
+    r = run_round(Snapshot(now, cluster, queues, tuple(pending), tuple(run)), PREEMPTION, holding=holding)
+    return Round(list(r.quota), {d.job_id: d.placement for d in r.placed}, list(r.preempts))
 
 
 # -- the reported loop ------------------------------------------------------------------------------
@@ -191,6 +184,29 @@ def worlds(draw: st.DrawFn) -> tuple[Cluster, tuple[QueueConfig, ...], list[Pend
     return cluster, queues, pending, run, holding
 
 
+def _assert_reservations_within_quota(cluster, queues, pending, run, holding, r) -> None:
+    from corral.core.ordering import order_pending, tree_for
+    from corral.core.quota import QueueUsage, quota_check
+
+    snap = Snapshot(1000.0, cluster, queues, tuple(pending), tuple(run))
+    tree = tree_for(snap, PREEMPTION)
+    usage = QueueUsage.of(tree, snap.running)
+    for p in pending:
+        if p.job.id in holding and p.job.id not in r.revoked and tree.known(p.job.queue):
+            usage.add(p.job.queue, p.job.total_gpus)
+    assert r.revoked <= holding
+    why = {d.job_id: d.reason.code for d in r.quota if isinstance(d, Pending)}
+    quota_codes = (ReasonCode.QUOTA_EXCEEDED, ReasonCode.MAX_GPUS_EXCEEDED, ReasonCode.QUEUE_UNKNOWN)
+    waiting = Snapshot(1000.0, cluster, queues, tuple(p for p in pending if p.job.id not in holding), tuple(run))
+    for p in order_pending(waiting, PREEMPTION, tree=tree):
+        blocked = quota_check(snap, p.job, usage, tree=tree)
+        if p.job.id in r.reserved:
+            assert blocked is None, (p.job.id, blocked)
+            usage.add(p.job.queue, p.job.total_gpus)
+        elif why[p.job.id] in quota_codes:
+            assert blocked is not None, (p.job.id, why[p.job.id])
+
+
 def _old_reservations(cluster, queues, pending, run, holding) -> set[str]:
     """What quota reserved before the fix: the quota check alone."""
     from corral.core.ordering import order_pending, tree_for
@@ -219,12 +235,14 @@ def test_no_job_is_preempted_in_the_round_quota_reserved_it(world):
     assert not (r.reserved & r.victims), (
         f"reserved and preempted in the same round: {sorted(r.reserved & r.victims)}; {r.preempts}"
     )
-    # the rule only ever holds back what the quota check alone would reserve, each with a reason
-    before = _old_reservations(cluster, queues, pending, run, holding)
-    assert r.reserved <= before
-    for d in r.quota:
-        if isinstance(d, Pending) and d.job_id in before:
-            assert d.reason.code not in (ReasonCode.QUOTA_EXCEEDED, ReasonCode.MAX_GPUS_EXCEEDED), d
+    # nor is a job that held quota from earlier rounds started and preempted in the same round:
+    # its reservation is revoked instead (it would be started and taken back at once)
+    kept = set(holding) - r.revoked
+    assert not (kept & set(r.placed) & r.victims), (sorted(kept & set(r.placed) & r.victims), r.preempts)
+    # in the quota order, each reservation passes the quota check with those before it counted,
+    # and a job waiting for a quota reason fails it so: a job held back by the rule (with its own
+    # reason) counts for nothing, so the jobs its quota blocked are checked again
+    _assert_reservations_within_quota(cluster, queues, pending, run, holding, r)
 
 
 @SETTINGS
@@ -240,15 +258,33 @@ def test_a_job_no_waiting_job_can_preempt_is_reserved_on_its_quota_alone(world):
     assert r.reserved == _old_reservations(cluster, queues, alone, run, set())
 
 
-def test_the_placement_config_is_the_placement_services():
+def test_the_services_are_three_steps_of_one_policy():
     from corral.core.reservation import placement_config
+    from corral.core.steps import Step, step_config
 
-    assert placement_config(PREEMPTION) == PLACEMENT
+    assert placement_config(PREEMPTION) == step_config(Step.PLACEMENT, PREEMPTION) == PLACEMENT
+    assert step_config(Step.QUOTA, PREEMPTION) == step_config(Step.PREEMPTION, PREEMPTION) == PREEMPTION
     try:
         from corral.services.placement.service import Placement as PlacementService
         from corral.services.preemption.service import Preemption
         from corral.services.quota.service import Quota
     except ImportError:  # pragma: no cover - services not installed
         return
-    assert PlacementService.config == PLACEMENT
-    assert Quota.config == Preemption.config == PREEMPTION
+    assert PlacementService.config == Quota.config == Preemption.config == PREEMPTION
+
+
+def test_a_job_held_back_gives_its_quota_back_to_the_jobs_it_blocked():
+    """Found by the simulator's services pipeline (tests/unit/sim/test_pipeline_agreement.py): under
+    LAS, queue q1 (max 8 GPUs) waits with an 8-GPU job first in the order and a 1-GPU job of higher
+    priority behind it, on an empty node. The 8-GPU job passed the quota check, the 1-GPU job did
+    not (9 > 8), then the 8-GPU job was held back (the 1-GPU job would preempt it at once, in-queue
+    priority) while still counting against q1: nobody was reserved, round after round, forever."""
+    cluster = Cluster.uniform(1, 8, "H100")
+    queues = (QueueConfig("q0", 4), QueueConfig("q1", 4, max_gpus=8))
+    big = PendingJob(job("big", 1, 8, "q1", submit_time=1.0))
+    urgent = PendingJob(job("urgent", 1, 1, "q1", priority=100, submit_time=3.0))
+    r = run_round(Snapshot(100.0, cluster, queues, (big, urgent), ()), SchedulerConfig.named("las"))
+    assert r.reserved == {"urgent"}, r.quota
+    assert [d.job_id for d in r.placed] == ["urgent"]
+    why = next(d.reason for d in r.quota if isinstance(d, Pending) and d.job_id == "big")
+    assert why.code is ReasonCode.RESERVED_FOR and why.detail("reserved_for") == "urgent", why

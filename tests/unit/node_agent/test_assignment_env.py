@@ -28,7 +28,8 @@ def test_rank_env_is_what_torch_distributed_and_corral_worker_expect() -> None:
     env = build_rank_env(a, a.ranks[1], Path("/run/ctl"), {"PATH": "/bin"}, interpreter_bin="/venv/bin")
     assert env == {
         "PATH": "/venv/bin:/bin", "PYTHONUNBUFFERED": "1", "LR": "0.1",
-        "CUDA_VISIBLE_DEVICES": "6,7", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
+        "CUDA_VISIBLE_DEVICES": "6,7", "NVIDIA_VISIBLE_DEVICES": "6,7",
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
         "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
         # torchrun's other variables: node = group, one role named "default", the job is the run
         "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_NAME": "default", "ROLE_RANK": "3",

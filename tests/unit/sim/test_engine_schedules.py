@@ -11,7 +11,7 @@ import pytest
 from corral.core import Cluster, QueueConfig
 from corral.sim import SimJob, Workload, check_schedule, result_document, run_simulation
 from corral.sim.api import SimResult
-from corral.sim.workload import TopologySpec
+from corral.sim.workload import TopologySpec, sim_job
 
 NODE = TopologySpec(replica="node")
 
@@ -28,9 +28,9 @@ def _spans(result: SimResult) -> dict[str, list[tuple[float, float]]]:
 
 def _fifo_jobs() -> list[SimJob]:
     return [
-        SimJob("a", "q", 0, 100, 1, 8, topology=NODE, estimated_runtime_seconds=100),
-        SimJob("b", "q", 1, 50, 2, 8, topology=NODE),
-        SimJob("c", "q", 2, 10, 1, 1, topology=NODE, estimated_runtime_seconds=10),
+        sim_job("a", "q", 0, 100, 1, 8, topology=NODE, estimated_runtime_seconds=100),
+        sim_job("b", "q", 1, 50, 2, 8, topology=NODE),
+        sim_job("c", "q", 2, 10, 1, 1, topology=NODE, estimated_runtime_seconds=10),
     ]
 
 
@@ -52,9 +52,9 @@ def test_gang_waits_for_a_completion_then_starts_all_ranks_at_once() -> None:
     """2x8: a (4 GPUs, 0-100) and b (4 GPUs, 0-200) hold GPUs on the cluster; the 2x8 gang c
     (t=1) needs two whole nodes, gets no partial allocation, and starts at 200 on both nodes."""
     jobs = [
-        SimJob("a", "q", 0, 100, 1, 4, topology=NODE),
-        SimJob("b", "q", 0, 200, 1, 4, topology=NODE),
-        SimJob("c", "q", 1, 50, 2, 8, topology=NODE),
+        sim_job("a", "q", 0, 100, 1, 4, topology=NODE),
+        sim_job("b", "q", 0, 200, 1, 4, topology=NODE),
+        sim_job("c", "q", 1, 50, 2, 8, topology=NODE),
     ]
     result = _run(jobs, Cluster.uniform(2, 8, "H100"), "corral")
     spans = _spans(result)
@@ -71,7 +71,7 @@ def test_preemption_loses_the_work_since_the_last_checkpoint() -> None:
     through the grace until 4,030; its last checkpoint was at 3,600, so it loses 430 s x 8 GPUs =
     3,440 GPU-s and 6,400 s remain. high runs 4,030-4,130; low restarts at 4,130 and ends 10,530."""
     jobs = [
-        SimJob(
+        sim_job(
             "low",
             "q",
             0,
@@ -83,7 +83,7 @@ def test_preemption_loses_the_work_since_the_last_checkpoint() -> None:
             checkpoint_grace_seconds=30,
             checkpoint_interval_seconds=1800,
         ),
-        SimJob("high", "q", 4000, 100, 1, 8, priority=1000, topology=NODE),
+        sim_job("high", "q", 4000, 100, 1, 8, priority=1000, topology=NODE),
     ]
     result = _run(jobs, Cluster.uniform(1, 8, "H100"), "priority")
     assert _spans(result) == {"low": [(0, 4030), (4130, 10_530)], "high": [(4030, 4130)]}
@@ -96,8 +96,8 @@ def test_victim_that_finishes_within_its_grace_just_finishes() -> None:
     """As above but low needs only 4,010 s: asked to checkpoint at 4,000, it completes at 4,010
     inside its 30 s grace, is not counted as preempted, and high starts at 4,010."""
     jobs = [
-        SimJob("low", "q", 0, 4010, 1, 8, priority=100, topology=NODE, checkpoint_grace_seconds=30),
-        SimJob("high", "q", 4000, 100, 1, 8, priority=1000, topology=NODE),
+        sim_job("low", "q", 0, 4010, 1, 8, priority=100, topology=NODE, checkpoint_grace_seconds=30),
+        sim_job("high", "q", 4000, 100, 1, 8, priority=1000, topology=NODE),
     ]
     result = _run(jobs, Cluster.uniform(1, 8, "H100"), "priority")
     assert _spans(result) == {"low": [(0, 4010)], "high": [(4010, 4110)]}
@@ -108,8 +108,8 @@ def test_queue_under_its_guarantee_reclaims_borrowed_gpus() -> None:
     """1x8, queues a and b guaranteed 4 each. a's eight 1-GPU jobs (1,000 s) borrow b's half at 0.
     b's four jobs arrive at 100: Corral reclaims 4 of a's jobs (30 s grace), b runs 130-230; the
     four victims lost 130 s each and rerun 230-1,230."""
-    jobs = [SimJob(f"a{i}", "a", 0, 1000, 1, 1, topology=NODE) for i in range(8)]
-    jobs += [SimJob(f"b{i}", "b", 100, 100, 1, 1, topology=NODE) for i in range(4)]
+    jobs = [sim_job(f"a{i}", "a", 0, 1000, 1, 1, topology=NODE) for i in range(8)]
+    jobs += [sim_job(f"b{i}", "b", 100, 100, 1, 1, topology=NODE) for i in range(4)]
     queues = [QueueConfig("a", guaranteed_gpus=4), QueueConfig("b", guaranteed_gpus=4)]
     result = _run(jobs, Cluster.uniform(1, 8, "H100"), "corral", queues)
     spans = _spans(result)
@@ -122,7 +122,7 @@ def test_queue_under_its_guarantee_reclaims_borrowed_gpus() -> None:
 @pytest.mark.parametrize("policy", ["corral", "fifo", "priority", "backfill", "las"])
 def test_every_policy_finishes_every_job_of_a_small_mix(policy: str) -> None:
     jobs = [
-        SimJob(f"j{i}", f"q{i % 3}", i * 7.0, 50 + (i * 37) % 400, 1 + (i % 4 == 0), 1 + i % 8, topology=NODE)
+        sim_job(f"j{i}", f"q{i % 3}", i * 7.0, 50 + (i * 37) % 400, 1 + (i % 4 == 0), 1 + i % 8, topology=NODE)
         for i in range(60)
     ]
     result = _run(jobs, Cluster.uniform(4, 8, "H100"), policy)
@@ -136,7 +136,7 @@ def test_skipping_futile_cycles_does_not_change_the_schedule(policy: str) -> Non
     from corral.sim.inputs import equal_share_queues
 
     jobs = tuple(
-        SimJob(
+        sim_job(
             f"j{i}",
             f"q{i % 3}",
             i * 5.0,

@@ -31,6 +31,12 @@ def test_sim_help_and_flags_through_the_corral_cli(tmp_path: Path) -> None:
     assert both.exit_code == 0 and "fifo" in both.output and "las" in both.output
     assert runner.invoke(app, ["sim"]).exit_code == 2
     assert runner.invoke(app, ["sim", "--seed", "many"]).exit_code == 2
+    services = runner.invoke(app, ["sim", "--trace", str(_workload(tmp_path)), "--cluster", "1x8:H100",
+                                   "--pipeline", "services"])
+    assert services.exit_code == 0 and "pipeline services" in services.output, services.output
+    wrong = runner.invoke(app, ["sim", "--trace", str(_workload(tmp_path)), "--cluster", "1x8:H100",
+                                "--pipeline", "kueue"])
+    assert wrong.exit_code == 2 and "choose one of cycle, services" in wrong.output
 
 
 def test_progress_only_on_a_terminal_and_never_with_json() -> None:

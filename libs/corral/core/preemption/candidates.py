@@ -8,6 +8,7 @@ accept for the job at hand; a plan then walks it lazily, applying the rule exact
 
 from __future__ import annotations
 
+import math
 from operator import itemgetter
 
 from corral.core.decisions import ReasonCode
@@ -20,6 +21,7 @@ from corral.core.preemption.eligibility import (
     victim_kind,
 )
 from corral.core.quota import QueueTree, QueueUsage
+from corral.core.running import RunningIndex
 
 _FIRST = itemgetter(0)
 
@@ -31,15 +33,23 @@ def victim_cost_key(r: RunningJob, now: float) -> tuple[float, int, int, str]:
 
 class Candidates:
     """One cycle's possible victims, cheapest first (costs are fixed for the cycle), built on
-    first use: overall, per queue, and per LAS threshold. `running` is sorted by job id."""
+    first use: overall, per queue, and per LAS threshold. `running` is sorted by job id.
 
-    def __init__(self, running: list[RunningJob], now: float, config: SchedulerConfig) -> None:
-        self.running, self.now, self.config = running, now, config
+    `kept`: the same running jobs as an owner keeps them between cycles (`RunningIndex`); it
+    answers the per-queue lowest priority, the most attained service and who may have a LAS
+    threshold's service without a pass over every running job. None: computed from `running`."""
+
+    def __init__(
+        self, running: list[RunningJob], now: float, config: SchedulerConfig, kept: RunningIndex | None = None
+    ) -> None:
+        self.running, self.now, self.config, self.kept = running, now, config, kept
         self._eligible: list[RunningJob] | None = None
         self._by_queue: dict[str, list[RunningJob]] = {}
         self._attained: list[tuple[RunningJob, float]] | None = None
-        self._lowest: dict[str, int] | None = None  # per queue: the lowest priority running
+        self._lowest = None if kept is None else kept.lowest_priority()
         self._las: dict[tuple[float, str, int], list[RunningJob]] = {}
+        self._most_attained = None if kept is None else kept.most_attained_bound(now)
+        self._facts: dict[str, tuple[bool, float, tuple[float, int, int, str]]] = {}  # `_las_kept`'s
 
     @property
     def eligible(self) -> list[RunningJob]:
@@ -83,15 +93,68 @@ class Candidates:
         need -= 1e-6 * (1.0 + abs(need))  # a superset: `victim_kind` decides exactly, rounding aside
         key = (need, job.queue, job.priority)
         found = self._las.get(key)
+        if found is None and not self._las_may_find(need, job):
+            found = self._las[key] = []  # what the filter below would find, without the cost order
         if found is None:
-            if self._attained is None:
-                self._attained = [(r, r.attained(self.now)) for r in self.eligible]
-            # `same_queue_outranks`, inlined: this list is rebuilt per job and threshold under LAS
-            q, prio = job.queue, job.priority
-            found = self._las[key] = [
-                r for r, theirs in self._attained if theirs >= need or (r.job.queue == q and r.job.priority < prio)
-            ]
+            found = self._las_kept(need, job)
+            found = self._las[key] = found if found is not None else self._las_filter(need, job)
         return found
+
+    def _las_filter(self, need: float, job: Job) -> list[RunningJob]:
+        if self._attained is None:
+            self._attained = [(r, r.attained(self.now)) for r in self.eligible]
+        # `same_queue_outranks`, inlined: this list is rebuilt per job and threshold under LAS
+        q, prio = job.queue, job.priority
+        return [r for r, theirs in self._attained if theirs >= need or (r.job.queue == q and r.job.priority < prio)]
+
+    def _las_kept(self, need: float, job: Job) -> list[RunningJob] | None:
+        """`_las_for`'s filter from the kept index, when only attained service can qualify (nobody
+        of lower priority runs in the job's queue): the few that may have `need` service, checked
+        exactly and put in cost order -- the eligible ones in cost order, filtered, without
+        costing every running job. None: not answerable so (no index, or lower priorities run)."""
+        low = self._lowest_priority().get(job.queue)
+        if self.kept is None or (low is not None and low < job.priority):
+            return None
+        now, config = self.now, self.config
+        maybe = self.kept.attained_at_least(need, now)
+        if maybe is None:
+            return None
+        # a running job's eligibility, cost and service are fixed for the cycle, and the jobs with
+        # much service qualify for most thresholds: each is worked out once a cycle
+        facts = self._facts
+        costed = []
+        for r in maybe:
+            known = facts.get(r.job.id)
+            if known is None:
+                eligible = statically_eligible(r, now, config)
+                known = facts[r.job.id] = (eligible, r.attained(now), victim_cost_key(r, now))
+            if known[0] and known[1] >= need:
+                costed.append((known[2], r))
+        costed.sort(key=_FIRST)
+        return [r for _, r in costed]
+
+    def _las_may_find(self, need: float, job: Job) -> bool:
+        """False when `_las_for`'s filter provably keeps nobody: no running job (eligible or not)
+        has `need` attained service (an upper bound on the most of it answers as well), and none
+        in the job's queue runs at a lower priority. Most waiting jobs under LAS were preempted
+        before and have much service: no one qualifies."""
+        if self._most_attained is None:
+            now = self.now
+            self._most_attained = max((r.attained(now) for r in self.running), default=-math.inf)
+        if self._most_attained >= need:
+            return True
+        low = self._lowest_priority().get(job.queue)
+        return low is not None and low < job.priority
+
+    def _lowest_priority(self) -> dict[str, int]:
+        """Per queue: the lowest priority of its running jobs (eligible or not)."""
+        if self._lowest is None:
+            self._lowest = {}
+            for r in self.running:
+                q, prio = r.job.queue, r.job.priority
+                if prio < self._lowest.get(q, prio + 1):
+                    self._lowest[q] = prio
+        return self._lowest
 
     def same_queue(self, job: Job) -> list[RunningJob]:
         """Possible victims in the job's own queue, cheapest first. Outside LAS a same-queue victim
@@ -99,13 +162,7 @@ class Candidates:
         and when the queue runs nothing of lower priority the victims' cost order is not built."""
         if self.config.order is OrderPolicy.LAS:
             return self.by_queue.get(job.queue, [])
-        if self._lowest is None:
-            self._lowest = {}
-            for r in self.running:
-                q, prio = r.job.queue, r.job.priority
-                if prio < self._lowest.get(q, prio + 1):
-                    self._lowest[q] = prio
-        low = self._lowest.get(job.queue)
+        low = self._lowest_priority().get(job.queue)
         if low is None or low >= job.priority:
             return []
         return [r for r in self.by_queue.get(job.queue, []) if same_queue_outranks(job, r.job)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from corral.core import reasons
 from corral.core.decisions import Reason, ReasonCode
 from corral.core.gpuset import FreeGpus, Statement
 from corral.core.ledger import give_back
@@ -48,6 +49,7 @@ def plan_preemption(
     check_quota: bool = True,
     releasing: dict[int, int] | None = None,
     presorted: bool = False,
+    explain: bool = True,
 ) -> PreemptionPlan | Reason | None:
     """The cheapest victim set among `candidates` after which the job fits, or a Reason, or None
     when no running job is an eligible victim at all. `free` is left exactly as it was.
@@ -55,7 +57,8 @@ def plan_preemption(
     `presorted=True` promises `candidates` are already in `victim_cost_key` order.
     `check_quota=False` skips the quota re-check when the job already passes quota without victims
     (removing victims never makes quota worse). GPUs in `releasing` (being released by earlier
-    preemptions) count as free for this plan.
+    preemptions) count as free for this plan. `explain=False`: a caller that drops the Reason when
+    no victim set fits gets a short one, not worded from every eligible victim.
     """
     now = snapshot.now
     ordered = [r for r in candidates if r.job.id not in taken]
@@ -67,35 +70,15 @@ def plan_preemption(
     base = Statement(free)
     try:
         give_back(base, (releasing or {}).items())
-        found = VictimSearch(snapshot, pending, config, free, tree, usage, seq, check_quota).run()
+        found = VictimSearch(snapshot, pending, config, free, tree, usage, seq, check_quota, explain).run()
     finally:
         base.rollback()
     if isinstance(found, Reason):
         return found
     chosen, placement = found
     kinds = {seq.kinds[v.job.id] for v in chosen}
-    return PreemptionPlan(tuple(sorted(chosen, key=lambda r: r.job.id)), placement, _reason(kinds, chosen, now))
-
-
-def _reason(job_kinds: set[ReasonCode], victims: Sequence[RunningJob], now: float) -> Reason:
-    lost = sum(v.lost_work(now) for v in victims)
-    gpus = sum(v.placement.gpu_count for v in victims)
-    ids = ", ".join(sorted(v.job.id for v in victims))
-    if ReasonCode.RECLAIMED_FOR_GUARANTEE in job_kinds:
-        code = ReasonCode.RECLAIMED_FOR_GUARANTEE
-        why = "reclaiming guaranteed GPUs from borrowing queues"
-    elif ReasonCode.PREEMPTED_FOR_LAS in job_kinds:
-        code = ReasonCode.PREEMPTED_FOR_LAS
-        why = "victims attained far more service"
-    else:
-        code = ReasonCode.PREEMPTED_FOR_PRIORITY
-        why = f"victims have lower priority (max {max(v.job.priority for v in victims)})"
-    return Reason(
-        code,
-        f"preempting {len(victims)} job(s) ({ids}) holding {gpus} GPUs, {why}; "
-        f"{lost:.0f} GPU-seconds since their last checkpoint are lost",
-        (("victims", len(victims)), ("freed_gpus", gpus), ("lost_gpu_seconds", lost)),
-    )
+    victims = tuple(sorted(chosen, key=lambda r: r.job.id))
+    return PreemptionPlan(victims, placement, reasons.preempting(kinds, chosen, now))
 
 
 def select_victims(

@@ -14,15 +14,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from corral.core.decisions import Reason, ReasonCode
+from corral.core.fitcount import fits_with
 from corral.core.gpuset import FreeGpus, Statement
 from corral.core.ledger import Masks, give_back
 from corral.core.model import PendingJob, Placement, RunningJob, SchedulerConfig, Snapshot
-from corral.core.placement import find_placement
+from corral.core.placement import fits_now, placement_or_none
 from corral.core.preemption.candidates import VictimSequence
 from corral.core.quota import QueueTree, QueueUsage, quota_check
 
 _SINGLETON_TRIES = 32
 _PRUNE_AT_MOST = 64
+_ALL_FIRST_AT_MOST = 64  # `all_may_fit` tries the whole list first when it is no longer
+# no set of victims fits, for a caller that drops the reason (`explain=False`)
+_UNEXPLAINED = Reason(ReasonCode.GANG_DOES_NOT_FIT, "no set of victims makes it fit", ())
 
 
 class VictimSearch:
@@ -38,10 +42,13 @@ class VictimSearch:
         usage: QueueUsage,
         seq: VictimSequence,
         check_quota: bool,
+        explain: bool = True,
     ) -> None:
+        """`explain=False`: the caller drops the Reason when no set fits (the cycle does), so it
+        is not worded, and the victims it would count are not all examined."""
         self.snapshot, self.pending, self.config = snapshot, pending, config
         self.fi, self.tree, self.usage, self.seq = fi, tree, usage, seq
-        self.check_quota = check_quota
+        self.check_quota, self.explain = check_quota, explain
         self.job = pending.job
         self.now = snapshot.now
         self._masks: dict[str, Masks] = {}
@@ -62,16 +69,18 @@ class VictimSearch:
                 (("needs_gpus", self.job.total_gpus), ("eligible_victims", 0)),
             )
         chosen = self.single_cheaper(self.prune(self.seq.items[:hi]))
-        placement = self.fits(chosen)
-        assert placement is not None
+        placement = self.fits(chosen, build=True)
+        assert isinstance(placement, Placement)
         return chosen, placement
 
     # -- the shortest prefix of the cost order that fits -------------------------------------------
 
     def shortest_prefix(self) -> int | Reason:
         try:
+            if not self.candidates_may_fit():
+                return self.no_fit()
             k = self.count_bound()
-            if k is None:
+            if k is None or not self.all_may_fit():
                 return self.no_fit()
             lo, hi = self.gallop(k)
             if hi < 0:
@@ -91,6 +100,32 @@ class VictimSearch:
             have += seq.items[k].placement.gpu_count
             k += 1
         return k
+
+    def candidates_may_fit(self) -> bool:
+        """False when the job would not fit even if every candidate were gone, victim or not (a
+        superset of the victims, so exact: fitting only grows with the GPUs freed). Answered from
+        the free counts (`fits_with`), before any candidate is examined by the victim rule, for
+        short lists without a hard gang level; True otherwise (the search decides)."""
+        ordered = self.seq.ordered
+        if len(ordered) > _ALL_FIRST_AT_MOST:
+            return True
+        gained: dict[int, int] = {}
+        for r in ordered:
+            for i, m in self.masks(r):
+                gained[i] = gained.get(i, 0) | m
+        return fits_with(self.fi, self.job, gained) is not False
+
+    def all_may_fit(self) -> bool:
+        """False when the job does not fit even once every victim is gone. Most plans under LAS
+        fail so, and galloping to the end of a short list takes several placements where this
+        takes one. Exact: fitting only grows with the prefix (more free GPUs, less quota used), so
+        the gallop ends without a fit exactly when the whole list does not fit. Long lists (reclaim
+        over every running job) are left to the gallop: most of them fit early."""
+        seq = self.seq
+        if len(seq.ordered) > _ALL_FIRST_AT_MOST:
+            return True
+        seq.extend(len(seq.ordered))
+        return self.prefix_fits(len(seq.items))
 
     def gallop(self, k: int) -> tuple[int, int]:
         """From prefix k, 1, 2, 4, ... victims further until one fits: (lo, hi) with prefixes of
@@ -118,7 +153,7 @@ class VictimSearch:
 
     def prefix_fits(self, k: int) -> bool:
         self.to_prefix(k)
-        return self.quota_ok(self.seq.items[:k]) and self.place_now() is not None
+        return self.quota_ok(self.seq.items[:k]) and fits_now(self.fi, self.job)
 
     def to_prefix(self, k: int) -> None:
         """Move the journal to "the first k victims released"."""
@@ -133,6 +168,8 @@ class VictimSearch:
 
     def no_fit(self) -> Reason:
         seq, job = self.seq, self.job
+        if not self.explain:
+            return _UNEXPLAINED
         seq.extend(len(seq.ordered))
         return Reason(
             ReasonCode.GANG_DOES_NOT_FIT,
@@ -151,7 +188,7 @@ class VictimSearch:
         for v in sorted(chosen, key=lambda r: (-r.lost_work(now), r.job.id)):
             if len(chosen) > 1:
                 trial = [c for c in chosen if c is not v]
-                if self.fits(trial) is not None:
+                if self.fits(trial):
                     chosen = trial
         return chosen
 
@@ -162,7 +199,7 @@ class VictimSearch:
         for r in self.seq.items[:_SINGLETON_TRIES]:
             if self.cost([r]) >= best:
                 break
-            if self.fits([r]) is not None:
+            if self.fits([r]):
                 return [r]
         return chosen
 
@@ -171,18 +208,22 @@ class VictimSearch:
 
     # -- one trial --------------------------------------------------------------------------------------
 
-    def fits(self, victims: Sequence[RunningJob]) -> Placement | None:
-        """Where the job runs once `victims` are gone (simulated, rolled back), or None."""
+    def fits(self, victims: Sequence[RunningJob], *, build: bool = False) -> Placement | bool:
+        """Whether the job fits once `victims` are gone (simulated, rolled back); with `build`,
+        where it runs then (the Placement; False when it does not fit)."""
         fi = self.fi
         if fi.total_free + sum(v.placement.gpu_count for v in victims) < self.job.total_gpus:
-            return None
+            return False
         if not self.quota_ok(victims):
-            return None
+            return False
         stmt = Statement(fi)
         try:
             for v in victims:
                 give_back(stmt, self.masks(v))
-            return self.place_now()
+            if not build:
+                return fits_now(fi, self.job)
+            found = placement_or_none(fi, self.job)
+            return False if found is None else found
         finally:
             stmt.rollback()
 
@@ -194,10 +235,6 @@ class VictimSearch:
         for v in victims:
             after.add(v.job.queue, -v.placement.gpu_count, active=not v.preempting)
         return quota_check(self.snapshot, self.job, after, tree=self.tree, quotas=self.config.quotas) is None
-
-    def place_now(self) -> Placement | None:
-        found = find_placement(self.fi.cluster, self.fi, self.job)
-        return found if isinstance(found, Placement) else None
 
     def masks(self, r: RunningJob) -> Masks:
         m = self._masks.get(r.job.id)

@@ -20,7 +20,6 @@ from corral.contracts.problems import SpecError
 from corral.sim.workload import (
     DEFAULT_CHECKPOINT_INTERVAL_SECONDS,
     SimJob,
-    TopologySpec,
     Workload,
     WorkloadError,
     normalised,
@@ -77,21 +76,6 @@ def job_from_line(line: Any, where: str) -> SimJob:
 
 
 def job_from_spec(spec: JobSpec, submit_at: float, checkpoint_interval: float) -> SimJob:
-    """A validated JobSpec at a submit time -> SimJob."""
-    return SimJob(
-        id=spec.name,
-        queue=spec.queue,
-        submit=submit_at,
-        duration=float(spec.duration_seconds or 0.0),
-        replicas=spec.replicas,
-        gpus_per_replica=spec.gpus_per_replica,
-        priority=spec.priority,
-        gpu_model=spec.gpu.model if spec.gpu else None,
-        gpu_min_memory_gib=spec.gpu.min_memory_gib if spec.gpu else None,
-        topology=TopologySpec(spec.topology.replica, spec.topology.gang, spec.topology.prefer),
-        preemptible=spec.preemptible,
-        checkpoint_grace_seconds=spec.checkpoint.grace_seconds,
-        checkpoint_interval_seconds=checkpoint_interval,
-        min_runtime_seconds=spec.min_runtime_seconds,
-        estimated_runtime_seconds=spec.estimated_runtime_seconds,
-    )
+    """A validated JobSpec at a submit time -> SimJob (the spec itself, as `corral submit` takes it)."""
+    return SimJob(id=spec.name, submit=submit_at, duration=float(spec.duration_seconds or 0.0), spec=spec,
+                  checkpoint_interval_seconds=checkpoint_interval)

@@ -15,7 +15,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from corral.sim.workload import SimJob, TopologySpec, Workload, WorkloadError, normalised
+from corral.sim.workload import SimJob, TopologySpec, Workload, WorkloadError, normalised, sim_job
 
 QUEUE = "openb"
 QOS_PRIORITY = {"LS": 900, "Guaranteed": 900, "Burstable": 500, "BE": 100}
@@ -72,7 +72,7 @@ def load_openb(path: Path) -> Workload:
             multi_model += 1
         scheduled = float(row["scheduled_time"])
         jobs.append(
-            SimJob(
+            sim_job(
                 id=row["name"],
                 queue=QUEUE,
                 submit=float(row["creation_time"]),

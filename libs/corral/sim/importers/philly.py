@@ -13,7 +13,7 @@ import csv
 from datetime import UTC, datetime
 from pathlib import Path
 
-from corral.sim.workload import SimJob, TopologySpec, Workload, WorkloadError, normalised
+from corral.sim.workload import SimJob, TopologySpec, Workload, WorkloadError, normalised, sim_job
 
 GPUS_PER_NODE = 8
 NODE_TOPOLOGY = TopologySpec(replica="node")
@@ -54,7 +54,7 @@ def _job(row: dict[str, str], line: int, path: Path) -> SimJob:
         raise WorkloadError(f"philly trace {str(path)!r} line {line}: num_gpus must be >= 1, got {gpus}")
     per_replica = max(d for d in range(1, GPUS_PER_NODE + 1) if gpus % d == 0)
     replicas = gpus // per_replica
-    return SimJob(
+    return sim_job(
         id=f"philly-{line - 1:05d}",
         queue=row["cluster"],
         submit=submit,

@@ -1,0 +1,92 @@
+"""`corral credentials agent NODE...`: the NATS identities of a deployment, for its GPU nodes.
+
+The problem: on Kubernetes (and with systemd) the per-node agent credentials, the NATS servers'
+`auth.conf` and the Secrets holding them were written by hand from deploy/README.md. This command
+keeps them in one directory (`corral.stack.deploy_credentials`: existing passwords kept, nodes
+added or revoked) and prints what to apply: the files (a table), the servers' `authorization`
+block (`--format nats-conf`) or the Kubernetes Secrets (`--format k8s-secret`, for `kubectl
+apply -f -`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from corral.cli.output import console, err_console, print_json, print_table
+from corral.cli.session import ConnectionOptions
+
+EXIT_USAGE = 2
+
+
+class Format(StrEnum):
+    FILES = "files"
+    NATS_CONF = "nats-conf"
+    K8S_SECRET = "k8s-secret"
+
+
+app = typer.Typer(no_args_is_help=True, help="NATS identities of a deployment not run by `corral up`.")
+
+
+@app.command("agent")
+def agent(
+    nodes: Annotated[list[str] | None, typer.Argument(help="GPU nodes to add (their Kubernetes node names).")] = None,
+    directory: Annotated[Path, typer.Option(
+        "--dir", help="Where the deployment's identities are kept (0700; keep it safe).")] = Path("corral-credentials"),
+    fmt: Annotated[Format, typer.Option(
+        "--format", help="files: list the credentials files; nats-conf: the NATS servers' authorization block "
+                         "(auth.conf); k8s-secret: the Secrets corral-nats-auth, corral-nats-services, "
+                         "corral-nats-agents.")] = Format.FILES,
+    revoke: Annotated[list[str] | None, typer.Option(
+        "--revoke", help="Remove this node's identity (repeatable); apply the new auth.conf.")] = None,
+    k8s_namespace: Annotated[str, typer.Option("--k8s-namespace", help="Namespace of the Secrets.")] = "corral",
+    json_out: Annotated[bool, typer.Option("--json", help="With --format files: JSON.")] = False,
+) -> None:
+    """Give GPU nodes their agent identities (each may report only for its own node), beside the
+    services' (svc-services) and the operator's (admin), and print them in the chosen format. Run
+    it again to add nodes: existing passwords are kept."""
+    from corral.stack import deploy_credentials as deploy
+
+    try:
+        ids = deploy.load(directory, ConnectionOptions.namespace or "corral", add=nodes or (), revoke=revoke or ())
+    except ValueError as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise SystemExit(EXIT_USAGE) from None
+    if fmt is Format.NATS_CONF:
+        typer.echo(deploy.auth_conf(ids), nl=False)
+    elif fmt is Format.K8S_SECRET:
+        typer.echo(f"# Corral's NATS identities for nodes {', '.join(ids.nodes) or '(none)'} (from {directory}); "
+                   "`kubectl apply -f -`\n" + secrets_yaml(deploy.kubernetes_secrets(ids, k8s_namespace)), nl=False)
+    else:
+        rows = [{"user": i.user, "role": i.role.value, "file": str(ids.keyring.path(i.user))}
+                for i in ids.keyring.identities]
+        if json_out:
+            print_json({"directory": str(directory), "nodes": list(ids.nodes), "identities": rows})
+            return
+        print_table(f"{len(ids.nodes)} node(s) in {directory}", ["USER", "ROLE", "FILE"],
+                    [(r["user"], r["role"], r["file"]) for r in rows])
+        console.print("Next: --format nats-conf (the servers' auth.conf) or --format k8s-secret (kubectl apply -f -).",
+                      highlight=False)
+
+
+class _Literal(yaml.SafeDumper):
+    """Multi-line values (auth.conf, credentials JSON) as YAML literal blocks: readable, diffable."""
+
+
+def _string(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_Literal.add_representer(str, _string)
+
+
+def secrets_yaml(docs: list[dict[str, object]]) -> str:
+    return yaml.dump_all(docs, Dumper=_Literal, sort_keys=False, width=1_000_000)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="credentials")

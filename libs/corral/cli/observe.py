@@ -1,0 +1,129 @@
+"""`corral usage` (sreport/sacct: who used what) and `corral top` (the cluster, live).
+
+Both read the log only: usage folds it with `corral.accounting`, top folds it into a
+`ClusterView` (like `corral nodes` and `corral queues`) and draws one screen (`corral.cli.top_screen`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+
+from corral.accounting import EVENT_TYPES, GroupBy, Window, grouped, job_usage, total
+from corral.bus import is_unavailable
+from corral.cli.cluster import JsonOpt, parse_time
+from corral.cli.output import console, print_json, print_table
+from corral.cli.session import with_client
+from corral.cli.top_screen import render, snapshot
+from corral.client import Client
+from corral.contracts.problems import ContractError
+from corral.contracts.registry import decode
+from corral.projection import ClusterView
+
+
+def _hours(value: float) -> str:
+    return f"{value:,.2f}"
+
+
+class _Following:
+    """The cluster view kept up to date by folding only what was appended since the last frame
+    (refolding the whole log every refresh would cost O(log) per frame)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.view = ClusterView()
+        self.after = 0
+
+    async def now(self) -> ClusterView:
+        while batch := await self.client.store.read_all(self.after, limit=5000):
+            for stored in batch:
+                with contextlib.suppress(ContractError):
+                    self.view.apply(decode(stored.data), stored.version, stored.position)
+            self.after = batch[-1].position
+        return self.view
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def usage(
+        since: Annotated[str | None, typer.Option(help="From: ISO 8601 or -7d (default: the log's start).")] = None,
+        until: Annotated[str | None, typer.Option(help="Up to this time: ISO 8601, -1h or now (default).")] = None,
+        by: Annotated[GroupBy, typer.Option("--by", help="One row per queue, user or job.")] = GroupBy.QUEUE,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """GPU-hours used, waited, and lost to preemption and to failures, per queue, user or job,
+        from the event log (like Slurm's sreport / sacct). Used: GPUs held from placement until their
+        processes were gone; waited: the job's GPUs times its wait for a place; lost: GPU-time since
+        the attempt's last checkpoint (or start) thrown away by a preemption or a failure."""
+        window = Window(until=parse_time(until) if until else datetime.now(UTC),
+                        since=parse_time(since) if since else None)
+
+        async def go(c: Client) -> list[Any]:
+            events, after = [], 0
+            while batch := await c.store.read_all(after, limit=5000, types=EVENT_TYPES):
+                for stored in batch:
+                    with contextlib.suppress(ContractError):
+                        events.append(decode(stored.data))
+                after = batch[-1].position
+            return events
+
+        usages = job_usage(with_client(go, bus=False), window)
+        rows = grouped(usages.values(), by)
+        overall = total(rows)
+        if json_out:
+            print_json({"since": window.since.isoformat() if window.since else None, "until": window.until.isoformat(),
+                        "by": by.value, "rows": [r.as_dict(by) for r in rows], "total": overall.as_dict(by)})
+            return
+        print_table(f"GPU-hours {window.since.isoformat(timespec='seconds') if window.since else 'since the start'}"
+                    f" until {window.until.isoformat(timespec='seconds')}",
+                    [by.value.upper(), "JOBS", "USED", "WAITED", "LOST (PREEMPTION)", "LOST (FAILURES)"],
+                    [(r.key, r.jobs, _hours(r.used), _hours(r.waited), _hours(r.lost_preemption),
+                      _hours(r.lost_failure)) for r in [*rows, overall]])
+
+    @app.command()
+    def top(
+        once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+        interval: Annotated[float, typer.Option(help="Seconds between refreshes.", min=0.2)] = 2.0,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """A live view of the cluster (like top): the nodes' GPU map, the queues' use against their
+        guarantee and fair share, the pending jobs with their reasons. Ctrl-C quits."""
+
+        async def frame(c: Client) -> dict[str, Any]:
+            return snapshot(await c.view(), datetime.now(UTC))
+
+        if once or json_out:
+            data = with_client(frame, bus=False)
+            if json_out:
+                print_json(data)
+            else:
+                console.print(render(data, console.width))
+            return
+
+        async def live(c: Client) -> None:
+            from rich.live import Live
+
+            view = _Following(c)
+            data = snapshot(await view.now(), datetime.now(UTC))
+            with Live(render(data, console.width), console=console, screen=True, auto_refresh=False) as screen:
+                while True:
+                    started = time.monotonic()
+                    note = None
+                    try:
+                        data = snapshot(await view.now(), datetime.now(UTC))
+                    except Exception as exc:  # the log unreachable for a moment: keep the last frame
+                        if not is_unavailable(exc):
+                            raise
+                        note = f"the log is unreachable ({type(exc).__name__}); showing {data['at']}, retrying"
+                    screen.update(render(data, console.width, note=note), refresh=True)
+                    await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+        try:
+            with_client(live, bus=False)
+        except KeyboardInterrupt:
+            pass

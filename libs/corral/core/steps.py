@@ -1,0 +1,80 @@
+"""The live services' three steps, each a named configuration of the one scheduling cycle.
+
+The problem: quota, placement and preemption are separate services that decide one after the
+other on the same state, and each asked the core its own way: placement spelled out a config of
+its own (preemption, reclaim and quotas off) and filtered the jobs holding quota itself,
+preemption ran the full cycle and kept only its Preempt decisions, quota ran its reservation
+round. What each step sees and decides was written in three services (and again in a test), so
+the simulator, which ran one combined cycle, did not model the split at all. Each step is named
+here, with the one config it derives from the cluster's policy:
+- `Step.QUOTA`: `corral.core.reservation.reserve_quota`, with the policy as it is (the config of
+  the preemption whose decisions must not undo its reservations);
+- `Step.PLACEMENT` (`placement_step`): the cycle with preemption, reclaim and quota checks off,
+  over the waiting jobs that hold quota: the same order and backfill, `max_gpus` still enforced;
+- `Step.PREEMPTION` (`preemption_step`): the full cycle over every waiting job; only its Preempt
+  decisions are acted on.
+`corral.core.pipeline.run_round` runs the three in a row, as the services do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping
+from enum import StrEnum
+
+from corral.core.cycle import schedule
+from corral.core.decisions import Decision, Preempt
+from corral.core.model import PendingJob, Placement, RunningJob, SchedulerConfig, Snapshot
+from corral.core.shortcuts import ClassMemo
+
+
+class Step(StrEnum):
+    """The services that decide, in the order they act on a waiting job."""
+
+    QUOTA = "quota"
+    PLACEMENT = "placement"
+    PREEMPTION = "preemption"
+
+
+def step_config(step: Step, config: SchedulerConfig) -> SchedulerConfig:
+    """What `step` decides with under the cluster's policy `config`."""
+    if step is Step.PLACEMENT:
+        return dataclasses.replace(config, preemption=False, reclaim=False, quotas=False)
+    return config
+
+
+def placement_step(
+    snapshot: Snapshot,
+    config: SchedulerConfig,
+    *,
+    holding: Collection[str] | None = None,
+    explain: bool = True,
+    memo: ClassMemo | None = None,
+) -> list[Decision]:
+    """Placement's decisions: the cycle in its placement configuration over the waiting jobs of
+    `snapshot` that hold quota (`holding`; None: every waiting job of the snapshot does)."""
+    if holding is not None:
+        pending = tuple(p for p in snapshot.pending if p.job.id in holding)
+        snapshot = Snapshot(snapshot.now, snapshot.cluster, snapshot.queues, pending, snapshot.running)
+    return schedule(snapshot, step_config(Step.PLACEMENT, config), explain=explain, memo=memo)
+
+
+def preemption_step(snapshot: Snapshot, config: SchedulerConfig, *, memo: ClassMemo | None = None) -> list[Preempt]:
+    """Preemption's decisions: the full cycle over every waiting job; only the Preempts (the core
+    may skip explaining the jobs that stay pending)."""
+    return [d for d in schedule(snapshot, step_config(Step.PREEMPTION, config), explain=False, memo=memo)
+            if isinstance(d, Preempt)]
+
+
+def after_placing(snapshot: Snapshot, placed: Mapping[str, Placement]) -> Snapshot:
+    """The state once the jobs of `placed` (in its order) run from `snapshot.now`: what the next
+    step sees."""
+    by_id = {p.job.id: p for p in snapshot.pending}
+    started = tuple(_started(by_id[i], placement, snapshot.now) for i, placement in placed.items())
+    waiting = tuple(p for p in snapshot.pending if p.job.id not in placed)
+    return Snapshot(snapshot.now, snapshot.cluster, snapshot.queues, waiting, snapshot.running + started)
+
+
+def _started(p: PendingJob, placement: Placement, now: float) -> RunningJob:
+    return RunningJob(p.job, placement, now, attained_gpu_seconds=p.attained_gpu_seconds, preempted_by=p.preempted_by,
+                      preempted_at=p.preempted_at)

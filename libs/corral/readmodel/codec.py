@@ -1,0 +1,118 @@
+"""The folded view as bytes, and the name of the code that folded it.
+
+The problem: a stored view is only as good as the fold that made it. Change a handler of
+`corral.projection`, the lifecycle's table or an event's contract, and a view stored by the old
+code says something the new code would never have folded; decode it with the new types and it
+may not even parse. So every stored view is keyed by `SCHEMA`, a hash of the source of every
+module its content depends on (the projection, the lifecycle, the contracts, this codec): a
+process reads only views stored by the same code, and new code simply starts a new one (until
+the projector has written it, the CLI folds the log from the start, as before).
+
+What is encoded (msgpack, typed by msgspec, so a decode validates): the *active* part of a
+`ClusterView` (`HotView`: the jobs still active, every node, queue and held rendezvous port, and
+the queue tree's versions, the position folded) in one blob, and each finished job (`JobView`) on its own, so a question
+about live jobs never decodes the history. Stream versions and submission ids are not kept: a
+reader folds the log from the stored position in log order, where neither is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from importlib.util import find_spec
+from pathlib import Path
+
+import msgspec
+
+from corral.contracts import events as ev
+from corral.contracts.envelope import Event
+from corral.contracts.queues import QueueSpec
+from corral.projection import ClusterView, JobView, NodeView
+
+#: The modules whose code decides what a stored view holds (the contracts package is added whole).
+_SOURCES = ("corral.projection", "corral.lifecycle", "corral.readmodel.codec")
+
+
+def _schema() -> str:
+    digest = hashlib.sha256()
+    files = [Path(find_spec(name).origin) for name in _SOURCES]  # type: ignore[union-attr,arg-type]
+    contracts = Path(ev.__file__).parent
+    files += sorted(p for p in contracts.rglob("*") if p.suffix in (".py", ".so", ".json"))
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:32]
+
+
+#: The projection schema of this code: stored views of any other schema are never read.
+SCHEMA = _schema()
+
+
+class HotView(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What a question about the cluster now needs: everything but the jobs that are over."""
+
+    position: int
+    last_event_at: datetime | None
+    jobs: list[JobView]
+    nodes: list[NodeView]
+    queues: list[QueueSpec]
+    ports: dict[str, dict[int, tuple[str, int]]]
+    tree_versions: list[ev.QueueTreeApplied] = msgspec.field(default_factory=list)
+
+
+class _HotOut(HotView, kw_only=True):
+    """`HotView` as written: each job already encoded (unchanged jobs are not encoded again)."""
+
+    jobs: list[msgspec.Raw]  # type: ignore[assignment]
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_HOT = msgspec.msgpack.Decoder(HotView)
+_JOB = msgspec.msgpack.Decoder(JobView)
+
+
+def _without_caches(job: JobView) -> JobView:
+    """Drop the per-object translations (`core_job` & co.): rebuilt on demand, never stored."""
+    job._core_job = job._core_placement = job._core_pending = None
+    for fence in job.fences.values():
+        fence._core_placement = None
+    return job
+
+
+def encode_hot(view: ClusterView, encoded: dict[str, msgspec.Raw] | None = None) -> bytes:
+    """The active part of `view` (see `HotView`). `encoded`: job id -> that job encoded, taken as
+    it is and filled in for the jobs it lacks (the caller drops the jobs that changed since)."""
+    for node in view.nodes.values():
+        node._core_node = None
+    cache = {} if encoded is None else encoded
+    jobs = []
+    for job_id, job in view.active.items():
+        raw = cache.get(job_id)
+        if raw is None:
+            raw = cache[job_id] = msgspec.Raw(encode_job(job))
+        jobs.append(raw)
+    return _ENCODER.encode(_HotOut(position=view.position, last_event_at=view.last_event_at, jobs=jobs,
+                                   nodes=list(view.nodes.values()), queues=list(view.queues.values()),
+                                   ports=view.ports, tree_versions=view.tree_versions))
+
+
+def decode_hot(data: bytes) -> ClusterView:
+    """A `ClusterView` holding what `encode_hot` stored; msgspec.ValidationError if it does not parse."""
+    hot = _HOT.decode(data)
+    jobs = {j.job_id: j for j in hot.jobs}
+    return ClusterView(jobs=jobs, nodes={n.name: n for n in hot.nodes}, queues={q.name: q for q in hot.queues},
+                       active=dict(jobs), ports=hot.ports, position=hot.position, last_event_at=hot.last_event_at,
+                       tree_versions=hot.tree_versions)
+
+
+def encode_job(job: JobView) -> bytes:
+    return _ENCODER.encode(_without_caches(job))
+
+
+def decode_job(data: bytes) -> JobView:
+    return _JOB.decode(data)
+
+
+def touched_jobs(event: Event) -> tuple[str, ...]:
+    """The jobs whose `JobView` folding `event` may change (`ClusterView.apply`'s handlers)."""
+    return tuple(j for j in (getattr(event, "job_id", None), getattr(event, "victim_job_id", None))
+                 if isinstance(j, str))

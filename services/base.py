@@ -1,0 +1,300 @@
+"""The base of the decision services: hooks, folding the log, appending, and building events.
+
+The problem: each service is only "fold events -> call the core -> append decisions", but the
+hard parts (rebuilding after a crash, idempotent folding, optimistic concurrency, exactly-once
+inbox handling) and the envelope of every event (stream, actor, correlation, time) were each
+service's own business, and drifted. They live here once, so each service module stays a page
+of domain logic:
+- hooks a service overrides: `handle_inbox` / `handle_inbox_batch`, `folded`, `reconcile`,
+  `started` (the run loop, `corral.services.run_loop`, calls them);
+- folding: `rebuild` (the whole log), `on_event` (the bus; duplicates skipped by stream version,
+  gaps re-read from the log), `refresh_stream`;
+- appending: `append` (guarded by the folded versions; a lost race re-reads and returns False),
+  `append_handled` (a batch of inbox messages in one commit);
+- events: `new_event` fills the envelope from the service (actor = its name, the job's stream and
+  correlation, time from its injected clock); `pending_event` is the one way a waiting job's
+  reason becomes a PlacementPending (throttled by `corral.services.reason_throttle`).
+Clocks are injected: `clock` (wall seconds, event times and the core's `now`) and `monotonic`
+(intervals); nothing in a service reads the time any other way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, ClassVar, TypeVar
+
+from corral import core
+from corral.bus import Bus, Delivery, Poison
+from corral.contracts import events as ev
+from corral.contracts.envelope import Event, job_stream
+from corral.contracts.problems import ContractError
+from corral.contracts.registry import decode, encode
+from corral.eventstore import (
+    AlreadyProcessed,
+    ConcurrencyError,
+    DuplicateEvent,
+    EventStore,
+    NewEvent,
+    StoredEvent,
+    Tracking,
+)
+from corral.projection import Applied, ClusterView, JobView
+from corral.services.reason_throttle import ReasonThrottle
+from corral.services.settings import Settings
+from corral.telemetry import logs
+from corral.translate import wire_reason
+
+log = logging.getLogger("corral.service")
+
+E = TypeVar("E", bound=Event)
+
+
+def to_new_event(event: Event) -> NewEvent:
+    """A contract event as the store records it (envelope fields map one to one)."""
+    return NewEvent(event_id=event.event_id, stream=event.stream, type=event.type,
+                    schema_version=event.schema_version, data=encode(event),
+                    correlation_id=event.correlation_id, causation_id=event.causation_id,
+                    occurred_at=event.occurred_at)
+
+
+class Service:
+    """Base of the decision services. Subclasses set the class attributes and override hooks."""
+
+    name: ClassVar[str] = "service"
+    #: Event types whose arrival may change this service's decisions (all are folded anyway).
+    events: ClassVar[tuple[str, ...]] = ()
+    #: The event types this service is sent (None: all of them). A service that needs only a few
+    #: folds those with gaps in its stream versions (see `ClusterView.apply`): fewer messages for
+    #: NATS to deliver and for the service to decode. Only for services that append to streams
+    #: they do not follow (new ones) or rarely (a lost race just re-reads the stream).
+    consumes: ClassVar[tuple[str, ...] | None] = None
+    #: Inbox subjects (after `<ns>.inbox.`) this service handles.
+    inbox: ClassVar[tuple[str, ...]] = ()
+    #: Single-writer services take this lease before consuming anything.
+    lease: ClassVar[str | None] = None
+    tick_seconds: ClassVar[float] = 1.0
+    #: How long a consumer waits after a partial batch before fetching again (see `Bus.consume`):
+    #: every fetch, confirmed ack and reconcile has a fixed cost, so under a stream of events a
+    #: few milliseconds of gathering make each of them cover many events.
+    events_linger: ClassVar[float] = 0.02
+    inbox_linger: ClassVar[float] = 0.01
+    #: At least this long between two reconciles: each one looks at every waiting job, so running
+    #: it after every small batch cost O(waiting) per event under load.
+    reconcile_interval: ClassVar[float] = 0.02
+
+    def __init__(self, store: EventStore, bus: Bus, *, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic, settings: Settings | None = None) -> None:
+        self.store = store
+        self.bus = bus
+        #: wall-clock seconds: event times and the core's `now`
+        self.clock = clock
+        #: seconds for intervals (pacing, throttles): never goes back
+        self.monotonic = monotonic
+        self.settings = settings
+        self.view = ClusterView()
+        self.changed = asyncio.Event()
+        self.reasons = ReasonThrottle(monotonic, self.reason_refresh_seconds)
+
+    # ---- hooks -------------------------------------------------------------------------------
+    def tracking(self, delivery: Delivery) -> Tracking:
+        """The tracking row that makes handling this inbox message an exactly-once effect: keyed by
+        the publisher's message id (Nats-Msg-Id), else by the message's place in its stream."""
+        return Tracking(self.name, delivery.msg_id or f"{delivery.stream}:{delivery.stream_sequence}")
+
+    async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
+        """An inbox request; append its effects with `self.append(..., tracking=...)`."""
+
+    async def handle_inbox_batch(self, items: Sequence[tuple[Event, Delivery]]) -> list[BaseException | None]:
+        """A fetched batch of inbox requests; one outcome per request (None: handled).
+
+        By default each is handled on its own (`handle_inbox`). A service that can decide several
+        at once appends their effects together with `append_handled` (one commit per batch) and
+        falls back to this for the batch if that append does not go through."""
+        outcomes: list[BaseException | None] = []
+        for event, delivery in items:
+            try:
+                with logs.handling([delivery]):  # JSON log lines: this request's job
+                    await self.handle_inbox(event, delivery)
+                outcomes.append(None)
+            except Exception as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    def folded(self, event: Event) -> None:
+        """Called for every event folded into `self.view` (from the log, the bus or own appends)."""
+
+    async def reconcile(self) -> None:
+        """Decide from `self.view` and append; called after changes and on every tick."""
+
+    async def started(self) -> None:
+        """Called once the log is folded and before consuming: extra subscriptions, timers."""
+
+    #: Seconds after start before this process competes for the relay lease (see `corral.services.relay`).
+    relay_after: ClassVar[float] = 3.0
+    #: Set while this process waits for its service's lease: it has nothing else to do.
+    standby: bool = False
+
+    def relay_wait(self) -> float:
+        return 0.0 if self.standby else self.relay_after
+
+    def interested(self, event: Event) -> bool:
+        return not self.events or event.type in self.events
+
+    #: A waiting job's reason is recorded again when its code changes, but when only its numbers
+    #: change ("uses 117 of max 120 GPUs" -> "119 of 120") at most this often (see
+    #: `corral.services.reason_throttle`).
+    reason_refresh_seconds: ClassVar[float] = 5.0
+
+    # ---- events ------------------------------------------------------------------------------
+    def new_event(self, kind: type[E], *, stream: str | None = None, actor: str | None = None,
+                  causation: Event | None = None, correlation_id: str | None = None, **payload: Any) -> E:
+        """An event of `kind` from this service, its envelope filled: `stream` defaults to the
+        job's (`job_id`, else `victim_job_id`), `actor` to the service's name, the correlation to
+        the cause's, else to the job or node it is about, and the time to the service's clock."""
+        about = payload.get("job_id") or payload.get("victim_job_id")
+        if stream is None:
+            if not about:
+                raise ValueError(f"{kind.__name__}: give a stream (no job_id to derive it from)")
+            stream = job_stream(about)
+        if correlation_id is None and causation is None:
+            correlation_id = about or payload.get("node")
+        return kind.new(stream=stream, actor=actor or self.name, causation=causation,
+                        correlation_id=correlation_id, now=datetime.fromtimestamp(self.clock(), UTC), **payload)
+
+    def pending_event(self, job: JobView, reason: core.Reason) -> ev.PlacementPending | None:
+        """The PlacementPending that records why `job` waits, or None when that is not news
+        (the one reason throttle, `ReasonThrottle`)."""
+        if len(self.reasons) > 2 * len(self.view.active) + 1024:
+            self.reasons.retain(self.view.active)
+        if not self.reasons.news(job.job_id, job.reason, str(reason.code), reason.message):
+            return None
+        return self.new_event(ev.PlacementPending, job_id=job.job_id, reason=wire_reason(reason))
+
+    # ---- folding -----------------------------------------------------------------------------
+    async def rebuild(self) -> None:
+        """Fold the whole log: a new process knows everything the log says before it acts."""
+        after = 0
+        while True:
+            batch = await self.store.read_all(after, limit=2000)
+            if not batch:
+                break
+            for stored in batch:
+                self._fold_stored(stored)
+            after = batch[-1].position
+
+    def _fold_stored(self, stored: StoredEvent) -> None:
+        try:
+            event = decode(stored.data)
+        except ContractError as exc:
+            log.error("%s: cannot decode %s v%s at position %s: %s", self.name, stored.type,
+                      stored.schema_version, stored.position, exc)
+            return
+        if self.view.apply(event, stored.version, stored.position) is Applied.APPLIED:
+            self.folded(event)
+
+    async def refresh_stream(self, stream: str) -> None:
+        """Catch up one stream from the log (after a lost race or a gap in delivery)."""
+        for stored in await self.store.read_stream(stream, self.view.versions.get(stream, 0) + 1):
+            self._fold_stored(stored)
+
+    async def on_event(self, delivery: Delivery) -> None:
+        try:
+            event = decode(delivery.data)
+        except ContractError as exc:
+            raise Poison(f"undecodable event on {delivery.subject}: {exc}") from exc
+        version = int(delivery.headers.get("Corral-Stream-Version", "0")) or None
+        result = self.view.apply(event, version, gaps=self.consumes is not None)
+        if result is Applied.GAP:
+            await self.refresh_stream(event.stream)
+            result = Applied.APPLIED
+        elif result is Applied.APPLIED:
+            self.folded(event)
+        if result is Applied.APPLIED and self.interested(event):
+            self.changed.set()
+
+    async def on_inbox(self, delivery: Delivery) -> None:
+        try:
+            event = decode(delivery.data)
+        except ContractError as exc:
+            raise Poison(f"undecodable request on {delivery.subject}: {exc}") from exc
+        await self.handle_inbox(event, delivery)
+        self.changed.set()
+
+    async def on_inbox_batch(self, deliveries: list[Delivery]) -> list[BaseException | None]:
+        outcomes: list[BaseException | None] = [None] * len(deliveries)
+        items: list[tuple[Event, Delivery]] = []
+        where: list[int] = []
+        for index, delivery in enumerate(deliveries):
+            try:
+                items.append((decode(delivery.data), delivery))
+                where.append(index)
+            except ContractError as exc:
+                outcomes[index] = Poison(f"undecodable request on {delivery.subject}: {exc}")
+        if items:
+            for index, outcome in zip(where, await self.handle_inbox_batch(items), strict=True):
+                outcomes[index] = outcome
+            self.changed.set()
+        return outcomes
+
+    # ---- appending ---------------------------------------------------------------------------
+    async def append(self, batches: Mapping[str, Sequence[Event]], *,
+                     tracking: Tracking | None = None, expected: Mapping[str, int] | None = None) -> bool:
+        """Append events to their streams guarded by the versions this service has folded.
+
+        On success the events are folded at once (they come back over the bus later and are
+        skipped as duplicates). On a lost race the streams are re-read and False is returned: the
+        next reconcile decides again on fresh state. A tracking row makes the append exactly-once.
+        """
+        plan = {stream: ((expected or {}).get(stream, self.view.versions.get(stream, 0)),
+                         [to_new_event(e) for e in events])
+                for stream, events in batches.items() if events}
+        if not plan:
+            return True
+        try:
+            result = await self.store.append_multi(plan, tracking=tracking)
+        except ConcurrencyError as exc:
+            log.info("%s: lost a race on %s (%s); re-reading", self.name, exc.stream, exc)
+            for stream in plan:
+                await self.refresh_stream(stream)
+            return False
+        if isinstance(result, AlreadyProcessed):
+            return True
+        self._fold_appended(batches, {stream: expected for stream, (expected, _) in plan.items()})
+        return True
+
+    async def append_handled(self, batches: Mapping[str, Sequence[Event]], trackings: Sequence[Tracking]) -> bool:
+        """Append the effects of several inbox messages, with a tracking row each, in one commit.
+
+        Guarded by the versions this service has folded. True if written (and folded). False if
+        anything stood in the way — a lost race (streams re-read), a message handled before, a
+        reused event id — and nothing was written: handle the messages one by one then, which
+        sorts each case out exactly as before batching.
+        """
+        plan = {stream: (self.view.versions.get(stream, 0), [to_new_event(e) for e in events])
+                for stream, events in batches.items() if events}
+        if not plan and not trackings:
+            return True
+        try:
+            result = await self.store.append_handled(plan, trackings)
+        except ConcurrencyError as exc:
+            log.info("%s: batch lost a race on %s (%s); handling one by one", self.name, exc.stream, exc)
+            for stream in plan:
+                await self.refresh_stream(stream)
+            return False
+        except (DuplicateEvent, ValueError):  # ValueError: one event id twice in the batch
+            return False
+        if isinstance(result, AlreadyProcessed):
+            return False
+        self._fold_appended(batches, {stream: expected for stream, (expected, _) in plan.items()})
+        return True
+
+    def _fold_appended(self, batches: Mapping[str, Sequence[Event]], bases: Mapping[str, int]) -> None:
+        for stream, events in batches.items():
+            base = bases.get(stream, 0)
+            for i, event in enumerate(events):
+                if self.view.apply(event, base + i + 1) is Applied.APPLIED:
+                    self.folded(event)

@@ -1,0 +1,317 @@
+"""Ship each rank's output to the bus, so `corral logs` works from any machine.
+
+The problem: rank output went only to `<log_dir>/<job>/rank-<N>.log` on the node that ran it, so
+`corral logs JOB` worked only there (and showed every attempt of the job mixed in one file). Now
+the agent tails each rank's file while the rank runs and publishes what it reads, within per-rank
+limits (`log_chunks`: truncated lines marked, a rate limit whose drops are counted), to
+`<ns>.logs.<job>.<attempt>.<node>.<rank>` on the stream `<NS>_LOGS` (`corral.contracts.logs`).
+The full file stays on the node.
+
+How it hooks into the agent: `ShippingEvents` wraps the supervisor's `AgentEvents`: a rank that
+starts (also one adopted after an agent restart) is followed from its attempt's header line in the
+file; a rank that exits (or never started: its file says why) is drained to its end and its last
+chunk marked final before its exit is reported (for up to `DRAIN_BEFORE_EXIT`), so a job seen
+ended has its output on the bus. Where each rank got to is kept in
+`<state_dir>/<job>/attempt-<K>/rank-<R>.json` after every published chunk, so a restarted agent
+ships on from there (a chunk sent twice has the same message id: the stream keeps one). An
+unavailable bus is waited out: the file keeps the lines.
+
+The file is opened without following a symlink and must be a regular file: the agent may be root,
+and the file the rank's user's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.contracts.logs import LogChunk, chunk_msg_id, encode_chunk, log_subject
+
+from .log_chunks import RankCursor, ShipLimits, find_attempt_start
+from .supervisor import AgentEvents, ExitReason, GangOutcome
+
+log = logging.getLogger("corral.node_agent.logs")
+
+#: Publish one chunk: (subject, payload, message id); raises when it did not land.
+Publish = Callable[[str, bytes, str], Awaitable[None]]
+
+_HEADER_SEARCH = 64 * 1024 * 1024  # how far back from the end a rank's attempt header is looked for
+_SEARCH_BLOCK = 1024 * 1024
+_RETRY_CAP = 5.0
+#: How long a rank's exit report waits for its last output to be published (seconds).
+DRAIN_BEFORE_EXIT = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class RankKey:
+    job_id: str
+    attempt: int
+    node: str
+    rank: int
+
+
+class _RankFile:
+    """A rank's log file, open while it is read, let go while the bus does not take its chunks.
+
+    The problem: a rank's shipping task held its file open while it waited for the bus; on a
+    cluster without the log stream (an agent upgraded before the services) every rank that ever
+    ran kept a descriptor, without end. A file let go is opened again (never through a symlink)
+    where the chunks stopped; one gone meanwhile ends the shipping (the node keeps nothing more)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd: int | None = None
+
+    def open(self) -> int | None:
+        if self.fd is None:
+            self.fd = _open_log(self.path)
+        return self.fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _open_log(path: Path) -> int | None:
+    """A read-only descriptor of a regular file at `path` (never through a symlink), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _find_start(fd: int, key: RankKey) -> int | None:
+    """Where this attempt's header starts, searching back from the end of the file."""
+    size = os.fstat(fd).st_size
+    end = size
+    overlap = 256
+    while end > 0 and size - end < _HEADER_SEARCH:
+        begin = max(0, end - _SEARCH_BLOCK)
+        found = find_attempt_start(os.pread(fd, end - begin + overlap, begin), begin, key.job_id, key.attempt,
+                                   key.rank)
+        if found is not None:
+            return found
+        end = begin
+    return None
+
+
+class _Saved:
+    """The cursor file of one rank: where shipping started and got to, and whether it is done."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, int | bool] | None:
+        try:
+            raw = json.loads(self.path.read_text())
+            return {"start": int(raw["start"]), "shipped": int(raw["shipped"]), "done": bool(raw.get("done"))}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save(self, start: int, shipped: int, done: bool) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"start": start, "shipped": shipped, "done": done}))
+        tmp.replace(self.path)
+
+
+class LogShipper:
+    """Every rank this agent process ships: one task each, from `follow` until `finish` drained it.
+
+    `publish` sends one chunk (`Bus.publish` with a timeout); `prefix` is the namespace; `limits`
+    apply to each rank; `poll` is how often a rank's file is looked at (seconds)."""
+
+    def __init__(self, publish: Publish, prefix: str, *, limits: ShipLimits | None = None, poll: float = 0.5,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._publish = publish
+        self._prefix = prefix
+        self._limits = limits or ShipLimits.from_env()
+        self._poll = poll
+        self._clock = clock
+        self._tasks: dict[RankKey, asyncio.Task[None]] = {}
+        self._finishing: dict[RankKey, asyncio.Event] = {}
+        #: the last publish failed: an exit is then reported without waiting for its last chunks
+        #: (each rank's exit waited `DRAIN_BEFORE_EXIT` for a bus that did not take them)
+        self.failing = False
+
+    def follow(self, key: RankKey, path: Path, state_dir: Path) -> None:
+        """Start shipping `key`'s output from `path` (idempotent)."""
+        if key in self._tasks:
+            return
+        self._finishing[key] = asyncio.Event()
+        saved = _Saved(state_dir / key.job_id / f"attempt-{key.attempt}" / f"rank-{key.rank}.json")
+        task = asyncio.create_task(self._ship(key, path, saved), name=f"logs-{key.job_id}-{key.attempt}-{key.rank}")
+        self._tasks[key] = task
+        task.add_done_callback(lambda _: self._forget(key, task))
+
+    def finish(self, key: RankKey, path: Path, state_dir: Path) -> None:
+        """The rank exited: ship what is left of its file, then stop (starts it if not followed)."""
+        self.follow(key, path, state_dir)
+        self._finishing[key].set()
+
+    async def drain(self, key: RankKey, path: Path, state_dir: Path, timeout: float) -> bool:
+        """`finish`, and wait up to `timeout` seconds for the rank's last chunk to be published;
+        True if it was."""
+        self.finish(key, path, state_dir)
+        task = self._tasks.get(key)
+        if task is None:
+            return True
+        done, _ = await asyncio.wait([task], timeout=timeout)
+        return bool(done)
+
+    def shipping(self) -> list[RankKey]:
+        return sorted(self._tasks, key=lambda k: (k.job_id, k.attempt, k.node, k.rank))
+
+    def _forget(self, key: RankKey, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(key) is task:
+            del self._tasks[key]
+            self._finishing.pop(key, None)
+
+    async def close(self, grace: float = 2.0) -> None:
+        """Let finishing ranks drain for up to `grace` seconds, then stop every task (their cursor
+        files say where the next agent process ships on from)."""
+        draining = [t for k, t in self._tasks.items() if self._finishing[k].is_set()]
+        if draining:
+            await asyncio.wait(draining, timeout=grace)
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _ship(self, key: RankKey, path: Path, saved: _Saved) -> None:
+        try:
+            await self._ship_rank(key, path, saved)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug: say so, never take the agent down with it
+            log.exception("shipping the output of %s attempt %d rank %d failed", key.job_id, key.attempt, key.rank)
+
+    async def _ship_rank(self, key: RankKey, path: Path, saved: _Saved) -> None:
+        before = saved.load()
+        if before is not None and before["done"]:
+            return
+        finishing = self._finishing[key]
+        file = _RankFile(path)
+        fd = file.open()
+        while fd is None:  # not there yet (or refused): look again until the rank ends
+            if finishing.is_set():
+                log.debug("%s: no regular file to ship the output of %s rank %d from", path, key.job_id, key.rank)
+                return
+            await asyncio.sleep(self._poll)
+            fd = file.open()
+        try:
+            if before is not None:
+                start, shipped = int(before["start"]), int(before["shipped"])
+            else:
+                found = _find_start(fd, key)
+                if found is None:
+                    log.warning("%s: no header of %s attempt %d rank %d; shipping its new output only", path,
+                                key.job_id, key.attempt, key.rank)
+                start = shipped = found if found is not None else os.fstat(fd).st_size
+            cursor = RankCursor(key.job_id, key.attempt, key.node, key.rank, shipped, self._limits)
+            await self._tail(file, cursor, finishing, lambda done: saved.save(start, cursor.shipped, done))
+        finally:
+            file.release()
+
+    async def _tail(self, file: _RankFile, cursor: RankCursor, finishing: asyncio.Event,
+                    save: Callable[[bool], None]) -> None:
+        while True:
+            final = finishing.is_set()  # read before the file: what the rank wrote before exiting is there
+            fd = file.open()
+            if fd is None:
+                log.warning("%s: gone while its chunks waited for the bus; the rest of %s rank %d is not shipped",
+                            file.path, cursor.job_id, cursor.rank)
+                return
+            size = os.fstat(fd).st_size
+            read = cursor.next_read(size)
+            data = os.pread(fd, read.length, read.offset) if read.length else b""
+            last = final and read.offset + len(data) >= size
+            chunks = cursor.take(data, self._clock(), final=last)
+            for chunk in chunks:
+                await self._send(chunk, waiting=file.release)
+            if chunks:
+                save(bool(chunks[-1].final))
+            if cursor.ended or last:
+                if not chunks:
+                    save(True)
+                return
+            if not final or not data:
+                with contextlib.suppress(TimeoutError):  # woken at once when the rank exits
+                    await asyncio.wait_for(finishing.wait(), self._poll)
+
+    async def _send(self, chunk: LogChunk, waiting: Callable[[], None] = lambda: None) -> None:
+        """Publish until it lands: an unavailable bus is waited out (the file keeps the lines);
+        `waiting` is called when it does not land at once (the rank's file is let go meanwhile)."""
+        subject = log_subject(self._prefix, chunk.job_id, chunk.attempt, chunk.node, chunk.rank)
+        data, msg_id = encode_chunk(chunk), chunk_msg_id(chunk)
+        delay = 0.25
+        while True:
+            try:
+                await self._publish(subject, data, msg_id)
+                self.failing = False
+                if delay > 0.25:
+                    log.info("log chunks of %s rank %d published again", chunk.job_id, chunk.rank)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.failing = True
+                waiting()
+                # once per outage: one line per poll of every rank would bury the agent's own log
+                (log.warning if delay == 0.25 else log.debug)(
+                    "log chunk of %s rank %d not published (%s: %s); retrying until it is", chunk.job_id,
+                    chunk.rank, type(exc).__name__, exc)
+                await asyncio.sleep(delay)
+                delay = min(_RETRY_CAP, delay * 2)
+
+
+class ShippingEvents:
+    """The supervisor's `AgentEvents`, passed on to `inner`, that also start and finish shipping
+    each rank's output (`LogShipper`). `log_dir`: where the node's rank files are
+    (`<log_dir>/<job>/rank-<N>.log`, `assignment.rank_log_path`); `state_dir`: the cursor files."""
+
+    def __init__(self, inner: AgentEvents, shipper: LogShipper, node: str, log_dir: Path, state_dir: Path) -> None:
+        self.inner, self.shipper, self.node = inner, shipper, node
+        self.log_dir, self.state_dir = log_dir, state_dir
+
+    def _key(self, job_id: str, attempt: int, rank: int) -> RankKey:
+        return RankKey(job_id, attempt, self.node, rank)
+
+    def _path(self, job_id: str, rank: int) -> Path:
+        return self.log_dir / job_id / f"rank-{rank}.log"
+
+    async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int, *, at: float,
+                             cause: str | None) -> None:
+        self.shipper.follow(self._key(job_id, attempt, rank), self._path(job_id, rank), self.state_dir)
+        await self.inner.worker_started(job_id, rank, pid, attempt, at=at, cause=cause)
+
+    async def worker_exited(self, job_id: str, rank: int, exit_code: int | None, attempt: int,
+                            reason: ExitReason, *, at: float, cause: str | None, message: str = "") -> None:
+        # The rank's last lines go out before its exit is reported: whoever sees the job end
+        # (`corral submit --wait`, then `corral logs`) finds them on the bus.
+        wait = 0.0 if self.shipper.failing else DRAIN_BEFORE_EXIT
+        if not await self.shipper.drain(self._key(job_id, attempt, rank), self._path(job_id, rank),
+                                        self.state_dir, wait):
+            log.warning("%s rank %d: its last output is still being shipped as its exit is reported", job_id, rank)
+        await self.inner.worker_exited(job_id, rank, exit_code, attempt, reason, at=at, cause=cause,
+                                       message=message)
+
+    async def checkpoint_done(self, job_id: str, path: Path, step: int, rank: int, attempt: int, *, at: float,
+                              cause: str | None) -> None:
+        await self.inner.checkpoint_done(job_id, path, step, rank, attempt, at=at, cause=cause)
+
+    async def gang_ended(self, outcome: GangOutcome) -> None:
+        await self.inner.gang_ended(outcome)
