@@ -54,7 +54,7 @@ import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from corral.bus import Bus, Delivery, Poison
+from corral.bus import Bus, Delivery, Poison, Retry
 from corral.bus.naming import EVENTS, history_consumer
 from corral.bus.relay import POSITION, STREAM_VERSION
 from corral.contracts.cluster import NodeInventory
@@ -104,6 +104,7 @@ _HISTORY_TYPES = ("JobSubmitted", "QueueConfigured", *LEDGER_TYPES)
 _TRUST_ABSENCE_AFTER = 3600.0  # seconds: see `AgentHost.reservations_known_since`
 _VERSIONS_KEPT = 100_000  # streams whose last handled version the agent remembers (the least recent go)
 _ENDED = (JobCompleted, JobFailed, JobCancelled, JobRejected)
+EVENTS_MAX_DELIVER = 5  # deliveries of an event to the agents' durable (see `AgentHost._await_submission`)
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 _HISTORY_FETCH = 512
 
@@ -143,6 +144,9 @@ class AgentOptions:
     node's address is a gang's MASTER_ADDR); None: placement's fallback (`CORRAL_MASTER_ADDR`).
     `rendezvous_ports`: the (low, high) ports placement may give gangs mastered here as
     MASTER_PORT; None: placement's default range.
+    `spec_wait_seconds`: how long a reservation whose JobSubmitted has not arrived yet waits for it
+    (redelivered by the bus) before its ranks are reported not started; longer than the events
+    consumer's ack wait (30 s), which is how late a submission lost in a NATS failover comes back.
     """
 
     work_dir: Path
@@ -157,6 +161,7 @@ class AgentOptions:
     run_as: RunAs = RunAs.AGENT
     advertise_address: str | None = None
     rendezvous_ports: tuple[int, int] | None = None
+    spec_wait_seconds: float = 45.0
 
     def __post_init__(self) -> None:
         if self.runtime not in ("sim", "sim-timer", "process"):
@@ -165,6 +170,8 @@ class AgentOptions:
             raise ValueError(f"heartbeat_seconds must be > 0, got {self.heartbeat_seconds}")
         if self.stop_grace_seconds < 0 or self.kill_grace_seconds < 0:
             raise ValueError("stop_grace_seconds and kill_grace_seconds must be >= 0")
+        if self.spec_wait_seconds <= 0:
+            raise ValueError(f"spec_wait_seconds must be > 0, got {self.spec_wait_seconds}")
         if self.rendezvous_ports is not None:
             PortRange(low=self.rendezvous_ports[0], high=self.rendezvous_ports[1])  # raises a clear error
         if not isinstance(self.run_as, RunAs):
@@ -466,9 +473,28 @@ class AgentHost:
         except ContractError as exc:
             raise Poison(f"undecodable event on {delivery.subject}: {exc}") from exc
         if not self._in_log_order(event, delivery):
+            if isinstance(event, JobSubmitted) and event.job_id not in self.specs:
+                # Knowledge, not an action: a submission redelivered after later events of its
+                # job (its first delivery lost in a NATS failover) is what a waiting reservation
+                # needs. (The spec of a job that has ended meanwhile stays until the process ends.)
+                self.remember(event)
             return
+        if isinstance(event, GangReserved) and event.job_id not in self.specs:
+            self._await_submission(event, delivery)
         await self._dispatch(event)
         self._handled_version(event, delivery)
+
+    def _await_submission(self, event: GangReserved, delivery: Delivery) -> None:
+        """A reservation for a job whose JobSubmitted this process has not seen: have it
+        redelivered (`Retry`, `EVENTS_MAX_DELIVER` deliveries over `spec_wait_seconds`) while the
+        submission may still come; on the last delivery it is dispatched without a spec, and its
+        local ranks are reported not started."""
+        local = [agent for agent in self.agents.values() if any(r.node == agent.node for r in event.ranks)]
+        if not local or delivery.delivery_count >= EVENTS_MAX_DELIVER:
+            return
+        wait = local[0].options.spec_wait_seconds
+        raise Retry(f"{event.job_id}: GangReserved before its JobSubmitted; waiting for the submission",
+                    delay=wait / (EVENTS_MAX_DELIVER - 1))
 
     async def _dispatch(self, event: Event) -> None:
         self.remember(event)
@@ -555,7 +581,8 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
         publisher.start()
         durable = durable_name(names)
         consumer = await bus.consume(durable, [subjects.event(t) for t in CONSUMED_TYPES], host.on_event,
-                                     deliver_new_only=True, batch=64, max_deliver=5, inactive_threshold=IDLE_EXPIRY)
+                                     deliver_new_only=True, batch=64, max_deliver=EVENTS_MAX_DELIVER,
+                                     inactive_threshold=IDLE_EXPIRY)
         telemetry.phase(Phase.REBUILDING)
         try:
             info = await bus.js.consumer_info(bus.names.stream(EVENTS), durable)

@@ -105,7 +105,7 @@ async def cluster(nats_url: str, namespace: str, tmp_path: Path) -> AsyncIterato
     seen = Seen()
     await _subscribe(bus, seen)
     options = AgentOptions(work_dir=tmp_path / "nodes", heartbeat_seconds=0.2, stop_grace_seconds=3.0,
-                           stop_workers_on_exit=True)
+                           stop_workers_on_exit=True, spec_wait_seconds=2.0)
     c = Cluster(bus, seen, options)
     ready = asyncio.Event()
 
@@ -295,7 +295,28 @@ async def test_node_marked_lost_while_alive_registers_again(cluster: Cluster) ->
     assert [e.node for e in seen.of(NodeRegistered)].count("node-0") == 1
 
 
+async def test_reservation_delivered_before_its_jobs_submission_waits_for_it(cluster: Cluster) -> None:
+    """After a NATS server failover the durable may redeliver a job's JobSubmitted (its first
+    delivery lost with the old leader) after the job's GangReserved, with an older stream version
+    (CI, 2026-12-04: the job failed with "never saw this job's JobSubmitted"). The reservation
+    waits for the submission; the submission, knowledge and not an action, is taken in any order."""
+    seen = cluster.seen
+    submission = submitted("job-late", duration_seconds=0.2)
+    cluster.version = 1  # the submission is version 1 of the job's stream; the reservation 7
+    later = reserved("job-late", [(0, "node-0", [0])])
+    cluster.version = 6
+    await cluster.publish(later)
+    await asyncio.sleep(0.3)
+    assert seen.of(WorkerExited, "job-late") == []  # not failed: waiting for the spec
+    await cluster.bus.publish(f"{cluster.bus.namespace}.events.JobSubmitted", encode(submission),
+                              submission.event_id, headers={"Corral-Stream-Version": "1"})
+    await wait_for(lambda: [e.exit_code for e in seen.of(WorkerExited, "job-late")] == [0])
+    assert len(seen.of(WorkerStarted, "job-late")) == 1
+
+
 async def test_reservation_of_an_unknown_job_reports_every_local_rank_as_not_started(cluster: Cluster) -> None:
+    """A job whose submission never comes within `spec_wait_seconds`: every local rank is
+    reported not started (placement then fails or restarts the gang)."""
     seen = cluster.seen
     await cluster.publish(reserved("job-ghost", [(0, "node-0", [0]), (1, "node-0", [1])]))
     await wait_for(lambda: len(seen.of(WorkerExited, "job-ghost")) == 2)
