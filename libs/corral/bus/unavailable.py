@@ -60,6 +60,10 @@ _NETWORK_ERRNOS = frozenset({
 })
 
 UNAVAILABLE: tuple[type[BaseException], ...] = (Unavailable, *_POSTGRES, *_NATS, *_SYSTEM)
+# JetStream API errors that say "not now": 10158, a publish retried with the same message id while
+# the first try is still being stored (its stream's leader moved, or a slow replica quorum). The
+# retry that follows is answered as a duplicate: stored once.
+_TRANSIENT_API_ERRORS = frozenset({10158})
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -71,6 +75,8 @@ def is_unavailable(exc: BaseException) -> bool:
         if isinstance(current, UNAVAILABLE):
             return True
         if isinstance(current, OSError) and current.errno in _NETWORK_ERRNOS:
+            return True
+        if isinstance(current, nats.js.errors.APIError) and current.err_code in _TRANSIENT_API_ERRORS:
             return True
         current = current.__cause__
     return False
