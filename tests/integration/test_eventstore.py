@@ -322,3 +322,38 @@ async def test_checkpoints_and_relay_positions_only_move_forward(store: EventSto
     await store.save_relay_position("relay", 9)
     await store.save_relay_position("relay", 2)
     assert await store.relay_position("relay") == 9
+
+
+async def _events_rows_scanned(conn: asyncpg.Connection) -> int:
+    """Rows of `events` read by sequential scans so far, this connection's own reads included."""
+    await conn.execute("SELECT pg_stat_force_next_flush()")  # flushed as this statement ends
+    return int(await conn.fetchval("SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = 'events'"))
+
+
+async def test_an_append_on_a_connection_opened_while_the_log_was_small_does_not_scan_the_log(
+        postgres_dsn: str) -> None:
+    """A service's connection caches the append function's plans while the log holds a few events;
+    after five calls PL/pgSQL keeps a generic plan costed for that small table (a sequential scan),
+    which every later append ran, under the head lock, over the whole grown log (migration 062)."""
+    early = await EventStore.open(postgres_dsn, pool_size=1, min_size=1)
+    other = await EventStore.open(postgres_dsn, pool_size=1, min_size=1)
+    try:
+        for i in range(8):  # plans settle on this connection while the log is tiny
+            await early.append_multi({f"job-early-{i}": (0, [event(f"job-early-{i}")])})
+            await early.append_handled({f"job-handled-{i}": (0, [event(f"job-handled-{i}")])},
+                                       [Tracking("admission", f"early-{i}")])
+        for batch in range(10):  # the log grows to 3,000 events through another connection
+            streams = [f"job-grown-{batch}-{i}" for i in range(300)]
+            await other.append_multi({s: (0, [event(s)]) for s in streams})
+        async with early.connection() as conn:
+            before = await _events_rows_scanned(conn)
+        for i in range(10):
+            await early.append_multi({f"job-late-{i}": (0, [event(f"job-late-{i}")])})
+            await early.append_handled({f"job-late-handled-{i}": (0, [event(f"job-late-handled-{i}")])},
+                                       [Tracking("admission", f"late-{i}")])
+        async with early.connection() as conn:
+            scanned = await _events_rows_scanned(conn) - before
+        assert scanned < 300, f"20 appends read {scanned} rows of a 3,016-event log by sequential scan"
+    finally:
+        await early.close()
+        await other.close()
