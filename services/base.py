@@ -85,6 +85,11 @@ class Service:
     #: At least this long between two reconciles: each one looks at every waiting job, so running
     #: it after every small batch cost O(waiting) per event under load.
     reconcile_interval: ClassVar[float] = 0.02
+    #: The run loop waits after a reconcile as long as it took (so that under a backlog it takes
+    #: at most half of the service's time). A service whose reconcile has a cheap part that must
+    #: not wait behind its costly part (quota: giving quota back, behind a reservation round over
+    #: the whole backlog) paces the costly part itself and sets this.
+    paces_itself: ClassVar[bool] = False
 
     def __init__(self, store: EventStore, bus: Bus, *, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, settings: Settings | None = None) -> None:

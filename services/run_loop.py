@@ -149,7 +149,8 @@ async def _reconcile_loop(service: Service, lease: Lease | None, stop: asyncio.E
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(service.changed.wait(), timeout=service.tick_seconds)
-        pause = last_reconcile + max(service.reconcile_interval, spent) - service.monotonic()
+        pause = last_reconcile + max(service.reconcile_interval, 0.0 if service.paces_itself else spent) \
+            - service.monotonic()
         if pause > 0 and not stop.is_set():
             await asyncio.sleep(pause)
         if stop.is_set():

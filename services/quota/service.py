@@ -25,7 +25,7 @@ import msgspec
 from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
-from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, Reason, queue_stream
+from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, Reason, job_stream, queue_stream
 from corral.contracts.queues import merged_tree, tree_problems
 from corral.core import escalation
 from corral.core.reservation import Reserve, Revoke, reserve_quota
@@ -94,23 +94,43 @@ class Quota(Service):
         if not await self.append(batches, tracking=self.tracking(delivery)):
             raise Retry("queue streams moved on; retrying", delay=0.05)
 
-    #: A reservation round that had to be played out against preemption (see
-    #: corral.core.reservation) is a whole scheduling cycle over the backlog, like a victim search:
-    #: after one that took long, wait a few times its duration before the next, so that it uses
-    #: at most about a fifth of this process's time. Cheap rounds are not delayed.
-    slow_round_seconds = 0.25
+    #: A reservation round over the whole backlog runs beside the loop and is paced here. The
+    #: problem (bench/kueue_baseline.py, 15,000 jobs): a round over thousands of waiting jobs took
+    #: seconds (one that must be played out against preemption, see corral.core.reservation,
+    #: takes several passes), and it ran on the event loop: meanwhile no event was folded and no
+    #: quota given back, and the loop then waited as long again (four times, after a slow round).
+    #: A job's quota was given back ~3 s after it ended (held 4.1 s for a 0.2 s job) while its
+    #: cohort's waiting jobs were refused MAX_GPUS_EXCEEDED. Now the core decides in a worker
+    #: thread on a snapshot taken on the loop (the core is pure: the snapshot is all it reads);
+    #: the loop goes on folding events and giving quota back; the round's decisions are appended
+    #: guarded by the stream versions of its snapshot, so a job whose stream moved on meanwhile
+    #: (cancelled, given back) makes the round lose the race and the next round decides again.
+    #: The next round starts no sooner than the last took (at most half of this process's time).
+    paces_itself = True
     _next_reserve = float("-inf")
+    _round: asyncio.Task[None] | None = None
 
     async def reconcile(self) -> None:
         await self._release()
         await self._escalate()
+        if self._round is not None:
+            if not self._round.done():
+                return  # it wakes the loop when it ends
+            round_, self._round = self._round, None
+            round_.result()  # an unavailable store is the run loop's to wait out; a bug raises
         wait = self._next_reserve - self.monotonic()
         if wait > 0:
             asyncio.get_running_loop().call_later(wait, self.changed.set)
             return
-        took = await self._reserve()
-        if took > self.slow_round_seconds:
-            self._next_reserve = self.monotonic() + 4 * took
+        self._round = asyncio.create_task(self._reserve_round(), name="quota-round")
+
+    async def _reserve_round(self) -> None:
+        started = self.monotonic()
+        try:
+            await self._reserve()
+        finally:
+            self._next_reserve = self.monotonic() + (self.monotonic() - started)
+            self.changed.set()
 
     async def _release(self) -> None:
         # One append for all of this reconcile's decisions: a commit per event was the log's limit.
@@ -142,11 +162,11 @@ class Quota(Service):
                 waited_seconds=due.waited, blocker=job.reason))
         await self.append(batches)  # after a lost race the streams are re-read; the next reconcile decides again
 
-    async def _reserve(self) -> float:
-        """Reserve quota where the core says so; returns the seconds the decision took."""
+    async def _reserve(self) -> None:
+        """Reserve quota where the core says so."""
         pending = [j for j in self.view.active.values() if j.state is JobState.PENDING and j.spec is not None]
         if not self.view.queues or not any(not j.quota_gpus for j in pending):
-            return 0.0  # every waiting job holds quota: the core decides nothing (reserve_quota)
+            return  # every waiting job holds quota: the core decides nothing (reserve_quota)
         # a reservation not given back yet (its job ended, was released or requeued) still counts
         held = [(j.queue, j.quota_gpus) for j in self.view.active.values()
                 if j.quota_gpus and not j.holding and (j.state is not JobState.PENDING or j.quota_stale)]
@@ -154,10 +174,10 @@ class Quota(Service):
         snapshot = self.view.snapshot(self.clock(), pending=pending)
         by_id = {j.job_id: j for j in pending}
         reserved = {j.job_id for j in pending if j.quota_gpus}
+        versions = self.view.versions
+        seen = {stream: versions.get(stream, 0) for stream in (job_stream(j.job_id) for j in pending)}
         batches: dict[str, list[Event]] = {}
-        started = self.monotonic()
-        decisions = reserve_quota(snapshot, self.config, reserved=reserved, held=held)
-        took = self.monotonic() - started
+        decisions = await asyncio.to_thread(reserve_quota, snapshot, self.config, reserved=reserved, held=held)
         for decision in decisions:
             job = by_id[decision.job_id]
             if isinstance(decision, Reserve):
@@ -171,8 +191,8 @@ class Quota(Service):
                     self._emit(batches, why)
             elif (why := self.pending_event(job, decision.reason)) is not None:
                 self._emit(batches, why)
-        await self.append(batches)  # all or nothing: after a lost race the next reconcile decides again
-        return took
+        # all or nothing, as of the snapshot: after a lost race the next round decides again
+        await self.append(batches, expected={stream: seen[stream] for stream in batches})
 
     @staticmethod
     def _emit(batches: dict[str, list[Event]], event: Event) -> None:
