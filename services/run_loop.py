@@ -11,8 +11,9 @@ lease would be two writers). It is written once, as named steps:
 3. `service.rebuild()`: fold the whole log into a `ClusterView`, then `service.started()`;
 4. `_consume`: its durable JetStream consumers, events (folded) and inbox requests (tracked);
 5. `_reconcile_loop`: after each batch of changes (at most every `reconcile_interval`, and at
-   least as long apart as the last reconcile took), and on a tick, `_reconcile_once`: the
-   service's `reconcile()`, an unavailable dependency waited out with a capped backoff.
+   least as long apart as the last reconcile took, unless the service paces itself), and on a
+   tick, `_reconcile_once`: the service's `reconcile()`, an unavailable dependency waited out with
+   a capped backoff.
 A stop wakes the loop at once and no reconcile follows it.
 """
 
@@ -166,7 +167,8 @@ async def _reconcile_loop(service: Service, lease: Lease | None, stop: asyncio.E
         if failed is None:
             # The next reconcile waits at least as long as this one took: under a backlog a
             # reconcile (O(waiting jobs)) then takes at most half of the service's time, and
-            # each one covers everything that arrived meanwhile.
+            # each one covers everything that arrived meanwhile. (Not for a service that paces
+            # its costly part itself: `Service.paces_itself`.)
             spent = service.monotonic() - last_reconcile
             failures = 0
             continue
