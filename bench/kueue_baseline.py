@@ -169,16 +169,18 @@ async def run(args: argparse.Namespace, context: Any) -> dict[str, Any]:
         await client.close()
 
 
-_REASONED = ("PlacementPending", "QuotaReserved", "GangReserved", "PreemptRequested", "JobRequeued", "QuotaReleased")
+_REASONED = ("PlacementPending", "QuotaReserved", "GangReserved", "PreemptRequested", "JobRequeued", "QuotaReleased",
+             "JobCompleted")
 
 
 async def wait_reasons(client: Client, times: dict[str, JobTimes], after: int) -> dict[str, Any]:
     """Where each class's wait goes, from the log: per class, the average seconds per workload spent
     under each PlacementPending code before QuotaReserved (`quota`) and between QuotaReserved and
     GangReserved (`gpus`; "-" = before any reason was written), and how often a class was a victim
-    or requeued; and how long a reservation held its quota (QuotaReserved to QuotaReleased: the
-    cohort's ceiling counts it all that time). A reason holds from its event until the next
-    reason or reservation."""
+    or requeued; how long a reservation held its quota (QuotaReserved to QuotaReleased: the
+    cohort's ceiling counts it all that time), and how long after its job's JobCompleted the
+    quota was given back (the part of that hold the job no longer used). A reason holds from its
+    event until the next reason or reservation."""
     streams = {f"job-{j}": j for j in times}
     seen: dict[str, list[tuple[Any, str, str]]] = {j: [] for j in times}
     victims: dict[str, int] = {}
@@ -203,15 +205,20 @@ async def wait_reasons(client: Client, times: dict[str, JobTimes], after: int) -
         phases: dict[str, dict[str, float]] = {"quota": {}, "gpus": {}}
         requeued = 0
         held: list[float] = []
+        after_end: list[float] = []
         for t in mine:
             at, phase, code = t.submitted, "quota", "-"
-            since = None
+            since = ended = None
             for when, kind, c in seen[t.job_id]:
                 span = (when - at).total_seconds() if at is not None else 0.0
                 if kind == "QuotaReserved":
                     since = when
+                elif kind == "JobCompleted":
+                    ended = when
                 elif kind == "QuotaReleased" and since is not None:
                     held.append((when - since).total_seconds())
+                    if ended is not None:
+                        after_end.append((when - ended).total_seconds())
                     since = None
                 if kind == "PlacementPending":
                     phases[phase][code] = phases[phase].get(code, 0.0) + span
@@ -229,7 +236,8 @@ async def wait_reasons(client: Client, times: dict[str, JobTimes], after: int) -
         out[wc.name] = {"quota": {c: s / n for c, s in sorted(phases["quota"].items())},
                         "gpus": {c: s / n for c, s in sorted(phases["gpus"].items())},
                         "preempted": sum(victims.get(t.job_id, 0) for t in mine), "requeued": requeued,
-                        "quota_held_s": statistics.fmean(held) if held else None}
+                        "quota_held_s": statistics.fmean(held) if held else None,
+                        "quota_back_after_end_s": statistics.fmean(after_end) if after_end else None}
     return out
 
 
@@ -239,7 +247,8 @@ def render_waits(waits: dict[str, Any]) -> list[str]:
         quota = ", ".join(f"{c} {s:.1f}" for c, s in w["quota"].items() if s >= 0.05) or "-"
         gpus = ", ".join(f"{c} {s:.1f}" for c, s in w["gpus"].items() if s >= 0.05) or "-"
         lines.append(f"  {name:7} quota: {quota} | GPUs: {gpus} | preempted {w['preempted']}, "
-                     f"requeued {w['requeued']}; quota held {fmt_s(w.get('quota_held_s')).strip()} s")
+                     f"requeued {w['requeued']}; quota held {fmt_s(w.get('quota_held_s')).strip()} s, "
+                     f"given back {fmt_s(w.get('quota_back_after_end_s')).strip()} s after the job ended")
     return lines
 
 
