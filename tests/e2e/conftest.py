@@ -78,12 +78,21 @@ async def cluster(make_stack: StackFactory) -> AsyncIterator[Cluster]:
 
 
 def dump_logs(stack: Stack) -> str:
+    """The last lines of every service's log and of every worker rank's output (a job that
+    failed says why only in its ranks' logs)."""
     out = []
     for p in stack.processes:
         try:
             out.append(f"==== {p.name}\n" + "\n".join(p.log_path.read_text().splitlines()[-40:]))
         except OSError:
             pass
+    workers = Path(stack.context.log_dir) / "workers" if stack.context is not None else None
+    for rank_log in sorted(workers.glob("*/rank-*.log")) if workers is not None and workers.is_dir() else []:
+        try:
+            tail = "\n".join(rank_log.read_text(errors="replace").splitlines()[-25:])
+        except OSError:
+            continue
+        out.append(f"==== worker {rank_log.parent.name} {rank_log.stem}\n{tail}")
     return "\n".join(out)
 
 
