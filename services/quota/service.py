@@ -141,7 +141,8 @@ class Quota(Service):
         try:
             await self._reserve()
         finally:
-            self._next_reserve = self.monotonic() + (self.monotonic() - started)
+            ended = self.monotonic()
+            self._next_reserve = ended + (ended - started)
             self.changed.set()
 
     async def _release(self) -> None:

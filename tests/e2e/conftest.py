@@ -86,8 +86,9 @@ def dump_logs(stack: Stack) -> str:
             out.append(f"==== {p.name}\n" + "\n".join(p.log_path.read_text().splitlines()[-40:]))
         except OSError:
             pass
-    workers = Path(stack.context.log_dir) / "workers" if stack.context is not None else None
-    for rank_log in sorted(workers.glob("*/rank-*.log")) if workers is not None and workers.is_dir() else []:
+    if stack.context is None:
+        return "\n".join(out)
+    for rank_log in sorted((Path(stack.context.log_dir) / "workers").glob("*/rank-*.log")):
         try:
             tail = "\n".join(rank_log.read_text(errors="replace").splitlines()[-25:])
         except OSError:
