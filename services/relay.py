@@ -34,28 +34,35 @@ async def relay_forever(store: EventStore, bus: Bus, settings: Settings, service
                         linger=0.005)
     started = service.monotonic()
     backoff, failures = UnavailableBackoff(first=0.5, cap=5.0), 0
-    while True:
-        if service.monotonic() - started < service.relay_wait():
-            await asyncio.sleep(0.2)
-            continue
-        try:
-            if not await lease.try_acquire():
-                await asyncio.sleep(0.5 if service.relay_wait() == 0 else 1.0)
+    try:  # a wait ended by a stop (cancelled) closes the connection it kept
+        while True:
+            if service.monotonic() - started < service.relay_wait():
+                await asyncio.sleep(0.2)
                 continue
-            log.info("%s: relaying the log", service.name)
-            task = relay.start()
-            while not task.done() and await lease.alive():
-                await asyncio.sleep(1.0)
-            await relay.stop()
-        except Exception as exc:
-            if not (is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError)):
-                raise
-            failures += 1
-            delay = backoff.delay(failures)
-            log.warning("relay lease: %s: %s; retrying in %.1fs", type(exc).__name__, exc, delay)
-            await relay.stop()
-            await asyncio.sleep(delay)
-        else:
-            failures = 0
-        finally:
-            await lease.release()
+            held = False
+            try:
+                if not await lease.try_acquire():  # the next try asks on the same connection
+                    await asyncio.sleep(0.5 if service.relay_wait() == 0 else 1.0)
+                    continue
+                held = True
+                log.info("%s: relaying the log", service.name)
+                task = relay.start()
+                while not task.done() and await lease.alive():
+                    await asyncio.sleep(1.0)
+                await relay.stop()
+            except Exception as exc:
+                if not (is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError)):
+                    raise
+                failures += 1
+                delay = backoff.delay(failures)
+                log.warning("relay lease: %s: %s; retrying in %.1fs", type(exc).__name__, exc, delay)
+                await relay.stop()
+                await lease.release()  # the connection may be broken: the next try opens another
+                await asyncio.sleep(delay)
+            else:
+                failures = 0
+            finally:
+                if held:
+                    await lease.release()
+    finally:
+        await lease.release()
