@@ -24,7 +24,7 @@ from corral.contracts.envelope import Event, Reason, job_stream
 from corral.contracts.lifecycle import LifecycleCode
 from corral.core.steps import preemption_step
 from corral.projection import ClusterView, JobState, JobView
-from corral.services.base import Service
+from corral.services.base import RANK_AND_NODE_MIRROR, Service, every_event_but
 from corral.translate import wire_reason
 
 log = logging.getLogger("corral.preemption")
@@ -33,6 +33,8 @@ log = logging.getLogger("corral.preemption")
 class Preemption(Service):
     name = "preemption"
     config = core.SchedulerConfig()
+    #: Ranks and node mirrors are not preemption's business (`every_event_but`; see `Quota.consumes`).
+    consumes = every_event_but(*RANK_AND_NODE_MIRROR)
     #: At least this long between two victim searches. Each is a whole scheduling cycle over every
     #: waiting job; run after every event batch it starved the other services of CPU under a stream
     #: of submissions. Checkpoint graces are tens of seconds; requeues are not delayed.

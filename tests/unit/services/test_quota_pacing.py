@@ -104,3 +104,64 @@ async def test_a_round_that_failed_is_raised_to_the_run_loop() -> None:
     await settle()
     with pytest.raises(Unavailable):
         await quota.reconcile()
+
+
+class AppendingQuota(Quota):
+    """Quota whose appends are recorded (and fold, as a real append does), or lose a race."""
+
+    def __init__(self) -> None:
+        stand_in: Any = object()
+        super().__init__(stand_in, stand_in, clock=Clock(), monotonic=Clock())
+        self.appended: list[list[str]] = []
+        self.lose = False
+
+    async def append(self, batches: Any, **_: Any) -> bool:
+        if not batches:
+            return True
+        if self.lose:
+            return False
+        self.appended.append(sorted(batches))
+        self._fold_appended(batches, {})
+        return True
+
+    def fold(self, *events: Any) -> None:
+        for e in events:
+            self.view.apply(e)
+            self.folded(e)
+
+
+def _job(job_id: str, cls: Any, **payload: Any) -> Any:
+    from corral.contracts.envelope import job_stream
+
+    return cls.new(stream=job_stream(job_id), actor="test", correlation_id=job_id, job_id=job_id, **payload)
+
+
+def _holding_quota(job_id: str) -> list[Any]:
+    from corral.contracts import events as ev
+    from corral.contracts.jobspec import validate_job_spec
+
+    spec = validate_job_spec({"name": job_id, "queue": "q", "gpus_per_replica": 2, "runtime": "sim",
+                              "duration_seconds": 1})
+    return [_job(job_id, ev.JobSubmitted, spec=spec), _job(job_id, ev.JobAdmitted, queue="q", priority=0, replicas=1,
+                                                            gpus_per_replica=2),
+            _job(job_id, ev.QuotaReserved, queue="q", gpus=2, borrowed=0)]
+
+
+async def test_quota_is_given_back_for_the_jobs_an_event_touched_and_again_after_a_lost_race() -> None:
+    """`_release` looks only at the jobs touched since it last ran (every reconcile scanned every
+    active job: a tenth of quota's loop with thousands waiting), and a job it could not give back
+    (a lost race) is looked at again without a new event."""
+    from corral.contracts import events as ev
+
+    quota = AppendingQuota()
+    quota.fold(*_holding_quota("a"), *_holding_quota("b"))
+    await quota._release()
+    assert quota.appended == [] and quota._touched == set(), "nothing ended: nothing to give back, nothing kept"
+    quota.fold(_job("a", ev.JobCancelled, reason=ev.Reason(code="CANCELLED_BY_USER", message="bye")))
+    quota.lose = True
+    await quota._release()
+    assert quota.appended == [] and quota._touched == {"a"}
+    quota.lose = False
+    await quota._release()
+    assert quota.appended == [["job-a"]] and quota.view.jobs["a"].quota_gpus == 0
+    assert quota._touched == set() and quota.view.jobs["b"].quota_gpus == 2

@@ -94,3 +94,19 @@ def test_pending_event_is_throttled_on_the_injected_monotonic_clock() -> None:
     assert svc.pending_event(job, core.Reason(core.ReasonCode.QUOTA_EXCEEDED, "uses 6 of 8")) is None
     monotonic.now += svc.reason_refresh_seconds
     assert svc.pending_event(job, core.Reason(core.ReasonCode.QUOTA_EXCEEDED, "uses 6 of 8")) is not None
+
+
+def test_quota_and_preemption_are_sent_every_event_but_ranks_and_node_mirrors() -> None:
+    """A quarter of a Kueue-shaped log is ranks' reports and per-node allocation mirrors, which
+    neither quota nor preemption decides on; any other type, one added later included, is sent."""
+    from corral.contracts import events as ev
+    from corral.services.base import RANK_AND_NODE_MIRROR, every_event_but
+    from corral.services.preemption.service import Preemption
+    from corral.services.quota.service import Quota
+
+    everything = {kind.__name__ for kind in ev.ALL_EVENTS}
+    for service in (Quota, Preemption):
+        assert service.consumes is not None
+        assert set(service.consumes) == everything - set(RANK_AND_NODE_MIRROR)
+    with pytest.raises(ValueError, match="not event types: WorkerStartd"):
+        every_event_but("WorkerStartd")
