@@ -288,3 +288,25 @@ def test_a_job_held_back_gives_its_quota_back_to_the_jobs_it_blocked():
     assert [d.job_id for d in r.placed] == ["urgent"]
     why = next(d.reason for d in r.quota if isinstance(d, Pending) and d.job_id == "big")
     assert why.code is ReasonCode.RESERVED_FOR and why.detail("reserved_for") == "urgent", why
+
+
+@SETTINGS
+@given(world=worlds())
+def test_the_rounds_quota_checks_are_asked_once_per_queue_and_size_with_the_same_answers(world):
+    """A round asks `quota_check` once per (queue, GPUs) while the usage stands (`_Checks`): with
+    thousands waiting behind a full cohort it asked every job the same question, twice. The
+    answers are the check's, before and after usage changes."""
+    from corral.core.ordering import tree_for
+    from corral.core.quota import QueueUsage, quota_check
+    from corral.core.reservation import _Checks
+
+    cluster, queues, pending, run, _ = world
+    snap = Snapshot(1000.0, cluster, queues, tuple(pending), tuple(run))
+    tree = tree_for(snap, PREEMPTION)
+    usage = QueueUsage.of(tree, snap.running)
+    check = _Checks(snap, PREEMPTION, tree, usage)
+    for p in pending * 2:
+        assert check(p.job) == quota_check(snap, p.job, usage, tree=tree)
+        if tree.known(p.job.queue):
+            usage.add(p.job.queue, p.job.total_gpus)
+            check.usage_changed()
