@@ -243,6 +243,11 @@ class ClusterView:
     position: int = 0  # the last global position folded (when known)
     last_event_at: datetime | None = None
     _cluster: tuple[tuple[core.Node, ...], core.Cluster] | None = field(default=None, repr=False, compare=False)
+    #: The active jobs holding GPUs, and those with a fence, kept as events are folded once first
+    #: asked for (`running_jobs`, `fenced_jobs`): placement asked both of every active job on every
+    #: reconcile, a quarter of its event loop with thousands waiting for quota (py-spy, Kueue shape).
+    _holding: dict[str, JobView] | None = field(default=None, repr=False, compare=False)
+    _fenced: dict[str, JobView] | None = field(default=None, repr=False, compare=False)
 
     # ---- folding -----------------------------------------------------------------------------
     def apply(self, event: Event, version: int | None = None, position: int | None = None, *,
@@ -272,7 +277,20 @@ class ClusterView:
                     self.active[job.job_id] = job
                 else:
                     self.active.pop(job.job_id, None)
+                self._index(job)
         return Applied.APPLIED
+
+    def _index(self, job: JobView) -> None:
+        """Keep `_holding` and `_fenced` (once built) as `job` now is: a job's own events are the
+        only ones that change whether it holds GPUs or has a fence."""
+        active = job.job_id in self.active
+        for index, member in ((self._holding, active and job.holding), (self._fenced, active and bool(job.fences))):
+            if index is None:
+                continue
+            if member:
+                index[job.job_id] = job
+            else:
+                index.pop(job.job_id, None)
 
     def job(self, job_id: str) -> JobView:
         view = self.jobs.get(job_id)
@@ -325,11 +343,16 @@ class ClusterView:
         return out
 
     def running_jobs(self) -> list[JobView]:
-        return [j for j in self.active.values() if j.holding]
+        """The jobs holding GPUs (in no particular order)."""
+        if self._holding is None:
+            self._holding = {j.job_id: j for j in self.active.values() if j.holding}
+        return list(self._holding.values())
 
     def fenced_jobs(self) -> list[JobView]:
-        """Jobs with a released attempt whose GPUs are still held (see `Fence`)."""
-        return [j for j in self.active.values() if j.fences]
+        """Jobs with a released attempt whose GPUs are still held (see `Fence`; in no particular order)."""
+        if self._fenced is None:
+            self._fenced = {j.job_id: j for j in self.active.values() if j.fences}
+        return list(self._fenced.values())
 
     def releasing_gpus(self) -> dict[str, dict[int, str]]:
         """node -> GPU -> job id, for GPUs held by released attempts until their ranks are gone."""

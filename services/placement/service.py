@@ -72,6 +72,10 @@ class Placement(Service):
         #: besides the ones time moves on (every gang is looked at every tick).
         self._lifecycle_dirty: set[str] = set()
         self._lifecycles_full_at = float("-inf")
+        #: The jobs placement places: waiting and holding quota (`_places`), kept as events are
+        #: folded (only a job's own events change that). Listing them from every active job on
+        #: every cycle was a tenth of placement's loop with thousands waiting for quota.
+        self._waiting: dict[str, JobView] = {}
         #: the core's job classes, kept between cycles (the view keeps its PendingJob objects)
         self.classes = core.ClassMemo()
 
@@ -93,6 +97,13 @@ class Placement(Service):
     def folded(self, event: Event) -> None:
         if event.type in self.place_triggers:
             self._place_dirty = True
+        about = getattr(event, "job_id", None) or getattr(event, "victim_job_id", None)
+        if about is not None:
+            job = self.view.active.get(about)
+            if job is not None and _places(job):
+                self._waiting[about] = job
+            else:
+                self._waiting.pop(about, None)
         if event.type in self.lifecycle_triggers:
             job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
             if job_id:
@@ -346,8 +357,7 @@ class Placement(Service):
         if not self._place_dirty and self.monotonic() - self._placed_at < self.tick_seconds:
             return
         self._place_dirty, self._placed_at = False, self.monotonic()
-        waiting = [j for j in self.view.active.values()
-                   if j.state is JobState.PENDING and j.quota_gpus and not j.quota_stale and j.spec is not None]
+        waiting = list(self._waiting.values())  # the snapshot orders them
         if not waiting or not self.view.nodes:
             return
         snapshot = self.view.snapshot(now, pending=waiting, releasing=True)
@@ -436,3 +446,7 @@ def _drain_changes_nothing(node: NodeView, request: ev.NodeDrained | ev.NodeUndr
         return not node.draining
     return node.drain is not None and (node.drain.evict or not request.evict)
 
+
+def _places(job: JobView) -> bool:
+    """Whether placement places `job` now: it waits for GPUs holding quota for this attempt."""
+    return job.state is JobState.PENDING and bool(job.quota_gpus) and not job.quota_stale and job.spec is not None

@@ -27,27 +27,35 @@ def fold(view: ClusterView, *events: Event) -> None:
         view.apply(e)
 
 
+def gang_events() -> tuple[list[Event], list[Event]]:
+    """A 2x4 gang placed and running on one node; then rank 0 crashes, the gang is released, the job fails."""
+    inv = parse_cluster_shorthand("1x8:H100").inventories()[0]
+    running = [
+        ev.NodeRegistered.new(stream=node_stream(inv.node), actor="agent", node=inv.node, gpus=inv.gpus,
+                              nvlink_domains=inv.nvlink_domains, rack=inv.rack, zone=inv.zone),
+        job_event(ev.JobSubmitted, spec=validate_job_spec({"name": "a", "queue": "q", "replicas": 2,
+                                                           "gpus_per_replica": 4, "runtime": "sim",
+                                                           "duration_seconds": 60})),
+        job_event(ev.JobAdmitted, queue="q", priority=500, replicas=2, gpus_per_replica=4),
+        job_event(ev.GangReserved, ranks=[ev.RankPlacement(rank=0, node=inv.node, gpus=[0, 1, 2, 3]),
+                                          ev.RankPlacement(rank=1, node=inv.node, gpus=[4, 5, 6, 7])],
+                  world_size=2, master_addr="127.0.0.1", master_port=29500),
+        job_event(ev.WorkerStarted, rank=0, node=inv.node, pid=10),
+        job_event(ev.WorkerStarted, rank=1, node=inv.node, pid=11),
+        job_event(ev.JobRunning)]
+    crashed = [
+        job_event(ev.WorkerExited, rank=0, node=inv.node, exit_code=3, reason=Reason(code="CRASHED", message="3")),
+        job_event(ev.GangReleased, reason=Reason(code="WORKER_FAILED", message="rank 0 exited with 3")),
+        job_event(ev.JobFailed, reason=Reason(code="WORKER_FAILED", message="no restarts left"))]
+    return running, crashed
+
+
 def crashed_gang() -> ClusterView:
     view = ClusterView()
-    inv = parse_cluster_shorthand("1x8:H100").inventories()[0]
-    fold(view,
-         ev.NodeRegistered.new(stream=node_stream(inv.node), actor="agent", node=inv.node, gpus=inv.gpus,
-                               nvlink_domains=inv.nvlink_domains, rack=inv.rack, zone=inv.zone),
-         job_event(ev.JobSubmitted, spec=validate_job_spec({"name": "a", "queue": "q", "replicas": 2,
-                                                            "gpus_per_replica": 4, "runtime": "sim",
-                                                            "duration_seconds": 60})),
-         job_event(ev.JobAdmitted, queue="q", priority=500, replicas=2, gpus_per_replica=4),
-         job_event(ev.GangReserved, ranks=[ev.RankPlacement(rank=0, node=inv.node, gpus=[0, 1, 2, 3]),
-                                           ev.RankPlacement(rank=1, node=inv.node, gpus=[4, 5, 6, 7])],
-                   world_size=2, master_addr="127.0.0.1", master_port=29500),
-         job_event(ev.WorkerStarted, rank=0, node=inv.node, pid=10),
-         job_event(ev.WorkerStarted, rank=1, node=inv.node, pid=11),
-         job_event(ev.JobRunning))
+    running, crashed = gang_events()
+    fold(view, *running)
     assert view.jobs[JOB].gang is GangState.RUNNING
-    fold(view,
-         job_event(ev.WorkerExited, rank=0, node=inv.node, exit_code=3, reason=Reason(code="CRASHED", message="3")),
-         job_event(ev.GangReleased, reason=Reason(code="WORKER_FAILED", message="rank 0 exited with 3")),
-         job_event(ev.JobFailed, reason=Reason(code="WORKER_FAILED", message="no restarts left")))
+    fold(view, *crashed)
     return view
 
 
@@ -82,3 +90,27 @@ def test_the_nodes_gpus_released_frees_them_and_closes_the_fence() -> None:
     job = view.jobs[JOB]
     assert not job.fences and not job.active and view.free_gpus() == 8 and view.releasing_gpus() == {}
     assert isinstance(view.snapshot(0.0, pending=[], releasing=True), core.Snapshot)
+
+
+def test_the_jobs_holding_gpus_and_the_fenced_ones_are_kept_as_events_are_folded() -> None:
+    """`running_jobs` and `fenced_jobs` are kept once first asked for (placement asked them of
+    every active job on every reconcile); they follow every event, as a scan of the jobs would."""
+    view = ClusterView()
+    assert view.running_jobs() == [] and view.fenced_jobs() == []  # built now, on an empty view
+
+    def scanned() -> tuple[set[str], set[str]]:
+        return ({j.job_id for j in view.active.values() if j.holding},
+                {j.job_id for j in view.active.values() if j.fences})
+
+    def kept() -> tuple[set[str], set[str]]:
+        return {j.job_id for j in view.running_jobs()}, {j.job_id for j in view.fenced_jobs()}
+
+    running, crashed = gang_events()
+    for event in running + crashed:  # one at a time, the indexes checked after each
+        fold(view, event)
+        assert kept() == scanned()
+    assert kept() == (set(), {JOB})
+    fold(view, ev.GpusReleased.new(stream=node_stream("node-0"), actor="placement", correlation_id=JOB,
+                                   node="node-0", job_id=JOB, gpus=list(range(8))))
+    assert kept() == scanned() == (set(), set())
+
