@@ -537,6 +537,16 @@ def _fence(view: ClusterView, j: JobView, e: ev.GangReleased) -> None:
     j.gang = None
 
 
+def _gpus_allocated(view: ClusterView, e: ev.GpusAllocated) -> None:
+    """The node's share of a GangReserved, folded to the same effect (the same transaction wrote
+    both). A reader that re-reads only a node's stream after losing a race on it (placement is
+    not sent its own events: see `Placement.WRITES`) learns of the allocation from it."""
+    node = view.nodes.get(e.node)
+    if node is not None:
+        for g in e.gpus:
+            node.allocations[g] = e.job_id
+
+
 def _gpus_released(view: ClusterView, e: ev.GpusReleased) -> None:
     node = view.nodes.get(e.node)
     if node is not None:
@@ -693,6 +703,7 @@ _HANDLERS: dict[type[Event], Callable[[ClusterView, Any], None]] = {
     ev.PreemptRequested: _preempt_requested,
     ev.CheckpointDone: _checkpoint_done,
     ev.GangReleased: _gang_released,
+    ev.GpusAllocated: _gpus_allocated,
     ev.GpusReleased: _gpus_released,
     ev.JobRequeued: _requeued,
     ev.WorkerStarted: _worker_started,

@@ -40,7 +40,7 @@ from corral.contracts.subjects import NODE_REPORT_TYPES, Subjects
 from corral.core.steps import placement_step
 from corral.eventstore import Tracking
 from corral.projection import Fence, JobState, JobView, NodeView
-from corral.services.base import Service
+from corral.services.base import Service, every_event_but
 from corral.services.placement.rendezvous import choose_rendezvous
 from corral.services.placement.report_auth import report_refused
 
@@ -55,6 +55,18 @@ class Placement(Service):
              *(f"node.*.{t}" for t in NODE_REPORT_TYPES))
     #: the cluster's policy; placement decides in its configuration of it (`corral.core.steps`)
     config = core.SchedulerConfig()
+    #: Placement is not sent back what it writes (`WRITES`): it folds each of its events when it
+    #: appends it, and the copy the bus brought back was skipped as a duplicate, after nats-server
+    #: delivered it and placement decoded and acknowledged it: 9 of the 13 events of a job, at up
+    #: to 190 jobs a second in the Kueue shape, on the one process that places them all. The log
+    #: stays the truth: a new leader folds the log before it decides, and an event it was not sent
+    #: (one a deposed leader appended after that) is behind a stream version its next decision on
+    #: that stream (the job's, or the node's for an allocation) is guarded by: that append loses
+    #: the race, the stream is re-read (GpusAllocated is folded for this), and it decides again.
+    WRITES = ("GangReserved", "GpusAllocated", "WorkerStarted", "JobRunning", "WorkerExited", "CheckpointDone",
+              "JobCompleted", "JobFailed", "GangReleased", "GpusReleased", "NodeRegistered", "NodeLost",
+              "NodeDrained", "NodeUndrained")
+    consumes = every_event_but(*WRITES)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -114,3 +114,16 @@ def test_the_jobs_holding_gpus_and_the_fenced_ones_are_kept_as_events_are_folded
                                    node="node-0", job_id=JOB, gpus=list(range(8))))
     assert kept() == scanned() == (set(), set())
 
+
+
+def test_a_node_streams_allocation_is_folded_without_its_gang() -> None:
+    """Placement is not sent its own events; after a lost race on a node's stream it re-reads that
+    stream only, and must learn from the GpusAllocated there that a deposed leader gave GPUs out."""
+    running, _ = gang_events()
+    view = ClusterView()
+    fold(view, running[0])  # the node, registered
+    fold(view, ev.GpusAllocated.new(stream=node_stream("node-0"), actor="placement", correlation_id=JOB,
+                                    node="node-0", job_id=JOB, gpus=[0, 1, 2, 3]))
+    assert view.free_gpus() == 4 and view.nodes["node-0"].allocations == dict.fromkeys(range(4), JOB)
+    fold(view, *running[1:])  # then its gang, from the job's stream: the same allocation
+    assert view.free_gpus() == 0
