@@ -38,12 +38,12 @@ victim's checkpoint grace (found by the simulator's services pipeline too).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from corral.core.decisions import Pending, Place, Reason, ReasonCode
 from corral.core.model import Job, OrderPolicy, PendingJob, Placement, SchedulerConfig, Snapshot
-from corral.core.ordering import order_pending, tree_for
+from corral.core.ordering import iter_pending, tree_for
 from corral.core.quota import ROOT, QueueTree, QueueUsage, quota_check
 from corral.core.steps import Step, after_placing, placement_step, preemption_step, step_config
 
@@ -96,9 +96,9 @@ def reserve_quota(
             base.add(queue, gpus)
     holders = {p.job.id: p.job for p in snapshot.pending if p.job.id in reserved}
     waiting = [p for p in snapshot.pending if p.job.id not in holders]
-    order = order_pending(
+    order = _Order(iter_pending(
         Snapshot(snapshot.now, snapshot.cluster, snapshot.queues, tuple(waiting), snapshot.running), config, tree=tree
-    )
+    ), waiting)
     exposure = _Exposure(snapshot, config, tree)
     refused: dict[str, Reason] = {}
     while True:
@@ -125,42 +125,141 @@ def reserve_quota(
 def _quota_pass(
     snapshot: Snapshot,
     config: SchedulerConfig,
-    order: Iterable[PendingJob],
+    order: _Order,
     usage: QueueUsage,
     exposure: _Exposure,
     refused: Mapping[str, Reason],
 ) -> tuple[list[Reserve | Pending], list[str], set[str], set[str]]:
     """Quota for each job in `order` but the `refused` ones (Pending with their reason, counting
     nothing): the decisions, the jobs reserved, those exposed to preemption, and those exposed
-    already at their turn (`borrowing`: they wait without quota unless they start now)."""
+    already at their turn (`borrowing`: they wait without quota unless they start now).
+
+    Once no job left in the order can get quota on the usage as it stands (asked per (queue,
+    GPUs) after a run of refusals), none will (only a reservation changes the usage): the rest
+    are refused without walking the order further, in the order's place where it was walked
+    and in the snapshot's after that (`_Order.after`; nothing reads the order of refusals)."""
     tree = exposure.tree
     out: list[Reserve | Pending] = []
     admitted: list[Job] = []
     borrowing: set[str] = set()
     check = _Checks(snapshot, config, tree, usage)
-    for p in order:
+    left = _Left(order, refused)
+    for at, p in enumerate(order):
         job = p.job
         if job.id in refused:
             out.append(Pending(job.id, refused[job.id]))
             continue
+        left.reached(job)
         blocked = check(job)
         if blocked is not None:
             out.append(Pending(job.id, blocked))
+            if left.hopeless(check):
+                out.extend(_refusals(order.after(at + 1), refused, check))
+                break
             continue
         out.append(Reserve(job.id, job.total_gpus, _borrowed(tree, usage, job)))
         usage.add(job.queue, job.total_gpus)
         check.usage_changed()
+        left.usage_changed()
         admitted.append(job)
         if exposure.of(job, usage):
             borrowing.add(job.id)
     if admitted:  # a refusal states the usage after the whole round (later jobs took quota after its turn)
-        jobs = {p.job.id: p.job for p in order}
+        jobs = order.jobs  # not the order itself: that would walk all of it
         out = [Pending(d.job_id, check(jobs[d.job_id]) or d.reason)
                if isinstance(d, Pending) and d.job_id not in refused else d for d in out]
     # with every reservation of the round counted, more may be exposed (a later one pushed their
     # queue over its guarantee): those are checked against preemption too, but may wait with quota
     exposed = {j.id for j in admitted if j.id in borrowing or exposure.of(j, usage)}
     return out, [j.id for j in admitted], exposed, borrowing
+
+
+#: Refusals in a row after which a pass asks whether any job left could still get quota.
+_LOOK_AFTER = 32
+
+
+class _Order:
+    """The round's order of the waiting jobs (`iter_pending`), walked only as far as a pass reads it.
+
+    The problem: the fair-share walk orders every waiting job (charging each one's GPUs to its
+    queue as if it were admitted, to order the next), and with thousands waiting behind full
+    cohorts that walk was a third of quota's round (py-spy, Kueue shape, 15,000) for the few
+    dozen jobs a round can reserve. The passes of a round read one order, each as far as it must."""
+
+    def __init__(self, walk: Iterator[PendingJob], waiting: Sequence[PendingJob]) -> None:
+        self.waiting = waiting
+        self._walk: Iterator[PendingJob] | None = walk
+        self._known: list[PendingJob] = []
+        #: every waiting job by id; per (queue, GPUs) how many wait and one of them (`_Left`)
+        self.jobs: dict[str, Job] = {}
+        self.classes: dict[tuple[str, int], int] = {}
+        self.samples: dict[tuple[str, int], Job] = {}
+        for p in waiting:
+            job = p.job
+            key = (job.queue, job.total_gpus)
+            self.jobs[job.id] = job
+            self.classes[key] = self.classes.get(key, 0) + 1
+            self.samples.setdefault(key, job)
+
+    def __iter__(self) -> Iterator[PendingJob]:
+        known = self._known
+        i = 0
+        while True:
+            if i < len(known):
+                yield known[i]
+                i += 1
+                continue
+            if self._walk is None:
+                return
+            p = next(self._walk, None)
+            if p is None:
+                self._walk = None
+                return
+            known.append(p)
+
+    def after(self, n: int) -> list[PendingJob]:
+        """The jobs after the first `n` of the order: those walked, in order, then the others in
+        the snapshot's order."""
+        if self._walk is None:
+            return self._known[n:]
+        walked = {p.job.id for p in self._known}
+        return self._known[n:] + [p for p in self.waiting if p.job.id not in walked]
+
+
+class _Left:
+    """The (queue, GPUs) of the jobs a pass has not reached yet, to ask whether any of them could
+    still get quota on the usage as it stands (asked once after `_LOOK_AFTER` refusals in a row,
+    then not again until the usage changes: the answers would be the same)."""
+
+    def __init__(self, order: _Order, refused: Mapping[str, Reason]) -> None:
+        self.count = dict(order.classes)
+        self.sample = order.samples
+        for job_id in refused:
+            job = order.jobs.get(job_id)  # a revoked holder is not in the order
+            if job is not None:
+                self.count[(job.queue, job.total_gpus)] -= 1
+        self.refusals, self.looked = 0, False
+
+    def reached(self, job: Job) -> None:
+        self.count[(job.queue, job.total_gpus)] -= 1
+
+    def usage_changed(self) -> None:
+        self.refusals, self.looked = 0, False
+
+    def hopeless(self, check: _Checks) -> bool:
+        """After a refusal: whether every job not reached yet would be refused too."""
+        self.refusals += 1
+        if self.refusals < _LOOK_AFTER or self.looked:
+            return False
+        self.looked = True
+        return all(check(self.sample[key]) is not None for key, n in self.count.items() if n > 0)
+
+
+def _refusals(jobs: Iterable[PendingJob], refused: Mapping[str, Reason], check: _Checks) -> Iterator[Pending]:
+    for p in jobs:
+        why = refused.get(p.job.id) or check(p.job)
+        assert why is not None  # `_Left.hopeless`: every (queue, GPUs) left is refused
+        yield Pending(p.job.id, why)
 
 
 class _Checks:

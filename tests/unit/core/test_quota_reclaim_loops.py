@@ -310,3 +310,25 @@ def test_the_rounds_quota_checks_are_asked_once_per_queue_and_size_with_the_same
         if tree.known(p.job.queue):
             usage.add(p.job.queue, p.job.total_gpus)
             check.usage_changed()
+
+
+@SETTINGS
+@given(world=worlds(), look_after=st.integers(1, 3))
+def test_a_pass_that_stops_walking_the_order_when_no_job_left_can_get_quota_decides_the_same(world, look_after):
+    """A pass stops walking the fair-share order once no job left could get quota on the usage as
+    it stands (`_Left`, asked after `_LOOK_AFTER` refusals in a row): with thousands waiting behind
+    full cohorts, walking the whole order was a third of quota's round. The decisions, and each
+    refusal's reason, are the same as a walk to the end (only the order of refusals may differ)."""
+    import corral.core.reservation as reservation
+
+    cluster, queues, pending, run, holding = world
+    snap = Snapshot(1000.0, cluster, queues, tuple(pending), tuple(run))
+    full = reservation.reserve_quota(snap, PREEMPTION, reserved=holding)
+    saved = reservation._LOOK_AFTER
+    reservation._LOOK_AFTER = look_after
+    try:
+        early = reservation.reserve_quota(snap, PREEMPTION, reserved=holding)
+    finally:
+        reservation._LOOK_AFTER = saved
+    assert len(early) == len(full)
+    assert {d.job_id: d for d in early} == {d.job_id: d for d in full}
