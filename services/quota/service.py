@@ -44,11 +44,19 @@ class Quota(Service):
     events = ("JobAdmitted", "JobRequeued", "GangReleased", "JobCompleted", "JobFailed", "JobCancelled",
               "QueueConfigured", "QueueTreeApplied", "QueueChangeRefused", "NodeRegistered", "NodeLost",
               "QuotaReserved", "QuotaReleased", "GangReserved")
-    #: Ranks and node mirrors are not quota's business (`every_event_but`). Its appends are guarded
-    #: by the versions it has seen: an unseen event after them loses the race, re-reads the stream
-    #: and decides again (a rank's report lands on a job's stream before its end or requeue, which
-    #: quota sees, so this is rare).
-    consumes = every_event_but(*RANK_AND_NODE_MIRROR)
+    #: What quota alone writes. It folds each when it appends it (`Service.append`), so the copy
+    #: the bus brought back was a duplicate that nats-server delivered and quota decoded, skipped
+    #: and acknowledged: two of a job's events (30,000 of the 230,000 of a Kueue 15,000 run), on
+    #: the process that was the last to learn that a job ended (its quota given back 1.7 s after a
+    #: 0.2 s job's end, while placement saw the same jobs' reservations 0.6 s after they were made).
+    WRITES = ("QuotaReserved", "QuotaReleased", "WaitExceeded", "QueueTreeApplied", "QueueConfigured",
+              "QueueChangeRefused")
+    #: Ranks and node mirrors are not quota's business (`every_event_but`), nor what it writes. Its
+    #: appends are guarded by the versions it has seen: an unseen event after them loses the race,
+    #: re-reads the stream and decides again (a rank's report lands on a job's stream before its end
+    #: or requeue, which quota sees, so this is rare). Quota runs as one process: a second one
+    #: would not see the first's reservations until it appended to the same job's stream.
+    consumes = every_event_but(*RANK_AND_NODE_MIRROR, *WRITES)
     #: the cluster's policy: the quota step decides with it as it is (`corral.core.steps`)
     config = core.SchedulerConfig()
 

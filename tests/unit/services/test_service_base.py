@@ -98,16 +98,17 @@ def test_pending_event_is_throttled_on_the_injected_monotonic_clock() -> None:
 
 def test_quota_and_preemption_are_sent_every_event_but_ranks_and_node_mirrors() -> None:
     """A quarter of a Kueue-shaped log is ranks' reports and per-node allocation mirrors, which
-    neither quota nor preemption decides on; any other type, one added later included, is sent."""
+    neither quota nor preemption decides on; any other type, one added later included, is sent,
+    but to quota what it writes itself (`test_quota_is_not_sent_what_it_writes`)."""
     from corral.contracts import events as ev
     from corral.services.base import RANK_AND_NODE_MIRROR, every_event_but
     from corral.services.preemption.service import Preemption
     from corral.services.quota.service import Quota
 
     everything = {kind.__name__ for kind in ev.ALL_EVENTS}
-    for service in (Quota, Preemption):
-        assert service.consumes is not None
-        assert set(service.consumes) == everything - set(RANK_AND_NODE_MIRROR)
+    assert Preemption.consumes is not None and Quota.consumes is not None
+    assert set(Preemption.consumes) == everything - set(RANK_AND_NODE_MIRROR)
+    assert set(Quota.consumes) == everything - set(RANK_AND_NODE_MIRROR) - set(Quota.WRITES)
     with pytest.raises(ValueError, match="not event types: WorkerStartd"):
         every_event_but("WorkerStartd")
 
@@ -129,3 +130,17 @@ def test_placement_is_sent_every_event_but_its_own() -> None:
     for other in ("admission", "quota", "preemption"):  # node agents append nothing (they report)
         written = {m for f in (services / other).glob("*.py") for m in re.findall(r"ev\.([A-Z]\w+)", f.read_text())}
         assert not written & set(Placement.WRITES) - {"NodeHeartbeat"}, (other, written & set(Placement.WRITES))
+
+
+def test_quota_is_not_sent_what_it_writes() -> None:
+    """Quota folds what it writes when it appends it; the bus's copy was a duplicate. Each of its
+    types is written by quota alone, so nothing another service writes is held back from it."""
+    import pathlib
+    import re
+
+    from corral.services.quota.service import Quota
+
+    services = pathlib.Path(__file__).parents[3] / "services"
+    for other in ("admission", "placement", "preemption", "node_agent"):
+        written = {m for f in (services / other).rglob("*.py") for m in re.findall(r"ev\.([A-Z]\w+)", f.read_text())}
+        assert not written & set(Quota.WRITES), (other, written & set(Quota.WRITES))
