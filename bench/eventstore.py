@@ -2,8 +2,9 @@
 
 Measures: single-event appends/s with one appender and with many concurrent appenders (distinct
 streams; appends are serialised by the head lock, so this shows the cost of that design),
-10-event appends, read_all events/s, and outbox relay events/s into JetStream (sync_interval:
-always, so every publish is fsynced). Uses CORRAL_POSTGRES_DSN / CORRAL_NATS_URL when set.
+10-event appends, read_all events/s, and outbox relay events/s into JetStream (the dev stack's
+sync_interval, 1 s; CORRAL_NATS_SYNC=always fsyncs every publish, see
+`corral.stack.servers.NatsServer.sync_interval`). Uses CORRAL_POSTGRES_DSN / CORRAL_NATS_URL when set.
 
     .venv/bin/python bench/eventstore.py [--events 2000] [--concurrency 16]
 """

@@ -217,3 +217,22 @@ async def test_an_event_the_bus_refuses_for_its_size_is_skipped_with_an_alert(in
         await wait_until(lambda: len(received.positions) == 1)
         assert received.positions == [2], "the big event (position 1) skipped, the next one relayed"
         assert await store.relay_position("relay") >= 2
+
+
+async def test_a_relay_whose_bus_lost_what_it_acknowledged_publishes_it_again(store: EventStore, bus: Bus) -> None:
+    """JetStream fsyncs once a second (`NatsServer.sync_interval`): a crash of its machine can lose
+    the stream's last second after the relay saved it as published. The relay starts after the
+    newest event the bus still holds, so the lost tail reaches the consumers, in order."""
+    received = await consume_all(bus)
+    kept = event("job-1")
+    await store.append("job-1", 0, [kept])
+    assert await relay(store, bus).publish_pending() == 1
+    lost = [event("job-1", "JobAdmitted"), event("job-1", "JobRunning")]
+    await store.append("job-1", 1, lost)
+    await store.save_relay_position("relay", 3)  # acknowledged, then lost with the machine
+
+    assert await relay(store, bus).publish_pending() == 2
+    await wait_until(lambda: len(received.msg_ids) == 3)
+    assert received.msg_ids == [kept.event_id, *(e.event_id for e in lost)]
+    assert received.positions == [1, 2, 3]
+    assert await relay(store, bus).publish_pending() == 0  # the bus holds it all now

@@ -19,6 +19,13 @@ events out of the log in the first place (`corral.contracts.sizes`).
 
 Run one relay per installation; two relays with the same name stay correct (duplicates are
 dropped), they only waste work.
+
+The bus may lose what it acknowledged: JetStream fsyncs its files once a second, not after every
+message (`corral.stack.servers.NatsServer.sync_interval`), so a crash of the machine can take the
+stream's last second with it while the saved position says it was published. Every run therefore
+starts after the newest event the bus still holds when that is older than the saved position
+(`resume_position`): the lost tail is published again, in order, and what survived is dropped as
+a duplicate.
 """
 
 from __future__ import annotations
@@ -30,10 +37,12 @@ import logging
 from collections.abc import Callable
 
 import nats.errors
+import nats.js.errors
 from nats.js.errors import APIError
 
 from corral.bus.bus import Bus, Outgoing
 from corral.bus.delivery import MSG_ID
+from corral.bus.naming import EVENTS
 from corral.bus.unavailable import UnavailableBackoff, is_unavailable
 from corral.contracts import events as ev
 from corral.contracts.envelope import CLUSTER_STREAM, Reason, new_event_id
@@ -78,6 +87,21 @@ def event_headers(event: StoredEvent) -> dict[str, str]:
     if event.causation_id is not None:
         headers[CAUSATION_ID] = event.causation_id
     return headers
+
+
+async def newest_position_on_bus(bus: Bus) -> int | None:
+    """The log position (`POSITION` header) of the newest message of the events stream; None when
+    the stream is empty (only the relay publishes there: `corral.bus.auth`)."""
+    stream = bus.names.stream(EVENTS)
+    last = (await bus.js.stream_info(stream)).state.last_seq
+    if not last:
+        return None
+    try:
+        message = await bus.js.get_msg(stream, seq=last)
+    except nats.js.errors.NotFoundError:  # removed meanwhile (limits): nothing to learn from it
+        return None
+    value = (message.headers or {}).get(POSITION, "")
+    return int(value) if value.isdigit() else None
 
 
 def message_size(message: Outgoing) -> int:
@@ -127,9 +151,21 @@ class OutboxRelay:
         self._linger = linger
         self._task: asyncio.Task[None] | None = None
 
+    async def resume_position(self) -> int:
+        """Where to publish from: the saved position, or the position of the newest event the bus
+        still holds when that is older (the bus lost its tail, see the module docstring)."""
+        saved = await self.store.relay_position(self.name)
+        held = await newest_position_on_bus(self.bus)
+        if held is not None and held < saved:
+            log.warning("relay %s: the bus holds the log only up to position %d, %d were published: "
+                        "publishing again from there (a crash of its machine lost the rest)",
+                        self.name, held, saved)
+            return held
+        return saved
+
     async def publish_pending(self) -> int:
         """Publish everything appended so far that this relay has not published; return how many."""
-        after = await self.store.relay_position(self.name)
+        after = await self.resume_position()
         published = 0
         while True:
             events = await self.store.read_all(after, limit=self._batch)
@@ -145,7 +181,7 @@ class OutboxRelay:
         failures = 0
         while True:
             try:
-                after = await self.store.relay_position(self.name)
+                after = await self.resume_position()
                 batches = self.store.follow_batches(after, limit=self._batch)
                 async with contextlib.aclosing(batches):
                     async for events in batches:
