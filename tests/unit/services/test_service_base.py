@@ -144,3 +144,41 @@ def test_quota_is_not_sent_what_it_writes() -> None:
     for other in ("admission", "placement", "preemption", "node_agent"):
         written = {m for f in (services / other).rglob("*.py") for m in re.findall(r"ev\.([A-Z]\w+)", f.read_text())}
         assert not written & set(Quota.WRITES), (other, written & set(Quota.WRITES))
+
+
+class _Scripted(Service):
+    """Folds nothing: each delivery's `data` says what its `on_event` does."""
+
+    def __init__(self) -> None:
+        stand_in: Any = object()  # never touched: `on_event` is scripted
+        super().__init__(stand_in, stand_in)
+        self.folded_in_order: list[bytes] = []
+
+    async def on_event(self, delivery: Any) -> None:
+        if delivery.data == b"down":
+            from corral.bus import Unavailable
+            raise Unavailable("postgres is restarting")
+        if delivery.data == b"bug":
+            raise RuntimeError("a bug")
+        self.folded_in_order.append(delivery.data)
+
+
+def _deliveries(*data: bytes) -> list[Any]:
+    from corral.bus import Delivery
+    return [Delivery(subject="corral.events.X", data=d, headers={}, delivery_count=1, stream="S",
+                     stream_sequence=i + 1, consumer_sequence=i + 1, timestamp=None) for i, d in enumerate(data)]
+
+
+async def test_a_batch_of_events_is_folded_in_order_and_a_failure_is_that_events_alone() -> None:
+    service = _Scripted()
+    outcomes = await service.on_event_batch(_deliveries(b"a", b"bug", b"b"))
+    assert service.folded_in_order == [b"a", b"b"]
+    assert outcomes[0] is None and isinstance(outcomes[1], RuntimeError) and outcomes[2] is None
+
+
+async def test_an_unavailable_dependency_stops_the_batch_so_the_rest_is_held_and_folded_again_in_order() -> None:
+    service = _Scripted()
+    outcomes = await service.on_event_batch(_deliveries(b"a", b"down", b"b", b"c"))
+    assert service.folded_in_order == [b"a"]  # b and c wait behind the event that could not be folded
+    assert outcomes[0] is None
+    assert len(outcomes) == 4 and all(type(o).__name__ == "Unavailable" for o in outcomes[1:])
