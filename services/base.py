@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
 
 from corral import core
-from corral.bus import Bus, Delivery, Poison, is_unavailable
+from corral.bus import Bus, Delivery, Poison
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event, job_stream
 from corral.contracts.problems import ContractError
@@ -167,16 +167,6 @@ class Service:
     def relay_wait(self) -> float:
         return 0.0 if self.standby else self.relay_after
 
-    #: Seconds after start before this process competes for the projector lease (the CLI's read
-    #: model, see `corral.services.projector_lease`). The problem: it went where the relay went, an
-    #: idle placement standby, and the two shared one event loop: at 200 jobs/s the projector was
-    #: a quarter of that process and every event reached the bus behind it. Admission (the
-    #: lightest service) competes at once; any other process takes over after this wait.
-    projector_after: ClassVar[float] = 3.0
-
-    def projector_wait(self) -> float:
-        return self.projector_after
-
     def interested(self, event: Event) -> bool:
         return not self.events or event.type in self.events
 
@@ -251,28 +241,6 @@ class Service:
             self.folded(event)
         if result is Applied.APPLIED and self.interested(event):
             self.changed.set()
-
-    async def on_event_batch(self, deliveries: list[Delivery]) -> list[BaseException | None]:
-        """A fetched batch of events folded in order (`on_event` each); one outcome per event.
-
-        The problem: each event went through the consumer's settle path on its own (a closure, the
-        tracing and log contexts, an await for the handler), a fifth of a busy service's event
-        loop beside decoding and folding. An event that met an unavailable dependency (a gap whose
-        stream Postgres cannot give now) stops the batch: it and every later event get that
-        outcome, so the consumer holds them and folds them again in order; any other failure is
-        that event's alone, as one by one."""
-        outcomes: list[BaseException | None] = []
-        for index, delivery in enumerate(deliveries):
-            try:
-                await self.on_event(delivery)
-            except Exception as exc:
-                if is_unavailable(exc):
-                    outcomes.extend([exc] * (len(deliveries) - index))
-                    break
-                outcomes.append(exc)
-            else:
-                outcomes.append(None)
-        return outcomes
 
     async def on_inbox(self, delivery: Delivery) -> None:
         try:

@@ -27,21 +27,20 @@ log = logging.getLogger("corral.service")
 
 async def project_forever(store: EventStore, settings: Settings, service: Service) -> None:
     """Keep the CLI's read model current (`corral.readmodel.projector`) whenever this process holds
-    the projector lease; which process competes first follows `projector_wait()` (admission at once,
-    the others later: not the relay's host, see `Service.projector_after`)."""
+    the projector lease; which process competes first follows `relay_wait()`, as for the relay."""
     lease = Lease(settings.postgres_dsn, f"corral:{settings.namespace}:projector")
     started = service.monotonic()
     backoff, failures = UnavailableBackoff(first=0.5, cap=5.0), 0
     try:  # a wait ended by a stop (cancelled) closes the connection it kept
         while True:
-            if service.monotonic() - started < service.projector_wait():
+            if service.monotonic() - started < service.relay_wait():
                 await asyncio.sleep(0.2)
                 continue
             task: asyncio.Task[None] | None = None
             held = False
             try:
                 if not await lease.try_acquire():  # the next try asks on the same connection
-                    await asyncio.sleep(0.5 if service.projector_wait() == 0 else 1.0)
+                    await asyncio.sleep(0.5 if service.relay_wait() == 0 else 1.0)
                     continue
                 held = True
                 log.info("%s: projecting the log for the CLI", service.name)

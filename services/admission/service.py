@@ -46,7 +46,6 @@ class Admission(Service):
     consumes = ("NodeRegistered", "NodeLost", "QueueConfigured", "JobSubmitted", "JobRejected", "JobCompleted",
                 "JobFailed", "JobCancelled")
     relay_after = 0.3  # the lightest deciding service: the relay's host unless a standby is idle
-    projector_after = 0.0  # and the read model's, apart from the relay's (`Service.projector_after`)
 
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
         tracking = self.tracking(delivery)

@@ -57,9 +57,6 @@ class _Waiting:
     def relay_wait(self) -> float:
         return 0.0
 
-    def projector_wait(self) -> float:
-        return 0.0
-
 
 async def _backends(dsn: str, seconds: float) -> set[int]:
     """The backend pids connected to the test's database over `seconds` (polled)."""
