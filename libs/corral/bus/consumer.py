@@ -60,6 +60,9 @@ DeadLetter = Callable[[Delivery, str], Awaitable[None]]
 
 _FETCH_TIMEOUT = 5.0
 _MIN_GATHER = 0.005
+#: How long a fetch may take to fill its batch when the server said more messages wait (see
+#: `RunningConsumer._behind`): the batch fills at once, so this is only a cap.
+_BEHIND_GATHER = 0.25
 _ACK_TIMEOUT = 5.0
 
 
@@ -76,6 +79,16 @@ def delivery_of(msg: Any) -> Delivery:
         consumer_sequence=int(meta.sequence.consumer),
         timestamp=meta.timestamp,
     )
+
+
+def _more_waiting(msgs: Sequence[Any]) -> bool:
+    """Whether the server had more messages for this consumer after the last of `msgs`."""
+    if not msgs:
+        return False
+    try:
+        return int(msgs[-1].metadata.num_pending or 0) > 0
+    except Exception:  # not a JetStream message: `_delivery` terminates it
+        return False
 
 
 class RunningConsumer:
@@ -99,6 +112,8 @@ class RunningConsumer:
         self._stopping = False
         self._stop_requested = asyncio.Event()
         self._fetching = False
+        #: The server had more messages for us after the last batch's last one (its num_pending).
+        self._behind = False
         #: True while a dependency is down and this consumer holds a message, waiting for it.
         self.waiting_for_dependency = False
         self.task: asyncio.Task[None] = asyncio.create_task(self._run(), name=f"consumer:{durable}")
@@ -150,6 +165,7 @@ class RunningConsumer:
                 finally:
                     self._fetching = False
                 fetched = len(msgs)
+                self._behind = _more_waiting(msgs)
                 if self._batch_handler is not None and not self._stopping:
                     await self._settle_batch(msgs)
                     msgs = []
@@ -160,7 +176,7 @@ class RunningConsumer:
                                 await unhandled.nak()
                         break
                     await self._settle(msg, confirm=index == len(msgs) - 1, waiting=msgs[index + 1:])
-                if self._linger > 0 and fetched < self._batch and not self._stopping:
+                if self._linger > 0 and fetched < self._batch and not self._behind and not self._stopping:
                     # A partial batch means we are keeping up: let the next one gather for a moment
                     # (one fetch round trip, one confirmed ack, one handler pass per batch instead
                     # of per trickle of messages; under load batches fill and no time is lost).
@@ -176,9 +192,16 @@ class RunningConsumer:
         Why not one `fetch(batch, timeout=5)`: once its pull request has to wait on the server,
         nats-py returns only when the batch is FULL or the timeout expires, so a consumer that
         had caught up handled its next messages up to 5 s late (or after `batch` of them).
+
+        Behind (`_behind`), the gathering window is longer. The problem: nats-py stops collecting
+        a batch when the window ends, and on a busy event loop the messages the server sent
+        arrive slower than that: under a backlog of hundreds placement's inbox fetched 36 of 64
+        reports at a time (10 ms window), then lingered as if it had caught up, and its workers'
+        reports reached it 0.5-1 s late (bench/README.md, 2026-12-05).
         """
+        gather = _BEHIND_GATHER if self._behind else max(self._linger, _MIN_GATHER)
         try:
-            return list(await self._sub.fetch(self._batch, timeout=max(self._linger, _MIN_GATHER)))
+            return list(await self._sub.fetch(self._batch, timeout=gather))
         except (nats.errors.TimeoutError, TimeoutError):
             pass
         return list(await self._sub.fetch(1, timeout=_FETCH_TIMEOUT))

@@ -1,0 +1,88 @@
+"""A consumer that the server says is behind fetches with a window long enough to fill its batch.
+
+The problem (bench/README.md, 2026-12-05): nats-py stops collecting a batch when the fetch's
+window ends (the consumer's linger, 10 ms for an inbox), and on a busy event loop the messages the
+server sent arrive slower than that. Under a backlog of hundreds, placement's inbox took 36 of 64
+reports at a time, then lingered as if it had caught up: workers' reports reached it 0.5-1 s late.
+The subscription here is a stand-in that records each fetch's window; nothing else is faked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+from corral.bus.consumer import _BEHIND_GATHER, RunningConsumer
+from corral.bus.delivery import Delivery
+
+
+class _Message:
+    def __init__(self, sequence: int, pending: int) -> None:
+        self.subject, self.data = "corral.inbox.WorkerExited", b"{}"
+        self.headers: dict[str, str] = {}
+        self.metadata = SimpleNamespace(num_delivered=1, stream="CORRAL_INBOX", num_pending=pending,
+                                        sequence=SimpleNamespace(stream=sequence, consumer=sequence),
+                                        timestamp=datetime.now(UTC))
+
+    async def ack(self) -> None: ...
+
+    async def ack_sync(self, timeout: float) -> None: ...
+
+
+class _Subscription:
+    """Serves `backlog` messages in fetches of at most `served` (a fetch cut short by its window)."""
+
+    def __init__(self, backlog: int, served: int) -> None:
+        self.left, self.served, self.sequence = backlog, served, 0
+        self.windows: list[float] = []
+        self.drained = asyncio.Event()
+
+    async def fetch(self, batch: int, timeout: float) -> list[_Message]:
+        self.windows.append(timeout)
+        if self.left == 0:
+            self.drained.set()
+            await asyncio.sleep(3600)
+        n = min(batch, self.served, self.left)
+        self.left -= n
+        messages = []
+        for i in range(n):
+            self.sequence += 1
+            messages.append(_Message(self.sequence, pending=self.left + n - i - 1))
+        return messages
+
+    async def unsubscribe(self) -> None: ...
+
+
+async def _ignore(delivery: Delivery) -> None: ...
+
+
+async def _dead_letter(delivery: Delivery, error: str) -> None: ...
+
+
+async def _all_handled(deliveries: Sequence[Delivery]) -> list[BaseException | None]:
+    return [None] * len(deliveries)
+
+
+async def _windows(backlog: int, served: int) -> list[float]:
+    subscription = _Subscription(backlog, served)
+    sub: Any = subscription
+    consumer = RunningConsumer(sub, "placement-inbox", _ignore, _dead_letter, max_deliver=5, backoff=(1.0,),
+                               batch=64, linger=0.01, batch_handler=_all_handled)
+    await asyncio.wait_for(subscription.drained.wait(), 5)
+    await consumer.stop()
+    return subscription.windows
+
+
+async def test_after_a_batch_the_server_says_is_not_the_last_the_next_fetch_may_take_long_enough_to_fill() -> None:
+    windows = await _windows(backlog=100, served=30)  # 30, 30, 30, 10, then nothing
+    assert windows[0] == 0.01  # nothing known yet: the linger's window
+    assert windows[1:4] == [_BEHIND_GATHER] * 3  # more waited after each of the first three
+    assert windows[4] == 0.01  # the last batch emptied the backlog: back to gathering
+
+
+async def test_a_consumer_that_caught_up_keeps_its_short_gathering_window() -> None:
+    windows = await _windows(backlog=5, served=64)
+    assert windows == [0.01, 0.01]
