@@ -194,6 +194,9 @@ class Service:
     def pending_event(self, job: JobView, reason: core.Reason) -> ev.PlacementPending | None:
         """The PlacementPending that records why `job` waits, or None when that is not news
         (the one reason throttle, `ReasonThrottle`)."""
+        recorded = job.reason
+        if recorded is not None and recorded.message == reason.message and recorded.code == reason.code:
+            return None  # said already, word for word (most of a backlog, each round): never news
         if len(self.reasons) > 2 * len(self.view.active) + 1024:
             self.reasons.retain(self.view.active)
         if not self.reasons.news(job.job_id, job.reason, str(reason.code), reason.message):

@@ -214,16 +214,32 @@ class Quota(Service):
 
     async def _reserve(self) -> None:
         """Reserve quota where the core says so."""
-        pending = [j for j in self.view.active.values() if j.state is JobState.PENDING and j.spec is not None]
-        if not self.view.queues or not any(not j.quota_gpus for j in pending):
+        if not self.view.queues:
+            return
+        # One pass over the active jobs (thousands wait in a backlog; this runs on the event loop):
+        # who waits (and which of them hold quota), and the reservations not given back yet (their
+        # job ended, was released or requeued), which still count.
+        pending: list[JobView] = []
+        reserved: set[str] = set()
+        held: list[tuple[str, int]] = []
+        unreserved = False
+        for j in self.view.active.values():
+            if j.state is JobState.PENDING and j.spec is not None:
+                if not j.quota_gpus:
+                    unreserved = True
+                elif j.quota_stale:
+                    if not j.holding:
+                        held.append((j.queue, j.quota_gpus))
+                    continue
+                else:
+                    reserved.add(j.job_id)
+                pending.append(j)
+            elif j.quota_gpus and not j.holding and (j.state is not JobState.PENDING or j.quota_stale):
+                held.append((j.queue, j.quota_gpus))
+        if not unreserved:
             return  # every waiting job holds quota: the core decides nothing (reserve_quota)
-        # a reservation not given back yet (its job ended, was released or requeued) still counts
-        held = [(j.queue, j.quota_gpus) for j in self.view.active.values()
-                if j.quota_gpus and not j.holding and (j.state is not JobState.PENDING or j.quota_stale)]
-        pending = [j for j in pending if not j.quota_stale]
         snapshot = self.view.snapshot(self.clock(), pending=pending)
         by_id = {j.job_id: j for j in pending}
-        reserved = {j.job_id for j in pending if j.quota_gpus}
         # the versions the decisions are guarded by: a copy of every stream's (a C-level copy; one
         # stream name built per waiting job was a tenth of quota's loop with thousands waiting)
         seen = dict(self.view.versions)

@@ -194,12 +194,17 @@ class _Order:
         self.jobs: dict[str, Job] = {}
         self.classes: dict[tuple[str, int], int] = {}
         self.samples: dict[tuple[str, int], Job] = {}
-        for p in waiting:
+        jobs, classes, samples = self.jobs, self.classes, self.samples
+        for p in waiting:  # one pass of thousands a round: kept to plain dict operations
             job = p.job
-            key = (job.queue, job.total_gpus)
-            self.jobs[job.id] = job
-            self.classes[key] = self.classes.get(key, 0) + 1
-            self.samples.setdefault(key, job)
+            key = (job.queue, job.replicas * job.gpus_per_replica)
+            jobs[job.id] = job
+            n = classes.get(key)
+            if n is None:
+                classes[key] = 1
+                samples[key] = job
+            else:
+                classes[key] = n + 1
 
     def __iter__(self) -> Iterator[PendingJob]:
         known = self._known
@@ -307,13 +312,22 @@ class _Exposure:
         self.top_priority: dict[str, int] = {}
         self.below: dict[str, int] = {}  # known waiting jobs per subtree (ROOT: all of them)
         self.at: dict[str, int] = {}  # waiting jobs of each queue itself
+        top, at = self.top_priority, self.at
+        # Per job only what is its own (thousands a round); the subtrees are summed per queue.
         for p in snapshot.pending:
-            q = p.job.queue
-            self.top_priority[q] = max(self.top_priority.get(q, p.job.priority), p.job.priority)
-            self.at[q] = self.at.get(q, 0) + 1
+            job = p.job
+            q, priority = job.queue, job.priority
+            n = at.get(q)
+            if n is None:
+                at[q], top[q] = 1, priority
+            else:
+                at[q] = n + 1
+                if priority > top[q]:
+                    top[q] = priority
+        for q, n in at.items():
             if tree.known(q):
                 for a in (*tree.path(q), ROOT):
-                    self.below[a] = self.below.get(a, 0) + 1
+                    self.below[a] = self.below.get(a, 0) + n
 
     def of(self, job: Job, usage: QueueUsage) -> bool:
         if not self.any or not job.preemptible or job.min_runtime_seconds > 0:

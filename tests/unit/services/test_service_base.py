@@ -144,3 +144,17 @@ def test_quota_is_not_sent_what_it_writes() -> None:
     for other in ("admission", "placement", "preemption", "node_agent"):
         written = {m for f in (services / other).rglob("*.py") for m in re.findall(r"ev\.([A-Z]\w+)", f.read_text())}
         assert not written & set(Quota.WRITES), (other, written & set(Quota.WRITES))
+
+
+def test_a_reason_said_word_for_word_is_never_news_and_costs_no_clock_read() -> None:
+    """Quota's round asks this of every waiting job (thousands in a backlog): a reason the log
+    already holds, code and message, is answered before the throttle and its clock."""
+
+    class NoClock:
+        def __call__(self) -> float:
+            raise AssertionError("the throttle's clock was read for a reason said already")
+
+    svc = service(Clock(), NoClock())  # type: ignore[arg-type]
+    job = JobView(job_id="j1")
+    job.reason = Reason(code="MAX_GPUS_EXCEEDED", message="uses 120 of max 120")
+    assert svc.pending_event(job, core.Reason(core.ReasonCode.MAX_GPUS_EXCEEDED, "uses 120 of max 120")) is None
