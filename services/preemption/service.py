@@ -89,8 +89,10 @@ class Preemption(Service):
         (PreemptRequested without `for_job_id`), then requeued as any preemption victim is."""
         now = self.clock()
         out: dict[str, list[Event]] = {}
-        for job in sorted(self.view.active.values(), key=lambda j: j.job_id):
-            if job.state not in (JobState.STARTING, JobState.RUNNING) or not job.holding:
+        # Only the jobs holding GPUs (the view keeps them): every active job was sorted at each
+        # reconcile, ten times a second with thousands waiting for quota (Kueue's shape).
+        for job in sorted(self.view.running_jobs(), key=lambda j: j.job_id):
+            if job.state not in (JobState.STARTING, JobState.RUNNING):
                 continue
             reason = _asked_reason(job, self.view)
             if reason is None:
