@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,7 @@ async def wait_reasons(client: Client, times: dict[str, JobTimes], after: int) -
     event until the next reason or reservation."""
     streams = {f"job-{j}": j for j in times}
     seen: dict[str, list[tuple[Any, str, str]]] = {j: [] for j in times}
+    quota_log: list[tuple[datetime, str, str]] = []  # (recorded_at, QuotaReserved|QuotaReleased, job), in log order
     victims: dict[str, int] = {}
     position = after
     while batch := await client.store.read_all(position, limit=10000):
@@ -198,6 +200,8 @@ async def wait_reasons(client: Client, times: dict[str, JobTimes], after: int) -
                 code = event.reason.code
             elif stored.type == "PreemptRequested":
                 victims[job_id] = victims.get(job_id, 0) + 1
+            if stored.type in ("QuotaReserved", "QuotaReleased"):
+                quota_log.append((stored.recorded_at, stored.type, job_id))
             seen[job_id].append((stored.recorded_at, stored.type, code))
     out: dict[str, Any] = {}
     for wc in CLASSES:
@@ -238,17 +242,61 @@ async def wait_reasons(client: Client, times: dict[str, JobTimes], after: int) -
                         "preempted": sum(victims.get(t.job_id, 0) for t in mine), "requeued": requeued,
                         "quota_held_s": statistics.fmean(held) if held else None,
                         "quota_back_after_end_s": statistics.fmean(after_end) if after_end else None}
-    return out
+    return {"classes": out, "quota": quota_in_use(quota_log, times)}
+
+
+def quota_in_use(quota_log: Sequence[tuple[datetime, str, str]], times: dict[str, JobTimes]) -> dict[str, Any]:
+    """How much of each cohort's quota (120 GPUs) was reserved, averaged over time from its first
+    reservation to its last release, and how soon quota given back was reserved again (per
+    reservation: the seconds since the latest release in its cohort; the median).
+
+    Why: the cohorts' ceiling is what the classes wait on (MAX_GPUS_EXCEEDED). Quota that is given
+    back and not yet reserved again is the part of that wait the scheduler itself adds: Kueue
+    admits as soon as quota frees; a round-based quota service, only at its next round."""
+    held: dict[str, int] = {}
+    holders: dict[str, set[str]] = {}
+    last: dict[str, datetime] = {}
+    first: dict[str, datetime] = {}
+    area: dict[str, float] = {}
+    freed_at: dict[str, datetime] = {}
+    gaps: list[float] = []
+    for at, kind, job_id in quota_log:
+        t = times[job_id]
+        cohort = t.queue.split("/", 1)[0]
+        if cohort in last:
+            area[cohort] = area.get(cohort, 0.0) + held.get(cohort, 0) * (at - last[cohort]).total_seconds()
+        last[cohort] = at
+        first.setdefault(cohort, at)
+        mine = holders.setdefault(cohort, set())
+        if kind == "QuotaReserved" and job_id not in mine:
+            if cohort in freed_at:
+                gaps.append((at - freed_at[cohort]).total_seconds())
+            mine.add(job_id)
+            held[cohort] = held.get(cohort, 0) + t.gpus
+        elif kind == "QuotaReleased" and job_id in mine:
+            mine.discard(job_id)
+            held[cohort] = held.get(cohort, 0) - t.gpus
+            freed_at[cohort] = at
+    capacity = NOMINAL * QUEUES_PER_COHORT
+    use = [area[c] / (last[c] - first[c]).total_seconds() / capacity
+           for c in area if (last[c] - first[c]).total_seconds() > 0]
+    return {"in_use": statistics.fmean(use) if use else None, "capacity_gpus": capacity,
+            "reserved_again_after_s": statistics.median(gaps) if gaps else None}
 
 
 def render_waits(waits: dict[str, Any]) -> list[str]:
     lines = ["", "average seconds per workload waiting under each reason (before quota | before GPUs):"]
-    for name, w in waits.items():
+    for name, w in waits["classes"].items():
         quota = ", ".join(f"{c} {s:.1f}" for c, s in w["quota"].items() if s >= 0.05) or "-"
         gpus = ", ".join(f"{c} {s:.1f}" for c, s in w["gpus"].items() if s >= 0.05) or "-"
         lines.append(f"  {name:7} quota: {quota} | GPUs: {gpus} | preempted {w['preempted']}, "
                      f"requeued {w['requeued']}; quota held {fmt_s(w.get('quota_held_s')).strip()} s, "
                      f"given back {fmt_s(w.get('quota_back_after_end_s')).strip()} s after the job ended")
+    q = waits["quota"]
+    if q["in_use"] is not None:
+        lines.append(f"quota in use: {100 * q['in_use']:.0f}% of each cohort's {q['capacity_gpus']} GPUs "
+                     f"(time-weighted); quota given back was reserved again after a median "
+                     f"{q['reserved_again_after_s'] or 0:.2f} s")
     return lines
 
 
