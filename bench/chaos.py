@@ -490,6 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan.smoke(seed) if args.smoke else Plan(seed=seed, fault_seconds=args.minutes * 60,
                                                      jobs_per_submitter=args.jobs_per_submitter)
     root = Path(tempfile.mkdtemp(prefix="corral-chaos-"))
+    # A stop (SIGTERM: `timeout`, a CI runner) goes through the run's clean-up as Ctrl-C does: by
+    # default it ended the process at once and left the stack it started running.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         result = asyncio.run(run(plan, root))
     finally:

@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import tempfile
 import time
@@ -102,6 +103,9 @@ def start_stack(cluster: str, *, runtime: str = "sim-timer", data_dir: Path | No
     agent; `sim` starts one `corral.worker sim` process per rank (tens of ms of CPU per start).
     """
     keep = data_dir is not None
+    # A stop (SIGTERM: `timeout`, a CI runner) goes through the callers' `finally: live.stop()` as
+    # Ctrl-C does; by default it ended the process at once and left the stack running.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     root = data_dir or Path(tempfile.mkdtemp(prefix="corral-bench-"))
     stack = Stack(StackOptions(data_dir=root, cluster=cluster, runtime=runtime, namespace="bench",
                                placement_standby=standby, write_user_context=False,

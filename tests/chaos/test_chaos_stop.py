@@ -1,0 +1,63 @@
+"""A chaos run that is stopped (SIGTERM, as `timeout` sends) stops everything it started.
+
+The problem: a `bench/chaos.py --minutes 5` cut short by `timeout 900` left its nats-server, its
+Postgres, the node agents and a worker's step daemon running, on ports and in a temporary
+directory nobody would look at again; only SIGINT went through the run's clean-up. Now SIGTERM
+does the same as Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
+
+
+def running_under(root: Path) -> list[str]:
+    """Command lines of the processes that name `root` (the run's data directory)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = (Path("/proc") / pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(root) in cmd:
+            out.append(f"{pid}: {cmd[:160]}")
+    return out
+
+
+def test_a_chaos_run_stopped_with_sigterm_leaves_nothing_running() -> None:
+    # a short directory: Postgres's socket path must fit in 107 bytes (pytest's tmp_path does not)
+    tmp_path = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, str(BENCH), "--smoke", "--seed", "5"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("corral-chaos-*/stack/pids.json")):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the chaos run did not start its stack: {proc.communicate()[0][-2000:]}")
+            time.sleep(0.5)
+        time.sleep(3)  # the load and the first faults have started
+        assert running_under(tmp_path), "the stack should be running"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 10
+    while (left := running_under(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for line in left:  # never leave them behind, even when the assertion fails
+        os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+    assert not left, "\n".join(left) + "\n" + out[-2000:]
+    shutil.rmtree(tmp_path, ignore_errors=True)
