@@ -3,7 +3,8 @@
 The problem: every service runs the same life, and its order matters (a service that consumed
 before folding the log would decide on half the truth; a single writer that decided before its
 lease would be two writers). It is written once, as named steps:
-1. connect to Postgres (the event store; migrations applied) and NATS (streams declared), and
+1. connect to Postgres (the event store; migrations applied) and NATS (streams declared), each
+   waited for while it does not answer (`_when_up`), and
    start the telemetry endpoint (`corral.telemetry`: /metrics, /healthz, /readyz), the outbox
    relay task (`corral.services.relay`), the read model's projector (`projector_lease`) and the
    health beat;
@@ -23,7 +24,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -40,6 +42,8 @@ from corral.telemetry.metrics import ServiceTelemetry
 
 log = logging.getLogger("corral.service")
 
+T = TypeVar("T")
+
 
 async def run_service(cls: type[Service], settings: Settings | None = None,
                       stop: asyncio.Event | None = None, **kwargs: Any) -> None:
@@ -47,9 +51,25 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
     settings = settings or Settings.from_env()
     stop = stop or asyncio.Event()
     started = time.monotonic()
-    store = await EventStore.open(settings.postgres_dsn)
-    bus = await Bus.connect(settings.nats_url, settings.namespace, name=cls.name)
-    await bus.ensure_streams()
+    opened = await _when_up(cls.name, "Postgres", lambda: EventStore.open(settings.postgres_dsn), stop)
+    if opened is None:
+        return
+    store = opened
+
+    async def connect_bus() -> Bus:
+        bus = await Bus.connect(settings.nats_url, settings.namespace, name=cls.name)
+        try:
+            await bus.ensure_streams()
+        except BaseException:
+            await bus.close()
+            raise
+        return bus
+
+    connected = await _when_up(cls.name, "NATS", connect_bus, stop)
+    if connected is None:
+        await store.close()
+        return
+    bus = connected
     # Each step of a start is logged with its time: a service that is slow to answer after a
     # start shows in its log which step it was in (connecting, waiting for its lease, folding).
     log.info("%s: connected to Postgres and NATS (namespace %s) in %.1fs", cls.name, settings.namespace,
@@ -99,6 +119,34 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
             await lease.release()
         await bus.close()
         await store.close()
+
+
+#: Waiting for a dependency at start: short tries, so a service answers soon after it comes up.
+_START_BACKOFF = UnavailableBackoff(first=0.25, cap=2.0)
+
+
+async def _when_up(service: str, what: str, connect: Callable[[], Awaitable[T]], stop: asyncio.Event) -> T | None:
+    """`connect()`, tried again while the dependency does not answer; None if stopped first.
+
+    The problem: a service started while Postgres or NATS was down (a restart of either, hosts
+    coming up in another order) exited with a traceback, and whatever supervised it started it
+    again, every half second: a three-minute chaos run counted 76 restarts of quota, each one a
+    traceback in its log. An unavailable dependency is not a reason to exit (`is_unavailable`);
+    anything else still is."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            return await connect()
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            failures += 1
+            delay = _START_BACKOFF.delay(failures)
+            log.warning("%s: %s does not answer (%s: %s); trying again in %.2fs", service, what,
+                        type(exc).__name__, exc, delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+    return None
 
 
 async def _take_lease(service: Service, lease: Lease, stop: asyncio.Event, telemetry: ServiceTelemetry) -> bool:
