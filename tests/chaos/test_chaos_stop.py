@@ -21,16 +21,18 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 
 
 def running_under(root: Path) -> list[str]:
-    """Command lines of the processes that name `root` (the run's data directory)."""
+    """Command lines of the processes that name `root` (the run's temporary directory) in their
+    command line or environment: the services name it only in theirs (TMPDIR, the log directory)."""
     out = []
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+        if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             cmd = (Path("/proc") / pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            env = (Path("/proc") / pid / "environ").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if str(root) in cmd:
+        if str(root) in cmd or str(root) in env:
             out.append(f"{pid}: {cmd[:160]}")
     return out
 
