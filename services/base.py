@@ -194,13 +194,10 @@ class Service:
     def pending_event(self, job: JobView, reason: core.Reason) -> ev.PlacementPending | None:
         """The PlacementPending that records why `job` waits, or None when that is not news
         (the one reason throttle, `ReasonThrottle`)."""
-        recorded = job.reason
-        if recorded is not None and recorded.message == reason.message and recorded.code == reason.code:
-            return None  # said already, word for word (most of a backlog, each round): never news
+        if not self.reasons.news(job.job_id, job.reason, reason.code, reason.message):
+            return None  # (asked of every waiting job each round: the answer "no" costs no more)
         if len(self.reasons) > 2 * len(self.view.active) + 1024:
             self.reasons.retain(self.view.active)
-        if not self.reasons.news(job.job_id, job.reason, str(reason.code), reason.message):
-            return None
         return self.new_event(ev.PlacementPending, job_id=job.job_id, reason=wire_reason(reason))
 
     # ---- folding -----------------------------------------------------------------------------

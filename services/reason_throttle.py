@@ -28,13 +28,15 @@ class ReasonThrottle:
     def news(self, job_id: str, recorded: WireReason | None, code: str, message: str) -> bool:
         """Whether (code, message) for `job_id`, whose log says `recorded`, is worth writing now;
         if so, it counts as said now."""
-        now = self.monotonic()
         if recorded is not None and recorded.code == code:
             if recorded.message == message:
-                return False
+                return False  # said, word for word: no clock read (most of a backlog, every round)
+            now = self.monotonic()
             said = self._said.get(job_id)
             if said is not None and now - said < self.refresh_seconds:
                 return False
+        else:
+            now = self.monotonic()
         self._said[job_id] = now
         return True
 

@@ -181,11 +181,9 @@ class JobView:
                 and cached[1] == self.attained_gpu_seconds \
                 and cached[2] == len(self.preempted_by) + len(self.preempted_at):
             return cached[3]
+        # (preempted_by and preempted_at only ever grow, see `_preempt_requested`: their sizes are a
+        # version.) A miss: the translation changed, or what the job holds did.
         job = self.core_job()
-        # preempted_by and preempted_at only ever grow (see `_preempt_requested`): their sizes are a version
-        if cached is not None and cached[0] is job and cached[1] == self.attained_gpu_seconds \
-                and cached[2] == len(self.preempted_by) + len(self.preempted_at):
-            return cached[3]
         pending = core.PendingJob(job, self.attained_gpu_seconds, frozenset(self.preempted_by),
                                   tuple(self.preempted_at))
         self._core_pending = (job, self.attained_gpu_seconds, len(self.preempted_by) + len(self.preempted_at), pending)
