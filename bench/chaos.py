@@ -405,8 +405,8 @@ class Chaos:
         self.postgres.stop()
 
 
-async def run(plan: Plan, root: Path) -> dict[str, Any]:
-    chaos = Chaos(plan, root)
+async def run(chaos: Chaos) -> dict[str, Any]:
+    plan, root = chaos.plan, chaos.root
     faults = fault_schedule(plan, chaos.rng)
     print(f"chaos: seed {plan.seed}, {plan.nodes}x{plan.gpus} GPUs, {plan.submitters} submitters x "
           f"{plan.jobs_per_submitter} jobs, {len(faults)} faults over {plan.fault_seconds:.0f} s; data {root}",
@@ -490,12 +490,17 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan.smoke(seed) if args.smoke else Plan(seed=seed, fault_seconds=args.minutes * 60,
                                                      jobs_per_submitter=args.jobs_per_submitter)
     root = Path(tempfile.mkdtemp(prefix="corral-chaos-"))
-    # A stop (SIGTERM: `timeout`, a CI runner) goes through the run's clean-up as Ctrl-C does: by
-    # default it ended the process at once and left the stack it started running.
+    # A stop (SIGTERM: `timeout`, a CI runner) interrupts the run as Ctrl-C does: by default it
+    # ended the process at once and left the stack it started running. The stack is stopped here,
+    # outside the event loop: a KeyboardInterrupt raised inside one of the loop's tasks (a NATS
+    # client's connect) ended asyncio.run with the run's task still pending, its own clean-up
+    # never ran, and nats-server and Postgres stayed up (the CI's test_chaos_stop caught it).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    chaos = Chaos(plan, root)
     try:
-        result = asyncio.run(run(plan, root))
+        result = asyncio.run(run(chaos))
     finally:
+        chaos.stop()  # idempotent: run's own clean-up may have stopped it already
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     if args.json:

@@ -65,4 +65,8 @@ async def relay_forever(store: EventStore, bus: Bus, settings: Settings, service
                 if held:
                     await lease.release()
     finally:
+        # A stop cancels this task in its wait above: the relay it started must stop too, or it
+        # outlives the service and retries on a closed pool forever (in a test process, for every
+        # later test).
+        await relay.stop()
         await lease.release()

@@ -44,3 +44,22 @@ async def test_a_stopped_service_returns_at_once_without_another_reconcile(
     await asyncio.wait_for(task, 10)
     assert time.monotonic() - asked < 2.0, "the stop waited for the tick"
     assert Counting.reconciles == before, "a reconcile ran after the stop"
+
+
+async def test_a_stopped_service_leaves_no_relay_task_behind(
+        nats_url: str, postgres_dsn: str, namespace: str) -> None:
+    """The relay lease's task was cancelled at a stop, but the relay it had started kept running:
+    with its store's pool closed it logged 'pool is closed; retrying' forever, in every later test
+    of the same process (the CI log of test_workers_lost shows them)."""
+    stop = asyncio.Event()
+    before = {t for t in asyncio.all_tasks() if not t.done()}
+    task = asyncio.create_task(run_service(Counting, Settings(nats_url=nats_url, postgres_dsn=postgres_dsn,
+                                                              namespace=namespace), stop=stop))
+    deadline = time.monotonic() + 30
+    while not any(t.get_name() == "relay:relay" for t in asyncio.all_tasks()):  # this process relays
+        assert not task.done() and time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    left = {t for t in asyncio.all_tasks() if not t.done()} - before - {asyncio.current_task()}
+    assert not left, f"still running after the stop: {sorted(t.get_name() for t in left)}"
