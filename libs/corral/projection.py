@@ -391,18 +391,22 @@ class ClusterView:
         return out
 
     def snapshot(self, now: float, pending: list[JobView] | None = None, *,
-                 releasing: bool = False) -> core.Snapshot:
+                 releasing: bool = False, core_pending: tuple[core.PendingJob, ...] | None = None) -> core.Snapshot:
         """The core's view: `pending` defaults to every admitted job waiting for GPUs.
         `releasing`: include the GPUs of released attempts still fenced (`releasing_running`):
-        placement must (they are not free); quota and preemption count usage and leave them out."""
-        waiting = pending if pending is not None else [j for j in self.active.values()
-                                                       if j.state is JobState.PENDING]
+        placement must (they are not free); quota and preemption count usage and leave them out.
+        `core_pending`: the waiting jobs already as the core's, sorted by job id (quota keeps
+        them between rounds, `corral.services.quota.round_inputs`); `pending` is then not read."""
+        if core_pending is None:
+            waiting = pending if pending is not None else [j for j in self.active.values()
+                                                           if j.state is JobState.PENDING]
+            core_pending = tuple([j.core_pending() for j in sorted(waiting, key=_JOB_ID)])
         fenced = tuple(self.releasing_running()) if releasing else ()
         return core.Snapshot(
             now=now,
             cluster=self.cluster(),
             queues=self.core_queues(),
-            pending=tuple([j.core_pending() for j in sorted(waiting, key=_JOB_ID)]),
+            pending=core_pending,
             running=tuple(
                 core.RunningJob(
                     job=j.core_job(), placement=j.core_placement(),

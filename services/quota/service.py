@@ -31,8 +31,9 @@ from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Even
 from corral.contracts.queues import merged_tree, tree_problems
 from corral.core import escalation
 from corral.core.reservation import Reserve, Revoke, reserve_quota
-from corral.projection import JobState, JobView
+from corral.projection import JobView
 from corral.services.base import RANK_AND_NODE_MIRROR, Service, every_event_but
+from corral.services.quota.round_inputs import RoundInputs
 from corral.translate import wire_reason
 
 log = logging.getLogger("corral.quota")
@@ -127,6 +128,7 @@ class Quota(Service):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._touched: set[str] = set()  # jobs an event touched since the last `_release` (`folded`)
+        self._inputs = RoundInputs()  # the round's inputs, kept as events are folded
     _round: asyncio.Task[None] | None = None
 
     #: While a round holds the GIL in its thread, the event loop gets it back only when the
@@ -164,9 +166,14 @@ class Quota(Service):
             self.changed.set()
 
     def folded(self, event: Event) -> None:
-        job_id = getattr(event, "job_id", None) or getattr(event, "victim_job_id", None)
-        if job_id is not None and job_id in self.view.active:
+        # the job the view folded the event into (`ClusterView.apply`): only its own events change it
+        job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
+        if job_id is None:
+            return
+        job = self.view.active.get(job_id)
+        if job is not None:
             self._touched.add(job_id)
+        self._inputs.update(job_id, job)
 
     def _gives_back(self, job_id: str) -> JobView | None:
         """The job, if it holds quota it must give back (it ended, or its attempt was released)."""
@@ -216,30 +223,12 @@ class Quota(Service):
         """Reserve quota where the core says so."""
         if not self.view.queues:
             return
-        # One pass over the active jobs (thousands wait in a backlog; this runs on the event loop):
-        # who waits (and which of them hold quota), and the reservations not given back yet (their
-        # job ended, was released or requeued), which still count.
-        pending: list[JobView] = []
-        reserved: set[str] = set()
-        held: list[tuple[str, int]] = []
-        unreserved = False
-        for j in self.view.active.values():
-            if j.state is JobState.PENDING and j.spec is not None:
-                if not j.quota_gpus:
-                    unreserved = True
-                elif j.quota_stale:
-                    if not j.holding:
-                        held.append((j.queue, j.quota_gpus))
-                    continue
-                else:
-                    reserved.add(j.job_id)
-                pending.append(j)
-            elif j.quota_gpus and not j.holding and (j.state is not JobState.PENDING or j.quota_stale):
-                held.append((j.queue, j.quota_gpus))
-        if not unreserved:
+        inputs = self._inputs
+        if not inputs.unreserved:
             return  # every waiting job holds quota: the core decides nothing (reserve_quota)
-        snapshot = self.view.snapshot(self.clock(), pending=pending)
-        by_id = {j.job_id: j for j in pending}
+        snapshot = self.view.snapshot(self.clock(), core_pending=inputs.core_pending())
+        by_id = dict(inputs.waiting)  # a copy: the loop folds events while the core decides
+        reserved, held = set(inputs.reserved), inputs.held()
         # the versions the decisions are guarded by: a copy of every stream's (a C-level copy; one
         # stream name built per waiting job was a tenth of quota's loop with thousands waiting)
         seen = dict(self.view.versions)
