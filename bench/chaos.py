@@ -466,6 +466,9 @@ async def run(chaos: Chaos) -> dict[str, Any]:
             "stuck": len(stuck), "stuck_jobs": stuck[:30],
             "workers_of_ended_jobs": len(leaked), "workers_of_ended_jobs_list": leaked[:30],
             "gpu_double_use": len(sampler.incidents), "gpu_double_use_incidents": list(sampler.incidents.values())[:30],
+            # Quiet (nothing running) is also reached when every node is lost, right after a
+            # stopped node agent resumes (seed 29: all 16 lost, the run ended 0.2 s later): say so.
+            "nodes_lost_at_end": sum(1 for n in view.nodes.values() if n.lost),
             "sampler_samples": sampler.samples, "worker_processes_seen": len(sampler.pids),
             "audit_ok": bool(audit.get("ok")), "audit": audit,
             "fault_log": chaos.log,
@@ -507,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=2, default=str))
     summary = {k: result[k] for k in ("seed", "seconds", "phase_seconds", "faults_injected", "service_restarts",
                                       "accepted_jobs", "final_states", "lost", "stuck", "gpu_double_use",
+                                      "nodes_lost_at_end",
                                       "worker_processes_seen", "audit_ok", "ok")}
     print(json.dumps(summary, indent=2, default=str))
     if not result["audit_ok"]:
