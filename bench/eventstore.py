@@ -2,7 +2,8 @@
 
 Measures: single-event appends/s with one appender and with many concurrent appenders (distinct
 streams; appends are serialised by the head lock, so this shows the cost of that design),
-10-event appends, read_all events/s, and outbox relay events/s into JetStream (the dev stack's
+10-event appends (and, when it starts its own Postgres, the CPU Postgres spent per append),
+read_all events/s, and outbox relay events/s into JetStream (the dev stack's
 sync_interval, 1 s; CORRAL_NATS_SYNC=always fsyncs every publish, see
 `corral.stack.servers.NatsServer.sync_interval`). Uses CORRAL_POSTGRES_DSN / CORRAL_NATS_URL when set.
 
@@ -24,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
+from live import tree_cpu  # bench/live.py
 
 from corral.bus import Bus, OutboxRelay
 from corral.eventstore import ANY, EventStore, NewEvent
@@ -37,11 +39,18 @@ def _event(stream: str) -> NewEvent:
                     data=_DATA, correlation_id=stream, causation_id=None, occurred_at=datetime.now(UTC))
 
 
-async def _timed(label: str, count: int, work: Callable[[], Awaitable[object]]) -> None:
+async def _timed(label: str, count: int, work: Callable[[], Awaitable[object]], *,
+                 postgres_pid: int | None = None, appends: int | None = None) -> None:
+    """Run `work` and print its rate; with `postgres_pid` and `appends`, also the CPU the Postgres
+    server (its backends included) spent per append."""
+    cpu = tree_cpu(postgres_pid) if postgres_pid is not None else 0.0
     start = time.perf_counter()
     await work()
     elapsed = time.perf_counter() - start
-    print(f"{label:<52} {count / elapsed:>10,.0f} /s   ({count} in {elapsed:.2f} s)")
+    line = f"{label:<52} {count / elapsed:>10,.0f} /s   ({count} in {elapsed:.2f} s)"
+    if postgres_pid is not None and appends:
+        line += f"   Postgres CPU {(tree_cpu(postgres_pid) - cpu) / appends * 1e3:.2f} ms per append"
+    print(line)
 
 
 async def _fresh_database(server_dsn: str) -> str:
@@ -54,7 +63,7 @@ async def _fresh_database(server_dsn: str) -> str:
     return server_dsn.rpartition("/")[0] + "/" + name
 
 
-async def run(events: int, concurrency: int, pg_dsn: str, nats_url: str) -> None:
+async def run(events: int, concurrency: int, pg_dsn: str, nats_url: str, postgres_pid: int | None = None) -> None:
     store = await EventStore.open(await _fresh_database(pg_dsn), pool_size=max(concurrency, 4))
     try:
         async def sequential() -> None:
@@ -80,10 +89,12 @@ async def run(events: int, concurrency: int, pg_dsn: str, nats_url: str) -> None
             while batch := await store.read_all(after, limit=1000):
                 after = batch[-1].position
 
-        await _timed("append, 1 event, 1 appender", events, sequential)
+        pid = postgres_pid
+        await _timed("append, 1 event, 1 appender", events, sequential, postgres_pid=pid, appends=events)
         await _timed(f"append, 1 event, {concurrency} concurrent appenders", events // concurrency * concurrency,
-                     concurrent)
-        await _timed("append, 10 events per append (events/s)", events // 10 * 10, batched)
+                     concurrent, postgres_pid=pid, appends=events // concurrency * concurrency)
+        await _timed("append, 10 events per append (events/s)", events // 10 * 10, batched,
+                     postgres_pid=pid, appends=events // 10)
         total = await store.head_position()
         await _timed("read_all, pages of 1000 (events/s)", total, read_everything)
 
@@ -119,7 +130,8 @@ def main() -> None:
             if not nats_url:
                 nats = NatsServer(Path(tmp) / "nats").start()
                 nats_url = nats.url
-            asyncio.run(run(args.events, args.concurrency, pg_dsn, nats_url))
+            asyncio.run(run(args.events, args.concurrency, pg_dsn, nats_url,
+                            postgres_pid=pg.proc.pid if pg is not None and pg.proc is not None else None))
         finally:
             if nats is not None:
                 nats.stop()

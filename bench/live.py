@@ -135,6 +135,21 @@ def _proc_table() -> dict[int, tuple[int, float]]:
     return table
 
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds used so far by process `pid` and every process below it (a Postgres server's
+    backends)."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += table.get(current, (0, 0.0))[1]
+        todo.extend(children.get(current, ()))
+    return total
+
+
 def stack_cpu(live: LiveStack) -> dict[str, float]:
     """CPU seconds used so far by each part of the stack, its child processes included (Postgres
     backends, workers): what a run costs, whatever else shares the machine."""
