@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import nats
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -32,6 +31,7 @@ from nats.js.api import (
 )
 from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError
 
+from corral.bus.client import connect
 from corral.bus.consumer import BatchHandler, RunningConsumer, dead_letter_publisher
 from corral.bus.delivery import MSG_ID, Handler
 from corral.bus.limits import BusLimits
@@ -117,7 +117,7 @@ async def _connect(url: str, **options: Any) -> Any:
             failed.set_result(exc)
         _log.warning("nats: %s: %s", type(exc).__name__, exc)
 
-    connecting: asyncio.Future[Any] = asyncio.ensure_future(nats.connect(servers, error_cb=on_error, **options))
+    connecting: asyncio.Future[Any] = asyncio.ensure_future(connect(servers, error_cb=on_error, **options))
     waiting: set[asyncio.Future[Any]] = {connecting, failed}
     await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
     if connecting.done():

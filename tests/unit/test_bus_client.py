@@ -1,0 +1,50 @@
+"""Corral's NATS client parses header blocks as nats-py does, only faster (`corral.bus.client`)."""
+
+from __future__ import annotations
+
+import inspect
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nats.aio.client import Client as NatsClient
+
+from corral.bus.client import Client, parse_header_lines
+from corral.bus.relay import event_headers
+
+# bytes that matter to the parser: separators, blanks as `bytes.strip` and `str.isspace` see them,
+# control bytes, non-ASCII, UTF-8 that is valid and that is not
+_PIECES = [b":", b" ", b"\t", b"\x0b", b"\x0c", b"\x1c", b"\x1f", b"\x00", b"\x7f", b"\x85", b"\xa0",
+           b"\xc3\xa9", b"\xff", b"a", b"Z", b"-", b"9", b";", b"Corral-Stream", b"value", b"\r", b"\n"]
+_bytes = st.lists(st.sampled_from(_PIECES), max_size=12).map(b"".join)
+_blanks = st.lists(st.sampled_from([b" ", b"\t", b"\x0b", b"\x0c", b"\x1c", b"\x85"]), max_size=3).map(b"".join)
+_name = st.lists(st.sampled_from([b"Corral-Stream", b"a", b"-", b"\x00", b"\x7f", b";", b"\xc3\xa9", b" "]),
+                 max_size=3).map(b"".join)
+# `blanks name blanks : value` (how a header line is built) or any bytes at all
+_line = st.one_of(st.tuples(_blanks, _name, _blanks, _bytes).map(lambda p: p[0] + p[1] + p[2] + b":" + p[3]), _bytes)
+_block = st.lists(_line, max_size=8).map(lambda lines: b"\r\n".join(lines) + b"\r\n\r\n")
+
+
+@settings(max_examples=600)
+@given(_block)
+def test_any_header_block_is_parsed_as_nats_py_parses_it(raw: bytes) -> None:
+    assert parse_header_lines(raw) == NatsClient._parse_header_lines(raw)
+
+
+def test_an_event_message_s_headers_are_parsed_as_they_were_published() -> None:
+    from datetime import UTC, datetime
+
+    from corral.eventstore.records import StoredEvent
+
+    event = StoredEvent(stream="job-01J", version=4, position=123456, event_id="01JEVENT", type="GangReserved",
+                        schema_version=1, data=b"{}", correlation_id="01JCORR", causation_id="01JCAUSE",
+                        occurred_at=datetime(2026, 12, 6, 3, 15, tzinfo=UTC),
+                        recorded_at=datetime(2026, 12, 6, tzinfo=UTC))
+    headers = {**event_headers(event), "Nats-Msg-Id": "01JEVENT", "traceparent": "00-0af7-b7ad-01"}
+    raw = b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items()) + b"\r\n"
+    assert parse_header_lines(raw) == headers
+
+
+def test_nats_py_still_parses_headers_with_the_method_corral_overrides() -> None:
+    # an upgrade of nats-py that parsed headers elsewhere would quietly lose the faster parser
+    assert "self._parse_header_lines(" in inspect.getsource(NatsClient._process_headers)
+    assert Client._parse_header_lines is not NatsClient._parse_header_lines
