@@ -49,6 +49,7 @@ from typing import Any, overload
 
 import asyncpg
 
+from corral.eventstore import pool_logs
 from corral.eventstore.errors import ConcurrencyError, DuplicateEvent, EventStoreError, InvalidEventData
 from corral.eventstore.migrate import migrate_if_needed
 from corral.eventstore.records import (
@@ -191,6 +192,7 @@ class EventStore:
         """
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        pool_logs.install()  # an outage's reconnect tries in one line each, not a traceback
         # The migration check runs on the pool's first connection: each connection costs a scram
         # handshake, and a CLI command (`corral jobs`) is over in a few queries.
         pool = await asyncpg.create_pool(dsn, min_size=min(min_size, pool_size), max_size=pool_size,
