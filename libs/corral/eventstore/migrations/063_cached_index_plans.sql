@@ -15,18 +15,9 @@
 -- (`..._does_not_scan_the_log`) fails with generic plans alone.
 ALTER FUNCTION corral_append(text[], integer[], integer[], text[], text[], integer[], text[], text[],
                              text[], timestamptz[], text, text)
-    SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION corral_append(text[], integer[], integer[], text[], text[], integer[], text[], text[],
-                             text[], timestamptz[], text, text)
-    SET enable_seqscan = off;
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
 ALTER FUNCTION corral_append_tracked(text[], integer[], integer[], text[], text[], integer[], text[],
                                      text[], text[], timestamptz[], text, text[])
-    SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION corral_append_tracked(text[], integer[], integer[], text[], text[], integer[], text[],
-                                     text[], text[], timestamptz[], text, text[])
-    SET enable_seqscan = off;
-ALTER FUNCTION events_chain_hash() SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION events_chain_hash() SET enable_seqscan = off;
-ALTER FUNCTION allocations_follow_ledger() SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION allocations_follow_ledger() SET enable_seqscan = off;
-
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
+ALTER FUNCTION events_chain_hash() SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
+ALTER FUNCTION allocations_follow_ledger() SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
