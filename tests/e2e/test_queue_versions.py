@@ -36,10 +36,10 @@ async def test_what_if_gate_versions_and_rollback(cluster: Cluster, tmp_path: Pa
     table = corral(stack, "apply", proposed, "--what-if").stdout
     assert "P95 WAIT" in table and "team-b" in table and "->" in table
 
-    # --require: a criterion the what-if misses refuses the change (exit 3) and records why.
+    # --require: a criterion the what-if misses refuses the change (exit 4, not 3: no cluster) and records why.
     refused = corral(stack, "apply", proposed, "--require", "queue team-a gpu_hours >= 1000", "-m", "more for a",
                      check=False)
-    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert refused.returncode == 4, refused.stdout + refused.stderr
     assert "MISS" in refused.stdout and "nothing applied" in refused.stderr
     await c.wait_for(lambda v: v.versions.get(QUEUE_GATE_STREAM, 0) >= 1, 30)
     recorded = as_json(corral(stack, "events", "--type", "QueueChangeRefused", "--json"))

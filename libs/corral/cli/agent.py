@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import msgspec
 import typer
 
+from corral.cli.exit_codes import ExitCode
 from corral.cli.output import err_console
 from corral.cli.session import ConnectionOptions
 from corral.contracts import events as ev
@@ -34,7 +35,7 @@ from corral.stack.context import DEFAULT_NAMESPACE, Context, locate
 from corral.telemetry import logs
 from corral.telemetry.endpoint import DEFAULT_ADDRESS, METRICS_ADDR_ENV, parse_address
 
-EXIT_USAGE = 2
+EXIT_USAGE = ExitCode.USAGE
 
 NVML = "nvml"
 

@@ -17,10 +17,11 @@ from typing import Annotated
 import typer
 import yaml
 
+from corral.cli.exit_codes import ExitCode
 from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.session import ConnectionOptions
 
-EXIT_USAGE = 2
+EXIT_USAGE = ExitCode.USAGE
 
 
 class Format(StrEnum):

@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
+from corral.cli.exit_codes import ExitCode
 from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.session import EXIT_FAILURE
 from corral.client import Client
@@ -25,8 +26,9 @@ from corral.contracts.problems import SpecError
 from corral.contracts.queues import QueueSpec, load_queues_file, merged_tree, tree_problems
 from corral.projection import ClusterView
 
-#: Exit code when the evidence gate refuses a change (the what-if missed a `--require`).
-EXIT_REFUSED = 3
+#: Exit code when the evidence gate refuses a change (the what-if missed a `--require`): 4, not
+#: 3, which means no cluster reachable (`corral.cli.exit_codes`).
+EXIT_REFUSED = ExitCode.REFUSED
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from corral.bus.auth import Role
+from corral.cli.exit_codes import ExitCode
 from corral.cli.output import err_console
 from corral.client import Client
 from corral.stack.context import Context, NoClusterError, resolve
@@ -20,8 +21,8 @@ from corral.stack.credentials import NatsCredentials
 
 T = TypeVar("T")
 
-EXIT_FAILURE = 1
-EXIT_NO_CLUSTER = 3
+EXIT_FAILURE = ExitCode.FAILURE
+EXIT_NO_CLUSTER = ExitCode.NO_CLUSTER
 
 
 class ConnectionOptions:

@@ -1,0 +1,27 @@
+"""What a `corral` command's exit status means, one meaning per code.
+
+The problem: each command module numbered its own outcomes, and `corral apply --require` came to
+exit 3 on a refused change, the code every command uses for "no cluster reachable"; a script
+retrying on 3 (an outage) retried a refusal forever. One enum, `unique`, and the README's list
+(checked by tests/unit/cli/test_exit_codes.py) keep them apart. Worker exit codes are another
+protocol (`corral.contracts.worker.WorkerExit`).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, unique
+
+__all__ = ["ExitCode"]
+
+
+@unique
+class ExitCode(IntEnum):
+    OK = 0
+    #: the request failed: a bad spec, an unknown job, a submission admission rejected
+    FAILURE = 1
+    #: the command line itself is wrong (typer/click use 2 too)
+    USAGE = 2
+    #: no cluster reachable (no context, or nothing answers at its addresses): try again later
+    NO_CLUSTER = 3
+    #: the cluster answered and said no: the evidence gate refused a queue change
+    REFUSED = 4
