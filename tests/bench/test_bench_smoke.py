@@ -43,6 +43,11 @@ def test_eventstore_bench_runs() -> None:
     assert "events/s" in run("bench/eventstore.py", "--smoke")
 
 
+def test_bus_bench_runs() -> None:
+    out = run("bench/bus.py", "--smoke")
+    assert "deliver" in out and "us/msg" in out and "per job" in out
+
+
 @pytest.mark.skipif(not PHILLY.is_file(), reason=f"the Philly trace is not at {PHILLY}")
 def test_philly_replay_bench_runs() -> None:
     out = run("bench/sim_philly.py", "--smoke")

@@ -12,6 +12,13 @@ block a NATS server forwards (lines `Name: value` separated by CRLF; a name is a
 whitespace, no colon, ASCII only; the value's surrounding whitespace stripped, decoded as UTF-8 with
 U+FFFD for bad bytes). `tests/unit/test_bus_client.py` checks it against nats-py's own parser on
 arbitrary header blocks, and that nats-py still calls the method this overrides.
+
+And a message already received is handed over at once. The problem: nats-py's JetStream `fetch`
+takes each message of a batch from the subscription with `Subscription.next_msg`, which makes a
+uuid4 (a getrandom system call), a task and an `asyncio.wait_for` timer for every message, also
+for the ones already waiting in the subscription's queue: most of the ~80 us of CPU a service
+spent on each event delivered to it with a handler doing nothing (`bench/bus.py`). `Subscription`
+returns a queued message directly and waits as nats-py does only when the queue is empty.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import re
 from typing import Any
 
 from nats.aio.client import Client as _NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as _NatsSubscription
 
 #: One header line of a block whose only CR and LF are its CRLF line ends: blanks, a name (ASCII
 #: but whitespace and the colon), blanks, a colon, the value up to the line's end (its CR is
@@ -28,11 +37,32 @@ _LINE = re.compile(rb"^[ \t\x0b\x0c]*([\x00-\x08\x0e-\x1b!-9;-\x7f]*)[ \t\x0b\x0
 
 
 class Client(_NatsClient):
-    """nats-py's client, parsing header blocks with `parse_header_lines`."""
+    """nats-py's client, parsing header blocks with `parse_header_lines`; its subscriptions read
+    without a callback (JetStream pull consumers, `next_msg`) are `Subscription`s."""
 
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
         return parse_header_lines(raw)
+
+    async def subscribe(self, *args: Any, **kwargs: Any) -> _NatsSubscription:
+        sub = await super().subscribe(*args, **kwargs)
+        if type(sub) is _NatsSubscription and sub._cb is None and sub._future is None:
+            sub.__class__ = Subscription  # adds no state: only `next_msg` differs
+        return sub
+
+
+class Subscription(_NatsSubscription):
+    """nats-py's subscription, whose `next_msg` returns a message already received without a task."""
+
+    async def next_msg(self, timeout: float | None = 1.0) -> Msg:
+        queue = self._pending_queue
+        if queue.empty() or self._conn.is_closed:
+            return await super().next_msg(timeout)  # waits (or raises) as nats-py does
+        msg = queue.get_nowait()
+        # what nats-py's next_msg does with a message it got
+        self._pending_size -= len(msg.data)
+        queue.task_done()
+        return msg
 
 
 def parse_header_lines(raw: bytes) -> dict[str, str]:
