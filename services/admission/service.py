@@ -31,6 +31,7 @@ from corral.contracts.sizes import SPEC_TOO_LARGE, recorded_size, size_problem
 from corral.contracts.subjects import USER_REQUEST_TYPES, Subjects
 from corral.eventstore import Tracking
 from corral.projection import JobState
+from corral.services.admission.feasibility import ShapeVerdicts
 from corral.services.base import Service
 
 log = logging.getLogger("corral.admission")
@@ -46,6 +47,11 @@ class Admission(Service):
     consumes = ("NodeRegistered", "NodeLost", "QueueConfigured", "JobSubmitted", "JobRejected", "JobCompleted",
                 "JobFailed", "JobCancelled")
     relay_after = 0.3  # the lightest deciding service: the relay's host unless a standby is idle
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: the cluster-wide checks of `judge`, per job shape (`corral.services.admission.feasibility`)
+        self._fits = ShapeVerdicts(cluster_checks)
 
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
         tracking = self.tracking(delivery)
@@ -182,21 +188,18 @@ class Admission(Service):
                 problems.append(refused[0])
                 reason = refused[1]
         job = _core_job(submitted) if reason is None and self.view.nodes else None
-        if job is not None:
-            found = capacity_shortfall(job, self.view.cluster())
-            if found is not None:
-                problem, reason = found
-                problems.append(problem)
-        if reason is None and self.view.nodes:
-            blocked = core.static_feasibility(self.view.cluster(), job) if job else None
-            if blocked is not None:
-                field = "topology" if blocked.code is core.ReasonCode.TOPOLOGY_UNSATISFIABLE else "gpu"
-                if blocked.code is core.ReasonCode.GANG_DOES_NOT_FIT:
-                    field = "replicas"
-                problems.append(Problem(path=field, message=blocked.message,
-                                        hint="ask for a shape this cluster has (see `corral nodes`)"))
-                reason = Reason(code=str(blocked.code), message=f"can never be scheduled: {blocked.message}",
-                                details=dict(blocked.details))
+        shortfall, blocked = self._fits(job, self.view.cluster()) if job is not None else (None, None)
+        if shortfall is not None:
+            problem, reason = shortfall
+            problems.append(problem)
+        if reason is None and blocked is not None:
+            field = "topology" if blocked.code is core.ReasonCode.TOPOLOGY_UNSATISFIABLE else "gpu"
+            if blocked.code is core.ReasonCode.GANG_DOES_NOT_FIT:
+                field = "replicas"
+            problems.append(Problem(path=field, message=blocked.message,
+                                    hint="ask for a shape this cluster has (see `corral nodes`)"))
+            reason = Reason(code=str(blocked.code), message=f"can never be scheduled: {blocked.message}",
+                            details=dict(blocked.details))
         if reason is not None:
             return self.new_event(ev.JobRejected, reason=reason, problems=problems, **common)
         return self.new_event(ev.JobAdmitted, queue=spec.queue, priority=int(spec.priority), replicas=spec.replicas,
@@ -275,6 +278,11 @@ def priority_above_cap(spec: JobSpec, max_priority: int | None) -> tuple[Problem
                     hint=f"ask for a priority of at most {max_priority}, or raise the queue's max_priority"),
             Reason(code=RejectionCode.PRIORITY_ABOVE_QUEUE_MAX, message=message,
                    details={"priority": int(spec.priority), "max_priority": max_priority, "queue": spec.queue}))
+
+
+def cluster_checks(job: core.Job, cluster: core.Cluster) -> tuple[tuple[Problem, Reason] | None, core.Reason | None]:
+    """What `judge` asks of the whole cluster: `capacity_shortfall`, then `core.static_feasibility`."""
+    return capacity_shortfall(job, cluster), core.static_feasibility(cluster, job)
 
 
 def capacity_shortfall(job: core.Job, cluster: core.Cluster) -> tuple[Problem, Reason] | None:
