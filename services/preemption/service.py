@@ -47,6 +47,23 @@ class Preemption(Service):
         super().__init__(*args, **kwargs)
         #: the core's job classes, kept between searches (the view keeps its PendingJob objects)
         self.classes = core.ClassMemo()
+        #: The jobs `_requeues` and `_requests` look at, kept as events are folded (`folded`): a
+        #: job's state changes only with its own events. The problem: both listed them from every
+        #: active job, `_requeues` at every reconcile; with ~10,000 jobs waiting for quota (the
+        #: Kueue-shaped run once its arrivals end) that pass was 39% of this process's time.
+        self._to_requeue: dict[str, JobView] = {}
+        self._waiting: dict[str, JobView] = {}
+
+    def folded(self, event: Event) -> None:
+        job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
+        if job_id is None:
+            return
+        job = self.view.active.get(job_id)
+        for index, belongs in ((self._to_requeue, _to_requeue), (self._waiting, _waits)):
+            if job is not None and belongs(job):
+                index[job_id] = job
+            else:
+                index.pop(job_id, None)
 
     async def reconcile(self) -> None:
         # One append for all of this reconcile's decisions (group commit): the requeues, and the
@@ -68,11 +85,8 @@ class Preemption(Service):
         await self.append(decisions)
 
     def _requeues(self) -> dict[str, list[Event]]:
-        victims = [j for j in self.view.active.values()
-                   if j.state is JobState.REQUEUING and j.reason is not None
-                   and j.reason.code == LifecycleCode.PREEMPTED]
         out: dict[str, list[Event]] = {}
-        for job in sorted(victims, key=lambda j: j.job_id):
+        for job in sorted(self._to_requeue.values(), key=lambda j: j.job_id):
             requeued = self.new_event(
                 ev.JobRequeued, job_id=job.job_id, attempt=job.attempt + 1, resume_from=job.checkpoint,
                 reason=Reason(code=LifecycleCode.PREEMPTED.value,
@@ -107,7 +121,7 @@ class Preemption(Service):
         return out
 
     def _requests(self, asked: Collection[str] = ()) -> dict[str, list[Event]]:
-        waiting = [j for j in self.view.active.values() if j.state is JobState.PENDING and j.spec is not None]
+        waiting = list(self._waiting.values())
         out: dict[str, list[Event]] = {}
         if not waiting or not self.view.running_jobs():
             return out
@@ -148,3 +162,13 @@ def _asked_reason(job: JobView, view: ClusterView) -> Reason | None:
                                   + (f": {drain.message}" if drain.message else ""),
                           details={"node": node, "user": drain.user})
     return None
+
+
+def _to_requeue(job: JobView) -> bool:
+    """A victim whose gang is released: this service requeues it (`Preemption._requeues`)."""
+    return job.state is JobState.REQUEUING and job.reason is not None and job.reason.code == LifecycleCode.PREEMPTED
+
+
+def _waits(job: JobView) -> bool:
+    """A job waiting for quota or GPUs, for whom a victim search may preempt (`_requests`)."""
+    return job.state is JobState.PENDING and job.spec is not None
