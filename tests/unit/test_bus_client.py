@@ -48,3 +48,43 @@ def test_nats_py_still_parses_headers_with_the_method_corral_overrides() -> None
     # an upgrade of nats-py that parsed headers elsewhere would quietly lose the faster parser
     assert "self._parse_header_lines(" in inspect.getsource(NatsClient._process_headers)
     assert Client._parse_header_lines is not NatsClient._parse_header_lines
+
+
+# --- header blocks sent: nats-py's bytes, byte for byte ----------------------------------------
+
+_name_text = st.lists(st.sampled_from(["Corral-Stream", "Nats-Msg-Id", "a", "-", " ", "\t", "é", ":", "x y", ""]),
+                      max_size=3).map("".join)
+_value_text = st.lists(st.sampled_from(["v", " ", "\r", "\n", "\t", "é", "\x85", "\u2028", "01J", ":"]),
+                       max_size=6).map("".join)
+
+
+async def _sent(client: NatsClient, headers: dict[str, str] | None) -> bytes | type[BaseException]:
+    """The command `client._send_publish` writes for `headers`, or the exception type it raises."""
+    written: list[bytes] = []
+
+    async def capture(cmd: bytes, priority: bool = False) -> None:
+        written.append(cmd)
+
+    client._send_command = capture  # type: ignore[method-assign]
+    client._flush_queue = None
+    try:
+        await client._send_publish("corral.events.X", "_INBOX.r.1", b"{}", 2, headers)
+    except Exception as exc:
+        return type(exc)
+    return b"".join(written)
+
+
+@settings(max_examples=600)
+@given(st.one_of(st.none(), st.dictionaries(_name_text, _value_text, max_size=6)))
+def test_any_headers_are_sent_as_nats_py_sends_them(headers: dict[str, str] | None) -> None:
+    import asyncio
+
+    ours, theirs = asyncio.run(_sent(Client(), headers)), asyncio.run(_sent(NatsClient(), headers))
+    assert ours == theirs
+    again = asyncio.run(_sent(Client(), headers))  # the second time from the kept names
+    assert again == theirs
+
+
+def test_nats_py_still_sends_headers_from_the_method_corral_overrides() -> None:
+    source = inspect.getsource(NatsClient.publish)
+    assert "_send_publish(" in source, "nats-py no longer publishes through _send_publish: update corral.bus.client"
