@@ -84,10 +84,10 @@ class Placement(Service):
         #: besides the ones time moves on (every gang is looked at every tick).
         self._lifecycle_dirty: set[str] = set()
         self._lifecycles_full_at = float("-inf")
-        #: The jobs placement places: waiting and holding quota (`_places`), kept as events are
-        #: folded (only a job's own events change that). Listing them from every active job on
+        #: The jobs placement places: waiting and holding quota (`_places`), kept by the view as
+        #: events are folded (`ClusterView.jobs_where`). Listing them from every active job on
         #: every cycle was a tenth of placement's loop with thousands waiting for quota.
-        self._waiting: dict[str, JobView] = {}
+        self._waiting = self.view.jobs_where(_places)
         #: the core's job classes, kept between cycles (the view keeps its PendingJob objects)
         self.classes = core.ClassMemo()
 
@@ -109,13 +109,6 @@ class Placement(Service):
     def folded(self, event: Event) -> None:
         if event.type in self.place_triggers:
             self._place_dirty = True
-        about = getattr(event, "job_id", None) or getattr(event, "victim_job_id", None)
-        if about is not None:
-            job = self.view.active.get(about)
-            if job is not None and _places(job):
-                self._waiting[about] = job
-            else:
-                self._waiting.pop(about, None)
         if event.type in self.lifecycle_triggers:
             job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
             if job_id:

@@ -47,23 +47,12 @@ class Preemption(Service):
         super().__init__(*args, **kwargs)
         #: the core's job classes, kept between searches (the view keeps its PendingJob objects)
         self.classes = core.ClassMemo()
-        #: The jobs `_requeues` and `_requests` look at, kept as events are folded (`folded`): a
-        #: job's state changes only with its own events. The problem: both listed them from every
-        #: active job, `_requeues` at every reconcile; with ~10,000 jobs waiting for quota (the
-        #: Kueue-shaped run once its arrivals end) that pass was 39% of this process's time.
-        self._to_requeue: dict[str, JobView] = {}
-        self._waiting: dict[str, JobView] = {}
-
-    def folded(self, event: Event) -> None:
-        job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
-        if job_id is None:
-            return
-        job = self.view.active.get(job_id)
-        for index, belongs in ((self._to_requeue, _to_requeue), (self._waiting, _waits)):
-            if job is not None and belongs(job):
-                index[job_id] = job
-            else:
-                index.pop(job_id, None)
+        #: The jobs `_requeues` and `_requests` look at, kept by the view as events are folded
+        #: (`ClusterView.jobs_where`). The problem: both listed them from every active job,
+        #: `_requeues` at every reconcile; with ~10,000 jobs waiting for quota (the Kueue-shaped run
+        #: once its arrivals end) that pass was 39% of this process's time.
+        self._to_requeue = self.view.jobs_where(_to_requeue)
+        self._waiting = self.view.jobs_where(_waits)
 
     async def reconcile(self) -> None:
         # One append for all of this reconcile's decisions (group commit): the requeues, and the

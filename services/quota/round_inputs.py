@@ -6,7 +6,7 @@ what is still held (`classify`), then built the core's snapshot of the waiting o
 workloads) that was ~27 ms of every round on the event loop (a kept log, folded to 60 s), while
 the loop could neither fold a job's end nor give its quota back, and the next round is paced by
 this one's length. Only a job's own events change how it is classified or its core object (the
-view's own `_holding` index relies on the same rule), so the quota service updates this index for
+view's own indices, `ClusterView.jobs_where`, rely on the same rule), so the quota service updates this index for
 the job of each event it folds (`Quota.folded`), and a round reads it as it stands:
 `pending()` / `reserved` / `held()` / `core_pending()`, the last sorted by job id as
 `ClusterView.snapshot` sorts them, rebuilt only when a waiting job came, went or changed.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import nats.errors
@@ -30,16 +30,6 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> No
             await asyncio.sleep(0.02)
 
     await asyncio.wait_for(poll(), timeout)
-
-
-@pytest.fixture
-async def bus(nats_url: str, namespace: str) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_url, namespace=namespace)
-    await b.ensure_streams()
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 class Inbox:

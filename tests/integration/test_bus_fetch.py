@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 
 import nats.errors
 import pytest
@@ -14,16 +13,6 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from corral.bus import Bus
 from corral.bus.client import Subscription
-
-
-@pytest.fixture
-async def bus(nats_url: str, namespace: str) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_url, namespace=namespace)
-    await b.ensure_streams()
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 async def _pull(bus: Bus, name: str) -> tuple[str, object]:

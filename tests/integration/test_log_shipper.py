@@ -6,26 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from corral.bus import Bus
 from corral.contracts.logs import LogChunk
 from corral.log_stream import LogQuery, read_chunks
 from corral.services.node_agent.log_chunks import ShipLimits
 from corral.services.node_agent.log_shipper import LogShipper, RankKey
-
-
-@pytest.fixture
-async def bus(nats_url: str, namespace: str) -> AsyncIterator[Bus]:
-    b = await Bus.connect(nats_url, namespace)
-    await b.ensure_streams()
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 def _shipper(bus: Bus) -> LogShipper:

@@ -21,7 +21,7 @@ from corral.contracts.envelope import Reason
 from corral.contracts.lifecycle import LifecycleCode
 from corral.projection import JobState
 from corral.services.preemption.service import Preemption
-from tests.unit.services.test_quota_round_inputs_kept import OPS, T0, event
+from tests.unit.services.test_quota_round_inputs_kept import OPS, T0, event, interleaved
 
 PREEMPTED = Reason(code=LifecycleCode.PREEMPTED.value, message="preempted")
 lifecycles = st.lists(st.tuples(st.booleans(), st.lists(st.sampled_from((*OPS, "release_preempted")), max_size=10)),
@@ -42,15 +42,7 @@ def test_the_kept_indices_equal_the_whole_pass_after_every_event(jobs: list[tupl
                                                                  rng: Any) -> None:
     stand_in: Any = object()
     preemption = Preemption(stand_in, stand_in)
-    scripts = [[*(["submit"] if submitted else []), "admit", *ops] for submitted, ops in jobs]
-    order = [i for i, script in enumerate(scripts) for _ in script]
-    rng.shuffle(order)
-    at, next_op = T0, [0] * len(scripts)
-    for i in order:
-        op = scripts[i][next_op[i]]
-        next_op[i] += 1
-        job = f"j{i}"
-        at += timedelta(seconds=1)
+    for op, job, at in interleaved(jobs, rng):
         view = preemption.view.jobs.get(job)
         if op == "release_preempted":
             e = ev.GangReleased.new(stream=f"job-{job}", actor="test", correlation_id=job, now=at, job_id=job,

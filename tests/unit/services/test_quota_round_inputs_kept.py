@@ -11,6 +11,7 @@ pending jobs in the same order, as the same objects.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -93,13 +94,9 @@ def event(op: str, job: str, view: JobView | None, at: datetime) -> Any:
 lifecycles = st.lists(st.tuples(st.booleans(), st.lists(st.sampled_from(OPS), max_size=10)), min_size=1, max_size=6)
 
 
-@settings(max_examples=300, deadline=None)
-@given(lifecycles, st.randoms(use_true_random=False))
-def test_the_kept_inputs_equal_the_whole_pass_after_every_event(jobs: list[tuple[bool, list[str]]],
-                                                                 rng: Any) -> None:
-    stand_in: Any = object()
-    quota = Quota(stand_in, stand_in)
-    # each job's events in its own order (submitted or not), the jobs interleaved at random
+def interleaved(jobs: list[tuple[bool, list[str]]], rng: Any) -> Iterator[tuple[str, str, datetime]]:
+    """(op, job, time) of every job's script (admitted, submitted first or not, then its ops), each
+    job's ops in its own order, the jobs interleaved at random, a second apart."""
     scripts = [[*(["submit"] if submitted else []), "admit", *ops] for submitted, ops in jobs]
     order = [i for i, script in enumerate(scripts) for _ in script]
     rng.shuffle(order)
@@ -107,8 +104,17 @@ def test_the_kept_inputs_equal_the_whole_pass_after_every_event(jobs: list[tuple
     for i in order:
         op = scripts[i][next_op[i]]
         next_op[i] += 1
-        job = f"j{i}"
         at += timedelta(seconds=1)
+        yield op, f"j{i}", at
+
+
+@settings(max_examples=300, deadline=None)
+@given(lifecycles, st.randoms(use_true_random=False))
+def test_the_kept_inputs_equal_the_whole_pass_after_every_event(jobs: list[tuple[bool, list[str]]],
+                                                                 rng: Any) -> None:
+    stand_in: Any = object()
+    quota = Quota(stand_in, stand_in)
+    for op, job, at in interleaved(jobs, rng):
         e = event(op, job, quota.view.jobs.get(job), at)
         if quota.view.apply(e) is not None:  # as Service._fold_stored: the view, then `folded`
             quota.folded(e)
