@@ -10,10 +10,15 @@ simulated time — and reads every timing back from the event log afterwards.
 
 Prints: placements per second in steady state (GangReserved events per second over the middle
 80% of them), p50 / p99 latency submit -> GangReserved and submit -> JobRunning, the machine and
-the exact command. Targets (issue "Trace simulator and benchmarks"): >= 500 placements/s
-sustained on a 2-core machine; p99 submit-to-placed < 250 ms at 200 jobs/s. For reference: Slurm
-~500 jobs/s (high-throughput guide); Kueue ~43 admissions/s (baseline performance test);
-kube-scheduler 180 pods/s with extended resources (GPUs).
+the exact command. Targets (issue 18): >= 300 placements/s sustained on a 2-core machine (stretch
+500); p99 submit-to-placed < 250 ms at 100 jobs/s. For reference: Slurm ~500 jobs/s
+(high-throughput guide); Kueue ~43 admissions/s (baseline performance test); kube-scheduler 180
+pods/s with extended resources (GPUs).
+
+The cluster's own ceiling: it places at most GPUs / (mean GPUs per job x how long a job holds
+them) jobs a second, whatever the scheduler does: the default 64 x 8 GPUs, at 2.6 GPUs per job held
+~1.08 s, is ~182/s. Each phase prints its ceiling and says when its rate was above it (the run then
+measured the cluster's size: give a `--cluster` that holds the rate, e.g. 128x8:H100 for 300/s).
 
 Each `--rate` value is one phase on the same stack; the cluster drains between phases.
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import random
 import shlex
 import sys
@@ -53,8 +59,24 @@ from corral.contracts.jobspec import JobSpec, validate_job_spec
 from corral.contracts.queues import validate_queues
 
 GPU_MIX = ((1, 0.4), (2, 0.3), (4, 0.2), (8, 0.1))  # mean 2.6 GPUs per job
-TARGET_PLACEMENTS = 500.0
+TARGET_PLACEMENTS = 300.0
+STRETCH_PLACEMENTS = 500.0
 TARGET_P99_MS = 250.0
+TARGET_P99_RATE = 100.0
+
+
+def capacity_ceiling(gpus: int, mean_gpus: float, hold_seconds: float | None) -> float | None:
+    """Placements a second the cluster can take at most: its GPUs turned over once per hold
+    (None when nothing was held). A rate above it fills the cluster and jobs wait for GPUs."""
+    if not hold_seconds or mean_gpus <= 0:
+        return None
+    return gpus / (mean_gpus * hold_seconds)
+
+
+def nodes_for(rate: float, mean_gpus: float, hold_seconds: float, gpus_per_node: int = 8,
+              headroom: float = 1.25) -> int:
+    """Nodes of `gpus_per_node` a cluster needs to take `rate` placements a second with room to spare."""
+    return max(1, math.ceil(rate * mean_gpus * hold_seconds * headroom / gpus_per_node))
 
 
 def job_stream(count: int, duration: float, seed: int) -> list[tuple[str, JobSpec]]:
@@ -94,8 +116,19 @@ async def phase(client: Client, live: LiveStack, rate: float, seconds: float, du
         "submit_to_running_ms": latency_ms(times.values(), "running"),
         "cpu_seconds": cpu, "cpu_ms_per_job": sum(cpu.values()) / len(jobs) * 1e3,
         "gpu_hold_s": _mean([(t.ended - t.placed).total_seconds() for t in times.values() if t.placed and t.ended]),
+        "mean_gpus": sum(spec.gpus_per_replica * spec.replicas for _, spec in jobs) / len(jobs),
     }
     return result
+
+
+def _ceiling_text(result: dict[str, Any], p: dict[str, Any], capped: list[dict[str, Any]]) -> str:
+    ceiling = capacity_ceiling(result["gpus"], p.get("mean_gpus", 0.0), p["gpu_hold_s"])
+    if ceiling is None:
+        return "     -"
+    if p["rate"] > ceiling:
+        capped.append(p)
+        return f"{ceiling:6.0f} (rate above it)"
+    return f"{ceiling:6.0f}"
 
 
 def _mean(values: list[float]) -> float | None:
@@ -125,8 +158,9 @@ def render(result: dict[str, Any]) -> str:
         f"date:    {result['date']}",
         "",
         "  rate  jobs  placed  placements/s (steady / best 1s)   submit->admitted  ->quota  "
-        "->placed p50 / p99 ms   ->running p50 / p99 ms   GPUs held (s)",
+        "->placed p50 / p99 ms   ->running p50 / p99 ms   GPUs held (s)   ceiling/s",
     ]
+    capped: list[dict[str, Any]] = []
     for p in result["phases"]:
         pl, ad, qu = p["placements"], p["submit_to_admitted_ms"], p["submit_to_quota_ms"]
         pd, ru = p["submit_to_placed_ms"], p["submit_to_running_ms"]
@@ -134,7 +168,11 @@ def render(result: dict[str, Any]) -> str:
             f"{p['rate']:6.0f} {p['jobs']:5d} {p['placed']:7d}   {pl.get('steady_per_s', 0):8.1f} / "
             f"{pl.get('best_second', 0):5.0f}              {fmt(ad, 'p50')}  {fmt(qu, 'p50')}  "
             f"{fmt(pd, 'p50')} / {fmt(pd, 'p99')}      {fmt(ru, 'p50')} / {fmt(ru, 'p99')}"
-            f"     {p['gpu_hold_s'] or 0:6.2f}")
+            f"     {p['gpu_hold_s'] or 0:6.2f}   {_ceiling_text(result, p, capped)}")
+    for p in capped:
+        lines.append(f"  ({p['rate']:g}/s is above what {result['gpus']} GPUs hold at {p['mean_gpus']:.1f} GPUs "
+                     f"per job for {p['gpu_hold_s']:.2f} s: that phase measured the cluster's size; "
+                     f"--cluster {nodes_for(p['rate'], p['mean_gpus'], p['gpu_hold_s'])}x8:H100 holds it)")
     lines.append("")
     lines.append("CPU per job (ms, every process of the stack incl. Postgres backends; the machine was shared):")
     for p in result["phases"]:
@@ -143,12 +181,13 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"{p['rate']:6.0f}/s: {p['cpu_ms_per_job']:6.1f} ms = {parts}")
     best = max((p["placements"].get("steady_per_s", 0.0) for p in result["phases"]), default=0.0)
     lines.append("")
-    lines.append(f"target: >= {TARGET_PLACEMENTS:.0f} placements/s sustained -> "
-                 f"{'MET' if best >= TARGET_PLACEMENTS else 'MISSED'} (best steady {best:.1f}/s)")
-    at200 = [p for p in result["phases"] if abs(p["rate"] - 200) < 1e-9]
-    if at200:
-        p99 = at200[0]["submit_to_placed_ms"].get("p99", float("inf"))
-        lines.append(f"target: p99 submit->placed < {TARGET_P99_MS:.0f} ms at 200 jobs/s -> "
+    verdict = "MET (stretch too)" if best >= STRETCH_PLACEMENTS else "MET" if best >= TARGET_PLACEMENTS else "MISSED"
+    lines.append(f"target: >= {TARGET_PLACEMENTS:.0f} placements/s sustained (stretch {STRETCH_PLACEMENTS:.0f}) -> "
+                 f"{verdict} (best steady {best:.1f}/s)")
+    at = [p for p in result["phases"] if abs(p["rate"] - TARGET_P99_RATE) < 1e-9]
+    if at:
+        p99 = at[0]["submit_to_placed_ms"].get("p99", float("inf"))
+        lines.append(f"target: p99 submit->placed < {TARGET_P99_MS:.0f} ms at {TARGET_P99_RATE:.0f} jobs/s -> "
                      f"{'MET' if p99 < TARGET_P99_MS else 'MISSED'} (p99 {p99:.0f} ms)")
     lines.append("reference: Slurm ~500 jobs/s; Kueue ~43 admissions/s; kube-scheduler 180 pods/s with GPUs")
     return "\n".join(lines)
