@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from machine_probe import probe
+
 from corral.client import Client
 from corral.contracts import events as ev
 from corral.contracts.envelope import event_id_time
@@ -59,8 +61,10 @@ def machine() -> dict[str, object]:
             mem = f"{int(f.readline().split()[1]) / 1024 / 1024:.1f} GiB"
     except (OSError, ValueError, IndexError):
         pass
+    measured = probe()
     return {"cores": os.cpu_count(), "cpu": model, "memory": mem, "python": platform.python_version(),
-            "platform": platform.platform(), "host": platform.node()}
+            "platform": platform.platform(), "host": platform.node(), "probe": measured.__dict__,
+            "probe_line": measured.line()}
 
 
 def report(result: dict[str, object], json_path: Path | None, render: Callable[[dict[str, object]], str]) -> int:
@@ -77,7 +81,8 @@ def report(result: dict[str, object], json_path: Path | None, render: Callable[[
 
 def machine_line() -> str:
     m = machine()
-    return f"{m['cores']} cores, {m['cpu']}, {m['memory']} RAM, Python {m['python']}, {m['platform']}"
+    return (f"{m['cores']} cores, {m['cpu']}, {m['memory']} RAM, Python {m['python']}, {m['platform']}\n"
+            f"probe:   {m['probe_line']} (bench/machine_probe.py: compare runs across machines by it)")
 
 
 @dataclass
@@ -107,6 +112,8 @@ def start_stack(cluster: str, *, runtime: str = "sim-timer", data_dir: Path | No
     # Ctrl-C does; by default it ended the process at once and left the stack running.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     root = data_dir or Path(tempfile.mkdtemp(prefix="corral-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    probe(root)  # before the stack starts: the machine as the run found it
     stack = Stack(StackOptions(data_dir=root, cluster=cluster, runtime=runtime, namespace="bench",
                                placement_standby=standby, write_user_context=False,
                                extra_env={"CORRAL_LOG_LEVEL": "WARNING", **(env or {})}))

@@ -56,7 +56,8 @@ def test_philly_replay_bench_runs() -> None:
 
 def test_live_system_bench_runs() -> None:
     out = run("bench/e2e.py", "--smoke")
-    assert "placements/s" in out and "CPU per job" in out
+    assert "placements/s" in out and "CPU per job" in out and "ceiling/s" in out
+    assert "probe:   python" in out and "fdatasync p50" in out  # the machine, measured (bench/machine_probe.py)
 
 
 def test_kueue_shaped_bench_runs() -> None:
