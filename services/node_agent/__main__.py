@@ -46,6 +46,7 @@ from corral.contracts.cluster import (
 from corral.contracts.problems import SpecError
 from corral.telemetry import logs
 
+from .ephemeral_ports import local_rendezvous_ports
 from .inventory import NvmlUnavailable, discover
 from .run_as import RUN_AS_ENV, RunAs
 from .service import AgentOptions, run_agents
@@ -177,7 +178,9 @@ def options(args: argparse.Namespace, environ: os._Environ[str] | dict[str, str]
                             checkpoint_root=(args.checkpoint_dir.resolve() if args.checkpoint_dir
                                              else cluster_checkpoint_dir(args.cluster_file)),
                             heartbeat_seconds=args.heartbeat_seconds, stop_grace_seconds=args.stop_grace,
-                            stop_workers_on_exit=args.stop_workers_on_exit, run_as=run_as)
+                            stop_workers_on_exit=args.stop_workers_on_exit, run_as=run_as,
+                            # every node here shares this host's ports (`ephemeral_ports`)
+                            rendezvous_ports=local_rendezvous_ports())
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -220,6 +220,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run this host's node agent (one per GPU host): registers the node with its GPUs, address
         and rendezvous ports, runs the ranks placement gives it, until SIGTERM / Ctrl-C."""
+        from corral.services.node_agent.ephemeral_ports import ephemeral_range, port_range_warning
         from corral.services.node_agent.reservation import AgentRuntime
         from corral.services.node_agent.run_as import RunAs
         from corral.services.node_agent.service import AgentOptions, run_agents
@@ -233,6 +234,9 @@ def register(app: typer.Typer) -> None:
                 ports = parse_port_range(port_range)
             except ValueError as exc:
                 raise AgentUsageError(f"--port-range: {exc}") from None
+            warning = port_range_warning(ports, ephemeral_range())
+            if warning is not None:
+                err_console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
             try:
                 parse_address(metrics_address)
             except ValueError as exc:

@@ -52,4 +52,34 @@ def choose_port(key: str, low: int, high: int, held: Container[int]) -> int | No
     return None
 
 
-__all__ = ["AGENT_PORT_RANGE", "DEFAULT_PORT_RANGE", "choose_port", "parse_port_range"]
+def overlap(ports: tuple[int, int], other: tuple[int, int]) -> tuple[int, int] | None:
+    """The ports two inclusive ranges share, or None."""
+    low, high = max(ports[0], other[0]), min(ports[1], other[1])
+    return (low, high) if low <= high else None
+
+
+#: The fewest ports a range chosen by `outside_ephemeral` holds (gangs mastered on one host at once).
+MIN_RANGE = 1000
+
+
+def outside_ephemeral(ephemeral: tuple[int, int]) -> tuple[int, int] | None:
+    """A rendezvous range for a host whose kernel hands out `ephemeral` ports (Linux:
+    net.ipv4.ip_local_port_range) that shares no port with it, or None when no room is left.
+
+    The problem: a port of the ephemeral range may be the local port of any outgoing connection
+    on the host, or of any listener bound to port 0, and rank 0 cannot bind it then (EADDRINUSE,
+    whatever SO_REUSEADDR says). From torch's 29500 up to the ephemeral range (at most as many
+    ports as `DEFAULT_PORT_RANGE`), else above it to 65535, when either holds `MIN_RANGE` ports."""
+    start = DEFAULT_PORT_RANGE[0]
+    size = DEFAULT_PORT_RANGE[1] - DEFAULT_PORT_RANGE[0] + 1
+    below_end = min(ephemeral[0] - 1, start + size - 1)
+    if ephemeral[0] > start and below_end - start + 1 >= MIN_RANGE:
+        return start, below_end
+    above = max(ephemeral[1] + 1, start)
+    if 65535 - above + 1 >= MIN_RANGE:
+        return above, min(65535, above + size - 1)
+    return None
+
+
+__all__ = ["AGENT_PORT_RANGE", "DEFAULT_PORT_RANGE", "MIN_RANGE", "choose_port", "outside_ephemeral", "overlap",
+           "parse_port_range"]
