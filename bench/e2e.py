@@ -18,11 +18,12 @@ pods/s with extended resources (GPUs).
 The cluster's own ceiling: it places at most GPUs / (mean GPUs per job x how long a job holds
 them) jobs a second, whatever the scheduler does: the default 64 x 8 GPUs, at 2.6 GPUs per job held
 ~1.08 s, is ~182/s. Each phase prints its ceiling and says when its rate was above it (the run then
-measured the cluster's size: give a `--cluster` that holds the rate, e.g. 128x8:H100 for 300/s).
+measured the cluster's size). Without `--cluster` the bench sizes it: 64 x 8, or as many 8-GPU
+nodes as the highest rate needs with a quarter to spare (`default_cluster`: 135 x 8 for 300/s).
 
 Each `--rate` value is one phase on the same stack; the cluster drains between phases.
 
-Run: .venv/bin/python bench/e2e.py [--rate 200[,600]] [--seconds 10] [--cluster 64x8:H100]
+Run: .venv/bin/python bench/e2e.py [--rate 200[,600]] [--seconds 10] [--cluster NxG:MODEL]
      [--duration 1.0] [--json FILE]
 """
 
@@ -71,6 +72,18 @@ def capacity_ceiling(gpus: int, mean_gpus: float, hold_seconds: float | None) ->
     if not hold_seconds or mean_gpus <= 0:
         return None
     return gpus / (mean_gpus * hold_seconds)
+
+
+#: what a job holds its GPUs for beyond its run, measured at 100-400/s (1.03-1.28 s for 1 s runs)
+HOLD_OVERHEAD_SECONDS = 0.1
+DEFAULT_NODES = 64
+
+
+def default_cluster(rates: Sequence[float], duration: float) -> str:
+    """64 x 8 H100, or the nodes the highest rate needs (`nodes_for`) when that is more."""
+    mean = sum(gpus * weight for gpus, weight in GPU_MIX)
+    need = nodes_for(max(rates, default=0.0), mean, duration + HOLD_OVERHEAD_SECONDS)
+    return f"{max(DEFAULT_NODES, need)}x8:H100"
 
 
 def nodes_for(rate: float, mean_gpus: float, hold_seconds: float, gpus_per_node: int = 8,
@@ -182,8 +195,12 @@ def render(result: dict[str, Any]) -> str:
     best = max((p["placements"].get("steady_per_s", 0.0) for p in result["phases"]), default=0.0)
     lines.append("")
     verdict = "MET (stretch too)" if best >= STRETCH_PLACEMENTS else "MET" if best >= TARGET_PLACEMENTS else "MISSED"
+    kept_up = [p for p in result["phases"] if p["placements"].get("steady_per_s", 0.0) >= 0.97 * p["rate"]]
+    hint = ""
+    if verdict != "MET (stretch too)" and kept_up and max(p["rate"] for p in kept_up) >= 0.97 * best:
+        hint = "; every phase kept up with its rate: offer more than the target to measure past it"
     lines.append(f"target: >= {TARGET_PLACEMENTS:.0f} placements/s sustained (stretch {STRETCH_PLACEMENTS:.0f}) -> "
-                 f"{verdict} (best steady {best:.1f}/s)")
+                 f"{verdict} (best steady {best:.1f}/s{hint})")
     at = [p for p in result["phases"] if abs(p["rate"] - TARGET_P99_RATE) < 1e-9]
     if at:
         p99 = at[0]["submit_to_placed_ms"].get("p99", float("inf"))
@@ -215,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="submissions per second; a comma list runs one phase per rate (default 200)")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds of submissions per phase")
     parser.add_argument("--duration", type=float, default=1.0, help="simulated run time of each job (s)")
-    parser.add_argument("--cluster", default="64x8:H100")
+    parser.add_argument("--cluster", help="NxG:MODEL (default: 64x8:H100, or more nodes when the highest "
+                        "--rate needs them: the cluster's ceiling is GPUs / (mean GPUs per job x hold))")
     parser.add_argument("--runtime", choices=("sim-timer", "sim"), default="sim-timer",
                         help="node agents' runtime: sim-timer (a timer per gang, default) or sim "
                         "(a process per rank)")
@@ -228,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:  # the test suite's size: runs end to end in seconds
         args.rate, args.seconds = [5.0], 2.0
+    if args.cluster is None:
+        args.cluster = default_cluster(args.rate, args.duration)
     command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "bench/e2e.py", *sys.argv[1:]])
     t0 = time.monotonic()
     print(f"starting the stack ({args.cluster}) ...", flush=True)

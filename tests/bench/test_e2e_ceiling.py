@@ -45,3 +45,23 @@ def test_a_phase_above_the_ceiling_is_named_with_the_cluster_that_holds_it() -> 
     assert "100/s is above" not in text
     assert "target: p99 submit->placed < 250 ms at 100 jobs/s -> MET (p99 107 ms)" in text
     assert ">= 300 placements/s sustained (stretch 500) -> MISSED (best steady 177.8/s)" in text
+
+
+def test_without_a_cluster_the_bench_sizes_one_that_holds_the_highest_rate() -> None:
+    from e2e import default_cluster
+
+    assert default_cluster([100.0], 1.0) == "64x8:H100"  # the figures of earlier stops: same cluster
+    for rates in ([100.0, 300.0], [500.0]):
+        nodes = int(default_cluster(rates, 1.0).split("x")[0])
+        ceiling = capacity_ceiling(nodes * 8, 2.6, 1.1)
+        assert ceiling is not None and ceiling > 1.2 * max(rates)
+
+
+def test_a_phase_that_kept_up_says_to_offer_more() -> None:
+    """Placements cannot exceed the rate offered: 296.8/s at 300/s offered is a stack keeping up."""
+    text = render({"cluster": "135x8:H100", "gpus": 1080, "runtime": "sim-timer", "duration": 1.0, "command": "c",
+                   "date": "d", "phases": [_phase(300, 1.08, 296.8, 255)]})
+    assert "offer more than the target to measure past it" in text
+    text = render({"cluster": "192x8:H100", "gpus": 1536, "runtime": "sim-timer", "duration": 1.0, "command": "c",
+                   "date": "d", "phases": [_phase(400, 1.22, 385.5, 572)]})
+    assert "-> MET (best steady 385.5/s)" in text
