@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -182,6 +183,9 @@ def register(app: typer.Typer) -> None:
         else:
             print_table(None, JOB_COLUMNS, [[_shown(c, r[c.lower()]) for c in JOB_COLUMNS] for r in rows],
                         below="REASON")
+            hint = empty_listing_hint(rows, all_jobs=all_jobs, states=states)
+            if hint:
+                err_console.print(hint, highlight=False)
 
     @app.command()
     def show(job: str, json_out: JsonOpt = False) -> None:
@@ -311,6 +315,14 @@ def _stuck(queue: str | None, user: str | None, json_out: bool) -> None:
     else:
         now = datetime.now(UTC)
         print_table("waiting past max_wait", STUCK_COLUMNS, [stuck_table_row(r, now) for r in rows], below="BLOCKER")
+
+
+def empty_listing_hint(rows: Sequence[object], *, all_jobs: bool, states: Collection[str] | None) -> str | None:
+    """What `corral jobs` adds under an empty table of active jobs (the demo's last words point at
+    jobs that have all ended: a bare header read as "Corral lost them"), or None."""
+    if rows or all_jobs or states is not None:
+        return None
+    return "no active jobs (`corral jobs --all` lists the ones that have ended too)"
 
 
 def _shown(column: str, value: Any) -> Any:
