@@ -8,65 +8,25 @@ Which process relays matters under load: the relay shares its event loop with th
 behind a service busy deciding (preemption's victim search, quota's fair share) every event
 reached the bus seconds late. So at start a process competes for the lease only after its
 service's `relay_wait()`: an idle placement standby at once, admission soon, the deciding
-services later. Once started, any process takes over a free lease (failover stays quick).
+services later. Once started, any process takes over a free lease (failover stays quick). The
+loop is `corral.services.leased_task`'s, shared with the CLI's projector.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-
-import asyncpg
-
-from corral.bus import Bus, OutboxRelay, UnavailableBackoff, is_unavailable
+from corral.bus import Bus, OutboxRelay
 from corral.eventstore import EventStore
 from corral.services.base import Service
 from corral.services.lease import Lease
+from corral.services.leased_task import expected_failure, run_while_leased
 from corral.services.settings import Settings
-
-log = logging.getLogger("corral.service")
 
 
 async def relay_forever(store: EventStore, bus: Bus, settings: Settings, service: Service) -> None:
-    """Run the outbox relay whenever this process holds the relay lease (see the module docstring)."""
-    lease = Lease(settings.postgres_dsn, f"corral:{settings.namespace}:relay")
+    """Run the outbox relay whenever this process holds the relay lease (see the module docstring).
+    A failure other than an unavailable NATS or Postgres ends the process (a bug must be seen)."""
     relay = OutboxRelay(store, bus, lambda e: f"{settings.namespace}.events.{e.type}", name="relay",
                         linger=0.005)
-    started = service.monotonic()
-    backoff, failures = UnavailableBackoff(first=0.5, cap=5.0), 0
-    try:  # a wait ended by a stop (cancelled) closes the connection it kept
-        while True:
-            if service.monotonic() - started < service.relay_wait():
-                await asyncio.sleep(0.2)
-                continue
-            held = False
-            try:
-                if not await lease.try_acquire():  # the next try asks on the same connection
-                    await asyncio.sleep(0.5 if service.relay_wait() == 0 else 1.0)
-                    continue
-                held = True
-                log.info("%s: relaying the log", service.name)
-                task = relay.start()
-                while not task.done() and await lease.alive():
-                    await asyncio.sleep(1.0)
-                await relay.stop()
-            except Exception as exc:
-                if not (is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError)):
-                    raise
-                failures += 1
-                delay = backoff.delay(failures)
-                log.warning("relay lease: %s: %s; retrying in %.1fs", type(exc).__name__, exc, delay)
-                await relay.stop()
-                await lease.release()  # the connection may be broken: the next try opens another
-                await asyncio.sleep(delay)
-            else:
-                failures = 0
-            finally:
-                if held:
-                    await lease.release()
-    finally:
-        # A stop cancels this task in its wait above: the relay it started must stop too, or it
-        # outlives the service and retries on a closed pool forever (in a test process, for every
-        # later test).
-        await relay.stop()
-        await lease.release()
+    await run_while_leased(Lease(settings.postgres_dsn, f"corral:{settings.namespace}:relay"), service, relay,
+                           name="relay lease", doing="relaying the log",
+                           fatal=lambda exc: not expected_failure(exc))

@@ -10,6 +10,7 @@ the run loop and `main` in one file; each now has its own module:
 | `corral.services.base` | `Service`: hooks, folding, appending, `new_event`, `pending_event`; `to_new_event` |
 | `corral.services.reason_throttle` | `ReasonThrottle`: when a waiting job's reason is news |
 | `corral.services.relay` | `relay_forever`: the outbox relay under its lease |
+| `corral.services.leased_task` | `run_while_leased`: the one loop of the relay and the projector |
 | `corral.services.run_loop` | `run_service`: connect, lease, rebuild, consume, reconcile |
 | `corral.services.main` | `main`: the process entry point |
 

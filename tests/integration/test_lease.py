@@ -101,3 +101,79 @@ async def test_a_process_waiting_for_a_lease_keeps_one_connection(postgres_dsn: 
             await task
         await holder.release()
     assert len(seen) == 1, f"{len(seen)} sessions opened by one waiting process in 1.3 s"
+
+
+class _Work:
+    """Leased work that fails its first `fails` runs with `error`, then runs until stopped."""
+
+    def __init__(self, fails: int, error: Exception) -> None:
+        self.fails, self.error, self.starts, self.stops = fails, error, 0, 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        if self.starts <= self.fails:
+            raise self.error
+        await asyncio.Event().wait()
+
+    def start(self) -> asyncio.Task[None]:
+        self.starts += 1
+        self._task = asyncio.create_task(self._run())
+        return self._task
+
+    async def stop(self) -> None:
+        self.stops += 1
+        task, self._task = self._task, None
+        if task is None:
+            return
+        if task.done():
+            task.result()
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_the_relay_and_projector_loop_retries_or_ends_as_told(postgres_dsn: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """One loop for both (`corral.services.leased_task`): a failure the caller calls fatal ends it
+    (the relay, on a bug); any other is retried with the lease given back (the projector); a stop
+    stops the work and frees the lease for the next process."""
+    import corral.services.leased_task as leased
+
+    monkeypatch.setattr(asyncio, "sleep", _fast(asyncio.sleep))
+    service: Any = _Waiting()
+
+    work = _Work(fails=1, error=RuntimeError("a bug"))
+    with pytest.raises(RuntimeError, match="a bug"):
+        await asyncio.wait_for(leased.run_while_leased(Lease(postgres_dsn, "corral:t:fatal"), service, work,
+                                                       name="relay lease", doing="relaying",
+                                                       fatal=lambda exc: True), 30)
+    after = Lease(postgres_dsn, "corral:t:fatal")
+    assert await after.try_acquire(), "the lease was not given back"
+    await after.release()
+
+    work = _Work(fails=2, error=RuntimeError("a bug"))
+    lease = Lease(postgres_dsn, "corral:t:retry")
+    loop = asyncio.create_task(leased.run_while_leased(lease, service, work, name="projector", doing="projecting",
+                                                       fatal=lambda exc: False))
+    try:
+        for _ in range(600):
+            if work.starts >= 3:
+                break
+            await asyncio.sleep(0.05)
+        assert work.starts == 3 and not loop.done()  # two failures retried; the third run lasts
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+    assert work._task is None, "the work outlived the loop"
+    other = Lease(postgres_dsn, "corral:t:retry")
+    assert await other.try_acquire(), "the lease was not given back on stop"
+    await other.release()
+
+
+def _fast(sleep: Any) -> Any:
+    """asyncio.sleep capped at 50 ms: the loop's backoff (0.5 s, then more) in test time."""
+    async def short(delay: float, *args: Any) -> Any:
+        return await sleep(min(delay, 0.05), *args)
+    return short
