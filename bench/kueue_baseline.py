@@ -38,7 +38,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from live import ENDED, JobTimes, collect, log_position, machine_line, report, start_stack, wait_placed
+from live import (
+    ENDED,
+    JobTimes,
+    LiveStack,
+    collect,
+    cpu_delta,
+    log_position,
+    machine_line,
+    report,
+    stack_cpu,
+    start_stack,
+    wait_placed,
+)
 
 from corral.client import Client, new_job_id
 from corral.contracts import events as ev
@@ -146,8 +158,8 @@ def summarise(times: dict[str, JobTimes]) -> dict[str, Any]:
             "per_s": len(ended) / wall if wall > 0 else 0.0, "classes": per_class}
 
 
-async def run(args: argparse.Namespace, context: Any) -> dict[str, Any]:
-    client = await Client.connect(context)
+async def run(args: argparse.Namespace, live: LiveStack) -> dict[str, Any]:
+    client = await Client.connect(live.context)
     try:
         cohorts = args.workloads // PER_COHORT
         await client.apply_queues(validate_queues(queues(cohorts)))
@@ -160,12 +172,17 @@ async def run(args: argparse.Namespace, context: Any) -> dict[str, Any]:
         after = await log_position(client)
         span = timed[-1][0]
         print(f"  submitting {len(timed)} workloads over {span:.0f}s into {len(leaves)} queues ...", flush=True)
+        cpu_start = stack_cpu(live)
         submit_s = await submit_on_schedule(client, timed)
+        cpu_submitted = stack_cpu(live)
         print(f"  submitted in {submit_s:.0f}s; waiting for every workload to finish ...", flush=True)
         _, complete = await wait_placed(client, ids, after, args.timeout, until=ENDED)
+        cpu_end = stack_cpu(live)
         times = await collect(client, ids, after)
         waits = await wait_reasons(client, times, after)
-        return {"submit_s": submit_s, "all_done": complete, **summarise(times), "waits": waits}
+        return {"submit_s": submit_s, "all_done": complete, **summarise(times), "waits": waits,
+                "cpu_seconds": {"arriving": cpu_delta(cpu_start, cpu_submitted),
+                                "draining": cpu_delta(cpu_submitted, cpu_end)}}
     finally:
         await client.close()
 
@@ -334,7 +351,23 @@ def render(result: dict[str, Any]) -> str:
         lines.append("note: not every workload finished before --timeout")
     if result.get("waits"):
         lines += render_waits(result["waits"])
+    if result.get("cpu_seconds"):
+        lines += render_cpu(result["cpu_seconds"], result["submit_s"], result["wall_s"], result["workloads"])
     return "\n".join(lines)
+
+
+def render_cpu(cpu: dict[str, dict[str, float]], submit_s: float, wall_s: float, workloads: int) -> list[str]:
+    """CPU of each part of the stack while workloads arrive and while the rest drains: which part
+    a slower machine (bench/machine_probe.py) or a change moved, and whether the machine was full."""
+    lines = ["", "CPU seconds of the stack (Postgres backends included), as cores busy on average:"]
+    for phase, seconds in (("arriving", submit_s), ("draining", max(wall_s - submit_s, 1e-9))):
+        parts = cpu[phase]
+        total = sum(parts.values())
+        shown = ", ".join(f"{k} {v / seconds:.2f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v > 0)
+        lines.append(f"  {phase} ({seconds:.0f} s): {total / seconds:.2f} cores = {shown}")
+    everything = sum(sum(p.values()) for p in cpu.values())
+    lines.append(f"  per workload: {everything / max(workloads, 1) * 1e3:.1f} ms")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -358,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"starting the stack ({cluster}) ...", flush=True)
     live = start_stack(cluster, runtime=args.runtime, data_dir=args.data_dir)
     try:
-        result = asyncio.run(run(args, live.context))
+        result = asyncio.run(run(args, live))
     finally:
         live.stop()
     result.update(cluster=cluster, gpus=NODES_PER_COHORT * cohorts * 8, cohorts=cohorts, runtime=args.runtime,

@@ -63,6 +63,7 @@ def test_live_system_bench_runs() -> None:
 def test_kueue_shaped_bench_runs() -> None:
     out = run("bench/kueue_baseline.py", "--smoke")
     assert "avg time to admission" in out and "waiting under each reason" in out and "quota in use" in out
+    assert "arriving (" in out and "draining (" in out and "per workload:" in out  # CPU by phase and process
 
 
 def test_kueue_shaped_sim_bench_runs() -> None:
