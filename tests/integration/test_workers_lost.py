@@ -44,6 +44,7 @@ class Agent:
         self.client, self.subject = client, Subjects(namespace).heartbeat(NODE)
         self.running: set[str] = set()
         self.sequence = 0
+        self._beat = asyncio.Condition()
 
     async def beat_forever(self) -> None:
         while True:
@@ -51,7 +52,15 @@ class Agent:
             beat = ev.NodeHeartbeat.new(stream=node_stream(NODE), actor=f"node-agent/{NODE}", node=NODE,
                                         sequence=self.sequence, running_job_ids=sorted(self.running))
             await self.client.bus.nc.publish(self.subject, encode(beat))
+            async with self._beat:
+                self._beat.notify_all()
             await asyncio.sleep(0.25)
+
+    async def beats(self, count: int, timeout: float = 30.0) -> None:
+        """Wait until `count` more heartbeats (as they are now) have been sent."""
+        until = self.sequence + count
+        async with self._beat:
+            await asyncio.wait_for(self._beat.wait_for(lambda: self.sequence >= until), timeout)
 
 
 @pytest.fixture
@@ -83,7 +92,7 @@ async def test_a_running_gang_its_agent_no_longer_runs_is_requeued_without_using
         system: Running, agent: Agent) -> None:
     c = system.client
     job = await running(c, agent, restart={"max_restarts": 0})
-    await asyncio.sleep(3)  # listed by every heartbeat: nothing happens
+    await agent.beats(12)  # 3 s of heartbeats listing it, past the 2 s bound: nothing happens
     assert (await c.view()).jobs[job].state is JobState.RUNNING
 
     agent.running.discard(job)  # the agent was killed and came back without it
@@ -126,7 +135,7 @@ async def test_the_gpus_of_a_released_gang_stay_held_while_the_node_still_runs_i
     view = await c.wait_for(lambda v: v.jobs[job].state is JobState.CANCELLED and not v.jobs[job].holding, 15)
     assert view.jobs[job].fences and view.free_gpus() == 0
     assert view.releasing_gpus() == {NODE: dict.fromkeys(range(8), job)}
-    await asyncio.sleep(2)  # its heartbeats still list it: its processes are still stopping
+    await agent.beats(8)  # 2 s of heartbeats still listing it (its processes are stopping): past the 1 s bound
     view = await c.view()
     assert view.free_gpus() == 0 and not [e for _, e in await c.events(types=["GpusReleased"])]
     agent.running.discard(job)  # every rank gone (here without WorkerExited: a report was lost)
