@@ -19,6 +19,12 @@ from corral.bus import is_unavailable
 _log = logging.getLogger("corral.service")
 
 
+
+def dependency_failure(exc: BaseException) -> bool:
+    """NATS or Postgres unavailable, or an error Postgres answered: a dependency's state to wait
+    out and retry, not a bug (the one test for it in the services' loops)."""
+    return is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError)
+
 class Lease:
     """A Postgres session advisory lock: held while the connection lives, freed when the holder dies
     (even by kill -9, when the server notices the closed socket). One writer per resource."""
@@ -47,7 +53,7 @@ class Lease:
         try:
             return await self.try_acquire()
         except Exception as exc:
-            if not is_unavailable(exc) and not isinstance(exc, asyncpg.PostgresError):
+            if not dependency_failure(exc):
                 raise
             _log.warning("lease %s: Postgres unavailable (%s: %s); waiting", self.name, type(exc).__name__, exc)
             await self.release()
@@ -69,7 +75,7 @@ class Lease:
             await self._conn.fetchval("SELECT 1")
             return True
         except Exception as exc:
-            if is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError):
+            if dependency_failure(exc):
                 return False
             raise
 

@@ -18,11 +18,9 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-import asyncpg
-
-from corral.bus import UnavailableBackoff, is_unavailable
+from corral.bus import UnavailableBackoff
 from corral.services.base import Service
-from corral.services.lease import Lease
+from corral.services.lease import Lease, dependency_failure
 
 log = logging.getLogger("corral.service")
 
@@ -34,11 +32,6 @@ class LeasedWork(Protocol):
     def start(self) -> asyncio.Task[None]: ...
 
     async def stop(self) -> None: ...
-
-
-def expected_failure(exc: BaseException) -> bool:
-    """NATS or Postgres unavailable, or a Postgres error: a dependency's state, not a bug."""
-    return is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError)
 
 
 async def run_while_leased(lease: Lease, service: Service, work: LeasedWork, *, name: str, doing: str,
@@ -68,10 +61,11 @@ async def run_while_leased(lease: Lease, service: Service, work: LeasedWork, *, 
                     raise
                 failures += 1
                 delay = backoff.delay(failures)
-                expected = expected_failure(exc)
+                expected = dependency_failure(exc)
                 log.log(logging.WARNING if expected else logging.ERROR, "%s: %s: %s; retrying in %.1fs", name,
                         type(exc).__name__, exc, delay, exc_info=not expected)
-                await work.stop()
+                with contextlib.suppress(Exception):  # what ended it is said above
+                    await work.stop()
                 await lease.release()  # the connection may be broken: the next try opens another
                 await asyncio.sleep(delay)
             else:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from corral.bus import Bus, OutboxRelay
 from corral.eventstore import EventStore
 from corral.services.base import Service
-from corral.services.lease import Lease
-from corral.services.leased_task import expected_failure, run_while_leased
+from corral.services.lease import Lease, dependency_failure
+from corral.services.leased_task import run_while_leased
 from corral.services.settings import Settings
 
 
@@ -29,4 +29,4 @@ async def relay_forever(store: EventStore, bus: Bus, settings: Settings, service
                         linger=0.005)
     await run_while_leased(Lease(settings.postgres_dsn, f"corral:{settings.namespace}:relay"), service, relay,
                            name="relay lease", doing="relaying the log",
-                           fatal=lambda exc: not expected_failure(exc))
+                           fatal=lambda exc: not dependency_failure(exc))

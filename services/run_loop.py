@@ -27,13 +27,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import asyncpg
-
 from corral.bus import Bus, RunningConsumer, UnavailableBackoff, is_unavailable
 from corral.eventstore import EventStore
 from corral.health import start_beat
 from corral.services.base import Service
-from corral.services.lease import Lease
+from corral.services.lease import Lease, dependency_failure
 from corral.services.projector_lease import project_forever
 from corral.services.relay import relay_forever
 from corral.services.settings import DeliveryLimits, Settings
@@ -236,7 +234,7 @@ async def _reconcile_once(service: Service) -> Exception | None:
     try:
         await service.reconcile()
     except Exception as exc:
-        if not (is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError)):
+        if not dependency_failure(exc):
             raise
         return exc
     return None
