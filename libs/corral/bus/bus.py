@@ -88,6 +88,7 @@ def _identity(path: str | None) -> dict[str, Any]:
     if not path:
         return {}
     raw = json.loads(Path(path).read_text())
+    raw = raw.get("nats_identity") or raw  # a person's context file carries it (`corral user add --out`)
     return {"user": raw["user"], "password": raw["password"], "role": raw.get("role"),
             "inbox_prefix": raw.get("inbox_prefix") or f"_INBOX.{raw['user']}"}
 
@@ -113,10 +114,13 @@ def tls_context(ca: str | None) -> ssl.SSLContext | None:
     scheme, as the nats-server of `corral up` requires."""
     if not ca:
         return None
-    if not Path(ca).is_file():
+    if ca.lstrip().startswith("-----BEGIN"):  # the PEM text itself (a person's context file carries it)
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=ca)
+    elif not Path(ca).is_file():
         raise FileNotFoundError(f"NATS CA file {ca!r} does not exist: set CORRAL_NATS_CA (or the context's "
                                 "`nats_ca`) to the `tls/ca.pem` of the data directory `corral up` wrote")
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    else:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     asyncio_log = logging.getLogger("asyncio")
     if not any(isinstance(f, _SslEofNotice) for f in asyncio_log.filters):

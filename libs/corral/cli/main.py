@@ -15,7 +15,21 @@ from typing import Annotated
 
 import typer
 
-from corral.cli import agent, audit, cluster, credentials, demo, dlq, jobs, logs, observe, operator, service, tools
+from corral.cli import (
+    agent,
+    audit,
+    cluster,
+    credentials,
+    demo,
+    dlq,
+    jobs,
+    logs,
+    observe,
+    operator,
+    people,
+    service,
+    tools,
+)
 from corral.cli.output import console, err_console, fail, print_json, print_table
 from corral.cli.session import ConnectionOptions
 
@@ -235,6 +249,7 @@ service.register(app)
 operator.register(app)
 credentials.register(app)
 observe.register(app)
+people.register(app)
 
 
 def main() -> None:

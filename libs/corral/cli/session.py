@@ -16,7 +16,7 @@ from corral.bus.auth import Role
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import err_console
 from corral.client import Client
-from corral.stack.context import Context, NoClusterError, resolve
+from corral.stack.context import Context, NoClusterError, redacted, resolve
 from corral.stack.credentials import NatsCredentials
 
 T = TypeVar("T")
@@ -51,7 +51,8 @@ def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True) -> T:
         try:
             client = await Client.connect(ctx, bus=bus, timeout=5.0)
         except (TimeoutError, OSError, ConnectionError) as exc:
-            where = ctx.postgres_dsn if not bus else f"{ctx.nats_url} / {ctx.postgres_dsn}"
+            dsn = redacted(ctx.postgres_dsn)
+            where = dsn if not bus else f"{ctx.nats_url} / {dsn}"
             raise _Unreachable(f"cannot reach the Corral cluster at {where} ({type(exc).__name__}: {exc}); "
                                "is `corral up` running?") from exc
         except Exception as exc:

@@ -22,6 +22,7 @@ import os
 import socket
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from urllib.parse import quote
 
 DEFAULT_NAMESPACE = "corral"
 CONTEXT_FILE = "context.json"
@@ -54,6 +55,13 @@ class Context:
     #: Each process's telemetry endpoint (`/metrics`, `/healthz`, `/readyz`) by process name, e.g.
     #: {"placement": "http://127.0.0.1:40123"} (written by `corral up`; see corral.telemetry).
     metrics: dict[str, str] | None = None
+    #: A person's context (`corral user add --out`) carries their secrets itself, so that one file
+    #: (mode 0600) is all they need: their NATS identity (`credentials` then names this file), the
+    #: CA's PEM text (then `nats_ca`) and their Postgres login's password (put in the DSN in
+    #: memory only, by `resolve`).
+    nats_identity: dict[str, str] | None = None
+    nats_ca_pem: str | None = None
+    postgres_password: str | None = None
 
     def save(self, *paths: Path) -> None:
         for path in paths:
@@ -144,10 +152,33 @@ def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
     assert nats and (dsn or not need_postgres)
     ns = namespace or os.environ.get("CORRAL_NAMESPACE") or (saved.namespace if saved else DEFAULT_NAMESPACE)
     same = saved is not None and saved.nats_url == nats and saved.postgres_dsn == dsn
+    embedded = saved if same and saved is not None and saved.nats_identity else None
+    if same and saved is not None and saved.postgres_password:
+        dsn = with_password(dsn, saved.postgres_password)
     return Context(nats_url=nats, postgres_dsn=dsn, namespace=ns,
                    data_dir=saved.data_dir if same and saved else None,
                    log_dir=os.environ.get("CORRAL_LOG_DIR") or (saved.log_dir if same and saved else None),
                    pid=saved.pid if same and saved else None, host=saved.host if same and saved else None,
-                   credentials=os.environ.get("CORRAL_CREDENTIALS") or (saved.credentials if same and saved else None),
-                   nats_ca=os.environ.get("CORRAL_NATS_CA") or (saved.nats_ca if same and saved else None),
+                   credentials=os.environ.get("CORRAL_CREDENTIALS") or (
+                       str(path) if embedded else saved.credentials if same and saved else None),
+                   nats_ca=os.environ.get("CORRAL_NATS_CA") or (
+                       embedded.nats_ca_pem if embedded else saved.nats_ca if same and saved else None),
                    metrics=saved.metrics if same and saved else None)
+
+
+def with_password(dsn: str, password: str) -> str:
+    """`dsn` with `password` for its user (in memory only: never saved, never printed)."""
+    scheme, sep, rest = dsn.partition("://")
+    user, at, where = rest.partition("@")
+    if not sep or not at or ":" in user:
+        return dsn
+    return f"{scheme}://{user}:{quote(password, safe='')}@{where}"
+
+
+def redacted(dsn: str) -> str:
+    """`dsn` without its password, to show."""
+    scheme, sep, rest = dsn.partition("://")
+    user, at, where = rest.rpartition("@")
+    if not sep or not at or ":" not in user:
+        return dsn
+    return f"{scheme}://{user.partition(':')[0]}:***@{where}"

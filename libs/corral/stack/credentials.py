@@ -39,6 +39,7 @@ class NatsCredentials:
     @classmethod
     def load(cls, path: str | Path) -> NatsCredentials:
         raw = json.loads(Path(path).read_text())
+        raw = raw.get("nats_identity") or raw  # a person's context file carries it (`corral user add --out`)
         return cls(user=raw["user"], password=raw["password"], role=raw.get("role", ""),
                    inbox_prefix=raw.get("inbox_prefix") or auth.inbox_prefix(raw["user"]))
 
@@ -49,7 +50,12 @@ def _secret(directory: Path, user: str) -> str:
     try:
         return str(json.loads(path.read_text())["password"])
     except (OSError, ValueError, KeyError):
-        return secrets.token_urlsafe(24)
+        return new_secret()
+
+
+def new_secret() -> str:
+    """A new random password: [A-Za-z0-9_-], nothing to escape in a config, a pgpass line or a URL."""
+    return secrets.token_urlsafe(24)
 
 
 def pgpass_secret(path: Path, login: str) -> str:
@@ -61,7 +67,7 @@ def pgpass_secret(path: Path, login: str) -> str:
                 return fields[4]
     except OSError:
         pass
-    return secrets.token_urlsafe(24)  # [A-Za-z0-9_-]: nothing to escape in a pgpass line or a URL
+    return new_secret()
 
 
 def write_pgpass(path: Path, login: str, password: str) -> Path:
@@ -97,10 +103,11 @@ class Keyring:
 
 
 def generate(data_dir: Path, namespace: str, *, services: Sequence[str], agents: Sequence[tuple[Sequence[str], str]],
-             admin: str, submitters: Sequence[str] = ()) -> Keyring:
+             admin: str | None, submitters: Sequence[str] = ()) -> Keyring:
     """Create (or load) every identity and write its credentials file.
 
-    `agents`: one (nodes, durable) per node-agent process."""
+    `agents`: one (nodes, durable) per node-agent process. `admin` None: no admin or submitters
+    here (`corral up` keeps its people in `corral.stack.people_admin`)."""
     directory = data_dir / "credentials"
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
@@ -110,16 +117,39 @@ def generate(data_dir: Path, namespace: str, *, services: Sequence[str], agents:
         make.append(lambda pw, name=name: auth.service(namespace, name, pw))  # type: ignore[misc]
     for nodes, durable in agents:
         make.append(lambda pw, nodes=nodes, durable=durable: auth.agent(namespace, nodes, durable, pw))  # type: ignore[misc]
-    make.append(lambda pw: auth.submitter(namespace, admin, pw, admin=True))
-    for user in submitters:
-        if user != admin:
-            make.append(lambda pw, user=user: auth.submitter(namespace, user, pw))  # type: ignore[misc]
+    if admin is not None:
+        make.append(lambda pw: auth.submitter(namespace, admin, pw, admin=True))
+        for user in submitters:
+            if user != admin:
+                make.append(lambda pw, user=user: auth.submitter(namespace, user, pw))  # type: ignore[misc]
     for factory in make:
         probe = factory("x")
         ident = factory(_secret(directory, probe.user))
         _write_private(directory / f"{ident.user}.json", ident.credentials_json())
         idents.append(ident)
     return Keyring(directory, idents)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `path` atomically, mode 0600 (a secret)."""
+    _write_private(path, text)
+
+
+#: The installation's own identities (services, agents) with their permissions, as `corral up`
+#: last made them: `corral user` adds people to these when it rewrites the bus's authorization.
+SYSTEM_IDENTITIES = "bus-identities.json"
+
+
+def save_identities(path: Path, identities: Sequence[auth.Identity]) -> None:
+    _write_private(path, json.dumps([{"user": i.user, "password": i.password, "role": i.role.value,
+                                      "publish": list(i.publish), "subscribe": list(i.subscribe)}
+                                     for i in identities], indent=1) + "\n")
+
+
+def load_identities(path: Path) -> list[auth.Identity]:
+    return [auth.Identity(user=r["user"], password=r["password"], role=auth.Role(r["role"]),
+                          publish=tuple(r["publish"]), subscribe=tuple(r["subscribe"]))
+            for r in json.loads(path.read_text())]
 
 
 def admin_name() -> str:

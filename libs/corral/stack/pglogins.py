@@ -43,6 +43,10 @@ from corral.stack import credentials
 READER = "cli"
 SERVICE_ROLE = "corral_service"
 READER_ROLE = "corral_reader"
+#: The group of every person's and pipeline's own login (migration 070).
+PERSON_ROLE = "corral_person"
+#: Where `corral up` keeps the owner's DSN, for `corral user` to create and drop people's logins.
+OWNER_DSN_FILE = "pg-owner.dsn"
 
 T = TypeVar("T")
 
@@ -57,13 +61,32 @@ def login_name(database: str, component: str) -> str:
     return f"{prefix}_{suffix}"
 
 
-def with_login(dsn: str, user: str, passfile: Path) -> str:
-    """`dsn` with `user` as its user, no password, and `passfile` as its password file."""
+def person_prefix(database: str) -> str:
+    """`<database>_u_`, the start of every person's login of this database (a database name over
+    28 characters is shortened with its hash, so that a 32-character person's name fits in 63)."""
+    prefix = re.sub(r"[^a-z0-9_]", "_", database.lower())
+    if len(prefix) > 28:
+        prefix = prefix[:17] + "_" + hashlib.sha256(database.encode()).hexdigest()[:10]
+    return f"{prefix}_u_"
+
+
+def person_login(database: str, name: str) -> str:
+    """`<database>_u_<name>`: a person's or pipeline's own login."""
+    return person_prefix(database) + re.sub(r"[^a-z0-9_]", "_", name.lower())
+
+
+def person_pgpass(data_dir: Path, name: str) -> Path:
+    return data_dir / "credentials" / f"pg-u-{name}.pgpass"
+
+
+def with_login(dsn: str, user: str, passfile: Path | None) -> str:
+    """`dsn` with `user` as its user, no password, and `passfile` (if any) as its password file."""
     parts = urlsplit(dsn)
     host = parts.hostname or "127.0.0.1"
     netloc = f"{quote(user)}@{'[' + host + ']' if ':' in host else host}" + (f":{parts.port}" if parts.port else "")
     query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("user", "password", "passfile")]
-    query.append(("passfile", str(passfile)))
+    if passfile is not None:
+        query.append(("passfile", str(passfile)))
     return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query, safe="/", quote_via=quote), ""))
 
 
@@ -86,8 +109,10 @@ class Logins:
 
 
 async def provision_async(owner_dsn: str, data_dir: Path, services: Sequence[str],
-                          say: Callable[[str], None] = lambda message: None) -> Logins | None:
-    """Migrate as the owner, then create or update every login; None when the owner may not."""
+                          say: Callable[[str], None] = lambda message: None,
+                          people: Sequence[str] = ()) -> Logins | None:
+    """Migrate as the owner, then create or update every login (the services', the CLI's, and one
+    per person of `people`); None when the owner may not."""
     conn = await asyncpg.connect(owner_dsn)
     try:
         await apply_migrations(conn)
@@ -110,6 +135,7 @@ async def provision_async(owner_dsn: str, data_dir: Path, services: Sequence[str
                 await conn.execute(f"GRANT CONNECT ON DATABASE {_ident(database)} TO {_ident(login)}")
                 credentials.write_pgpass(path, login, password)
                 dsns[component] = with_login(owner_dsn, login, path)
+            await sync_people(conn, data_dir, people)
         return Logins(dsns)
     finally:
         await conn.close()
@@ -137,6 +163,79 @@ async def _ensure_login(conn: Any, login: str, password: str, group: str) -> Non
     await conn.execute(f"GRANT {_ident(group)} TO {_ident(login)}")
 
 
+@dataclass(frozen=True)
+class PersonLogin:
+    """A person's Postgres login: its name, password and a DSN without any secret."""
+
+    login: str
+    password: str
+    dsn: str
+
+
+async def ensure_person(owner_dsn: str, data_dir: Path, name: str, *, rotate: bool = False) -> PersonLogin:
+    """Create or update `name`'s login in `corral_person` (password kept in its pgpass file, or a
+    new one with `rotate`: the old one is refused from then on)."""
+    conn = await asyncpg.connect(owner_dsn)
+    try:
+        database = str(await conn.fetchval("SELECT current_database()"))
+        login = person_login(database, name)
+        path = person_pgpass(data_dir, name)
+        password = credentials.new_secret() if rotate else credentials.pgpass_secret(path, login)
+        async with conn.transaction():
+            await _ensure_login(conn, login, password, PERSON_ROLE)
+            await conn.execute(f"GRANT CONNECT ON DATABASE {_ident(database)} TO {_ident(login)}")
+        credentials.write_pgpass(path, login, password)
+        if rotate:  # sessions opened with the old password end too
+            await conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", login)
+        return PersonLogin(login, password, with_login(owner_dsn, login, None))
+    finally:
+        await conn.close()
+
+
+async def drop_person(owner_dsn: str, data_dir: Path, name: str) -> None:
+    """`name` may no longer log in: the login is disabled, its sessions ended, then dropped."""
+    conn = await asyncpg.connect(owner_dsn)
+    try:
+        database = str(await conn.fetchval("SELECT current_database()"))
+        await _drop_login(conn, database, person_login(database, name))
+    finally:
+        await conn.close()
+    person_pgpass(data_dir, name).unlink(missing_ok=True)
+
+
+async def _drop_login(conn: Any, database: str, login: str) -> None:
+    if not await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", login):
+        return
+    await conn.execute(f"ALTER ROLE {_ident(login)} NOLOGIN")
+    await conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", login)
+    await conn.execute(f"REVOKE ALL ON DATABASE {_ident(database)} FROM {_ident(login)}")
+    try:
+        await conn.execute(f"DROP ROLE {_ident(login)}")
+    except asyncpg.DependentObjectsStillReferencedError:
+        pass  # it owns something after all: disabled (NOLOGIN) is what matters
+
+
+async def sync_people(conn: Any, data_dir: Path, names: Sequence[str]) -> None:
+    """At every start: each person's login (password from its pgpass file), and no login left in
+    `corral_person` for someone no longer in the registry."""
+    database = str(await conn.fetchval("SELECT current_database()"))
+    wanted = {person_login(database, n): n for n in names}
+    for login, name in wanted.items():
+        path = person_pgpass(data_dir, name)
+        password = credentials.pgpass_secret(path, login)
+        await _ensure_login(conn, login, password, PERSON_ROLE)
+        await conn.execute(f"GRANT CONNECT ON DATABASE {_ident(database)} TO {_ident(login)}")
+        credentials.write_pgpass(path, login, password)
+    prefix = person_prefix(database)
+    members = await conn.fetch(
+        "SELECT u.rolname FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid "
+        "JOIN pg_roles u ON u.oid = m.member WHERE g.rolname = $1", PERSON_ROLE)
+    for row in members:
+        login = str(row["rolname"])
+        if login.startswith(prefix) and login not in wanted:
+            await _drop_login(conn, database, login)
+
+
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run `coro` to completion from sync code, even when called inside a running event loop
     (an async test calls `Stack.start`): in a thread of its own, with its own loop."""
@@ -145,6 +244,6 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def provision(owner_dsn: str, data_dir: Path, services: Sequence[str],
-              say: Callable[[str], None] = lambda message: None) -> Logins | None:
+              say: Callable[[str], None] = lambda message: None, people: Sequence[str] = ()) -> Logins | None:
     """`provision_async` from sync code (`corral up`)."""
-    return _run(provision_async(owner_dsn, data_dir, services, say))
+    return _run(provision_async(owner_dsn, data_dir, services, say, people))

@@ -13,6 +13,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -184,6 +185,9 @@ class NatsServer:
     advertise: str | None = None
     #: An `authorization { ... }` block (see `corral.bus.auth.nats_authorization`); empty: open.
     authorization: str = field(default="", repr=False)
+    #: A file beside nats.conf that holds the `authorization` block instead, included by it: its
+    #: writer changes who may connect without a restart (`reload_nats`). Empty: `authorization`.
+    authorization_include: str = ""
     #: A `tls { ... }` block (see `corral.stack.tls.TlsFiles.server_block`); empty: plain TCP.
     tls: str = field(default="", repr=False)
     #: `server_name` and a `cluster { ... }` block for one server of a JetStream cluster; empty: alone.
@@ -224,7 +228,7 @@ class NatsServer:
             "  max_file_store: 8GB\n"
             "}\n"
             "max_payload: 8MB\n"
-            + self.authorization
+            + (f'include "{self.authorization_include}"\n' if self.authorization_include else self.authorization)
             + self.tls
             + self.cluster
         )
@@ -258,6 +262,10 @@ class NatsServer:
         """Still running (a dead one is reaped here, so it never lingers as a zombie)."""
         return self.proc is not None and self.proc.poll() is None
 
+    def reload(self, timeout: float = 10.0) -> bool:
+        """Re-read the configuration in place (`reload_nats`)."""
+        return reload_nats(self.data_dir, timeout)
+
     def stop(self) -> None:
         if self.proc is None:
             return
@@ -269,6 +277,46 @@ class NatsServer:
                 self.proc.kill()
                 self.proc.wait(5)
         self.proc = None
+
+
+class NatsReloadError(RuntimeError):
+    """The nats-server refused its new configuration (it keeps the old one); the message says why."""
+
+
+def reload_nats(data_dir: Path, timeout: float = 10.0) -> bool:
+    """Make the nats-server of `data_dir` (a `NatsServer`'s) re-read its configuration: SIGHUP,
+    as `nats-server --signal reload=PID` sends, then wait for its log to say it did. The server
+    keeps running, with its connections; those whose user is gone or whose password changed are
+    closed by the server. False when no such server runs (the next start reads the new file);
+    NatsReloadError when it refused the file."""
+    conf, log = data_dir / "nats.conf", data_dir / "nats.log"
+    pid = _pid_in(data_dir / "nats.pid")
+    if pid is None or process_state(pid) in (None, "Z"):
+        return False
+    argv = command_line(pid)
+    if not (any("nats-server" in a for a in argv) and str(conf) in argv):
+        return False
+    try:
+        offset = log.stat().st_size
+    except OSError:
+        offset = 0
+    os.kill(pid, signal.SIGHUP)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with log.open("rb") as f:
+                f.seek(offset)
+                news = f.read().decode(errors="replace")
+        except OSError:
+            news = ""
+        for line in news.splitlines():
+            if "Failed to reload server configuration" in line:
+                raise NatsReloadError(line.split("[ERR]", 1)[-1].strip())
+            if "Reloaded server configuration" in line:
+                return True
+        time.sleep(0.05)
+    raise NatsReloadError(f"nats-server (pid {pid}) did not say it reloaded its configuration within {timeout:.0f}s; "
+                          f"see {log}")
 
 
 def _pg_bin() -> Path:
@@ -436,6 +484,10 @@ class PostgresServer:
     def alive(self) -> bool:
         """Still running (a dead one is reaped here, so it never lingers as a zombie)."""
         return self.proc is not None and self.proc.poll() is None
+
+    def reload(self, timeout: float = 10.0) -> bool:
+        """Re-read the configuration in place (`reload_nats`)."""
+        return reload_nats(self.data_dir, timeout)
 
     def stop(self) -> None:
         if self.proc is None:

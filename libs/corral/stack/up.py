@@ -39,10 +39,12 @@ from enum import StrEnum
 from pathlib import Path
 
 from corral.bus.bus import CA_ENV
-from corral.stack import credentials, join, pglogins, tls
+from corral.stack import credentials, join, people_admin, pglogins, tls
 from corral.stack.backoff import RestartBackoff
 from corral.stack.context import CONTEXT_FILE, Context, owned_by_this_process
 from corral.stack.lock import DataDirLock
+from corral.stack.people import Registry
+from corral.stack.people_admin import Installation
 from corral.stack.servers import (
     NatsServer,
     PostgresServer,
@@ -158,8 +160,8 @@ class StackOptions:
     placement_standby: bool = True
     write_user_context: bool = False  # retired: the context lives only in the data folder (context.py)
     extra_env: dict[str, str] = field(default_factory=dict)
-    #: Submitter identities to create besides the admin (the person running `corral up`); each gets
-    #: `<data_dir>/credentials/<user>.json` (see `corral.stack.credentials`).
+    #: People to have in the registry besides the admin (the person running `corral up`), as
+    #: `corral user add NAME` would add them; each gets `<data_dir>/credentials/<user>.json`.
     submitters: tuple[str, ...] = ()
     #: Give each service its own Postgres login and the CLI a read-only one (`corral.stack.pglogins`);
     #: off, everything connects with the owner's DSN (as before issue 12).
@@ -217,13 +219,19 @@ class Stack:
         cluster_file = self._cluster_file() if opts.agents is Agents.SIMULATED else None
         keyring: credentials.Keyring | None = None
         tls_files: tls.TlsFiles | None = None
+        admin = credentials.admin_name()
+        people = Installation(opts.data_dir, opts.namespace)
+        registry: Registry | None = None
         if not nats_url:
             # Our own NATS: nobody connects without an identity (see corral.bus.auth), nor without TLS.
+            # Its authorization is a file of its own, rewritten by `corral user` (people_admin).
             keyring = self._keyring(cluster_file)
+            registry = people_admin.prepare(people, keyring.identities, admin, opts.submitters)
             tls_files = tls.generate(opts.data_dir / "tls", tls.default_hosts(*join.certificate_hosts(
                 listen, opts.advertise))) if opts.nats_tls else None
             self.nats = NatsServer(opts.data_dir / "nats", host=listen, advertise=public,
-                                   port=_reuse(previous.get("nats"), listen), authorization=keyring.authorization(),
+                                   port=_reuse(previous.get("nats"), listen),
+                                   authorization_include=people_admin.AUTH_FILE,
                                    tls=tls_files.server_block() if tls_files else "").start()
             nats_url = self.nats.url
         dsn = opts.postgres_dsn
@@ -233,14 +241,20 @@ class Stack:
                                            password_file=opts.data_dir / "credentials" / "pg-superuser.pgpass"
                                            ).start()
             dsn = self.postgres.dsn
-        # As the owner: migrate, then one login per service and one read-only for the CLI.
-        logins = pglogins.provision(dsn, opts.data_dir, SERVICES, say=self.say) if opts.postgres_logins else None
+        # As the owner: migrate, then one login per service, one read-only for the CLI and one per
+        # person; `corral user` creates and drops people's logins with the owner's DSN kept here.
+        logins = pglogins.provision(dsn, opts.data_dir, SERVICES, say=self.say,
+                                    people=registry.names() if registry else ()) if opts.postgres_logins else None
+        owner_file = opts.data_dir / "credentials" / pglogins.OWNER_DSN_FILE
+        if logins is not None:
+            credentials.write_private(owner_file, dsn + "\n")
+        else:
+            owner_file.unlink(missing_ok=True)
         log_dir = opts.data_dir / "logs"
-        admin = credentials.admin_name()
         self.context = owned_by_this_process(Context(
             nats_url=nats_url, postgres_dsn=logins.reader if logins else dsn, namespace=opts.namespace,
             data_dir=str(opts.data_dir.resolve()), log_dir=str(log_dir.resolve()),
-            credentials=str(keyring.path(admin)) if keyring else None,
+            credentials=str(people.credentials_file(admin)) if keyring else None,
             nats_ca=str(tls_files.ca) if tls_files else None))
         self._save_ports()
         env = {**os.environ, **opts.extra_env,
@@ -254,8 +268,8 @@ class Stack:
             env[CA_ENV] = str(tls_files.ca)
         elif self.nats is not None:
             env.pop(CA_ENV, None)
-        if keyring is not None:
-            env["CORRAL_ADMINS"] = admin
+        if registry is not None:
+            env["CORRAL_ADMINS"] = ",".join(registry.admins())
         py = sys.executable
         for name in SERVICES:
             self.processes.append(ManagedProcess(
@@ -338,8 +352,7 @@ class Stack:
             agents.append((nodes, durable))
             self._agent_user = f"agent-{durable}"
         return credentials.generate(self.options.data_dir, self.options.namespace, services=SERVICES,
-                                    agents=agents, admin=credentials.admin_name(),
-                                    submitters=self.options.submitters)
+                                    agents=agents, admin=None)
 
     def _cluster_file(self) -> Path:
         """The cluster the simulated agents declare: given, or remembered from the last run."""

@@ -1,0 +1,242 @@
+"""People and pipelines as principals: `corral user add|list|remove|rotate` and `corral whoami`.
+
+One stack for the module, as `corral up` runs it (its own nats-server with TLS and identities,
+per-service Postgres logins on a fresh database of the session's server). The admin is the
+operator: the CLI given the data folder as its context. Each person gets a context file of their
+own (`--out`), and the CLI given it acts as that person, whatever `$USER` says. Adding, removing
+and rotating never restarts the bus: the nats-server's pid stays the same, and a removed or
+rotated credential's open connection is closed by the server's config reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import nats
+import pytest
+
+from corral.client import Client
+from corral.contracts import events as ev
+from corral.contracts.queues import validate_queues
+from corral.stack.context import Context
+from corral.stack.credentials import admin_name
+from corral.stack.up import Stack, StackOptions
+
+NS = "corral"
+
+
+def _with_database(dsn: str, database: str) -> str:
+    return dsn.rpartition("/")[0] + "/" + database
+
+
+@pytest.fixture(scope="module")
+async def site(postgres_server_dsn: str) -> AsyncIterator[Stack]:
+    """`corral up` with its own NATS (identities, TLS) and Postgres logins: 2 nodes x 8 GPUs."""
+    name = f"t_{secrets.token_hex(6)}"
+    owner = await asyncpg.connect(_with_database(postgres_server_dsn, "postgres"))
+    await owner.execute(f'CREATE DATABASE "{name}"')
+    await owner.close()
+    data = Path(tempfile.mkdtemp(prefix="corral-people-"))
+    dsn = _with_database(postgres_server_dsn, name)
+    stack = Stack(StackOptions(data_dir=data, cluster="2x8:H100", postgres_dsn=dsn, namespace=NS,
+                               write_user_context=False, extra_env={"CORRAL_LOG_LEVEL": "INFO"}))
+    stack.start()
+    try:
+        async with await Client.connect(stack.context) as client:  # type: ignore[arg-type]
+            await client.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 16}]}))
+            await client.wait_for(lambda v: "team-a" in v.queues and len(v.nodes) >= 2, 30)
+        yield stack
+    finally:
+        stack.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def corral(*args: str, context: Path | str, user: str | None = None,
+           check: bool = True) -> subprocess.CompletedProcess[str]:
+    """The CLI as a person runs it: only a context (no cluster variables), `$USER` as given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update({"COLUMNS": "200", "PYTHONUNBUFFERED": "1", "CORRAL_CONTEXT": str(context)})
+    if user is not None:
+        env["USER"] = user
+    proc = subprocess.run([sys.executable, "-m", "corral.cli.main", *args], text=True, capture_output=True,
+                          env=env, timeout=150)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"corral {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def admin(stack: Stack, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """The operator: the CLI given `corral up`'s data folder."""
+    return corral(*args, context=stack.options.data_dir, check=check)
+
+
+def job_file(folder: Path, name: str, *, seconds: float = 1.0, extra: str = "") -> str:
+    path = folder / f"{name}.yaml"
+    path.write_text(f"name: {name}\nqueue: team-a\nreplicas: 1\ngpus_per_replica: 1\nruntime: sim\n"
+                    f"duration_seconds: {seconds}\n{extra}")
+    return str(path)
+
+
+def nats_pid(stack: Stack) -> int:
+    assert stack.nats is not None and stack.nats.proc is not None
+    return stack.nats.proc.pid
+
+
+async def connect_raw(context_file: Path, **kw: Any) -> Any:
+    """A plain nats-py connection with the identity and CA of a person's context file."""
+    ctx = json.loads(context_file.read_text())
+    tls = ssl.create_default_context(cadata=ctx["nats_ca_pem"])
+    return await nats.connect(ctx["nats_url"], user=ctx["nats_identity"]["user"],
+                              password=ctx["nats_identity"]["password"], tls=tls, tls_handshake_first=True,
+                              allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3, **kw)
+
+
+async def refused(context_file: Path) -> bool:
+    try:
+        nc = await connect_raw(context_file)
+    except Exception:
+        return True
+    await nc.close()
+    return False
+
+
+async def test_a_person_added_by_the_admin_acts_under_her_own_name(site: Stack, tmp_path: Path) -> None:
+    """Problem 1: everyone shared the admin's login and was recorded as `$USER` said. Now the admin
+    adds alice; the CLI with alice's context submits as alice (even with USER=bob), and `corral
+    usage --by user` tells her from the admin."""
+    pid = nats_pid(site)
+    alice = tmp_path / "alice.json"
+    added = admin(site, "user", "add", "alice", "--out", str(alice), "--json")
+    assert json.loads(added.stdout)["name"] == "alice"
+    assert alice.stat().st_mode & 0o777 == 0o600
+    saved = json.loads(alice.read_text())
+    assert saved["nats_identity"]["user"] == "alice" and "BEGIN CERTIFICATE" in saved["nats_ca_pem"]
+    assert saved["postgres_dsn"].startswith("postgresql://") and "_u_alice@" in saved["postgres_dsn"]
+    assert saved["postgres_password"] not in saved["postgres_dsn"]
+
+    me = json.loads(corral("whoami", "--json", context=alice, user="bob").stdout)
+    assert me["user"] == "alice" and me["kind"] == "person" and me["source"] == str(alice)
+
+    done = json.loads(corral("submit", job_file(tmp_path, "hers"), "--wait", "--until-done", "--json",
+                             context=alice, user="bob").stdout)
+    assert done["state"] == "COMPLETED" and done["user"] == "alice"
+    mine = json.loads(admin(site, "submit", job_file(tmp_path, "ops"), "--wait", "--until-done", "--json").stdout)
+    assert mine["user"] == admin_name()
+
+    async with await Client.connect(site.context) as client:  # type: ignore[arg-type]
+        trail = await client.job_events(done["id"])
+    submitted = next(e for _, e in trail if isinstance(e, ev.JobSubmitted))
+    assert submitted.user == "alice" and submitted.actor == "user/alice"
+
+    usage = json.loads(corral("usage", "--by", "user", "--json", context=alice).stdout)
+    users = {row["user"] for row in usage["rows"]}
+    assert {"alice", admin_name()} <= users and "bob" not in users
+
+    listed = json.loads(admin(site, "user", "list", "--json").stdout)
+    kinds = {p["name"]: p["kind"] for p in listed}
+    assert kinds["alice"] == "person" and kinds[admin_name()] == "admin"
+    assert nats_pid(site) == pid  # the bus never restarted
+
+
+async def test_only_the_operator_manages_people(site: Stack, tmp_path: Path) -> None:
+    """A person's context cannot add anyone: `corral user` needs the installation's data folder."""
+    eve = tmp_path / "eve.json"
+    admin(site, "user", "add", "eve", "--out", str(eve))
+    proc = corral("user", "add", "mallory", context=eve, check=False)
+    assert proc.returncode != 0 and "data folder" in proc.stderr
+    assert "mallory" not in {p["name"] for p in json.loads(admin(site, "user", "list", "--json").stdout)}
+    bad = admin(site, "user", "add", "svc-admission", check=False)
+    assert bad.returncode != 0 and "svc-admission" in bad.stderr
+
+
+async def test_remove_closes_open_connections_and_keeps_jobs(site: Stack, tmp_path: Path) -> None:
+    """`corral user remove`: the credential stops working at once (the open connection is closed by
+    the reload, a new one refused, the Postgres login too); the person's jobs stay."""
+    pid = nats_pid(site)
+    carol = tmp_path / "carol.json"
+    admin(site, "user", "add", "carol", "--out", str(carol))
+    job = json.loads(corral("submit", job_file(tmp_path, "carols", seconds=600), "--json", context=carol).stdout)
+    closed = asyncio.Event()
+
+    async def on_closed() -> None:
+        closed.set()
+
+    nc = await connect_raw(carol, closed_cb=on_closed)
+    try:
+        admin(site, "user", "remove", "carol")
+        await asyncio.wait_for(closed.wait(), 20)
+    finally:
+        await nc.close()
+    assert await refused(carol)
+    saved = json.loads(carol.read_text())
+    with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
+        await asyncpg.connect(saved["postgres_dsn"], password=saved["postgres_password"])
+    assert corral("jobs", context=carol, check=False).returncode != 0
+    shown = json.loads(admin(site, "show", job["id"], "--json").stdout)
+    assert shown["id"] == job["id"] and shown["user"] == "carol"
+    assert "carol" not in {p["name"] for p in json.loads(admin(site, "user", "list", "--json").stdout)}
+    admin(site, "cancel", job["id"])
+    assert nats_pid(site) == pid
+
+
+async def test_rotate_refuses_the_old_secret(site: Stack, tmp_path: Path) -> None:
+    pid = nats_pid(site)
+    old, new = tmp_path / "dave-old.json", tmp_path / "dave.json"
+    admin(site, "user", "add", "dave", "--out", str(old))
+    closed = asyncio.Event()
+
+    async def on_closed() -> None:
+        closed.set()
+
+    nc = await connect_raw(old, closed_cb=on_closed)
+    try:
+        admin(site, "user", "rotate", "dave", "--out", str(new))
+        await asyncio.wait_for(closed.wait(), 20)
+    finally:
+        await nc.close()
+    assert await refused(old)
+    assert not await refused(new)
+    assert json.loads(corral("whoami", "--json", context=new).stdout)["user"] == "dave"
+    assert corral("jobs", context=new).returncode == 0
+    assert nats_pid(site) == pid
+
+
+async def test_a_pipeline_submits_idempotently_and_waits_for_the_outcome(site: Stack, tmp_path: Path) -> None:
+    ci = tmp_path / "ci.json"
+    admin(site, "user", "add", "ci-nightly", "--pipeline", "--out", str(ci))
+    spec = job_file(tmp_path, "nightly", extra="submission_id: nightly-2026-12-07\n")
+    first = json.loads(corral("submit", spec, "--wait", "--until-done", "--json", context=ci).stdout)
+    again = json.loads(corral("submit", spec, "--json", context=ci).stdout)
+    assert first["state"] == "COMPLETED" and first["user"] == "ci-nightly"
+    assert again["id"] == first["id"]
+    me = json.loads(corral("whoami", "--json", context=ci).stdout)
+    assert me == {**me, "user": "ci-nightly", "kind": "pipeline"}
+
+
+async def test_people_survive_a_restart_of_corral_up(site: Stack, tmp_path: Path) -> None:
+    """The registry lives in the data folder: a restart keeps every person and their secret."""
+    frank = tmp_path / "frank.json"
+    admin(site, "user", "add", "frank", "--admin", "--out", str(frank))
+    data = site.options.data_dir
+    site.stop()
+    site.start()
+    async with await Client.connect(site.context) as client:  # type: ignore[arg-type]
+        await client.wait_for(lambda v: len(v.nodes) >= 2, 30)
+    assert json.loads(corral("whoami", "--json", context=frank).stdout)["kind"] == "admin"
+    assert corral("jobs", context=frank).returncode == 0
+    listed = {p["name"]: p["kind"] for p in json.loads(admin(site, "user", "list", "--json").stdout)}
+    assert listed["frank"] == "admin" and listed["alice"] == "person"
+    assert (data / "people.json").is_file()
+    assert isinstance(site.context, Context)
