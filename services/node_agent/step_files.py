@@ -81,15 +81,20 @@ def _write_private(path: Path, text: str) -> None:
 def write_json(path: Path, content: Any) -> None:
     """Replace `path` atomically: a reader sees the old or the new content, never a mix."""
     tmp = _tmp(path)
-    _write_private(tmp, json.dumps(content, sort_keys=True))
-    os.replace(tmp, path)
+    try:
+        _write_private(tmp, json.dumps(content, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):  # a part written before the disk filled
+            tmp.unlink()
+        raise
 
 
 def create_json(path: Path, content: Any) -> bool:
     """Create `path` atomically unless it exists (a hard link refuses to overwrite): True if created."""
     tmp = _tmp(path)
-    _write_private(tmp, json.dumps(content, sort_keys=True))
     try:
+        _write_private(tmp, json.dumps(content, sort_keys=True))
         os.link(tmp, path)
         return True
     except FileExistsError:

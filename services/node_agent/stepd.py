@@ -74,6 +74,7 @@ POLL_RUNNING = 0.25  # control files while nothing is pending; exits and command
 POLL_BUSY = 0.05  # while preempting (waiting for checkpoint reports)
 LINGER_RETRY = 1.0  # seconds between tries to remove a container its client left behind
 EXIT_AFTER_REPORT = 2.0  # a rank that reported its checkpoint gets this long to exit by itself
+SAVE_RETRY = 0.5  # seconds between tries to write a state the disk refused (full)
 
 # state["mode"]: what the gang is doing; decides the reason of an exit (see `classify`)
 M_RUNNING, M_PREEMPTING, M_STOPPING, M_FAILING = "running", "preempting", "stopping", "failing"
@@ -137,6 +138,7 @@ class Stepd:
         self.preempting: dict[str, Any] | None = None
         self.term_requested = False
         self.dirty = False
+        self.unsaved = False  # the last write of the state failed: it is only in memory
         self.state: dict[str, Any] = {
             "version": STATE_VERSION, "job_id": self.a.job_id, "attempt": self.a.attempt, "phase": STARTING,
             "mode": M_RUNNING, "stepd_pid": os.getpid(), "stepd_started": process_start_time(os.getpid()),
@@ -147,7 +149,12 @@ class Stepd:
     # --- the loop ----------------------------------------------------------------------------------
 
     def run(self) -> int:
-        if not create_json(self.folder / STATE, self.state):
+        try:
+            created = create_json(self.folder / STATE, self.state)
+        except OSError as exc:  # nothing started yet: the agent reports the ranks as not started
+            log.error("%s: cannot write its state (%s); not starting the ranks", self.folder, exc)
+            return 1
+        if not created:
             log.warning("%s: the agent abandoned this attempt before we started; not running it", self.folder)
             return 0
         wake_r, wake_w = os.pipe()
@@ -178,7 +185,8 @@ class Stepd:
                     pass
         self.state["phase"] = ENDED
         self.state["end"] = gang_end(self.state)
-        self.save()
+        while not self.save():  # the ranks are gone; their exits leave only once written down
+            time.sleep(SAVE_RETRY)
         log.info("%s attempt %d ended: %s", self.a.job_id, self.a.attempt, self.state["end"])
         return 0
 
@@ -188,13 +196,31 @@ class Stepd:
     def live(self) -> list[int]:
         return [int(r) for r, rec in self.state["ranks"].items() if rec.get("exited_at") is None]
 
-    def save(self) -> None:
+    def save(self) -> bool:
+        """Write the state down; False when the disk refused it (full, read-only, an I/O error).
+
+        A failed write never ends the stepd: the state stays in memory, `dirty`, and is written
+        at the next try (`SAVE_RETRY`); what the ranks did is kept, never lost to the disk."""
         self.state["updated_at"] = time.time()
-        write_json(self.folder / STATE, self.state)
+        try:
+            write_json(self.folder / STATE, self.state)
+        except OSError as exc:
+            self.dirty = True
+            if not self.unsaved:
+                log.warning("cannot write %s (%s); keeping the state in memory and trying again every %.1fs",
+                            self.folder / STATE, exc, SAVE_RETRY)
+            self.unsaved = True
+            return False
+        if self.unsaved:
+            log.info("%s written again", self.folder / STATE)
+        self.unsaved = False
         self.dirty = False
+        return True
 
     def timeout(self, now: float) -> float:
         due = [POLL_BUSY if self.preempting else POLL_RUNNING]
+        if self.unsaved:
+            due.append(SAVE_RETRY)
         due += [at - now for _, at in self.lingering.values()]
         if self.kill_at is not None:
             due.append(self.kill_at - now)

@@ -168,6 +168,7 @@ class _Gang:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     ended: asyncio.Future[GangOutcome] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task[None] | None = None
+    pending: list[dict[str, Any]] = field(default_factory=list)  # commands the disk refused so far
 
     @property
     def assignment(self) -> Assignment:
@@ -313,8 +314,16 @@ class Supervisor:
         state = {"version": STATE_VERSION, "job_id": a.job_id, "attempt": a.attempt, "phase": ENDED,
                  "mode": "failing", "end": GangEnd.FAILED.value, "ranks": ranks, "checkpoints": [],
                  "failed_rank": a.ranks[0].rank, "failed_exit_code": None, "commands_done": 0}
-        if not create_json(gang.folder / STATE, state):
+        try:
+            created = create_json(gang.folder / STATE, state)
+        except OSError as exc:  # a full disk: the reports go out from memory all the same
+            log.warning("%s: cannot write its state (%s); reporting from memory", gang.folder, exc)
+            created = True
+        if not created:
             log.warning("%s: the stepd wrote its state after all", gang.folder)
+            return
+        gang.state = state
+        gang.changed.set()
 
     # --- following a stepd ---------------------------------------------------------------------
 
@@ -355,6 +364,8 @@ class Supervisor:
         if gang.state is not None:  # read at adoption
             await self._report(gang)
         while True:
+            if gang.pending and loop.time() - checked >= _LIVENESS_EVERY:
+                self._flush_commands(gang)
             if self._refresh(gang):
                 await self._report(gang)
             if gang.phase in (ENDED, ABANDONED):
@@ -366,6 +377,8 @@ class Supervisor:
                         await self._report(gang)
                     if gang.phase not in (ENDED, ABANDONED):
                         self._stepd_died(gang)
+                        if gang.state is not None:
+                            await self._report(gang)
                     continue
             await asyncio.sleep(self._poll_interval)
         if gang.proc is not None:
@@ -396,7 +409,10 @@ class Supervisor:
             if state.get("failed_rank") is None:
                 state["failed_rank"] = int(r)
         state.update(phase=ENDED, mode="failing", end=GangEnd.FAILED.value)
-        write_json(gang.folder / STATE, state)
+        try:
+            write_json(gang.folder / STATE, state)
+        except OSError as exc:  # a full disk: the reports go out from memory all the same
+            log.warning("%s: cannot write its state (%s); reporting from memory", gang.folder, exc)
 
     async def _report(self, gang: _Gang) -> None:
         """Call the callbacks for what `gang.state` holds that this process has not reported yet."""
@@ -462,17 +478,35 @@ class Supervisor:
     # --- commands ------------------------------------------------------------------------------
 
     def _command(self, gang: _Gang, command: dict[str, Any]) -> None:
-        """Append `command` to the gang's commands.json (atomically) and wake its stepd."""
-        commands = read_commands(gang.folder)
-        commands.append(command)
-        write_json(gang.folder / COMMANDS, commands)
+        """Append `command` to the gang's commands.json (atomically) and wake its stepd.
+
+        A disk that refuses the write (full) keeps the command in memory, written at the watcher's
+        next tries (`_flush_commands`); a stop does not wait for it: SIGTERM to the stepd is a stop."""
+        gang.pending.append(command)
+        if not self._flush_commands(gang) and command.get("op") == "stop":
+            self._signal_stepd(gang, signal_module.SIGTERM)
+
+    def _flush_commands(self, gang: _Gang) -> bool:
+        """Write the commands kept in memory; True once none is left."""
+        if not gang.pending:
+            return True
+        try:
+            write_json(gang.folder / COMMANDS, [*read_commands(gang.folder), *gang.pending])
+        except OSError as exc:
+            log.warning("%s: cannot write its commands (%s); trying again", gang.folder, exc)
+            return False
+        gang.pending.clear()
+        self._signal_stepd(gang, WAKE_SIGNAL)
+        return True
+
+    def _signal_stepd(self, gang: _Gang, sig: int) -> None:
         if gang.proc is not None:
             if gang.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    gang.proc.send_signal(WAKE_SIGNAL)
+                    gang.proc.send_signal(sig)
         elif gang.stepd_pid and is_alive(gang.stepd_pid, gang.stepd_started):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(gang.stepd_pid, WAKE_SIGNAL)
+                os.kill(gang.stepd_pid, sig)
 
     def send_preempt(self, job_id: str, grace_seconds: float, signal: str | None = None, *,
                      cause: str | None = None) -> bool:

@@ -28,6 +28,8 @@ from corral.bus import Poison, Retry, Unavailable, UnavailableBackoff, is_unavai
     asyncpg.CannotConnectNowError("the database system is starting up"),
     asyncpg.exceptions.AdminShutdownError("terminating connection due to administrator command"),
     asyncpg.exceptions.TooManyConnectionsError("sorry, too many clients already"),
+    # its disk full (53100, "could not extend file"): an append waits for space, never a dead letter
+    asyncpg.exceptions.DiskFullError('could not extend file "base/16384/16401": No space left on device'),
     nats.errors.TimeoutError(),
     nats.errors.ConnectionClosedError(),
     nats.errors.NoServersError(),

@@ -68,6 +68,28 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    """Whether GET `url` answers 200 within `timeout` (a probe: any failure is a no)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return int(answer.status) == 200
+    except (OSError, ValueError, urllib.error.URLError):
+        return False
+
+
+def has_room(path: Path, *, at_least: int = 64 << 20, share: float = 0.05) -> bool:
+    """Whether the filesystem of `path` has room to work again: `at_least` bytes free, or
+    `share` of it on a smaller one. Unknown (no such folder) is yes: a restart will tell."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return True
+    return st.f_bavail * st.f_frsize >= min(at_least, share * st.f_blocks * st.f_frsize)
+
+
 def process_state(pid: int) -> str | None:
     """The state letter of process `pid` ('R', 'S', 'Z' for a zombie, ...), None when there is none."""
     try:
@@ -205,6 +227,8 @@ class NatsServer:
     #: inbox acknowledged within the interval before a machine crash is the one loss, as with
     #: Kafka's default. `CORRAL_NATS_SYNC=always` takes it back, at that cost (`nats_sync_interval`).
     sync_interval: str = field(default_factory=lambda: nats_sync_interval())
+    #: Its monitoring port, on loopback only (`/healthz`, `/jsz`); 0: a free one at start.
+    monitor_port: int = 0
 
     @property
     def url(self) -> str:
@@ -215,12 +239,15 @@ class NatsServer:
         self.data_dir = self.data_dir.resolve()
         if not self.port:
             self.port = free_port(self.host)
+        if not self.monitor_port:
+            self.monitor_port = free_port()
         store = self.data_dir / "jetstream"
         conf = self.data_dir / "nats.conf"
         self._stop_orphan(conf)
         conf.write_text(
             f'listen: "{host_port(self.host, self.port)}"\n'
             f'pid_file: "{self.pid_file}"\n'
+            f'http: "127.0.0.1:{self.monitor_port}"\n'
             "jetstream {\n"
             f'  store_dir: "{store}"\n'
             f"  sync_interval: {self.sync_interval}\n"
@@ -265,6 +292,16 @@ class NatsServer:
     def reload(self, timeout: float = 10.0) -> bool:
         """Re-read the configuration in place (`reload_nats`)."""
         return reload_nats(self.data_dir, timeout)
+
+    def works(self, timeout: float = 2.0) -> bool:
+        """Its liveness check, which proves work: the full `/healthz` (not `?js-enabled-only=true`,
+        which passes while a stream refuses every write), failing on any stream's write error,
+        such as a store that met a full disk; JetStream keeps that error after space is back."""
+        return http_ok(f"http://127.0.0.1:{self.monitor_port}/healthz", timeout)
+
+    @property
+    def store(self) -> Path:
+        return self.data_dir / "jetstream"
 
     def stop(self) -> None:
         if self.proc is None:
@@ -488,6 +525,27 @@ class PostgresServer:
     def reload(self, timeout: float = 10.0) -> bool:
         """Re-read the configuration in place (`reload_nats`)."""
         return reload_nats(self.data_dir, timeout)
+
+    #: The liveness check's write: one row, in the `postgres` database (never the log's).
+    LIVENESS_SQL = ("CREATE TABLE IF NOT EXISTS corral_liveness (id int PRIMARY KEY, at timestamptz);\n"
+                    "INSERT INTO corral_liveness VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now();\n")
+
+    def works(self, timeout: float = 5.0) -> bool:
+        """Its liveness check, which proves work: a committed write (over the unix socket), so a
+        server that answers but cannot write (its disk full) or does not answer fails it."""
+        if not self.port:
+            return False
+        psql = [str(_pg_bin() / "psql"), "-h", str(self.data_dir), "-p", str(self.port), "-U", "postgres",
+                "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-tAq"]
+        try:
+            done = subprocess.run(psql, input=self.LIVENESS_SQL, capture_output=True, text=True, timeout=timeout)
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return done.returncode == 0
+
+    @property
+    def store(self) -> Path:
+        return self.data_dir / "pgdata"
 
     def stop(self) -> None:
         if self.proc is None:

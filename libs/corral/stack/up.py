@@ -6,7 +6,10 @@ separate OS processes, exactly as in production, so killing one (`kill -9`) beha
 a real cluster. State lives in the data directory: a second `corral up` keeps every event.
 
 Supervision (`supervise`): a child found dead (service, node agents, nats-server, Postgres) is
-reaped and restarted with exponential backoff (`RestartBackoff`), never in a tight loop.
+reaped and restarted with exponential backoff (`RestartBackoff`), never in a tight loop. Alive is
+not working: each child also has a liveness check that proves work (`corral.stack.liveness`), and
+one that is alive but fails it for its grace is stopped and restarted the same way; a server
+whose store's disk is full is restarted only once space is back (it would wedge again).
 
 Shutdown (`stop`) is ordered so that nothing is decided while the system goes down and the log
 keeps jobs as they are: placement and preemption first (no new placements or preemptions), then
@@ -42,6 +45,7 @@ from corral.bus.bus import CA_ENV
 from corral.stack import credentials, join, people_admin, pglogins, tls
 from corral.stack.backoff import RestartBackoff
 from corral.stack.context import CONTEXT_FILE, Context, owned_by_this_process
+from corral.stack.liveness import Liveness
 from corral.stack.lock import DataDirLock
 from corral.stack.people import Registry
 from corral.stack.people_admin import Installation
@@ -51,6 +55,8 @@ from corral.stack.servers import (
     ServerStartError,
     command_line,
     free_port,
+    has_room,
+    http_ok,
     require_dev_servers,
     stop_orphan,
 )
@@ -79,6 +85,9 @@ class ManagedProcess:
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
     #: Where its /metrics, /healthz and /readyz answer (`corral.telemetry`), e.g. http://127.0.0.1:40123
     metrics_url: str | None = None
+    #: Its `/healthz` (answered by its event loop) probed; a minute without an answer is wedged:
+    #: longer than any fold of the log blocks that loop, and than the chaos suite's SIGSTOPs.
+    liveness: Liveness = field(default_factory=lambda: Liveness(every=5.0, grace=60.0))
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,6 +96,11 @@ class ManagedProcess:
                 self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         self.backoff.started(time.monotonic())
+        self.liveness.started(time.monotonic())
+
+    def works(self) -> bool:
+        """Its liveness check: `/healthz` answers (no endpoint: nothing to judge, it works)."""
+        return self.metrics_url is None or http_ok(f"{self.metrics_url}/healthz", 2.0)
 
     @property
     def returncode(self) -> int | None:
@@ -194,6 +208,12 @@ class Stack:
     say: Callable[[str], None] = field(default=lambda message: None)
     lock: DataDirLock | None = None
     server_backoff: dict[str, RestartBackoff] = field(default_factory=dict)
+    #: The servers' liveness checks: nats-server's `/healthz` every 2 s, wedged after 6 s of
+    #: failures; a Postgres write every 5 s, wedged after 30 s (a restart costs it more).
+    server_liveness: dict[str, Liveness] = field(default_factory=lambda: {
+        "nats": Liveness(every=2.0, grace=6.0), "postgres": Liveness(every=5.0, grace=30.0)})
+    #: Wedged servers waiting for space on their store's disk (said once).
+    waiting_for_room: set[str] = field(default_factory=set)
 
     # ---- start -------------------------------------------------------------------------------
     def start(self) -> Context:
@@ -232,6 +252,7 @@ class Stack:
             self.nats = NatsServer(opts.data_dir / "nats", host=listen, advertise=public,
                                    port=_reuse(previous.get("nats"), listen),
                                    authorization_include=people_admin.AUTH_FILE,
+                                   monitor_port=_reuse(previous.get("nats-monitor")),
                                    tls=tls_files.server_block() if tls_files else "").start()
             nats_url = self.nats.url
         dsn = opts.postgres_dsn
@@ -382,6 +403,7 @@ class Stack:
         ports = {}
         if self.nats:
             ports["nats"] = self.nats.port
+            ports["nats-monitor"] = self.nats.monitor_port
         if self.postgres:
             ports["postgres"] = self.postgres.port
         for p in self.processes:
@@ -407,8 +429,10 @@ class Stack:
             if server is None:
                 continue
             backoff = self.server_backoff.setdefault(name, RestartBackoff(initial=1.0))
+            liveness = self.server_liveness[name]
             if backoff.started_at is None and not backoff.waiting:
                 backoff.started(now)
+                liveness.started(now)
             if not backoff.waiting and not server.alive():
                 code = server.proc.returncode if server.proc is not None else None
                 delay = backoff.exited(now)
@@ -421,8 +445,11 @@ class Stack:
                     self.say(f"{name} did not start ({str(exc).splitlines()[0]}); trying again in {delay:.1f}s")
                 else:
                     backoff.started(time.monotonic())
+                    liveness.started(time.monotonic())
                     self.say(f"{name} restarted (pid {server.proc.pid if server.proc else '?'})")
                     self._save_pids()
+            elif not backoff.waiting and liveness.due(now) and liveness.observe(now, server.works()):
+                self._restart_wedged_server(name, server, backoff, liveness, now)
         for p in self.processes:
             if not p.backoff.waiting and not p.alive():
                 delay = p.backoff.exited(now)
@@ -431,6 +458,28 @@ class Stack:
                 p.start()
                 self.say(f"{p.name} restarted (pid {p.pid})")
                 self._save_pids()
+            elif p.liveness.due(now) and p.liveness.observe(now, p.works()):
+                self.say(f"{p.name} is alive but has not answered its liveness check (/healthz) for "
+                         f"{p.liveness.grace:.0f}s; killing it to restart it")
+                p.kill()
+
+    def _restart_wedged_server(self, name: str, server: NatsServer | PostgresServer, backoff: RestartBackoff,
+                               liveness: Liveness, now: float) -> None:
+        """A server alive but failing its liveness check for its grace: stop it and schedule its
+        restart, unless its store's disk is full (it would wedge again): then once space is back."""
+        if not has_room(server.store):
+            if name not in self.waiting_for_room:
+                self.waiting_for_room.add(name)
+                self.say(f"{name} fails its liveness check and {server.store} has no space left; "
+                         "restarting it once space is back")
+            return
+        self.waiting_for_room.discard(name)
+        since = liveness.failing_for
+        self.say(f"{name} is alive but has failed its liveness check for {now - (since or now):.0f}s; "
+                 "restarting it")
+        server.stop()
+        delay = backoff.exited(now)
+        self.say(f"{name} stopped; restarting it in {delay:.1f}s")
 
     def stop(self) -> None:
         """Stop in STOP_PHASES order (deciders first, node agents last), then the servers."""

@@ -1,0 +1,189 @@
+"""A full disk is a fault of the machine: nothing accepted is lost, no success becomes a failure,
+and once space is back the cluster resumes without a restart.
+
+Each folder that can fill (the NATS store, the agent's state folder, the rank log folder) gets
+its own small tmpfs, so each fault is exact: the file that fills it fills only that folder.
+Mounting needs root (the CI machine has it); elsewhere the tests are skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.contracts.jobspec import validate_job_spec
+from corral.projection import JobState
+from corral.stack.up import Stack, StackOptions
+from tests.e2e.conftest import StackFactory, connect, dump_logs, with_queues
+
+
+def _can_mount() -> str | None:
+    """Why a tmpfs cannot be mounted here (None: it can)."""
+    if os.geteuid() != 0:
+        return "mounting a tmpfs needs root"
+    probe = Path(f"/tmp/corral-tmpfs-probe-{os.getpid()}")
+    probe.mkdir(exist_ok=True)
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            return f"mount -t tmpfs failed: {done.stderr.strip()}"
+        subprocess.run(["umount", str(probe)], check=False)
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
+
+
+_NO_MOUNT = _can_mount()
+pytestmark = pytest.mark.skipif(_NO_MOUNT is not None, reason=f"needs a tmpfs of its own: {_NO_MOUNT}")
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """`path` as a tmpfs of `size` (e.g. "2m") for the duration of the block."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Write a file into `folder` until its filesystem has no space left; the file's path."""
+    filler = folder / "filler"
+    with filler.open("wb") as out:
+        block = b"\0" * (1 << 16)
+        with contextlib.suppress(OSError):
+            while True:
+                out.write(block)
+                out.flush()
+    with contextlib.suppress(OSError), filler.open("ab") as out:  # the last partial page too
+        while True:
+            out.write(b"\0")
+            out.flush()
+    return filler
+
+
+def job(name: str, seconds: float, gpus: int = 1) -> object:
+    return validate_job_spec({"name": name, "queue": "team-a", "runtime": "sim", "duration_seconds": seconds,
+                              "gpus_per_replica": gpus})
+
+
+QUEUES = [{"name": "team-a", "guaranteed_gpus": 8, "max_gpus": 8}]
+
+
+# --- the agent's state folder -------------------------------------------------------------------
+
+async def test_jobs_that_exit_0_while_the_agent_state_folder_is_full_are_completed(
+        make_stack: StackFactory, tmp_path: Path) -> None:
+    """The issue's second recipe: the stepds cannot write their state while their ranks exit 0.
+    Each exit is kept and written once space is back; every job is COMPLETED, none CRASHED."""
+    run = tmp_path / "stack0" / "nodes" / "node-0" / "run"
+    with tmpfs(run, "1m"):
+        stack = make_stack(cluster="1x8:H100")
+        client = await connect(stack)
+        try:
+            await with_queues(client, QUEUES, nodes=1)
+            jobs = [await client.submit(job(f"full-{i}", 4.0)) for i in range(4)]  # type: ignore[arg-type]
+            await client.wait_for(lambda v: all(v.jobs[j].state is JobState.RUNNING for j in jobs if j in v.jobs)
+                                  and all(j in v.jobs for j in jobs), 60)
+            filler = fill(run)
+            logs = Path(stack.context.log_dir if stack.context else "") / "workers"
+
+            def exited() -> bool:
+                return all("==== exited with code 0 ====" in (logs / j / "rank-0.log").read_text(errors="replace")
+                           for j in jobs)
+
+            deadline = time.monotonic() + 60
+            while not exited():  # every rank has exited 0 while nothing could be written
+                assert time.monotonic() < deadline, dump_logs(stack)
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(2.0)  # the agent checks its stepds every 0.5 s: let it look while full
+            filler.unlink()
+            try:
+                view = await client.wait_for(lambda v: all(v.jobs[j].state.terminal for j in jobs), 60)
+            except TimeoutError:
+                pytest.fail("not every job ended after space was back:\n" + dump_logs(stack))
+            states = {j: (view.jobs[j].state, view.jobs[j].reason) for j in jobs}
+            assert all(s is JobState.COMPLETED for s, _ in states.values()), f"{states}\n{dump_logs(stack)}"
+            exits = [e for j in jobs for e in await client.store.read_stream(f"job-{j}") if e.type == "WorkerExited"]
+            assert exits and not [e for e in exits if b"stepd" in e.data], [e.data for e in exits]
+        finally:
+            await client.close()
+            stack.stop()  # before the folder is unmounted
+
+
+# --- the NATS store -----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def supervised(stack: Stack) -> Iterator[Stack]:
+    """`stack` started and supervised as `corral up` does (`Stack.supervise` every 0.25 s), then stopped."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(0.25):
+            stack.supervise()
+
+    stack.start()
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield stack
+    finally:
+        stop.set()
+        thread.join(30)
+        stack.stop()
+
+
+async def test_a_nats_store_that_was_full_takes_submissions_again_without_a_restart(
+        tmp_path: Path, postgres_dsn: str, namespace: str) -> None:
+    """The issue's first recipe: JetStream fails to store while its disk is full and stays wedged
+    after space is back (its process alive). Once the file is removed, a new submission is placed
+    within 30 s, with no restart of `corral up`."""
+    data = tmp_path / "stack"
+    store = data / "nats" / "jetstream"
+    with tmpfs(store, "32m"), supervised(Stack(StackOptions(
+            data_dir=data, cluster="1x8:H100", postgres_dsn=postgres_dsn, namespace=namespace, runtime="sim",
+            placement_standby=False,
+            extra_env={"CORRAL_NODE_LOST_SECONDS": "6", "CORRAL_AGENT_STOP_WORKERS_ON_EXIT": "1"}))) as stack:
+        client = await connect(stack)
+        try:
+            await with_queues(client, QUEUES, nodes=1)
+            first = await client.submit(job("before", 1.0))  # type: ignore[arg-type]
+            await client.wait_for(lambda v: first in v.jobs and v.jobs[first].state is JobState.COMPLETED, 60)
+            filler = fill(store)
+            client.REQUEST_RETRY_SECONDS = 3.0  # type: ignore[misc]
+            with contextlib.suppress(Exception):  # refused or unanswered while the store is full
+                await client.submit(job("while-full", 1.0))  # type: ignore[arg-type]
+            nats_log = data / "nats" / "nats.log"
+            deadline = time.monotonic() + 30
+            while b"no space left on device" not in nats_log.read_bytes():
+                assert time.monotonic() < deadline, "nats-server never met the full disk"
+                await asyncio.sleep(0.2)
+            filler.unlink()
+            freed = time.monotonic()
+            client.REQUEST_RETRY_SECONDS = 30.0  # type: ignore[misc]
+            after: str | None = None
+            while after is None:
+                with contextlib.suppress(Exception):
+                    after = await client.submit(job("after", 1.0))  # type: ignore[arg-type]
+                assert time.monotonic() - freed < 30, "the bus still refuses submissions 30 s after space is back"
+            left = max(1.0, 30 - (time.monotonic() - freed))
+            try:
+                await client.wait_for(lambda v: after in v.jobs and v.jobs[after].state in (
+                    JobState.RUNNING, JobState.COMPLETED), left)
+            except TimeoutError:
+                pytest.fail("a submission made after space was back was not placed within 30 s:\n"
+                            + nats_log.read_text(errors="replace")[-3000:] + dump_logs(stack))
+        finally:
+            await client.close()

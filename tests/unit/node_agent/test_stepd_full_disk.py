@@ -1,0 +1,52 @@
+"""A stepd never dies of a write its disk refuses: the state stays in memory and is written later."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+
+from corral.services.node_agent import step_files, stepd
+from corral.services.node_agent.assignment import Assignment, RankAssignment
+from corral.services.node_agent.step_files import STATE, Launch
+
+
+def _stepd(folder: Path) -> stepd.Stepd:
+    a = Assignment(job_id="j1", attempt=0, world_size=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
+                   ranks=(RankAssignment(0, 0, (0,)),), command=("true",), checkpoint_dir=folder / "ckpt",
+                   log_dir=folder / "logs")
+    return stepd.Stepd(folder, Launch(assignment=a, cause=None, kill_grace=1.0, launched_at=0.0))
+
+
+def test_a_refused_write_keeps_the_state_dirty_and_the_next_one_writes_it(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    s = _stepd(tmp_path)
+    real = step_files.write_json
+    full = True
+
+    def write(path: Path, content: object) -> None:
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, content)
+
+    monkeypatch.setattr(stepd, "write_json", write)
+    s.state["ranks"]["0"] = {"exit_code": 0, "exited_at": 1.0, "reason": "completed"}
+    assert s.save() is False
+    assert s.dirty and s.unsaved and not (tmp_path / STATE).exists()
+    assert s.timeout(0.0) <= stepd.SAVE_RETRY
+    full = False
+    assert s.save() is True
+    assert not s.dirty and not s.unsaved
+    assert json.loads((tmp_path / STATE).read_text())["ranks"]["0"]["exit_code"] == 0
+
+
+def test_a_failed_atomic_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(src: object, dst: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(step_files.os, "replace", refuse)
+    with pytest.raises(OSError):
+        step_files.write_json(tmp_path / STATE, {"a": 1})
+    assert list(tmp_path.iterdir()) == []
