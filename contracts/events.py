@@ -6,8 +6,9 @@ JobCompleted | JobFailed. Preemption: PreemptRequested -> CheckpointDone -> Gang
 JobRequeued. Nodes: NodeRegistered, NodeHeartbeat, NodeLost; GpusAllocated / GpusReleased are
 each node's allocation ledger. Queues: QueueTreeApplied (a numbered version of the whole tree),
 QueueConfigured (one queue), QueueChangeRefused (the evidence gate said no). Escalation:
-WaitExceeded (a job waited longer than its queue's `max_wait`). Which types arrive through the
-inbox is listed in `subjects.INBOX_TYPES`.
+WaitExceeded (a job waited longer than its queue's `max_wait`). People: UserAdded, UserRemoved,
+UserCredentialsRotated (stream `people`, recorded by `corral user`). Which types arrive through
+the inbox is listed in `subjects.INBOX_TYPES`.
 
 Expected outcomes that are not successes carry a `Reason` (code, message with numbers, details).
 
@@ -20,7 +21,7 @@ a default that means what v1 meant (no image, no mounts, the agent's folder, no 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -65,6 +66,9 @@ __all__ = [
     "QuotaReleased",
     "QuotaReserved",
     "RankPlacement",
+    "UserAdded",
+    "UserCredentialsRotated",
+    "UserRemoved",
     "WaitExceeded",
     "WorkerExited",
     "WorkerStarted",
@@ -469,12 +473,41 @@ class AccessDenied(Event, frozen=True, kw_only=True):
     reason: Reason
 
 
+# --- people ---------------------------------------------------------------------------------
+
+UserName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$",
+                                       description="a person's or pipeline's name: their NATS identity")]
+
+
+class UserAdded(Event, frozen=True, kw_only=True):
+    """A person, pipeline or admin given an identity of their own (`corral user add`), on stream
+    `people`; `actor` is the admin who added them."""
+
+    user: UserName
+    kind: Literal["person", "pipeline", "admin"]
+
+
+class UserRemoved(Event, frozen=True, kw_only=True):
+    """A user's access taken away (`corral user remove`): their credentials are refused from now
+    on; their jobs stay. On stream `people`; `actor` is the admin."""
+
+    user: UserName
+
+
+class UserCredentialsRotated(Event, frozen=True, kw_only=True):
+    """A user's secrets replaced (`corral user rotate`): the old ones are refused from now on. On
+    stream `people`; `actor` is the admin."""
+
+    user: UserName
+
+
 ALL_EVENTS: tuple[type[Event], ...] = (
     JobSubmitted, JobCancelRequested, JobAdmitted, JobRejected, QuotaReserved, QuotaReleased,
     GangReserved, GpusAllocated, GpusReleased, PlacementPending, WaitExceeded, PreemptRequested, CheckpointDone,
     GangReleased, JobRequeued, WorkerStarted, WorkerExited, JobRunning, JobCompleted, JobFailed, JobCancelled,
     NodeRegistered, NodeHeartbeat, NodeLost, NodeDrained, NodeUndrained, JobHeld, JobHoldReleased,
     JobRequeueRequested, QueueConfigured, QueueTreeApplied, QueueChangeRefused, EventNotRelayed, AccessDenied,
+    UserAdded, UserRemoved, UserCredentialsRotated,
 )
 
 

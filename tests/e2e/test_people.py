@@ -30,6 +30,7 @@ import pytest
 from corral.client import Client
 from corral.contracts import events as ev
 from corral.contracts.queues import validate_queues
+from corral.contracts.registry import decode
 from corral.stack.context import Context
 from corral.stack.credentials import admin_name
 from corral.stack.up import Stack, StackOptions
@@ -137,6 +138,10 @@ async def test_a_person_added_by_the_admin_acts_under_her_own_name(site: Stack, 
 
     async with await Client.connect(site.context) as client:  # type: ignore[arg-type]
         trail = await client.job_events(done["id"])
+        people = [decode(s.data) for s in await client.store.read_stream("people")]
+    added_alice = [e for e in people if isinstance(e, ev.UserAdded) and e.user == "alice"]
+    assert len(added_alice) == 1 and added_alice[0].kind == "person"
+    assert added_alice[0].actor == f"user/{admin_name()}"  # the admin acts as the admin
     submitted = next(e for _, e in trail if isinstance(e, ev.JobSubmitted))
     assert submitted.user == "alice" and submitted.actor == "user/alice"
 
@@ -189,6 +194,9 @@ async def test_remove_closes_open_connections_and_keeps_jobs(site: Stack, tmp_pa
     assert "carol" not in {p["name"] for p in json.loads(admin(site, "user", "list", "--json").stdout)}
     admin(site, "cancel", job["id"])
     assert nats_pid(site) == pid
+    async with await Client.connect(site.context) as client:  # type: ignore[arg-type]
+        people = [decode(s.data) for s in await client.store.read_stream("people")]
+    assert [type(e).__name__ for e in people if getattr(e, "user", None) == "carol"] == ["UserAdded", "UserRemoved"]
 
 
 async def test_rotate_refuses_the_old_secret(site: Stack, tmp_path: Path) -> None:

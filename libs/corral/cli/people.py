@@ -142,9 +142,9 @@ def remove(
     from corral.stack import people_admin
     from corral.stack.people import PeopleError
 
-    inst, _ = _installation()
+    inst, ctx = _installation()
     try:
-        change = people_admin.remove(inst, name)
+        change = people_admin.remove(inst, name, by=_operator(ctx))
     except (PeopleError, RuntimeError, OSError) as exc:
         _fail(str(exc))
         return
@@ -164,7 +164,7 @@ def rotate(
 
     inst, ctx = _installation()
     try:
-        change = people_admin.rotate(inst, name)
+        change = people_admin.rotate(inst, name, by=_operator(ctx))
     except (PeopleError, RuntimeError, OSError) as exc:
         _fail(str(exc))
         return

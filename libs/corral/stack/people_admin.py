@@ -11,7 +11,10 @@ does so while jobs run. What `corral user add|remove|rotate` changes, all in the
   connection and closes those whose user is gone or whose password changed;
 - the person's Postgres login `<db>_u_<name>` in `corral_person` (`corral.stack.pglogins`),
   created with the owner's DSN `corral up` keeps in `credentials/pg-owner.dsn`;
-- a context file for the person (`person_context`): everything their CLI needs, in one file.
+- a context file for the person (`person_context`): everything their CLI needs, in one file;
+- the log: each change is an event on stream `people` (UserAdded, UserRemoved,
+  UserCredentialsRotated) with the admin as actor, appended with the owner's DSN (`record`):
+  the change is the operator's, made in their files, and no service decides anything about it.
 
 Concurrent changes are serialized by an exclusive lock on `people.lock`.
 """
@@ -30,6 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from corral.bus import auth
+from corral.contracts import events as ev
+from corral.contracts.registry import encode
+from corral.eventstore.records import ANY, NewEvent
+from corral.eventstore.store import EventStore
 from corral.stack import credentials, pglogins
 from corral.stack.people import REGISTRY_FILE, Kind, PeopleError, Person, Registry, check_name, identity
 from corral.stack.servers import reload_nats
@@ -171,10 +178,11 @@ def add(inst: Installation, name: str, kind: Kind, by: str) -> Change:
         login = _login(inst, name, rotate=True)
         inst.save(registry)
         reloaded = inst.apply_bus(registry)
+        record(inst, ev.UserAdded, by, user=name, kind=kind.value)
     return Change(person, reloaded, login, ident)
 
 
-def remove(inst: Installation, name: str) -> Change:
+def remove(inst: Installation, name: str, by: str) -> Change:
     with inst.locked():
         registry = inst.load()
         person = registry.get(name)
@@ -189,10 +197,11 @@ def remove(inst: Installation, name: str) -> Change:
         owner = inst.owner_dsn()
         if owner is not None:
             asyncio.run(pglogins.drop_person(owner, inst.data_dir, name))
+        record(inst, ev.UserRemoved, by, user=name)
     return Change(person, reloaded, None, None)
 
 
-def rotate(inst: Installation, name: str) -> Change:
+def rotate(inst: Installation, name: str, by: str) -> Change:
     with inst.locked():
         registry = inst.load()
         if registry.get(name) is None:
@@ -204,7 +213,34 @@ def rotate(inst: Installation, name: str) -> Change:
         login = _login(inst, name, rotate=True)
         inst.save(registry)
         reloaded = inst.apply_bus(registry)
+        record(inst, ev.UserCredentialsRotated, by, user=name)
     return Change(person, reloaded, login, ident)
+
+
+#: The log's stream of the people registry's changes.
+PEOPLE_STREAM = "people"
+
+
+def record(inst: Installation, event: type[ev.Event], actor: str, **payload: Any) -> bool:
+    """Append what `corral user` did to the log, as the owner (stream `people`, `actor` the admin);
+    False when the installation keeps no owner's DSN (no per-person logins: nothing to write with)."""
+    owner = inst.owner_dsn()
+    if owner is None:
+        return False
+    made = event.new(stream=PEOPLE_STREAM, actor=f"user/{actor}", **payload)
+
+    async def append() -> None:
+        store = await EventStore.open(owner, pool_size=1, min_size=1)
+        try:
+            await store.append(PEOPLE_STREAM, ANY, [NewEvent(
+                event_id=made.event_id, stream=made.stream, type=made.type, schema_version=made.schema_version,
+                data=encode(made), correlation_id=made.correlation_id, causation_id=made.causation_id,
+                occurred_at=made.occurred_at)])
+        finally:
+            await store.close()
+
+    asyncio.run(append())
+    return True
 
 
 def _login(inst: Installation, name: str, *, rotate: bool) -> pglogins.PersonLogin | None:
