@@ -157,14 +157,20 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
-def stack_cpu(live: LiveStack) -> dict[str, float]:
-    """CPU seconds used so far by each part of the stack, its child processes included (Postgres
-    backends, workers): what a run costs, whatever else shares the machine."""
+def stack_roots(live: LiveStack) -> dict[int, str]:
+    """pid -> name of each process the stack started: the services, the agents and the servers."""
     roots: dict[int, str] = {p.pid: p.name for p in live.stack.processes if p.pid is not None}
     for name, server in (("nats-server", live.stack.nats), ("postgres", live.stack.postgres)):
         proc = getattr(server, "proc", None) if server is not None else None
         if proc is not None:
             roots[proc.pid] = name
+    return roots
+
+
+def stack_cpu(live: LiveStack) -> dict[str, float]:
+    """CPU seconds used so far by each part of the stack, its child processes included (Postgres
+    backends, workers): what a run costs, whatever else shares the machine."""
+    roots = stack_roots(live)
     table = _proc_table()
     owner: dict[int, str] = {}
 
