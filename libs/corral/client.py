@@ -75,6 +75,13 @@ class Client:
 
     @classmethod
     async def connect(cls, ctx: Context, *, bus: bool = True, timeout: float = 5.0) -> Client:
+        """Connect with the context's credential, or, when this uid cannot read one and a local
+        gateway is known, through the gateway (`corral.gateway.client`)."""
+        from corral.gateway.client import GatewayClient, gateway_socket
+
+        socket_path = gateway_socket(ctx)
+        if socket_path is not None:
+            return await GatewayClient.open(ctx, socket_path)
         store = await asyncio.wait_for(EventStore.open(ctx.postgres_dsn, pool_size=4, min_size=1), timeout)
         nats = None
         if bus:
@@ -105,6 +112,11 @@ class Client:
         return self._bus
 
     # ---- requests (inbox) --------------------------------------------------------------------
+    @property
+    def max_spec_bytes(self) -> int:
+        """The largest job spec the bus takes (`BusLimits.max_spec_bytes`)."""
+        return self.bus.limits.max_spec_bytes
+
     @property
     def identity(self) -> str | None:
         """The NATS identity this client connects as (its context's credentials), if any."""
@@ -137,7 +149,7 @@ class Client:
         user = user or self.identity or spec.user or _user()
         submitted = ev.JobSubmitted.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,
                                         job_id=job_id, spec=spec, submission_id=spec.submission_id, user=user)
-        refuse_oversized(submitted, self.bus.limits.max_spec_bytes)
+        refuse_oversized(submitted, self.max_spec_bytes)
         # The root of the job's trace (when tracing is on): every service continues it.
         with tracing.span("corral submit", **{"corral.job_id": job_id, "corral.queue": spec.queue,
                                               "corral.gpus": spec.total_gpus, "enduser.id": user}):

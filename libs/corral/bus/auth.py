@@ -20,6 +20,9 @@ permissions the nats-server enforces before a message reaches any stream:
 - a **submitter** `<user>`: publishes only `<ns>.inbox.user.<user>.<Request>` for its requests
   (`USER_REQUEST_TYPES`: submit, cancel, hold, release; admission records `<user>`, whatever the
   spec says) and reads stream info.
+- the **gateway** (`corral.services.gateway`): publishes exactly the user request subjects
+  `<ns>.inbox.user.*.<Request>` and nothing else: it proves a local person's uid (SO_PEERCRED)
+  and speaks for that account, so it may name any user but may do nothing a user could not.
 - an **admin**: a submitter that may also apply queues (`<ns>.inbox.QueueConfigured`), manage
   streams and consumers (the whole JetStream API) and read every subject; admission lets an admin
   cancel any job.
@@ -49,6 +52,8 @@ class Role(StrEnum):
     AGENT = "agent"
     SUBMITTER = "submitter"
     ADMIN = "admin"
+    #: The local gateway: publishes people's requests under the account it proved.
+    GATEWAY = "gateway"
     #: Everything: the test suite's session NATS and single-user tools only.
     SUPERUSER = "superuser"
 
@@ -151,6 +156,21 @@ def submitter(namespace: str, user: str, password: str, *, admin: bool = False) 
         publish=(*own, f"{ns.name}.{INBOX}.>", "$JS.API.>", "$JS.ACK.>"),
         subscribe=(f"{ns.name}.>", f"{inbox_prefix(user)}.>", "$JS.EVENT.>"),
     )
+
+
+#: The gateway's NATS user name (one per installation).
+GATEWAY_USER = "gateway"
+
+
+def gateway(namespace: str, password: str, *, name: str = GATEWAY_USER) -> Identity:
+    """The local gateway: it may publish a request under any user's subject, and nothing else
+    (no event, no node report, no queue change, no JetStream API call, no subscription but its
+    own inbox for the acks)."""
+    ns = Namespace(namespace)
+    user = _check_user(name)
+    return Identity(user, password, Role.GATEWAY,
+                    publish=tuple(f"{ns.name}.{INBOX}.user.*.{request}" for request in USER_REQUEST_TYPES),
+                    subscribe=(f"{inbox_prefix(user)}.>",))
 
 
 def superuser(user: str, password: str) -> Identity:

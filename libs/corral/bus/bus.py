@@ -165,7 +165,7 @@ async def _connect(url: str, **options: Any) -> Any:
 
 
 #: Roles whose identity may only read stream info (see `corral.bus.auth`): they wait for the streams.
-_STREAM_READERS = ("agent", "submitter")
+_STREAM_READERS = ("agent", "submitter", "gateway")
 _STREAMS_WAIT = 60.0
 #: How long creating a consumer waits out an unavailable JetStream (see `Bus._create_consumer`).
 _CONSUMER_WAIT = 120.0

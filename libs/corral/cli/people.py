@@ -18,6 +18,7 @@ import typer
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.session import ConnectionOptions, context
+from corral.gateway.client import GatewayError
 from corral.stack.context import Context, locate
 
 app = typer.Typer(no_args_is_help=True, help="People and pipelines who may use this cluster (the operator's).")
@@ -178,6 +179,12 @@ def identity_of(ctx: Context, context_file: Path | None) -> dict[str, Any]:
     import getpass
     import json
 
+    from corral.gateway.client import gateway_socket, who
+
+    socket_path = gateway_socket(ctx)
+    if socket_path is not None:
+        return {"user": who(socket_path), "kind": "unix account", "role": None, "source": f"gateway {socket_path}",
+                "context": str(context_file) if context_file else None}
     if not ctx.credentials:
         user = os.environ.get("USER") or getpass.getuser()
         return {"user": user, "kind": None, "role": None, "source": "$USER (no identity: an open bus)",
@@ -200,8 +207,14 @@ def whoami(json_out: JsonOpt = False) -> None:
     except (OSError, ValueError, KeyError) as exc:
         _fail(f"cannot read the identity {ctx.credentials}: {exc}")
         return
+    except GatewayError as exc:
+        _fail(str(exc), ExitCode.NO_CLUSTER if exc.code == "UNREACHABLE" else ExitCode.FAILURE)
+        return
     if json_out:
         print_json(me)
+        return
+    if me["kind"] == "unix account":
+        console.print(f"[bold]{me['user']}[/bold] (unix account, via {me['source']})", highlight=False)
         return
     console.print(f"[bold]{me['user']}[/bold]" + (f" ({me['kind']})" if me["kind"] else ""), highlight=False)
     console.print(f"  from {me['source']}" + (f", context {me['context']}" if me["context"] else ""),

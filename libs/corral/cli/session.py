@@ -16,6 +16,7 @@ from corral.bus.auth import Role
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import err_console
 from corral.client import Client
+from corral.gateway.client import GatewayError
 from corral.stack.context import Context, NoClusterError, redacted, resolve
 from corral.stack.credentials import NatsCredentials
 
@@ -70,6 +71,9 @@ def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True) -> T:
     except _Unreachable as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise SystemExit(EXIT_NO_CLUSTER) from None
+    except GatewayError as exc:  # a person without a credential, through the local gateway
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise SystemExit(EXIT_NO_CLUSTER if exc.code == "UNREACHABLE" else EXIT_FAILURE) from None
 
 
 class _Unreachable(Exception):

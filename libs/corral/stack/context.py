@@ -62,6 +62,9 @@ class Context:
     nats_identity: dict[str, str] | None = None
     nats_ca_pem: str | None = None
     postgres_password: str | None = None
+    #: The local gateway's unix socket (`corral.services.gateway`): a person who cannot read
+    #: `credentials` sends requests there, recorded as their OS account. No secret.
+    gateway: str | None = None
 
     def save(self, *paths: Path) -> None:
         for path in paths:
@@ -163,7 +166,8 @@ def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
                        str(path) if embedded else saved.credentials if same and saved else None),
                    nats_ca=os.environ.get("CORRAL_NATS_CA") or (
                        embedded.nats_ca_pem if embedded else saved.nats_ca if same and saved else None),
-                   metrics=saved.metrics if same and saved else None)
+                   metrics=saved.metrics if same and saved else None,
+                   gateway=saved.gateway if same and saved else None)
 
 
 def with_password(dsn: str, password: str) -> str:

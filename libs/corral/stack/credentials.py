@@ -103,11 +103,12 @@ class Keyring:
 
 
 def generate(data_dir: Path, namespace: str, *, services: Sequence[str], agents: Sequence[tuple[Sequence[str], str]],
-             admin: str | None, submitters: Sequence[str] = ()) -> Keyring:
+             admin: str | None, submitters: Sequence[str] = (), gateway: bool = False) -> Keyring:
     """Create (or load) every identity and write its credentials file.
 
     `agents`: one (nodes, durable) per node-agent process. `admin` None: no admin or submitters
-    here (`corral up` keeps its people in `corral.stack.people_admin`)."""
+    here (`corral up` keeps its people in `corral.stack.people_admin`). `gateway`: the local
+    gateway's identity too (`corral.services.gateway`)."""
     directory = data_dir / "credentials"
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
@@ -122,6 +123,8 @@ def generate(data_dir: Path, namespace: str, *, services: Sequence[str], agents:
         for user in submitters:
             if user != admin:
                 make.append(lambda pw, user=user: auth.submitter(namespace, user, pw))  # type: ignore[misc]
+    if gateway:
+        make.append(lambda pw: auth.gateway(namespace, pw))
     for factory in make:
         probe = factory("x")
         ident = factory(_secret(directory, probe.user))

@@ -28,7 +28,7 @@ REGISTRY_FILE = "people.json"
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 #: Prefixes of the installation's own identities (`corral.bus.auth.service`, `.agent`).
 _RESERVED_PREFIXES = ("svc-", "agent-")
-_RESERVED = frozenset({"corral-test"})
+_RESERVED = frozenset({"corral-test", "gateway"})
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 

@@ -41,7 +41,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
+from corral.bus import auth
 from corral.bus.bus import CA_ENV
+from corral.gateway.protocol import SOCKET_ENV
 from corral.stack import credentials, join, people_admin, pglogins, tls
 from corral.stack.backoff import RestartBackoff
 from corral.stack.context import CONTEXT_FILE, Context, owned_by_this_process
@@ -194,6 +196,10 @@ class StackOptions:
     #: address the context and the join commands give clients (None: the listen address).
     listen: str = join.LOOPBACK
     advertise: str | None = None
+    #: Run the local gateway (`corral.services.gateway`) on `<data_dir>/gateway/gateway.sock` when
+    #: `corral up` runs its own NATS: people of this host submit as their OS account, no credential
+    #: file of their own; `<data_dir>/gateway/context.json` is their (public) context.
+    gateway: bool = True
 
 
 @dataclass
@@ -272,11 +278,12 @@ class Stack:
         else:
             owner_file.unlink(missing_ok=True)
         log_dir = opts.data_dir / "logs"
+        gateway_socket = self._gateway_socket() if keyring is not None and opts.gateway else None
         self.context = owned_by_this_process(Context(
             nats_url=nats_url, postgres_dsn=logins.reader if logins else dsn, namespace=opts.namespace,
             data_dir=str(opts.data_dir.resolve()), log_dir=str(log_dir.resolve()),
             credentials=str(people.credentials_file(admin)) if keyring else None,
-            nats_ca=str(tls_files.ca) if tls_files else None))
+            nats_ca=str(tls_files.ca) if tls_files else None, gateway=gateway_socket))
         self._save_ports()
         env = {**os.environ, **opts.extra_env,
                "CORRAL_NATS_URL": nats_url, "CORRAL_POSTGRES_DSN": dsn,
@@ -308,13 +315,20 @@ class Stack:
                 # CORRAL_AGENT_RUN_AS=submitter to run them as their submitters; docs/security.md).
                 {**env, "CORRAL_AGENT_RUN_AS": env.get("CORRAL_AGENT_RUN_AS") or "agent"},
                 log_dir / "node-agents.log"))
+        if gateway_socket is not None:
+            self.processes.append(ManagedProcess(
+                "gateway", [py, "-m", "corral.services.gateway"], {**env, SOCKET_ENV: gateway_socket},
+                log_dir / "gateway.log"))
         if keyring is not None:
             for p in self.processes:
-                user = "svc-" + p.name.removesuffix("-standby") if p.name != "node-agents" else self._agent_user
+                user = {"node-agents": self._agent_user, "gateway": auth.GATEWAY_USER}.get(
+                    p.name, "svc-" + p.name.removesuffix("-standby"))
                 p.env = {**p.env, credentials.CREDENTIALS_ENV: str(keyring.path(user))}
         for p in self.processes:
             if p.name == "node-agents":  # the agents never touch Postgres: no DSN at all
                 p.env = {k: v for k, v in p.env.items() if k != "CORRAL_POSTGRES_DSN"}
+            elif p.name == "gateway" and logins is not None:  # it reads: the CLI's read login
+                p.env = {**p.env, "CORRAL_POSTGRES_DSN": logins.reader}
             elif logins is not None:
                 p.env = {**p.env, "CORRAL_POSTGRES_DSN": logins.service(p.name.removesuffix("-standby"))}
         self._metrics_addresses(previous)
@@ -325,7 +339,24 @@ class Stack:
         self._save_ports()
         self._save_scrape_targets()
         self.context.save(opts.data_dir / CONTEXT_FILE)  # `.corral/context.json` for the default data dir
+        if gateway_socket is not None:
+            self._save_public_context(self.context)
         return self.context
+
+    def _gateway_socket(self) -> str:
+        """`<data_dir>/gateway/gateway.sock`, in a folder every account may traverse and read."""
+        folder = self.options.data_dir / "gateway"
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o755)
+        return str(folder / "gateway.sock")
+
+    def _save_public_context(self, ctx: Context) -> None:
+        """`<data_dir>/gateway/context.json` (0644): where the cluster and its gateway are, for the
+        people of this host (`CORRAL_CONTEXT=<data_dir>/gateway`). It names no credential: theirs
+        is their uid."""
+        path = self.options.data_dir / "gateway" / CONTEXT_FILE
+        replace(ctx, credentials=None, metrics=None, nats_identity=None, postgres_password=None).save(path)
+        os.chmod(path, 0o644)
 
     _agent_user: str = "agent"
 
@@ -373,7 +404,7 @@ class Stack:
             agents.append((nodes, durable))
             self._agent_user = f"agent-{durable}"
         return credentials.generate(self.options.data_dir, self.options.namespace, services=SERVICES,
-                                    agents=agents, admin=None)
+                                    agents=agents, admin=None, gateway=self.options.gateway)
 
     def _cluster_file(self) -> Path:
         """The cluster the simulated agents declare: given, or remembered from the last run."""

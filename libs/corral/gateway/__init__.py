@@ -1,0 +1,1 @@
+"""The local gateway: a person's requests recorded as their OS account (`protocol`, `client`)."""
