@@ -24,5 +24,14 @@ class RejectionCode(StrEnum):
     """The job needs more (matching) GPUs than the whole cluster has."""
     ACCESS_DENIED_QUEUE = "ACCESS_DENIED_QUEUE"
     """The submitting identity is not among the queue's `submitters`."""
+    SPEC_INVALID = "SPEC_INVALID"
+    """The submitted spec breaks the JobSpec contract (a client that skipped `corral validate`):
+    only the rejection is recorded, with every problem's field and fix."""
+    LIMIT_SUBMITTED = "LIMIT_SUBMITTED"
+    """The user already has `max_submitted_per_user` jobs pending or running in the queue (or the
+    queue above it that sets the limit): Slurm's MaxSubmitJobsPerUser."""
+    RATE_LIMITED = "RATE_LIMITED"
+    """The user submits faster than the queue's `submit_rate_per_user` allows, past its burst;
+    `details.retry_after_seconds` says when a token is back."""
     NOT_OWNER = "NOT_OWNER"
     """A cancellation by someone who neither owns the job nor is an admin (an AccessDenied event)."""

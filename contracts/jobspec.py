@@ -14,6 +14,7 @@ import msgspec
 
 from corral.contracts.problems import Problem, SpecError
 from corral.contracts.validation import convert_collecting, parse_document
+from corral.contracts.worker import CHECKPOINT_SIGNALS, RESERVED_ENV, CheckpointSignal
 
 __all__ = [
     "CONTAINER_RUNTIMES",
@@ -77,6 +78,9 @@ Runtime = Literal["process", "sim", "sandbox", "podman", "docker", "apptainer"]
 CONTAINER_RUNTIMES: frozenset[str] = frozenset({"podman", "docker", "apptainer"})
 #: Runtimes that can bind `mounts` (the plain process runtime sees the host as it is).
 MOUNTING_RUNTIMES: frozenset[str] = CONTAINER_RUNTIMES | {"sandbox"}
+#: Characters a mount path may not hold, per runtime: `--volume SRC:DST:ro` (podman, docker) and
+#: `--bind SRC:DST,...` (apptainer) split on them, so such a mount could never be started.
+MOUNT_SEPARATORS: dict[str, str] = {"podman": ":", "docker": ":", "apptainer": ":,"}
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _UNIT_TERM = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
@@ -124,14 +128,15 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class Checkpoint(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How a preempted job is told to save its work (like Slurm's `--signal`), and how long it gets."""
 
-    signal: Signal = "SIGUSR1"
+    signal: CheckpointSignal = "SIGUSR1"
     grace_seconds: Seconds = 30.0
     #: Where the job's checkpoints go (`CORRAL_CHECKPOINT_DIR`, exactly this folder); None: the
     #: cluster's shared checkpoint folder (cluster file `checkpoint_dir`) or the agent's, `/<job id>`.
     dir: AbsolutePath | None = None
 
     FIELD_HINTS: ClassVar[dict[str, str]] = {
-        "signal": "a signal name such as SIGUSR1 or SIGTERM",
+        "signal": "a signal the job catches to checkpoint, one of " + ", ".join(CHECKPOINT_SIGNALS)
+                  + " (SIGKILL and SIGSTOP cannot be caught)",
         "grace_seconds": "seconds the job may take to checkpoint, e.g. 30",
         "dir": "an absolute folder every node of the job can reach (shared storage), e.g. /shared/ckpt/run1",
     }
@@ -255,6 +260,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             found.append(Problem(path="mounts", message=f"runtime `{self.runtime}` cannot mount folders",
                                  hint="set runtime: sandbox (or podman, docker, apptainer), or remove mounts"))
         found.extend(self._mount_problems())
+        found.extend(self._start_problems())
         if self.time_limit is not None and self.time_limit <= 0:
             found.append(Problem(path="time_limit", message="must be longer than 0 seconds",
                                  hint="e.g. time_limit: 2h"))
@@ -275,6 +281,34 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
                 found.append(Problem(path=f"mounts[{i}].target", message=f"`{target}` is also mounts[{seen[target]}]",
                                      hint="give each mount its own target"))
             seen.setdefault(target, i)
+        return found
+
+    def _start_problems(self) -> list[Problem]:
+        """What the node agent would refuse to start (the agent checks the same sets, from
+        `corral.contracts.worker`): an env name it sets itself, a signal the job cannot be told to
+        checkpoint with (the type of `Checkpoint.signal`), a NUL character no process can be given."""
+        found: list[Problem] = []
+        for name in sorted(RESERVED_ENV & self.env.keys()):
+            found.append(Problem(path=f"env.{name}", message=f"`{name}` is set by Corral for every rank",
+                                 hint=f"remove {name} from env: Corral sets it to the GPUs, rank or "
+                                      "checkpoint folder it gives each rank (the README lists them)"))
+        for name, value in sorted(self.env.items()):
+            if "\x00" in value:
+                found.append(Problem(path=f"env.{name}", message="the value holds a NUL character",
+                                     hint="a process environment cannot hold NUL (\\0); remove it"))
+        for i, arg in enumerate(self.command or ()):
+            if "\x00" in arg:
+                found.append(Problem(path=f"command[{i}]", message="the argument holds a NUL character",
+                                     hint="a program's arguments cannot hold NUL (\\0); remove it"))
+        bad = MOUNT_SEPARATORS.get(self.runtime, "")
+        for i, mount in enumerate(self.mounts):
+            for part in ("source", "target"):
+                path = getattr(mount, part)
+                if any(c in path for c in bad):
+                    shown = " or ".join(f"`{c}`" for c in bad)
+                    found.append(Problem(path=f"mounts[{i}].{part}", message=f"runtime `{self.runtime}` cannot mount "
+                                         f"a path with {shown} in it", hint="rename or link the folder to a path "
+                                         f"without {shown}, or use runtime: sandbox"))
         return found
 
     @property

@@ -18,8 +18,8 @@ from corral.contracts.jobspec import PRIORITY_CLASSES, PRIORITY_HINT, Priority, 
 from corral.contracts.problems import Problem, SpecError
 from corral.contracts.validation import convert_collecting, parse_document, utf8_text
 
-__all__ = ["QueueSpec", "QueuesFile", "duration_seconds", "load_queues_file", "load_queues_text", "merged_tree",
-           "parent_of", "validate_queues"]
+__all__ = ["QueueSpec", "QueuesFile", "SubmitRate", "duration_seconds", "load_queues_file", "load_queues_text",
+           "merged_tree", "parent_of", "validate_queues"]
 
 Gpus = Annotated[int, msgspec.Meta(ge=0)]
 #: A duration written with units: `90s`, `30m`, `4h`, `2d`, `1h30m` (`s`, `m`, `h`, `d`).
@@ -39,12 +39,31 @@ def parent_of(name: str) -> str | None:
     return name.rsplit("/", 1)[0] if "/" in name else None
 
 
+class SubmitRate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A token bucket per user: `burst` submissions at once, refilled at `per_minute`."""
+
+    per_minute: Annotated[float, msgspec.Meta(gt=0, description="submissions a minute, sustained")]
+    burst: Annotated[int, msgspec.Meta(ge=1, description="submissions at once before the rate applies")]
+
+    FIELD_HINTS: ClassVar[dict[str, str]] = {
+        "per_minute": "sustained submissions a minute per user, a number > 0, e.g. 60",
+        "burst": "submissions a user may make at once before the rate applies, a whole number >= 1, e.g. 500",
+    }
+
+
 class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One queue. `max_gpus=None`: no ceiling beyond the cluster; `lend_limit=None`: lends all unused;
     `max_priority=None`: jobs may ask for any priority (0..10000), else admission rejects a job
     above it (a class name is stored as its integer). `max_wait`: how long a job of this queue
     (or of a queue below it that sets none) may wait before quota records a WaitExceeded for it
-    (`corral jobs --stuck`); seconds, or a duration such as `4h` (stored as seconds); None: never."""
+    (`corral jobs --stuck`); seconds, or a duration such as `4h` (stored as seconds); None: never.
+
+    Limits per user (None: none), each counted over the queue's whole subtree, so one set on a
+    parent binds a user's jobs in all its children together (a job must be within the limits of
+    its queue and of every queue above it): `max_submitted_per_user` jobs pending or running
+    (admission refuses more: LIMIT_SUBMITTED), `max_gpus_per_user` GPUs held at once (quota keeps
+    the job waiting: MAX_GPUS_PER_USER), `submit_rate_per_user` submissions (a token bucket:
+    admission refuses past it with RATE_LIMITED and when to retry)."""
 
     name: QueuePath
     guaranteed_gpus: Gpus = 0
@@ -64,6 +83,9 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         max_wait: float | None = None
     else:
         max_wait: PositiveSeconds | DurationText | None = None
+    max_submitted_per_user: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_gpus_per_user: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    submit_rate_per_user: SubmitRate | None = None
 
     FIELD_HINTS: ClassVar[dict[str, str]] = {
         "name": "a queue path such as research/nlp",
@@ -76,6 +98,12 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         "allow_root": "true to let jobs of this queue run as root (uid 0) on the nodes; default false",
         "max_wait": "how long a job may wait before it is escalated: seconds > 0 or a duration such as 30m, 4h, "
                     "1h30m (leave out for never)",
+        "max_submitted_per_user": "how many jobs one user may have pending or running in this queue and the "
+                                  "queues below it, a whole number >= 1 (leave out for no limit)",
+        "max_gpus_per_user": "how many GPUs one user's jobs of this queue and the queues below it may hold "
+                             "at once, a whole number >= 1 (leave out for no limit)",
+        "submit_rate_per_user": "a mapping {per_minute: 60, burst: 500}: submissions per user (leave out "
+                                "for no limit)",
     }
 
     def __post_init__(self) -> None:

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import signal
 from enum import IntEnum, StrEnum
+from typing import Literal, get_args
 
 __all__ = [
     "CHECKPOINTED_EXIT_CODE",
+    "CHECKPOINT_SIGNALS",
     "DEFAULT_CHECKPOINT_SIGNAL",
     "ENV_ATTEMPT",
     "ENV_CHECKPOINT_DIR",
@@ -32,8 +34,12 @@ __all__ = [
     "ENV_CONTROL",
     "ENV_JOB_ID",
     "ENV_RESUME_FROM",
+    "RESERVED_ENV",
+    "TORCH_ENV",
+    "CheckpointSignal",
     "ControlKind",
     "WorkerExit",
+    "checkpoint_signal_problem",
     "signal_from_name",
 ]
 
@@ -59,11 +65,42 @@ ENV_CONTROL = "CORRAL_CONTROL"  # this rank's control file: it appends one JSON 
 ENV_JOB_ID = "CORRAL_JOB_ID"
 ENV_ATTEMPT = "CORRAL_ATTEMPT"  # which attempt of the job this is, counted from 0 (the first run)
 
+TORCH_ENV = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE",
+)
+"""What torchrun gives each worker, which every rank gets too (listed in the README), so a script
+written for torchrun runs unchanged."""
+
+RESERVED_ENV = frozenset({
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", *TORCH_ENV,
+    ENV_JOB_ID, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_ATTEMPT,
+    ENV_CONTROL, ENV_CHECKPOINT_SIGNAL,
+})
+"""Variables the agent sets for every rank: inherited values are dropped and a job may not set
+them (the job spec refuses them, and so does the agent, from this one set)."""
+
+CheckpointSignal = Literal["SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGALRM", "SIGCONT",
+                           "SIGURG", "SIGWINCH", "SIGXCPU", "SIGVTALRM", "SIGPROF"]
+CHECKPOINT_SIGNALS: tuple[str, ...] = get_args(CheckpointSignal)
+"""The signals a job may name to be told to checkpoint: those a process can catch, by the names
+every platform of the agents knows (SIGKILL and SIGSTOP cannot be caught)."""
+
 
 class ControlKind(StrEnum):
     """The `kind` of a record a rank appends to its control file (`CORRAL_CONTROL`)."""
 
     CHECKPOINT = "checkpoint"  # {"kind", "path", "step", "rank", "attempt", "pid"}: a checkpoint is durable
+
+
+def checkpoint_signal_problem(name: str) -> str | None:
+    """Why `name` cannot be a job's checkpoint signal, or None when it can."""
+    if name in CHECKPOINT_SIGNALS:
+        return None
+    if name in ("SIGKILL", "SIGSTOP"):
+        return f"{name} cannot be caught, so the job could never checkpoint on it"
+    return f"`{name}` is not a signal a job can be told to checkpoint with"
 
 
 def signal_from_name(name: str) -> signal.Signals:

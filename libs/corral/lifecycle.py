@@ -125,6 +125,7 @@ class Gang:
     """One attempt of a job, as the log and the heartbeats describe it at `now`.
 
     `exits`: rank -> exit code (None: killed by a signal, or never started) from WorkerExited;
+    `exit_reasons`: rank -> the (code, message) its node reported, for ranks that did not exit 0;
     `freed`: nodes whose GpusReleased is recorded; `seen`: per node of the gang, its heartbeats
     about this job (absent: no heartbeat from that node since placement started)."""
 
@@ -135,6 +136,7 @@ class Gang:
     placed_at: float
     started: frozenset[int] = frozenset()
     exits: Mapping[int, int | None] = field(default_factory=dict)
+    exit_reasons: Mapping[int, tuple[str, str]] = field(default_factory=dict)
     running_since: float | None = None
     released_at: float | None = None
     freed: frozenset[str] = frozenset()
@@ -268,10 +270,10 @@ def _release(gang: Gang, state: GangState, now: float, limits: Limits) -> Releas
             why = f"for job {gang.preemptor}" if gang.preemptor else "as asked (requeue or drain)"
             return Release(LifecycleCode.PREEMPTED, f"checkpointed and stopped {why} ({attempt})")
     elif crashed:
-        # The rank that crashed first has an exit code; its peers were killed (no code).
-        rank, code = min(crashed.items(), key=lambda rc: (rc[1] is None, rc[0]))
-        what = f"exited with {code}" if code is not None else "was killed"
-        message = f"rank {rank} {what} ({attempt})"
+        # The rank that failed first has an exit code, or could not start; its peers were killed.
+        rank, code = min(crashed.items(), key=lambda rc: (
+            gang.exit_reasons.get(rc[0], ("",))[0] in PEER_ENDS, rc[1] is None, rc[0]))
+        message = f"rank {rank} {_failure(code, gang.exit_reasons.get(rank))} ({attempt})"
         if gang.restarts < gang.max_restarts:
             return Release(LifecycleCode.WORKER_FAILED, message, Then.REQUEUE, LifecycleCode.RESTARTING)
         return Release(LifecycleCode.WORKER_FAILED, message, Then.FAIL, fail_message=(
@@ -297,6 +299,26 @@ def _release(gang: Gang, state: GangState, now: float, limits: Limits) -> Releas
             f"asked to checkpoint and stop, still not stopped {now - gang.preempt_deadline:.0f}s after its "
             f"deadline ({attempt}); released, its GPUs stay held until its ranks are gone"))
     return None
+
+
+#: WorkerExited codes of a rank ended by its node because of another rank (or a stop): never the cause.
+PEER_ENDS = frozenset({"GANG_KILLED", "STOPPED", "PREEMPTED"})
+#: WorkerExited codes of a rank that ran and then ended on its own (a code, or a signal).
+RAN_AND_ENDED = frozenset({"CRASHED", "COMPLETED", "CHECKPOINTED"})
+
+
+def _failure(code: int | None, reported: tuple[str, str] | None) -> str:
+    """How a failed rank ended, in the words its node reported when it says more than a code: a
+    rank that never ran (START_FAILED, or refused to run as its submitter) says why."""
+    if code is not None:
+        return f"exited with {code}"
+    if reported is None:
+        return "was killed"
+    kind, said = reported
+    said = said.split(": ", 1)[1] if said.startswith("rank ") and ": " in said else said
+    if kind in RAN_AND_ENDED or kind in PEER_ENDS:
+        return f"was {said}" if said.startswith("killed") else "was killed"
+    return f"could not start ({kind}): {said}"
 
 
 def _requeue(code: LifecycleCode, message: str) -> Release:

@@ -114,6 +114,9 @@ class JobView:
     preempted_at: list[float] = field(default_factory=list)  # when each attempt was asked to checkpoint
     started_ranks: set[int] = field(default_factory=set)
     exited_ranks: dict[int, int | None] = field(default_factory=dict)
+    #: what the node said of each rank of the current attempt that did not exit 0: a rank that
+    #: could not start says why (`corral.lifecycle` puts it on the JobFailed)
+    exit_reasons: dict[int, Reason] = field(default_factory=dict)
     checkpoint: str | None = None
     checkpoint_at: datetime | None = None
     resume_from: str | None = None
@@ -483,7 +486,7 @@ def _gang_reserved(view: ClusterView, e: ev.GangReserved) -> None:
     j = view.job(e.job_id)
     j.ranks, j.placed_at, j.attempt = list(e.ranks), e.occurred_at, e.attempt
     j.state, j.reason, j.holding, j.gang = JobState.STARTING, None, True, GangState.STARTING
-    j.started_ranks, j.exited_ranks, j.preempt = set(), {}, None
+    j.started_ranks, j.exited_ranks, j.exit_reasons, j.preempt = set(), {}, {}, None
     j.resume_from = e.resume_from
     _hold_port(view, j, e)
     for r in e.ranks:
@@ -634,6 +637,8 @@ def _worker_exited(view: ClusterView, e: ev.WorkerExited) -> None:
         fence.exits[e.rank] = e.exit_code
     elif e.attempt == j.attempt:
         j.exited_ranks[e.rank] = e.exit_code
+        if e.exit_code != 0:
+            j.exit_reasons[e.rank] = e.reason
 
 
 def _running(view: ClusterView, e: ev.JobRunning) -> None:

@@ -7,7 +7,11 @@ Checks beyond the schema (which decoding already enforced): the queue exists, th
 within the queue's `max_priority`, the cluster has as many (matching) GPUs as the job needs
 (EXCEEDS_CLUSTER, with both numbers), and the request could ever fit this cluster's shape (the
 core's `static_feasibility`) — a job that can never be scheduled is rejected now instead of
-pending forever.
+pending forever. Then the user's limits in the queues file (`corral.services.admission.limits`):
+jobs pending or running (LIMIT_SUBMITTED) and the submission rate (RATE_LIMITED), judged on the
+ledger folded from the log with each submission's recorded time, so a replay judges the same. A
+submission whose spec breaks the contract is rejected with every problem (SPEC_INVALID,
+`corral.services.admission.invalid`) instead of being dead-lettered without a verdict.
 """
 
 from __future__ import annotations
@@ -26,12 +30,16 @@ from corral.contracts import events as ev
 from corral.contracts.admission import RejectionCode
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream, queue_stream
 from corral.contracts.jobspec import JobSpec
-from corral.contracts.problems import Problem
+from corral.contracts.problems import ContractError, Problem
+from corral.contracts.registry import decode
 from corral.contracts.sizes import SPEC_TOO_LARGE, recorded_size, size_problem
 from corral.contracts.subjects import USER_REQUEST_TYPES, Subjects
+from corral.core.submit_limits import SubmitLedger
 from corral.eventstore import Tracking
 from corral.projection import JobState
 from corral.services.admission.feasibility import ShapeVerdicts
+from corral.services.admission.invalid import invalid_submission
+from corral.services.admission.limits import UserLimitsFold
 from corral.services.base import Service
 
 log = logging.getLogger("corral.admission")
@@ -44,14 +52,64 @@ class Admission(Service):
     inbox = (*USER_REQUEST_TYPES, *(f"user.*.{t}" for t in USER_REQUEST_TYPES))
     events = ("NodeRegistered", "QueueConfigured")
     #: What judging and cancelling need: nodes, queues, which jobs exist and which have ended.
-    consumes = ("NodeRegistered", "NodeLost", "QueueConfigured", "JobSubmitted", "JobRejected", "JobCompleted",
-                "JobFailed", "JobCancelled")
+    consumes = ("NodeRegistered", "NodeLost", "QueueConfigured", "JobSubmitted", "JobAdmitted", "JobRejected",
+                "JobCompleted", "JobFailed", "JobCancelled")
     relay_after = 0.3  # the lightest deciding service: the relay's host unless a standby is idle
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: the cluster-wide checks of `judge`, per job shape (`corral.services.admission.feasibility`)
         self._fits = ShapeVerdicts(cluster_checks)
+        #: each user's counted jobs and submission buckets, folded from the log
+        self.user_limits = UserLimitsFold(self.view)
+
+    def folded(self, event: Event) -> None:
+        self.user_limits.fold(event)
+
+    async def on_inbox(self, delivery: Delivery) -> None:
+        if not await self._refused_invalid(delivery):
+            await super().on_inbox(delivery)
+
+    async def on_inbox_batch(self, deliveries: list[Delivery]) -> list[BaseException | None]:
+        outcomes: list[BaseException | None] = [None] * len(deliveries)
+        rest = []
+        for index, delivery in enumerate(deliveries):
+            try:
+                if await self._refused_invalid(delivery):
+                    continue
+            except Exception as exc:
+                outcomes[index] = exc
+                continue
+            rest.append(index)
+        if rest:
+            for index, outcome in zip(rest, await super().on_inbox_batch([deliveries[i] for i in rest]), strict=True):
+                outcomes[index] = outcome
+        return outcomes
+
+    async def _refused_invalid(self, delivery: Delivery) -> bool:
+        """Record a JobRejected (SPEC_INVALID) for a submission whose spec breaks the contract:
+        True when `delivery` was one (and is handled)."""
+        try:
+            decode(delivery.data)
+            return False
+        except ContractError:
+            found = invalid_submission(bytes(delivery.data))
+        if found is None:
+            return False
+        job_id, problems = found
+        stream = job_stream(job_id)
+        tracking = self.tracking(delivery)
+        if self.view.versions.get(stream, 0) > 0:
+            await self.append({}, tracking=tracking)  # the job exists: a duplicate
+            return True
+        said = "; ".join(f"{p.path}: {p.message}" for p in problems[:5])
+        rejected = self.new_event(ev.JobRejected, stream=stream, job_id=job_id, problems=problems,
+                                  reason=Reason(code=RejectionCode.SPEC_INVALID,
+                                                message=f"the spec breaks the JobSpec contract: {said}"[:2000],
+                                                details={"problems": len(problems)}))
+        log.warning("job %s: submission refused, its spec is invalid: %s", job_id, said)
+        await self.append({stream: [rejected]}, tracking=tracking, expected={stream: 0})
+        return True
 
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
         tracking = self.tracking(delivery)
@@ -79,6 +137,7 @@ class Admission(Service):
         batches: dict[str, list[Event]] = {}
         trackings: list[Tracking] = []
         seen: set[str] = set()
+        ledger = self.user_limits.ledger.scratch()  # the batch's verdicts count for the ones after them
         for i in submits:
             submitted, delivery = items[i]
             assert isinstance(submitted, ev.JobSubmitted)
@@ -93,7 +152,12 @@ class Admission(Service):
             if submission:
                 seen.add(submission)
             oversized = self.refuse_oversized(submitted)
-            batches[stream] = [oversized] if oversized else [submitted, await self._judge_caught_up(submitted)]
+            if oversized:
+                batches[stream] = [oversized]
+                continue
+            verdict = await self._judge_caught_up(submitted, ledger)
+            self.user_limits.judged(ledger, submitted, verdict)
+            batches[stream] = [submitted, verdict]
         if await self.append_handled(batches, trackings):
             return [None] * len(items)
         return await super().handle_inbox_batch(items)
@@ -147,20 +211,21 @@ class Admission(Service):
         for queue in {s.spec.queue for s in submissions} - set(self.view.queues):
             await self.refresh_stream(queue_stream(queue))
 
-    async def _judge_caught_up(self, submitted: ev.JobSubmitted) -> Event:
+    async def _judge_caught_up(self, submitted: ev.JobSubmitted, ledger: SubmitLedger | None = None) -> Event:
         """`judge`, but a "can never fit" verdict only after reading nodes we may not have heard
         of yet from the log (a rejection is final; our view of the nodes may lag the log)."""
-        verdict = self.judge(submitted)
-        if isinstance(verdict, ev.JobRejected) and not verdict.reason.code.startswith("QUEUE_"):
+        verdict = self.judge(submitted, ledger)
+        if isinstance(verdict, ev.JobRejected) and not verdict.reason.code.startswith("QUEUE_") \
+                and verdict.reason.code not in _NOT_ABOUT_NODES:
             registered = await self.store.read_all(0, limit=100_000, types=["NodeRegistered"])
             unknown = {e.stream for e in registered} - {node_stream(n) for n in self.view.nodes}
             for stream in sorted(unknown):
                 await self.refresh_stream(stream)
             if unknown:
-                verdict = self.judge(submitted)
+                verdict = self.judge(submitted, ledger)
         return verdict
 
-    def judge(self, submitted: ev.JobSubmitted) -> Event:
+    def judge(self, submitted: ev.JobSubmitted, ledger: SubmitLedger | None = None) -> Event:
         spec = submitted.spec
         common: dict[str, Any] = {"stream": submitted.stream, "causation": submitted, "job_id": submitted.job_id}
         problems: list[Problem] = []
@@ -200,6 +265,11 @@ class Admission(Service):
                                     hint="ask for a shape this cluster has (see `corral nodes`)"))
             reason = Reason(code=str(blocked.code), message=f"can never be scheduled: {blocked.message}",
                             details=dict(blocked.details))
+        if reason is None:
+            over = self.user_limits.judge(submitted, ledger)
+            if over is not None:
+                problems.append(over[0])
+                reason = over[1]
         if reason is not None:
             return self.new_event(ev.JobRejected, reason=reason, problems=problems, **common)
         return self.new_event(ev.JobAdmitted, queue=spec.queue, priority=int(spec.priority), replicas=spec.replicas,
@@ -263,6 +333,10 @@ class Admission(Service):
         if not await self.append({stream: [recorded]}, tracking=tracking):
             raise Retry("job stream moved on; retrying the hold", delay=0.05)
 
+
+#: Rejections that say nothing of the nodes: no reason to read nodes we may not have heard of.
+_NOT_ABOUT_NODES = frozenset({RejectionCode.LIMIT_SUBMITTED, RejectionCode.RATE_LIMITED,
+                              RejectionCode.PRIORITY_ABOVE_QUEUE_MAX, RejectionCode.ACCESS_DENIED_QUEUE})
 
 #: Characters of an operator's `--message` kept in the recorded hold, release or requeue.
 REQUEST_MESSAGE_LIMIT = 1000

@@ -22,28 +22,15 @@ from corral.contracts.worker import (
     ENV_CONTROL,
     ENV_JOB_ID,
     ENV_RESUME_FROM,
-    signal_from_name,
+    RESERVED_ENV,
+    checkpoint_signal_problem,
 )
 
 from .run_as import WorkerUser
 
-TORCH_ENV = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE",
-)
-"""What torchrun gives each worker, which every rank gets here too (listed in the README), so a
-script written for torchrun runs unchanged."""
-
 ROLE_NAME = "default"
 """torchrun's role of every worker (one role per job)."""
 
-RESERVED_ENV = frozenset({
-    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", *TORCH_ENV,
-    ENV_JOB_ID, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_ATTEMPT,
-    ENV_CONTROL, ENV_CHECKPOINT_SIGNAL,
-})
-"""Variables the agent owns: inherited values are dropped and a job may not set them."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +115,9 @@ class Assignment:
         if clash:
             raise ValueError(f"assignment {self.job_id}: env sets {clash}, which Corral sets itself; "
                              "remove them from the job's env")
-        signal_from_name(self.checkpoint_signal)  # raises a clear error for a bad name
+        problem = checkpoint_signal_problem(self.checkpoint_signal)
+        if problem is not None:
+            raise ValueError(f"assignment {self.job_id}: checkpoint.signal: {problem}")
         if self.restarts < 0 or self.max_restarts < 0:
             raise ValueError(f"assignment {self.job_id}: restarts and max_restarts must be >= 0")
 

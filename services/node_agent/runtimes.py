@@ -45,7 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .assignment import RESERVED_ENV, Assignment, RankAssignment
+from corral.contracts.worker import RESERVED_ENV
+
+from .assignment import Assignment, RankAssignment
 
 __all__ = [
     "CONTAINER_RUNTIMES",

@@ -338,6 +338,7 @@ class Placement(Service):
         return lifecycle.Gang(
             job_id=job.job_id, attempt=job.attempt, state=job.gang, placement=placement,
             placed_at=_at(job.placed_at), started=frozenset(job.started_ranks), exits=dict(job.exited_ranks),
+            exit_reasons={r: (why.code, why.message) for r, why in job.exit_reasons.items()},
             running_since=job.running_since.timestamp() if job.running_since else None,
             restarts=job.restarts, max_restarts=job.spec.restart.max_restarts if job.spec else 0,
             preemptor=job.preempt.for_job_id if job.preempt else None,

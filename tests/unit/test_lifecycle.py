@@ -141,6 +141,28 @@ def test_the_failure_message_names_the_rank_the_attempt_and_the_restarts() -> No
     assert release.fail_message == "rank 1 exited with 7 (attempt 2); no restarts left (2 of 2 used)"
 
 
+def test_a_rank_that_could_not_start_is_the_cause_and_its_nodes_words_are_the_reason() -> None:
+    # rank 0 was ended by its node because rank 1 could not start: rank 1 is named, with why
+    reported = {0: ("GANG_KILLED", "rank 0: killed by SIGKILL"),
+                1: ("START_FAILED", "rank 1: FileNotFoundError: [Errno 2] No such file or directory: 'trian.py'")}
+    release = release_of(next_steps(gang(S.STARTING, started=frozenset({0}), running_since=None,
+                                         exits={0: None, 1: None}, exit_reasons=reported), 105, LIMITS))
+    assert release is not None and release.then is Then.FAIL
+    assert release.message == ("rank 1 could not start (START_FAILED): FileNotFoundError: [Errno 2] No such file "
+                               "or directory: 'trian.py' (attempt 0)")
+
+
+def test_a_rank_killed_by_a_signal_says_which() -> None:
+    release = release_of(next_steps(gang(exits={0: None, 1: None}, exit_reasons={
+        0: ("GANG_KILLED", "rank 0: killed by SIGKILL"), 1: ("CRASHED", "rank 1: killed by SIGSEGV")}), 150, LIMITS))
+    assert release is not None and release.message == "rank 1 was killed by SIGSEGV (attempt 0)"
+
+
+def test_without_reports_a_failure_reads_as_before() -> None:
+    release = release_of(next_steps(gang(exits={0: None, 1: None}), 150, LIMITS))
+    assert release is not None and release.message == "rank 0 was killed (attempt 0)"
+
+
 FENCE_CASES: list[tuple[str, Gang, float, list[str]]] = [
     ("rank 1 still running", gang(S.RELEASING, exits={0: 3}, released_at=150), 151, ["a"]),
     ("rank 1 exited", gang(S.RELEASING, exits={0: 3, 1: None}, released_at=150), 151, ["a", "b"]),

@@ -81,7 +81,7 @@ def test_a_job_may_not_set_variables_corral_owns() -> None:
     ({"master_port": 0}, "master_port"),
     ({"job_id": "../x"}, "job_id"),
     ({"attempt": -1}, "attempt"),
-    ({"checkpoint_signal": "SIGNOPE"}, "CORRAL_CHECKPOINT_SIGNAL"),
+    ({"checkpoint_signal": "SIGNOPE"}, "checkpoint.signal"),
 ])
 def test_a_bad_assignment_names_the_field(change: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=field):
