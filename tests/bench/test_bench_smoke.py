@@ -85,3 +85,11 @@ def test_read_model_bench_runs() -> None:
     """10,000 events: the CLI's questions from the read model agree with the whole log's answers."""
     out = run("bench/readmodel.py", "--smoke")
     assert "why (waiting job)" in out and "before" in out and "fresh process" in out
+
+
+def test_cli_bench_runs() -> None:
+    """Whole `corral` processes timed against a live stack (submit waits for admission's verdict)."""
+    out = run("bench/cli.py", "--smoke")
+    for command in ("help", "submit", "jobs", "show", "cancel"):
+        assert f"  {command} " in out
+    assert "CPU p50 ms" in out and "probe:   python" in out
