@@ -74,6 +74,58 @@ def agent(
                       highlight=False)
 
 
+class PgFormat(StrEnum):
+    FILES = "files"
+    K8S_SECRET = "k8s-secret"
+
+
+@app.command("postgres")
+def postgres(
+    owner_dsn: Annotated[str, typer.Option(
+        "--owner-dsn", envvar="CORRAL_POSTGRES_OWNER_DSN",
+        help="A DSN that may create roles (superuser or CREATEROLE): used once, never stored.")],
+    directory: Annotated[Path, typer.Option(
+        "--dir", help="Where the logins' password files are kept (0700; keep it safe).")] = Path("corral-credentials"),
+    fmt: Annotated[PgFormat, typer.Option(
+        "--format", help="files: the logins and their password files (a DSN with passfile=); k8s-secret: one "
+                         "Secret per service and one for the CLI, corral-postgres-<name> (key dsn).")] = PgFormat.FILES,
+    host: Annotated[str | None, typer.Option(
+        "--host", help="HOST[:PORT] the services reach Postgres at, if not the owner DSN's.")] = None,
+    k8s_namespace: Annotated[str, typer.Option("--k8s-namespace", help="Namespace of the Secrets.")] = "corral",
+    json_out: Annotated[bool, typer.Option("--json", help="With --format files: JSON.")] = False,
+) -> None:
+    """Apply the migrations, then give each service its own Postgres login (in corral_service) and
+    the CLI a read-only one (corral_reader), as `corral up` does: no process of the deployment
+    logs in as the owner. Run it again to re-apply: existing passwords are kept."""
+    from corral.stack import pglogins
+    from corral.stack.up import SERVICES
+
+    try:
+        made = pglogins.provision(owner_dsn, directory, SERVICES)
+    except (OSError, ValueError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise SystemExit(ExitCode.FAILURE) from None
+    if made is None:
+        err_console.print("[red]error:[/red] --owner-dsn's role may neither create roles nor grant them (it needs "
+                          "SUPERUSER or CREATEROLE)", highlight=False)
+        raise SystemExit(ExitCode.FAILURE)
+    dsns = {name: pglogins.moved(dsn, host) if host else dsn for name, dsn in made.dsns.items()}
+    if fmt is PgFormat.K8S_SECRET:
+        docs = [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                 "metadata": {"name": f"corral-postgres-{name}", "namespace": k8s_namespace,
+                              "labels": {"app.kubernetes.io/part-of": "corral"}},
+                 "stringData": {"dsn": pglogins.with_stored_password(dsn)}} for name, dsn in dsns.items()]
+        typer.echo(f"# Corral's Postgres logins (from {directory}); `kubectl apply -f -`\n" + secrets_yaml(docs),
+                   nl=False)
+        return
+    rows = [{"component": name, "login": pglogins.login_of(dsn), "dsn": dsn} for name, dsn in dsns.items()]
+    if json_out:
+        print_json({"directory": str(directory), "logins": rows})
+        return
+    print_table(f"{len(rows)} Postgres login(s) in {directory}", ["FOR", "LOGIN", "DSN"],
+                [(r["component"], r["login"], r["dsn"]) for r in rows])
+
+
 class _Literal(yaml.SafeDumper):
     """Multi-line values (auth.conf, credentials JSON) as YAML literal blocks: readable, diffable."""
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -88,6 +88,31 @@ def with_login(dsn: str, user: str, passfile: Path | None) -> str:
     if passfile is not None:
         query.append(("passfile", str(passfile)))
     return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query, safe="/", quote_via=quote), ""))
+
+
+def login_of(dsn: str) -> str:
+    return unquote(urlsplit(dsn).username or "")
+
+
+def moved(dsn: str, host: str) -> str:
+    """`dsn` pointing at `host` (`HOST` or `HOST:PORT`) instead: where the services reach the
+    server may not be where the owner did (a port-forward, a cluster's service name)."""
+    parts = urlsplit(dsn)
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, ""))
+
+
+def with_stored_password(dsn: str) -> str:
+    """`dsn` (a login's, naming its password file) with the password itself and no file: for a
+    secret store that holds the whole DSN (a Kubernetes Secret)."""
+    parts = urlsplit(dsn)
+    query = dict(parse_qsl(parts.query))
+    passfile = query.pop("passfile", None)
+    user = login_of(dsn)
+    password = credentials.pgpass_secret(Path(passfile), user) if passfile else ""
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{quote(user)}:{quote(password, safe='')}@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(list(query.items()), safe="/", quote_via=quote), ""))
 
 
 def _ident(name: str) -> str:
