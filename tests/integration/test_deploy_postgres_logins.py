@@ -1,5 +1,6 @@
 """`corral credentials postgres`: a deployment's services get their own Postgres logins, as with
-`corral up`, so that no process of docker-compose or Kubernetes logs in as the owner.
+`corral up`, so that no process of docker-compose or Kubernetes logs in as the owner; and its
+people (`corral credentials person`) NATS identities and Postgres logins of their own.
 
 Against a fresh database of the session's server: each service's login is in `corral_service`
 (it appends, it cannot rewrite), the CLI's in `corral_reader`; the Kubernetes Secrets validate and
@@ -8,18 +9,20 @@ are the ones the manifests read; a second run keeps the passwords.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import kubernetes_validate
+import nats
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from corral.cli.main import app
+from corral.stack.servers import NatsReloadError, NatsServer
 from tests import deploy_checks as checks
 
 K8S = checks.ROOT / "deploy" / "kubernetes"
@@ -30,11 +33,6 @@ def _run(*args: str) -> str:
     result = CliRunner().invoke(app, ["credentials", "postgres", *args])
     assert result.exit_code == 0, result.output
     return result.output
-
-
-@pytest.fixture
-async def owner(postgres_dsn: str) -> AsyncIterator[str]:
-    yield postgres_dsn
 
 
 async def _groups(dsn: str, **kw: Any) -> set[str]:
@@ -49,7 +47,9 @@ async def _groups(dsn: str, **kw: Any) -> set[str]:
         await conn.close()
 
 
-async def test_each_service_gets_its_own_login_and_the_secrets_are_the_manifests(owner: str, tmp_path: Path) -> None:
+async def test_each_service_gets_its_own_login_and_the_secrets_are_the_manifests(postgres_dsn: str,
+                                                                                tmp_path: Path) -> None:
+    owner = postgres_dsn
     store = tmp_path / "ids"
     listed = json.loads(_run("--owner-dsn", owner, "--dir", str(store), "--json"))["logins"]
     by = {r["component"]: r for r in listed}
@@ -88,3 +88,71 @@ def test_the_compose_services_connect_with_their_own_logins() -> None:
         assert services[name]["depends_on"]["postgres-logins"] == {"condition": "service_completed_successfully"}
     dsns = [str(s.get("environment", {}).get("CORRAL_POSTGRES_DSN", "")) for s in services.values()]
     assert not any(d.startswith("postgresql://postgres:") for d in dsns), "no process logs in as the superuser"
+
+
+def _person(*args: str) -> str:
+    result = CliRunner().invoke(app, ["--namespace", "corral", "credentials", "person", *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+async def test_a_deployments_people_get_nats_identities_and_postgres_logins(postgres_dsn: str, tmp_path: Path) -> None:
+    """`corral credentials person`: the deployment's auth.conf names each person; a nats-server that
+    re-reads it (the chart's reloader sends the same SIGHUP) closes a removed person's connection and
+    keeps the others; `corral credentials postgres` gives each person a login in corral_person and
+    drops a removed one's."""
+    store = tmp_path / "ids"
+    _person("alice", "--dir", str(store))
+    _person("nightly", "--pipeline", "--dir", str(store))
+    auth_conf = _person("--dir", str(store), "--format", "nats-conf")
+    assert 'user: "alice"' in auth_conf and 'user: "nightly"' in auth_conf and 'user: "admin"' in auth_conf
+    creds = {n: json.loads((store / "credentials" / f"{n}.json").read_text()) for n in ("alice", "nightly")}
+    assert creds["nightly"]["kind"] == "pipeline"
+
+    logins = {r["component"]: r for r in json.loads(_run("--owner-dsn", postgres_dsn, "--dir", str(store),
+                                                          "--json"))["logins"]}
+    conn = await asyncpg.connect(logins["person alice"]["dsn"])
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM events") == 0
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("INSERT INTO relay_positions VALUES ('x', 0)")
+    finally:
+        await conn.close()
+
+    server = NatsServer(tmp_path / "nats", authorization_include="auth.conf")
+    server.data_dir.mkdir(parents=True)
+    (server.data_dir / "auth.conf").write_text(auth_conf)
+    server.start()
+    try:
+        closed = asyncio.Event()
+
+        async def on_closed() -> None:
+            closed.set()
+
+        options: dict[str, Any] = {"allow_reconnect": False, "max_reconnect_attempts": 0, "connect_timeout": 2}
+        alice = await nats.connect(server.url, user="alice", password=creds["alice"]["password"],
+                                   closed_cb=on_closed, **options)
+        nightly = await nats.connect(server.url, user="nightly", password=creds["nightly"]["password"], **options)
+        pid = server.proc.pid if server.proc else None
+        (server.data_dir / "auth.conf").write_text(_person("--remove", "alice", "--dir", str(store),
+                                                           "--format", "nats-conf"))
+        assert server.reload()
+        await asyncio.wait_for(closed.wait(), 10)
+        await nightly.flush(timeout=5)  # the others keep their connections
+        await nightly.close()
+        await alice.close()
+        assert server.proc is not None and server.proc.pid == pid
+        with pytest.raises(nats.errors.Error):
+            await nats.connect(server.url, user="alice", password=creds["alice"]["password"], **options)
+        # a configuration the server cannot read is refused, and the old one stays
+        (server.data_dir / "auth.conf").write_text("authorization { users = [ {user: ")
+        with pytest.raises(NatsReloadError):
+            server.reload()
+    finally:
+        server.stop()
+
+    again = {r["component"] for r in json.loads(_run("--owner-dsn", postgres_dsn, "--dir", str(store),
+                                                      "--json"))["logins"]}
+    assert "person alice" not in again and "person nightly" in again
+    with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
+        await asyncpg.connect(logins["person alice"]["dsn"])

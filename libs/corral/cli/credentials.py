@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
+from urllib.parse import urlsplit
 
 import typer
 import yaml
@@ -20,6 +21,9 @@ import yaml
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.session import ConnectionOptions
+
+if TYPE_CHECKING:
+    from corral.stack.deploy_credentials import DeployIdentities
 
 EXIT_USAGE = ExitCode.USAGE
 
@@ -57,6 +61,47 @@ def agent(
     except ValueError as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise SystemExit(EXIT_USAGE) from None
+    _show(ids, directory, fmt, k8s_namespace, json_out)
+
+
+@app.command("person")
+def person(
+    names: Annotated[list[str] | None, typer.Argument(help="People (or pipelines, admins) to add.")] = None,
+    admin: Annotated[bool, typer.Option("--admin", help="Those added are admins.")] = False,
+    pipeline: Annotated[bool, typer.Option("--pipeline", help="Those added are pipelines.")] = False,
+    remove: Annotated[list[str] | None, typer.Option("--remove", help="Take this user's identity away.")] = None,
+    rotate: Annotated[list[str] | None, typer.Option("--rotate", help="Give this user a new secret.")] = None,
+    directory: Annotated[Path, typer.Option(
+        "--dir", help="Where the deployment's identities are kept (0700; keep it safe).")] = Path("corral-credentials"),
+    fmt: Annotated[Format, typer.Option("--format", help="As for `corral credentials agent`.")] = Format.FILES,
+    k8s_namespace: Annotated[str, typer.Option("--k8s-namespace", help="Namespace of the Secrets.")] = "corral",
+    json_out: Annotated[bool, typer.Option("--json", help="With --format files: JSON.")] = False,
+) -> None:
+    """Give people and pipelines of a deployment identities of their own (`corral user` does it
+    for `corral up`), and print the deployment's identities in the chosen format: apply the new
+    auth.conf (the Secret corral-nats-auth) and the NATS servers re-read it, without a restart.
+    Each one's credentials file is `<dir>/credentials/<name>.json`; `corral credentials postgres`
+    gives each a Postgres login too."""
+    from corral.stack import deploy_credentials as deploy
+    from corral.stack.people import Kind, PeopleError
+
+    if admin and pipeline:
+        err_console.print("[red]error:[/red] --admin and --pipeline: a user is one of person, pipeline or admin")
+        raise SystemExit(EXIT_USAGE)
+    ns = ConnectionOptions.namespace or "corral"
+    try:
+        deploy.change_people(directory, ns, add=names or (), remove=remove or (), rotate=rotate or (),
+                             kind=Kind.ADMIN if admin else Kind.PIPELINE if pipeline else Kind.PERSON)
+        ids = deploy.load(directory, ns)
+    except (PeopleError, ValueError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise SystemExit(ExitCode.FAILURE) from None
+    _show(ids, directory, fmt, k8s_namespace, json_out)
+
+
+def _show(ids: DeployIdentities, directory: Path, fmt: Format, k8s_namespace: str, json_out: bool) -> None:
+    from corral.stack import deploy_credentials as deploy
+
     if fmt is Format.NATS_CONF:
         typer.echo(deploy.auth_conf(ids), nl=False)
     elif fmt is Format.K8S_SECRET:
@@ -98,10 +143,12 @@ def postgres(
     the CLI a read-only one (corral_reader), as `corral up` does: no process of the deployment
     logs in as the owner. Run it again to re-apply: existing passwords are kept."""
     from corral.stack import pglogins
+    from corral.stack.people_admin import Installation
     from corral.stack.up import SERVICES
 
     try:
-        made = pglogins.provision(owner_dsn, directory, SERVICES)
+        people = Installation(directory, ConnectionOptions.namespace or "corral").load().names()
+        made = pglogins.provision(owner_dsn, directory, SERVICES, people=people)
     except (OSError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise SystemExit(ExitCode.FAILURE) from None
@@ -111,14 +158,20 @@ def postgres(
         raise SystemExit(ExitCode.FAILURE)
     dsns = {name: pglogins.moved(dsn, host) if host else dsn for name, dsn in made.dsns.items()}
     if fmt is PgFormat.K8S_SECRET:
-        docs = [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                 "metadata": {"name": f"corral-postgres-{name}", "namespace": k8s_namespace,
-                              "labels": {"app.kubernetes.io/part-of": "corral"}},
-                 "stringData": {"dsn": pglogins.with_stored_password(dsn)}} for name, dsn in dsns.items()]
+        docs: list[dict[str, object]] = [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": f"corral-postgres-{name}", "namespace": k8s_namespace,
+                         "labels": {"app.kubernetes.io/part-of": "corral"}},
+            "stringData": {"dsn": pglogins.with_stored_password(dsn)}} for name, dsn in dsns.items()]
         typer.echo(f"# Corral's Postgres logins (from {directory}); `kubectl apply -f -`\n" + secrets_yaml(docs),
                    nl=False)
         return
     rows = [{"component": name, "login": pglogins.login_of(dsn), "dsn": dsn} for name, dsn in dsns.items()]
+    database = urlsplit(made.reader).path.lstrip("/")
+    for name in people:  # each person's own login (in corral_person), for their context
+        login = pglogins.person_login(database, name)
+        dsn = pglogins.with_login(made.reader, login, pglogins.person_pgpass(directory, name))
+        dsn = pglogins.moved(dsn, host) if host else dsn
+        rows.append({"component": f"person {name}", "login": login, "dsn": dsn})
     if json_out:
         print_json({"directory": str(directory), "logins": rows})
         return

@@ -13,7 +13,9 @@ allowed to report only for that node (`corral.bus.auth`). Each run adds nodes (o
 and keeps every existing password, so its output can be applied again: the `authorization` block
 for the NATS servers (`auth_conf`) and the Kubernetes Secrets (`kubernetes_secrets`):
 `corral-nats-auth` (that block, for the NATS chart), `corral-nats-services` and
-`corral-nats-agents` (one `<node>.json` per node, what the agent DaemonSet mounts).
+`corral-nats-agents` (one `<node>.json` per node, what the agent DaemonSet mounts). People and
+pipelines (`corral credentials person`) are kept there as `corral up` keeps them
+(`corral.stack.people_admin`): `<dir>/people.json` and one identity each in the `auth_conf`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 
 from corral.bus import auth
 from corral.stack import credentials
+from corral.stack.people import Kind, PeopleError, Person, Registry, check_name
+from corral.stack.people_admin import Installation, now
 
 SERVICES = "services"  # one identity, svc-services, for every service (the manifests mount one file)
 ADMIN = "admin"
@@ -84,8 +88,34 @@ def load(directory: Path, namespace: str, add: Iterable[str] = (), revoke: Itera
         (directory / "credentials" / f"{agent_user(node)}.json").unlink(missing_ok=True)
     keyring = credentials.generate(directory, namespace, services=(SERVICES,),
                                    agents=[([n], durable_name([n])) for n in nodes], admin=ADMIN)
+    people = Installation(directory, namespace)
+    keyring.identities += [people.person_identity(p) for p in people.load().people]
     (directory / NODES_FILE).write_text(json.dumps(nodes, indent=2) + "\n")
     return DeployIdentities(directory, namespace, keyring, tuple(nodes))
+
+
+def change_people(directory: Path, namespace: str, *, add: Iterable[str] = (), kind: Kind = Kind.PERSON,
+                  remove: Iterable[str] = (), rotate: Iterable[str] = ()) -> Registry:
+    """The deployment's people (`<dir>/people.json`, as `corral up`'s registry) with `add` added
+    as `kind`, `remove` removed (their credentials deleted) and `rotate` given new secrets; give
+    the new `auth_conf` to the NATS servers (the chart's reloader makes them re-read it)."""
+    people = Installation(directory, namespace)
+    with people.locked():
+        registry = people.load()
+        for name in add:
+            if name == ADMIN:
+                raise PeopleError(f"{ADMIN!r} is the operator's identity of a deployment: choose another name")
+            person = Person(check_name(name), kind, created=now(), added_by=ADMIN)
+            registry = registry.add(person)
+            people.person_identity(person, rotate=True)
+        for name in rotate:
+            registry = registry.rotated(name, now())
+            people.person_identity(next(p for p in registry.people if p.name == name), rotate=True)
+        for name in remove:
+            registry = registry.remove(name)
+            people.credentials_file(name).unlink(missing_ok=True)
+        people.save(registry)
+        return registry
 
 
 def _known_nodes(directory: Path) -> list[str]:
