@@ -1,7 +1,7 @@
 """`python -m corral.services.gateway` (`corral service gateway`): the local gateway until SIGTERM.
 
 Needs CORRAL_NATS_URL, CORRAL_POSTGRES_DSN (a read login), CORRAL_NATS_CREDENTIALS (the
-`gateway` identity) and CORRAL_GATEWAY (the socket's path; default /run/corral/gateway.sock).
+`gateway` identity) and CORRAL_GATEWAY (the socket's path; default /run/corral-gateway/gateway.sock).
 """
 
 from __future__ import annotations

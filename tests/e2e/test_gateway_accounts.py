@@ -143,6 +143,8 @@ def _corral(stack: Stack, account: str, *args: str, **kw: Any) -> subprocess.Com
     """`corral ARGS` as `account`, with the public context of `stack` (`<data_dir>/gateway`)."""
     public = stack.options.data_dir / "gateway"
     env = {"CORRAL_CONTEXT": str(public), **kw.pop("env", {})}
+    if env.get("CORRAL_GATEWAY"):  # a login node's person: the socket and nothing else
+        del env["CORRAL_CONTEXT"]
     return _as(account, str(PYTHON), "-c", LAUNCH, str(SITE_PACKAGES), *args, env=env, **kw)
 
 
@@ -199,14 +201,16 @@ async def test_each_account_submits_as_itself_whatever_it_claims(gated: Stack, a
         _corral(gated, a, "--context", str(gated.options.data_dir), "submit", "-", stdin=_spec_text(),
                 env={"CORRAL_CREDENTIALS": str(gated.context.credentials)}),  # type: ignore[union-attr]
         _corral(gated, b, "submit", "-", stdin=_spec_text(), env={"USER": a}),
+        _corral(gated, b, "submit", "-", stdin=_spec_text(),
+                env={"CORRAL_GATEWAY": str(gated.options.data_dir / "gateway" / "gateway.sock")}),
     ]
-    owners = [a, a, b]
+    owners = [a, a, b, b]
     jobs = []
     for done in tries:
         assert done.returncode == 0, done.stderr
         assert "admitted to queue team-a" in done.stdout, done.stdout
         jobs.append(_job_id(done.stdout))
-    assert len(set(jobs)) == 3
+    assert len(set(jobs)) == 4
     for job_id, owner in zip(jobs, owners, strict=True):
         submitted = (await _recorded(gated, job_id, ev.JobSubmitted))[0]
         assert (submitted.user, submitted.actor) == (owner, f"user/{owner}"), (job_id, submitted.user)
@@ -216,7 +220,7 @@ async def test_each_account_submits_as_itself_whatever_it_claims(gated: Stack, a
     rows = {r["id"]: r for r in json.loads(listed.stdout)}
     assert {rows[j]["user"] for j in jobs} == {a, b}
     for job_id in jobs:
-        assert _corral(gated, b if job_id == jobs[2] else a, "cancel", job_id).returncode == 0
+        assert _corral(gated, b if job_id in jobs[2:] else a, "cancel", job_id).returncode == 0
 
 
 async def test_one_account_cannot_cancel_anothers_job(gated: Stack, accounts: tuple[str, str]) -> None:

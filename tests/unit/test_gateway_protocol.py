@@ -13,6 +13,8 @@ import os
 import pwd
 import socket
 import struct
+from dataclasses import replace
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -25,9 +27,11 @@ from corral.contracts.envelope import job_stream
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.registry import decode, encode
 from corral.gateway import protocol as p
+from corral.gateway.client import gateway_socket
 from corral.gateway.paths import MAX_SUN_PATH, bindable
 from corral.projection import JobView
 from corral.services.gateway.service import HIDDEN, hidden_from
+from corral.stack.context import Context, resolve
 
 
 def _spec(**kw: object) -> JobSpec:
@@ -185,7 +189,7 @@ def test_the_gateway_identity_publishes_exactly_the_user_request_subjects() -> N
 
 
 # ---- long socket paths ------------------------------------------------------------------------------
-def test_a_socket_path_too_long_for_the_kernel_is_reached_through_its_folder(tmp_path: object) -> None:
+def test_a_socket_path_too_long_for_the_kernel_is_reached_through_its_folder(tmp_path: Path) -> None:
     deep = os.path.join(str(tmp_path), *(["d" * 40] * 4))
     os.makedirs(deep)
     path = os.path.join(deep, "gateway.sock")
@@ -198,3 +202,29 @@ def test_a_socket_path_too_long_for_the_kernel_is_reached_through_its_folder(tmp
         client = socket.socket(socket.AF_UNIX)
         with client, bindable(path) as again:
             client.connect(again)
+
+
+# ---- when the CLI goes through the gateway ------------------------------------------------------------
+def test_the_cli_uses_the_gateway_only_without_a_credential_it_can_read(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(p.SOCKET_ENV, raising=False)
+    mine = tmp_path / "mine.json"
+    mine.write_text("{}")
+    ctx = Context(nats_url="tls://h:4222", postgres_dsn="", gateway="/run/g.sock")
+    assert gateway_socket(ctx) == "/run/g.sock"  # the context names no credential
+    assert gateway_socket(replace(ctx, credentials=str(mine))) is None  # one of its own: no gateway
+    assert gateway_socket(replace(ctx, credentials=str(tmp_path / "admins-0600.json"))) == "/run/g.sock"
+    assert gateway_socket(replace(ctx, gateway=None)) is None  # no gateway known: as before
+    monkeypatch.setenv(p.SOCKET_ENV, "/elsewhere.sock")
+    assert gateway_socket(replace(ctx, gateway=None)) == "/elsewhere.sock"
+
+
+def test_corral_gateway_alone_is_a_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A login node's person has no context file: the socket is enough."""
+    monkeypatch.chdir(tmp_path)
+    for var in ("CORRAL_NATS_URL", "CORRAL_POSTGRES_DSN", "CORRAL_CONTEXT", "CORRAL_CREDENTIALS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(p.SOCKET_ENV, "/run/corral-gateway/gateway.sock")
+    ctx = resolve()
+    assert ctx.gateway == "/run/corral-gateway/gateway.sock" and ctx.credentials is None
+    assert gateway_socket(ctx) == "/run/corral-gateway/gateway.sock"

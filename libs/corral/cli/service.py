@@ -24,7 +24,7 @@ from corral.telemetry.endpoint import DEFAULT_ADDRESS, METRICS_ADDR_ENV, parse_a
 class ServiceName(StrEnum):
     """The control-plane services; run two `placement` for a standby (it waits for the lease).
     `gateway`: the local gateway of a login node (people submit as their OS account; its socket
-    is CORRAL_GATEWAY, default /run/corral/gateway.sock)."""
+    is CORRAL_GATEWAY, default /run/corral-gateway/gateway.sock)."""
 
     ADMISSION = "admission"
     QUOTA = "quota"

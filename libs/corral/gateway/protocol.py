@@ -34,7 +34,7 @@ from corral.contracts.subjects import USER_REQUEST_TYPES
 #: context names none).
 SOCKET_ENV = "CORRAL_GATEWAY"
 #: Where `corral service gateway` listens when nothing else is said (a login node's system unit).
-DEFAULT_SOCKET = "/run/corral/gateway.sock"
+DEFAULT_SOCKET = "/run/corral-gateway/gateway.sock"
 #: The largest request: a job spec is at most `BusLimits.max_spec_bytes` (256 KiB) in its event.
 MAX_ASK_BYTES = 1024 * 1024
 #: The largest reply a client accepts (a view of every active job of a large cluster).

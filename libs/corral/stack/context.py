@@ -9,7 +9,8 @@ whose cluster is gone says so instead of sending requests into the void.
 
 Resolution order: explicit flags (`--nats`, `--postgres`, `--namespace`), then the environment
 (`CORRAL_NATS_URL`, `CORRAL_POSTGRES_DSN`, `CORRAL_NAMESPACE`; `CORRAL_CREDENTIALS` and
-`CORRAL_NATS_CA` for the NATS identity and the CA that verifies the server), then one context
+`CORRAL_NATS_CA` for the NATS identity and the CA that verifies the server; `CORRAL_GATEWAY` for a
+local gateway's socket, enough on its own), then one context
 file: the explicit `--context PATH` / `CORRAL_CONTEXT` (a context.json, or the data folder holding
 one), else the nearest `.corral/context.json` in the current folder or its parents. There is no
 global fallback.
@@ -135,6 +136,11 @@ def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
     saved: Context | None = None
     if path is not None and path.is_file():
         saved = Context.load(path)
+    gateway = os.environ.get("CORRAL_GATEWAY")
+    if gateway and saved is None and not (nats and dsn):
+        # A login node's person: the local gateway is all their CLI reaches (corral.gateway.client).
+        return Context(nats_url=nats or "", postgres_dsn=dsn or "", namespace=namespace or DEFAULT_NAMESPACE,
+                       gateway=gateway)
     if not nats or (need_postgres and not dsn):
         if path is None:
             raise NoClusterError(

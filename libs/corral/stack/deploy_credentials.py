@@ -8,10 +8,12 @@ shared one password, and one typo in a node's permissions made its agent fail wi
 Here one directory holds the deployment's identities (`<dir>/credentials/<user>.json`, 0600 in a
 0700 directory, as `corral.stack.credentials` keeps `corral up`'s) and the GPU nodes known so far
 (`<dir>/nodes.json`): the services' identity `svc-services` (one for every service, as the
-manifests mount it), `admin` for the operator's CLI, and one per node `agent-node-agent-<node>`
-allowed to report only for that node (`corral.bus.auth`). Each run adds nodes (or revokes them)
-and keeps every existing password, so its output can be applied again: the `authorization` block
-for the NATS servers (`auth_conf`) and the Kubernetes Secrets (`kubernetes_secrets`):
+manifests mount it), `admin` for the operator's CLI, `gateway` for the local gateway of a login
+node (`corral service gateway`: people there submit as their Unix account), and one per node
+`agent-node-agent-<node>` allowed to report only for that node (`corral.bus.auth`). Each run adds
+nodes (or revokes them) and keeps every existing password, so its output can be applied again: the
+`authorization` block for the NATS servers (`auth_conf`) and the Kubernetes Secrets
+(`kubernetes_secrets`):
 `corral-nats-auth` (that block, for the NATS chart), `corral-nats-services` and
 `corral-nats-agents` (one `<node>.json` per node, what the agent DaemonSet mounts). People and
 pipelines (`corral credentials person`) are kept there as `corral up` keeps them
@@ -87,7 +89,7 @@ def load(directory: Path, namespace: str, add: Iterable[str] = (), revoke: Itera
     for node in gone & set(known):
         (directory / "credentials" / f"{agent_user(node)}.json").unlink(missing_ok=True)
     keyring = credentials.generate(directory, namespace, services=(SERVICES,),
-                                   agents=[([n], durable_name([n])) for n in nodes], admin=ADMIN)
+                                   agents=[([n], durable_name([n])) for n in nodes], admin=ADMIN, gateway=True)
     people = Installation(directory, namespace)
     keyring.identities += [people.person_identity(p) for p in people.load().people]
     (directory / NODES_FILE).write_text(json.dumps(nodes, indent=2) + "\n")
