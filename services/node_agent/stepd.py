@@ -26,6 +26,10 @@ connection lifecycle to both sides. A command is a line in a file the agent rewr
 and SIGUSR2 only says "look now" (the stepd also looks at every wake-up, so a lost signal costs
 one poll period). SIGTERM to the stepd itself stops the gang (SIGTERM, SIGKILL after kill_grace).
 
+Each rank writes its stdout and stderr into a pipe the stepd copies to the rank's log
+(`rank_output`): a log folder that fills drops output (said by a marker line once it takes writes
+again) and never fails the rank.
+
 It is a plain loop on `select` (a wake-up pipe fed by SIGCHLD, SIGUSR2 and SIGTERM) and imports only
 the standard library and the agent's stdlib-only modules: one of these runs per gang per node.
 """
@@ -42,12 +46,13 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any, BinaryIO
+from typing import Any
 
 from corral.contracts.worker import CHECKPOINTED_EXIT_CODE, signal_from_name
 
 from .assignment import build_rank_env, rank_log_path
 from .control import ControlChannel
+from .rank_output import RankOutput
 from .run_as import WorkerUser, make_dir_as, own_dir, own_file, reach_problem, user_base_env
 from .runtimes import USER_FLAG_RUNTIMES, Launch, runtime_for
 from .step_files import (
@@ -109,9 +114,9 @@ def gang_end(state: dict[str, Any]) -> str:
     return "checkpointed"
 
 
-def open_log(path: Path, user: WorkerUser | None) -> BinaryIO:
-    """A rank's log, for appending, never through a symlink. Run as its submitter, the rank gets
-    the file (to read it back) but not its directory: the stepd, root, writes there too."""
+def open_log_fd(path: Path, user: WorkerUser | None) -> int:
+    """A rank's log, for appending, never through a symlink. Run as its submitter, the rank's user
+    owns the file (to read it back) but not its directory: the stepd, root, writes there too."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         if user is not None:
@@ -120,7 +125,7 @@ def open_log(path: Path, user: WorkerUser | None) -> BinaryIO:
     except OSError:
         os.close(fd)
         raise
-    return os.fdopen(fd, "ab")
+    return fd
 
 
 class Stepd:
@@ -133,6 +138,7 @@ class Stepd:
         self.lingering: dict[int, tuple[int, float]] = {}
         self.controls: dict[int, ControlChannel] = {}
         self.launches: dict[int, Launch] = {}  # how each rank was started (its runtime's Launch)
+        self.outputs: dict[int, RankOutput] = {}  # each rank's log, fed from its stdout pipe
         self.reported: set[int] = set()  # ranks that reported a checkpoint during a preemption
         self.kill_at: float | None = None
         self.preempting: dict[str, Any] | None = None
@@ -178,8 +184,7 @@ class Stepd:
                 break
             if self.dirty:
                 self.save()
-            with contextlib.suppress(InterruptedError):
-                select.select([wake_r], [], [], self.timeout(now))
+            self.wait(wake_r, now + self.timeout(now))
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake_r, 512):
                     pass
@@ -189,6 +194,21 @@ class Stepd:
             time.sleep(SAVE_RETRY)
         log.info("%s attempt %d ended: %s", self.a.job_id, self.a.attempt, self.state["end"])
         return 0
+
+    def wait(self, wake_r: int, until: float) -> None:
+        """Copy the ranks' output to their logs until a signal wakes us or `until` (monotonic):
+        output alone does not run the loop's checks (a chatty rank would make them spin)."""
+        while True:
+            pipes = {out.pipe: out for out in self.outputs.values() if out.pipe is not None}
+            try:
+                ready = select.select([wake_r, *pipes], [], [], max(0.0, until - time.monotonic()))[0]
+            except InterruptedError:
+                return
+            for fd in ready:
+                if fd in pipes:
+                    pipes[fd].pump(until_empty=False)
+            if wake_r in ready or time.monotonic() >= until:
+                return
 
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         self.term_requested = True
@@ -257,56 +277,64 @@ class Stepd:
         spec = next(r for r in self.a.ranks if r.rank == rank)
         user = self.a.user
         log_path = rank_log_path(self.a, spec)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open_log(log_path, user) as log_file:
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            who = f" as {user.name} (uid {user.uid})" if user else ""
-            log_file.write(f"==== corral job {self.a.job_id} attempt {self.a.attempt} rank {spec.rank} "
-                           f"node_rank {self.a.node_rank} started {stamp}{who} ====\n".encode())
-            log_file.flush()
+        with contextlib.suppress(OSError):  # a full disk: the output is dropped, the rank runs
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+        out = self.outputs[rank] = RankOutput(lambda: open_log_fd(log_path, user))
+        out.open()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        who = f" as {user.name} (uid {user.uid})" if user else ""
+        out.write(f"==== corral job {self.a.job_id} attempt {self.a.attempt} rank {spec.rank} "
+                  f"node_rank {self.a.node_rank} started {stamp}{who} ====\n".encode())
+        read_end, write_end = os.pipe()
+        try:
             control = control_path(self.folder, spec.rank)
-            try:
-                base = os.environ if user is None else user_base_env(os.environ, user)
-                if user is not None:
-                    # As the submitter (see `run_as`): the stepd stays root to signal the ranks; the
-                    # rank gets its own checkpoint directory and control file, nothing else of ours.
-                    if self.a.checkpoint_dir_from_spec:
-                        make_dir_as(self.a.checkpoint_dir, user)
-                    else:
-                        own_dir(self.a.checkpoint_dir, user)
-                    own_file(control, user)
-                    workdir = self.a.workdir  # checked on the host only where it is a host folder
-                    seen = workdir if self.a.runtime == "process" and workdir and workdir.is_dir() else None
-                    problem = reach_problem([self.a.checkpoint_dir, control], user, seen)
-                    if problem is not None:
-                        raise PermissionError(problem)
-                elif self.a.runtime != "process":  # a bind's source must exist
-                    self.a.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-                    os.close(os.open(control, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-                launch = runtime_for(self.a.runtime).launch(self.a, spec, build_rank_env(self.a, spec, control, base),
-                                                             control)
-                missing = [str(p) for p in launch.needs if not p.exists()]
-                if missing:
-                    raise FileNotFoundError(f"mount source {', '.join(missing)} does not exist on this node")
-                self.launches[spec.rank] = launch
-                cwd = launch.cwd if launch.cwd or user is None or self.a.runtime != "process" else user.cwd()
-                if cwd is not None and self.a.runtime == "process" and not os.path.isdir(cwd):
-                    # As slurmstepd does: a folder this node does not have (the submitter's, on a
-                    # laptop) is no reason not to run; say so where the user looks.
-                    fallback = user.cwd() if user is not None else None
-                    log_file.write(f"==== workdir {cwd} does not exist on this node; starting in "
-                                   f"{fallback or os.getcwd()} instead ====\n".encode())
-                    cwd = fallback
-                ids: dict[str, Any] = {} if user is None else {
-                    "user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
-                if user is not None and self.a.runtime in USER_FLAG_RUNTIMES:
-                    ids = {}  # the container client runs as the agent; the container as the user (--user)
-                return subprocess.Popen(
-                    launch.argv, env=launch.env, stdin=subprocess.DEVNULL, stdout=log_file,
-                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, cwd=cwd, **ids)
-            except (OSError, ValueError) as exc:
-                log_file.write(f"==== could not start: {exc} ====\n".encode())
-                raise OSError(str(exc)) from exc
+            base = os.environ if user is None else user_base_env(os.environ, user)
+            if user is not None:
+                # As the submitter (see `run_as`): the stepd stays root to signal the ranks; the
+                # rank gets its own checkpoint directory and control file, nothing else of ours.
+                if self.a.checkpoint_dir_from_spec:
+                    make_dir_as(self.a.checkpoint_dir, user)
+                else:
+                    own_dir(self.a.checkpoint_dir, user)
+                own_file(control, user)
+                workdir = self.a.workdir  # checked on the host only where it is a host folder
+                seen = workdir if self.a.runtime == "process" and workdir and workdir.is_dir() else None
+                problem = reach_problem([self.a.checkpoint_dir, control], user, seen)
+                if problem is not None:
+                    raise PermissionError(problem)
+            elif self.a.runtime != "process":  # a bind's source must exist
+                self.a.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+                os.close(os.open(control, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            launch = runtime_for(self.a.runtime).launch(self.a, spec, build_rank_env(self.a, spec, control, base),
+                                                         control)
+            missing = [str(p) for p in launch.needs if not p.exists()]
+            if missing:
+                raise FileNotFoundError(f"mount source {', '.join(missing)} does not exist on this node")
+            self.launches[spec.rank] = launch
+            cwd = launch.cwd if launch.cwd or user is None or self.a.runtime != "process" else user.cwd()
+            if cwd is not None and self.a.runtime == "process" and not os.path.isdir(cwd):
+                # As slurmstepd does: a folder this node does not have (the submitter's, on a
+                # laptop) is no reason not to run; say so where the user looks.
+                fallback = user.cwd() if user is not None else None
+                out.write(f"==== workdir {cwd} does not exist on this node; starting in "
+                          f"{fallback or os.getcwd()} instead ====\n".encode())
+                cwd = fallback
+            ids: dict[str, Any] = {} if user is None else {
+                "user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
+            if user is not None and self.a.runtime in USER_FLAG_RUNTIMES:
+                ids = {}  # the container client runs as the agent; the container as the user (--user)
+            proc = subprocess.Popen(
+                launch.argv, env=launch.env, stdin=subprocess.DEVNULL, stdout=write_end,
+                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, cwd=cwd, **ids)
+        except (OSError, ValueError) as exc:
+            os.close(read_end)
+            out.write(f"==== could not start: {exc} ====\n".encode())
+            out.close()
+            raise OSError(str(exc)) from exc
+        finally:
+            os.close(write_end)
+        out.attach(read_end)
+        return proc
 
     def reap(self, now: float) -> None:
         for rank, proc in list(self.procs.items()):
@@ -359,9 +387,11 @@ class Stepd:
         reason = classify(self.state["mode"], code)
         rec.update(exit_code=code, exited_at=time.time(), reason=reason, cause=self.state["cause"])
         self.dirty = True
-        spec = next(r for r in self.a.ranks if r.rank == rank)
-        with contextlib.suppress(OSError), open_log(rank_log_path(self.a, spec), self.a.user) as out:
+        out = self.outputs.get(rank)
+        if out is not None:
+            out.pump()  # what it printed last comes before its exit
             out.write(f"==== exited with code {code} ====\n".encode())
+            out.close()
         if reason == "crashed" and self.state["mode"] == M_RUNNING:
             self.state.update(mode=M_FAILING, failed_rank=rank, failed_exit_code=code)
             self.terminate(self.launch.kill_grace, now)

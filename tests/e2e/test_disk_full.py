@@ -58,19 +58,17 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-def fill(folder: Path) -> Path:
-    """Write a file into `folder` until its filesystem has no space left; the file's path."""
-    filler = folder / "filler"
-    with filler.open("wb") as out:
-        block = b"\0" * (1 << 16)
-        with contextlib.suppress(OSError):
-            while True:
-                out.write(block)
-                out.flush()
-    with contextlib.suppress(OSError), filler.open("ab") as out:  # the last partial page too
-        while True:
-            out.write(b"\0")
-            out.flush()
+def fill(folder: Path, name: str = "filler", byte: bytes = b"\0") -> Path:
+    """Append to `folder/name` until its filesystem has no space left; the file's path."""
+    filler = folder / name
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for size in (1 << 16, 1 << 12, 1):  # down to the last byte
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, byte * size)
+    finally:
+        os.close(fd)
     return filler
 
 
@@ -121,6 +119,38 @@ async def test_jobs_that_exit_0_while_the_agent_state_folder_is_full_are_complet
         finally:
             await client.close()
             stack.stop()  # before the folder is unmounted
+
+
+# --- the rank log folder -------------------------------------------------------------------------
+
+async def test_a_full_rank_log_folder_drops_output_with_a_marker_and_the_job_completes(
+        make_stack: StackFactory, tmp_path: Path) -> None:
+    """A rank printing while its log folder is full loses those lines, not its life: the stepd
+    copies its output and drops what the disk refuses, saying how much once it can write again."""
+    workers = tmp_path / "stack0" / "logs" / "workers"
+    with tmpfs(workers, "1m"):
+        stack = make_stack(cluster="1x8:H100")
+        client = await connect(stack)
+        try:
+            await with_queues(client, QUEUES, nodes=1)
+            chatty = await client.submit(job("chatty", 8.0))  # type: ignore[arg-type]
+            log = workers / chatty / "rank-0.log"
+            deadline = time.monotonic() + 60
+            while b"step=2\n" not in (log.read_bytes() if log.exists() else b""):
+                assert time.monotonic() < deadline, dump_logs(stack)
+                await asyncio.sleep(0.1)
+            filler = fill(workers)
+            fill(log.parent, log.name, b"#")  # the rest of the log's last page: its next line finds no room
+            await asyncio.sleep(1.5)  # ~15 lines printed into a full disk
+            filler.unlink()
+            view = await client.wait_for(lambda v: v.jobs[chatty].state.terminal, 60)
+            text = log.read_text()
+            assert view.jobs[chatty].state is JobState.COMPLETED, f"{view.jobs[chatty]}\n{text}"
+            assert "bytes of output dropped: the log folder refused them (No space left on device)" in text, text
+            assert text.rstrip().endswith("==== exited with code 0 ===="), text
+        finally:
+            await client.close()
+            stack.stop()
 
 
 # --- the NATS store -----------------------------------------------------------------------------
