@@ -14,7 +14,7 @@ events. What it passes on hides the `env` values of other people's jobs.
 
 Each connection carries one request; a uid holds at most `per_uid` connections at once and the
 gateway `total` (a local user cannot starve the others), and a request not read within
-`read_timeout` seconds is dropped.
+`read_timeout` seconds, or a reply not taken within `write_timeout`, is dropped.
 """
 
 from __future__ import annotations
@@ -57,13 +57,14 @@ class Gateway:
     """Serves `corral.gateway.protocol` on a unix socket for one installation."""
 
     def __init__(self, bus: Bus, store: EventStore, namespace: str, *, per_uid: int = 8, total: int = 256,
-                 read_timeout: float = 10.0) -> None:
+                 read_timeout: float = 10.0, write_timeout: float = 60.0) -> None:
         self.bus = bus
         self.store = store
         self.subjects = Subjects(namespace)
         self.per_uid = per_uid
         self.total = total
         self.read_timeout = read_timeout
+        self.write_timeout = write_timeout
         self._open: Counter[int] = Counter()
         #: requests answered, by (op, outcome code or "ok"): the /metrics counters
         self.answered: Counter[tuple[str, str]] = Counter()
@@ -91,7 +92,7 @@ class Gateway:
             self._open[uid] += 1
             reply = await self._reply(reader, uid)
             writer.write(p.encode_reply(reply))
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), self.write_timeout)  # a peer that never reads
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, OSError):
             pass  # the peer went away, or sent half a request: nothing to answer
         finally:

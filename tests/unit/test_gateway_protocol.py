@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import shutil
 import socket
 import struct
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from corral.gateway.paths import MAX_SUN_PATH, bindable
 from corral.projection import JobView
 from corral.services.gateway.service import HIDDEN, hidden_from
 from corral.stack.context import Context, resolve
+from corral.stack.up import closed_to_others
 
 
 def _spec(**kw: object) -> JobSpec:
@@ -228,3 +231,17 @@ def test_corral_gateway_alone_is_a_context(tmp_path: Path, monkeypatch: pytest.M
     ctx = resolve()
     assert ctx.gateway == "/run/corral-gateway/gateway.sock" and ctx.credentials is None
     assert gateway_socket(ctx) == "/run/corral-gateway/gateway.sock"
+
+
+def test_corral_up_names_the_folder_that_keeps_people_from_the_gateway() -> None:
+    top = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's tmp_path lies under a 0700 folder
+    try:
+        inner = top / "a" / "b"
+        inner.mkdir(parents=True)
+        os.chmod(top, 0o755)
+        os.chmod(top / "a", 0o700)
+        assert closed_to_others(inner) == top / "a"
+        os.chmod(top / "a", 0o711)
+        assert closed_to_others(inner) is None
+    finally:
+        shutil.rmtree(top)

@@ -133,6 +133,7 @@ def up(
                                 if server is not None and server.proc is not None],
                     "listen": listen if stack.nats or stack.postgres else None,
                     "join": [j.as_json() for j in stack.join_commands()],
+                    "gateway": ctx.gateway,
                     "nodes": nodes})
     else:
         console.print(f"[bold green]Corral is up[/bold green] in {elapsed:.1f}s  (data: {ctx.data_dir})")
@@ -147,6 +148,9 @@ def up(
         print_table(f"{len(nodes)} nodes registered", ["NODE", "GPUS", "MODEL", "RACK"],
                     [(n["name"], n["gpus"], n["model"], n["rack"]) for n in nodes])
         console.print(where_commands_find(Path(ctx.data_dir or data_dir)), highlight=False)
+        if ctx.gateway:
+            console.print(f"Other people of this host submit as their own account: "
+                          f"CORRAL_CONTEXT={Path(ctx.gateway).parent} corral submit FILE", highlight=False)
         _print_joins(stack, listen)
         console.print("Ctrl-C stops everything.")
     _run_until_interrupted(stack, stopping)

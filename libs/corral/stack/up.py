@@ -348,6 +348,10 @@ class Stack:
         folder = self.options.data_dir / "gateway"
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o755)
+        closed = closed_to_others(folder)
+        if closed is not None:
+            self.say(f"gateway: other accounts cannot reach {folder} ({closed} is not traversable by them): "
+                     f"`chmod o+x {closed}` to let the people of this host submit through it")
         return str(folder / "gateway.sock")
 
     def _save_public_context(self, ctx: Context) -> None:
@@ -564,6 +568,17 @@ class Stack:
                     os.killpg(pid, signal.SIGTERM)
                 stop_orphan(pid, signal.SIGTERM, 30.0 if name == "node-agents" else 10.0)
         path.unlink(missing_ok=True)
+
+
+def closed_to_others(folder: Path) -> Path | None:
+    """The first folder on the way to `folder` (itself included) that an account with no group of
+    its owner's may not traverse, or None."""
+    import stat
+
+    for step in (*reversed(folder.parents), folder):
+        if not step.stat().st_mode & stat.S_IXOTH:
+            return step
+    return None
 
 
 def _reuse(port: int | None, host: str = join.LOOPBACK, *, reuse_address: bool = False) -> int:
