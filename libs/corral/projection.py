@@ -169,7 +169,7 @@ class JobView:
         cached = self._core_job
         if cached is not None and cached[0] is self.spec and cached[1] is self.submitted_at:
             return cached[2]
-        job = job_from_spec(self.job_id, self.spec, self.submitted_at.timestamp())
+        job = job_from_spec(self.job_id, self.spec, self.submitted_at.timestamp(), self.user)
         self._core_job = (self.spec, self.submitted_at, job)
         return job
 

@@ -17,8 +17,9 @@ from corral.contracts.jobspec import JobSpec
 from corral.contracts.queues import QueueSpec
 
 
-def job_from_spec(job_id: str, spec: JobSpec, submit_time: float) -> core.Job:
-    """The core's Job for a validated spec (priority classes are already integers)."""
+def job_from_spec(job_id: str, spec: JobSpec, submit_time: float, user: str | None = None) -> core.Job:
+    """The core's Job for a validated spec (priority classes are already integers); `user`: who
+    submitted it, as the log records it (None: not limited per user)."""
     topo = spec.topology
     return core_job(
         job_id=job_id,
@@ -37,6 +38,7 @@ def job_from_spec(job_id: str, spec: JobSpec, submit_time: float) -> core.Job:
         cpus_per_replica=spec.cpus_per_replica,
         memory_gib_per_replica=spec.memory_gib_per_replica,
         datasets=frozenset(m.dataset for m in spec.mounts if m.dataset is not None),
+        user=user,
     )
 
 
@@ -58,6 +60,7 @@ def core_job(
     cpus_per_replica: float | None = None,
     memory_gib_per_replica: float | None = None,
     datasets: frozenset[str] = frozenset(),
+    user: str | None = None,
 ) -> core.Job:
     """The one translation of a job request's fields into the core's Job.
 
@@ -94,6 +97,7 @@ def core_job(
         checkpoint_grace_seconds=whole_seconds_at_least(checkpoint_grace_seconds),
         min_runtime_seconds=whole_seconds_at_least(min_runtime_seconds),
         estimated_runtime_seconds=estimated_runtime_seconds,
+        user=user,
     )
 
 
@@ -132,7 +136,7 @@ def cluster_from_spec(spec: ClusterSpec) -> core.Cluster:
 
 def queue_from_spec(spec: QueueSpec) -> core.QueueConfig:
     return core.QueueConfig(name=spec.name, guaranteed_gpus=spec.guaranteed_gpus, max_gpus=spec.max_gpus,
-                            lend_limit=spec.lend_limit, weight=spec.weight)
+                            lend_limit=spec.lend_limit, weight=spec.weight, max_gpus_per_user=spec.max_gpus_per_user)
 
 
 def queues_from_specs(specs: Iterable[QueueSpec]) -> tuple[core.QueueConfig, ...]:

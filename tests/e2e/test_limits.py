@@ -16,8 +16,6 @@ import os
 import time
 from pathlib import Path
 
-import pytest
-
 from corral.contracts import events as ev
 from corral.contracts.envelope import new_event_id
 from corral.contracts.jobspec import validate_job_spec
@@ -80,7 +78,6 @@ async def test_a_burst_is_absorbed_then_rate_limited_with_when_to_retry(make_sta
         await c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="quota does not enforce max_gpus_per_user yet")
 async def test_a_user_over_max_gpus_per_user_waits_with_the_limit_named(make_stack: StackFactory,
                                                                         tmp_path: Path) -> None:
     stack = make_stack(cluster="2x8:H100")

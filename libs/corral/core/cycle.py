@@ -359,7 +359,7 @@ class Cycle:
         """Count the job's GPUs in its queues; a queue that now borrows may hold reclaimable jobs,
         so cached 'cannot preempt' answers are no longer valid."""
         self.fast.changing()
-        self.usage.add(job.queue, job.total_gpus)
+        self.usage.add(job.queue, job.total_gpus, user=job.user)
         if any(self.usage.active.get(q, 0) > self.tree.guarantee.get(q, 0) for q in self.tree.path(job.queue)):
             self.fast.borrow_epoch += 1
 

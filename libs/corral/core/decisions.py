@@ -18,6 +18,8 @@ class ReasonCode(StrEnum):
     BACKFILLED = "BACKFILLED"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
     MAX_GPUS_EXCEEDED = "MAX_GPUS_EXCEEDED"
+    #: the job's user holds as many GPUs as a queue on its path allows one user (`core.user_gpus`)
+    MAX_GPUS_PER_USER = "MAX_GPUS_PER_USER"
     GANG_DOES_NOT_FIT = "GANG_DOES_NOT_FIT"
     TOPOLOGY_UNSATISFIABLE = "TOPOLOGY_UNSATISFIABLE"
     NO_MATCHING_GPU = "NO_MATCHING_GPU"

@@ -224,8 +224,8 @@ def _quota_raises(snapshot: Snapshot, job: Job) -> list[QuotaRaised]:
         over = quota_check(now, job)
         q = over.detail("queue") if over is not None else None
         cfg = next((c for c in now.queues if c.name == q), None)
-        if over is None or cfg is None or over.code is ReasonCode.QUEUE_UNKNOWN:
-            break
+        if over is None or cfg is None or over.code in (ReasonCode.QUEUE_UNKNOWN, ReasonCode.MAX_GPUS_PER_USER):
+            break  # (a user's limit is not raised here: one of the user's jobs ending frees it)
         need = int(over.detail("used") or 0) + job.total_gpus
         if over.code is ReasonCode.MAX_GPUS_EXCEEDED:
             raised[cfg.name] = QuotaRaised(cfg.name, cfg.guaranteed_gpus, need)

@@ -256,6 +256,7 @@ class Job:
     checkpoint_grace_seconds: int = 30
     min_runtime_seconds: int = 0
     estimated_runtime_seconds: float | None = None
+    user: str | None = None  # who submitted it: per-user limits (`core.user_gpus`); None: not limited
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -362,7 +363,9 @@ class QueueConfig:
 
     guaranteed_gpus: nominal quota, always reachable (by reclaim if lent away);
     max_gpus: hard ceiling including borrowing; lend_limit: how much unused guarantee others may
-    borrow (None = all of it); weight: share of the surplus relative to siblings.
+    borrow (None = all of it); weight: share of the surplus relative to siblings;
+    max_gpus_per_user: GPUs one user's jobs may hold at once in its subtree (`core.user_gpus`;
+    None: no limit).
     """
 
     name: str
@@ -370,6 +373,7 @@ class QueueConfig:
     max_gpus: int | None = None
     lend_limit: int | None = None
     weight: float = 1.0
+    max_gpus_per_user: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name or self.name.startswith("/") or self.name.endswith("/") or "//" in self.name:
@@ -385,6 +389,8 @@ class QueueConfig:
             raise ValueError(f"queue {self.name}: lend_limit must be >= 0 or omitted")
         if not self.weight > 0:
             raise ValueError(f"queue {self.name}: weight must be > 0, got {self.weight}")
+        if self.max_gpus_per_user is not None and self.max_gpus_per_user < 1:
+            raise ValueError(f"queue {self.name}: max_gpus_per_user must be >= 1 or omitted")
 
     @property
     def parent(self) -> str | None:

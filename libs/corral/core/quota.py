@@ -22,6 +22,7 @@ from collections.abc import Iterable
 
 from corral.core.decisions import Reason, ReasonCode
 from corral.core.model import Job, QueueConfig, RunningJob, Snapshot
+from corral.core.user_gpus import over_user_limit
 
 ROOT = ""
 
@@ -29,7 +30,8 @@ ROOT = ""
 class QueueTree:
     """Configured queues plus implicit ancestors, with parent/children links."""
 
-    __slots__ = ("capacity", "ceilings", "children", "configs", "guarantee", "limited", "paths")
+    __slots__ = ("capacity", "ceilings", "children", "configs", "guarantee", "limited", "paths", "per_user",
+                 "user_ceilings")
 
     def __init__(self, queues: Iterable[QueueConfig], capacity: int):
         self.capacity = capacity
@@ -63,6 +65,9 @@ class QueueTree:
             if q != ROOT
         }
         self.ceilings: dict[str, tuple[tuple[str, int], ...]] = {}
+        #: whether any queue sets `max_gpus_per_user` (else nothing is kept per user)
+        self.per_user = any(q.max_gpus_per_user is not None for q in self.configs.values())
+        self.user_ceilings: dict[str, tuple[tuple[str, int], ...]] = {}
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> QueueTree:
@@ -93,6 +98,16 @@ class QueueTree:
             )
         return c
 
+    def user_ceilings_of(self, name: str) -> tuple[tuple[str, int], ...]:
+        """(queue, max_gpus_per_user) for every queue on the path that sets one, leaf first."""
+        c = self.user_ceilings.get(name)
+        if c is None:
+            c = self.user_ceilings[name] = tuple(
+                (q, m) for q in self.path(name) if (cfg := self.configs.get(q)) is not None
+                and (m := cfg.max_gpus_per_user) is not None
+            )
+        return c
+
     def max_gpus(self, name: str) -> int | None:
         cfg = self.configs.get(name)
         return None if cfg is None else cfg.max_gpus
@@ -112,37 +127,53 @@ class QueueTree:
 
 class QueueUsage:
     """GPUs held per queue subtree. `held` counts every holder; `active` excludes jobs already
-    preempting (they are leaving), which is what reclaim reasons about."""
+    preempting (they are leaving), which is what reclaim reasons about. `users`: GPUs held per
+    (user, queue), for the queues that set `max_gpus_per_user` (only when the tree has one)."""
 
-    __slots__ = ("active", "held", "tree")
+    __slots__ = ("active", "held", "tree", "users")
 
     def __init__(self, tree: QueueTree):
         self.tree = tree
         self.held: dict[str, int] = {}
         self.active: dict[str, int] = {}
+        self.users: dict[tuple[str, str], int] = {}
 
     @classmethod
     def of(cls, tree: QueueTree, running: Iterable[RunningJob]) -> QueueUsage:
         held: dict[str, int] = {}
         leaving: dict[str, int] = {}
+        by_user: dict[tuple[str, str], int] = {}
+        per_user = tree.per_user
         for r in running:  # per leaf first, then up the tree once per queue
             job = r.job
             g = r.placement.gpu_count
             held[job.queue] = held.get(job.queue, 0) + g
             if r.preempting:
                 leaving[job.queue] = leaving.get(job.queue, 0) + g
+            if per_user and job.user is not None:
+                by_user[(job.user, job.queue)] = by_user.get((job.user, job.queue), 0) + g
         u = cls(tree)
         for q, g in held.items():
             u.add(q, g - leaving.get(q, 0))
             if q in leaving:
                 u.add(q, leaving[q], active=False)
+        for (user, q), g in by_user.items():
+            u.add_user(user, q, g)
         return u
 
-    def add(self, queue: str, gpus: int, *, active: bool = True) -> None:
+    def add(self, queue: str, gpus: int, *, active: bool = True, user: str | None = None) -> None:
         for q in self.tree.path(queue):
             self.held[q] = self.held.get(q, 0) + gpus
             if active:
                 self.active[q] = self.active.get(q, 0) + gpus
+        if user is not None and self.tree.per_user:
+            self.add_user(user, queue, gpus)
+
+    def add_user(self, user: str, queue: str, gpus: int) -> None:
+        """`gpus` more (or fewer) held by `user`'s jobs of `queue`, where a limit counts them."""
+        users = self.users
+        for q, _ in self.tree.user_ceilings_of(queue):
+            users[(user, q)] = users.get((user, q), 0) + gpus
 
     def deactivate(self, queue: str, gpus: int) -> None:
         """A running job was chosen as a victim: it still holds GPUs but is no longer borrowing."""
@@ -153,6 +184,7 @@ class QueueUsage:
         u = QueueUsage(self.tree)
         u.held = dict(self.held)
         u.active = dict(self.active)
+        u.users = dict(self.users)
         return u
 
 
@@ -177,8 +209,9 @@ def quota_check(
     tree: QueueTree | None = None,
     quotas: bool = True,
 ) -> Reason | None:
-    """None when the queue tree admits `job` now; else QUEUE_UNKNOWN, MAX_GPUS_EXCEEDED or
-    QUOTA_EXCEEDED with the numbers. `quotas=False` checks only ceilings (baseline policies)."""
+    """None when the queue tree admits `job` now; else QUEUE_UNKNOWN, MAX_GPUS_EXCEEDED,
+    MAX_GPUS_PER_USER or QUOTA_EXCEEDED with the numbers. `quotas=False` checks only ceilings (the
+    queues' and the per-user ones: baseline policies, placement)."""
     tree = tree if tree is not None else QueueTree.of(snapshot)
     usage = usage if usage is not None else QueueUsage.of(tree, snapshot.running)
     g = job.total_gpus
@@ -192,6 +225,8 @@ def quota_check(
             (("queue", job.queue),),
         )
     over_ceiling = _over_ceiling(tree, usage, job)
+    if over_ceiling is None and tree.per_user:
+        over_ceiling = over_user_limit(tree.user_ceilings_of(job.queue), usage.users, job.user, g)
     if over_ceiling is not None or not quotas:
         return over_ceiling
     for q in tree.path(job.queue):

@@ -98,14 +98,14 @@ def reserve_quota(
     waiting = [p for p in snapshot.pending if p.job.id not in holders]
     order = _Order(iter_pending(
         Snapshot(snapshot.now, snapshot.cluster, snapshot.queues, tuple(waiting), snapshot.running), config, tree=tree
-    ), waiting)
+    ), waiting, by_user=tree.per_user)
     exposure = _Exposure(snapshot, config, tree)
     refused: dict[str, Reason] = {}
     while True:
         usage = base.copy()
         for job in holders.values():  # reserved but not yet placed counts too, unless revoked
             if job.id not in refused and tree.known(job.queue):
-                usage.add(job.queue, job.total_gpus)
+                usage.add(job.queue, job.total_gpus, user=job.user)
         out, admitted, exposed, borrowing = _quota_pass(snapshot, config, order, usage, exposure, refused)
         # a reservation held from earlier rounds may be exposed now (a job that may reclaim it
         # arrived since): it is played out too, and given back if it would be taken back at once
@@ -158,7 +158,7 @@ def _quota_pass(
                 break
             continue
         out.append(Reserve(job.id, job.total_gpus, _borrowed(tree, usage, job)))
-        usage.add(job.queue, job.total_gpus)
+        usage.add(job.queue, job.total_gpus, user=job.user)
         check.usage_changed()
         left.usage_changed()
         admitted.append(job)
@@ -186,18 +186,20 @@ class _Order:
     cohorts that walk was a third of quota's round (py-spy, Kueue shape, 15,000) for the few
     dozen jobs a round can reserve. The passes of a round read one order, each as far as it must."""
 
-    def __init__(self, walk: Iterator[PendingJob], waiting: Sequence[PendingJob]) -> None:
+    def __init__(self, walk: Iterator[PendingJob], waiting: Sequence[PendingJob], *, by_user: bool = False) -> None:
         self.waiting = waiting
+        #: a job's answer depends on its user too when a queue sets `max_gpus_per_user` (`class_of`)
+        self.by_user = by_user
         self._walk: Iterator[PendingJob] | None = walk
         self._known: list[PendingJob] = []
-        #: every waiting job by id; per (queue, GPUs) how many wait and one of them (`_Left`)
+        #: every waiting job by id; per (queue, GPUs[, user]) how many wait and one of them (`_Left`)
         self.jobs: dict[str, Job] = {}
-        self.classes: dict[tuple[str, int], int] = {}
-        self.samples: dict[tuple[str, int], Job] = {}
+        self.classes: dict[tuple[str, int, str | None], int] = {}
+        self.samples: dict[tuple[str, int, str | None], Job] = {}
         jobs, classes, samples = self.jobs, self.classes, self.samples
         for p in waiting:  # one pass of thousands a round: kept to plain dict operations
             job = p.job
-            key = (job.queue, job.replicas * job.gpus_per_replica)
+            key = (job.queue, job.replicas * job.gpus_per_replica, job.user if by_user else None)
             jobs[job.id] = job
             n = classes.get(key)
             if n is None:
@@ -239,14 +241,18 @@ class _Left:
     def __init__(self, order: _Order, refused: Mapping[str, Reason]) -> None:
         self.count = dict(order.classes)
         self.sample = order.samples
+        self.by_user = order.by_user
         for job_id in refused:
             job = order.jobs.get(job_id)  # a revoked holder is not in the order
             if job is not None:
-                self.count[(job.queue, job.total_gpus)] -= 1
+                self.count[self._key(job)] -= 1
         self.refusals, self.looked = 0, False
 
+    def _key(self, job: Job) -> tuple[str, int, str | None]:
+        return (job.queue, job.total_gpus, job.user if self.by_user else None)
+
     def reached(self, job: Job) -> None:
-        self.count[(job.queue, job.total_gpus)] -= 1
+        self.count[self._key(job)] -= 1
 
     def usage_changed(self) -> None:
         self.refusals, self.looked = 0, False
@@ -269,7 +275,8 @@ def _refusals(jobs: Iterable[PendingJob], refused: Mapping[str, Reason], check: 
 
 class _Checks:
     """`quota_check` of a job on `usage` as it stands, asked once per (queue, GPUs) until the usage
-    changes (`usage_changed`): the check reads nothing else of the job.
+    changes (`usage_changed`): the check reads nothing else of the job (but its user, when a queue
+    sets `max_gpus_per_user`: then once per (queue, GPUs, user)).
 
     The problem: with a backlog of thousands behind a full cohort (Kueue's shape), a round asked
     the same question of every waiting job, twice (at its turn, then with the round's usage to
@@ -277,10 +284,11 @@ class _Checks:
 
     def __init__(self, snapshot: Snapshot, config: SchedulerConfig, tree: QueueTree, usage: QueueUsage):
         self.snapshot, self.quotas, self.tree, self.usage = snapshot, config.quotas, tree, usage
-        self.answers: dict[tuple[str, int], Reason | None] = {}
+        self.answers: dict[tuple[str, int, str | None], Reason | None] = {}
+        self.by_user = tree.per_user  # the answer reads the job's user only then
 
     def __call__(self, job: Job) -> Reason | None:
-        key = (job.queue, job.total_gpus)
+        key = (job.queue, job.total_gpus, job.user if self.by_user else None)
         try:
             return self.answers[key]
         except KeyError:

@@ -49,6 +49,7 @@ def class_key(p: PendingJob) -> tuple[object, ...]:
         job.estimated_runtime_seconds,
         p.preempted_by,
         p.attained_gpu_seconds,
+        job.user,  # `max_gpus_per_user`: the same job of another user may get another answer
     )
 
 

@@ -21,6 +21,7 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Iterator, Sequence
 from operator import attrgetter
+from typing import TypeVar
 
 from corral.core.backfill import Release
 from corral.core.cycle import Cycle
@@ -95,6 +96,7 @@ class SchedulerState:
         self._masks: dict[str, tuple[tuple[int, int], ...]] = {}
         self._used: dict[int, int] = {}
         self._held: dict[str, int] = {}
+        self._held_users: dict[tuple[str, str], int] = {}  # (user, leaf queue) -> GPUs held
         self._leaving: dict[str, int] = {}
         self._preempting: set[str] = set()
         self._preemptors: dict[str, int] = {}
@@ -210,6 +212,8 @@ class SchedulerState:
             self._releases[r.job.id] = Release(math.inf if end is None else end, r.job.id, self._masks[r.job.id])
         q, g = r.job.queue, r.placement.gpu_count * sign
         _bump(self._held, q, g)
+        if r.job.user is not None:
+            _bump(self._held_users, (r.job.user, q), g)
         if r.preempting:
             _bump(self._leaving, q, g)
             if sign > 0:
@@ -281,6 +285,9 @@ class SchedulerState:
             usage.add(q, g - out)
             if out:
                 usage.add(q, out, active=False)
+        if tree.per_user:
+            for (user, q), g in self._held_users.items():
+                usage.add_user(user, q, g)
         releasing: dict[int, int] = {}
         for job_id in sorted(self._preempting):
             add_masks(releasing, self._masks[job_id])
@@ -323,7 +330,10 @@ class SchedulerState:
         return fair_share_walk(tree, usage, known, unknown)
 
 
-def _bump(counts: dict[str, int], key: str, delta: int) -> None:
+K = TypeVar("K")
+
+
+def _bump(counts: dict[K, int], key: K, delta: int) -> None:
     n = counts.get(key, 0) + delta
     if n:
         counts[key] = n

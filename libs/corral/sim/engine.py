@@ -122,10 +122,11 @@ class SimOutcome:
     final_reasons: dict[str, str] = field(default_factory=dict)
 
 
-def core_job(job: SimJob) -> Job:
+def core_job(job: SimJob, *, by_user: bool = False) -> Job:
     """The job as the policy sees it: its spec at its submit time, never the true duration
-    (`corral.translate.job_from_spec`, the services' translation too)."""
-    return translate.job_from_spec(job.id, job.spec, job.submit)
+    (`corral.translate.job_from_spec`, the services' translation too); its user (the spec's) only
+    when a queue limits GPUs per user (`by_user`), the one rule that reads it."""
+    return translate.job_from_spec(job.id, job.spec, job.submit, job.spec.user if by_user else None)
 
 
 def last_periodic_checkpoint(start: float, now: float, interval: float) -> float:
@@ -195,6 +196,7 @@ class Simulator:
         self._workload = workload
         self._cluster = cluster
         self._queues = tuple(queues)
+        self._by_user = any(q.max_gpus_per_user is not None for q in self._queues)
         self._config = config
         self._seed = seed
         self._failures = failures
@@ -321,7 +323,7 @@ class Simulator:
         heapq.heappush(self._events, (at, kind, self._seq, job_id, epoch))
 
     def _arrive(self, sim: SimJob) -> None:
-        job = core_job(sim)
+        job = core_job(sim, by_user=self._by_user)
         self._jobs[sim.id] = job
         self._add_pending(PendingJob(job))
 

@@ -72,6 +72,8 @@ def workload_from_events(events: Sequence[Event], since: datetime | None = None,
                 "submit_at": round(s.occurred_at.timestamp() - t0, 3),
             }
         )
+        if spec.get("user") is None and s.user:
+            spec["user"] = s.user  # who submitted it, as the log says (per-user limits read it)
         spec.pop("command", None)
         spec.pop("submission_id", None)
         lines.append(spec)

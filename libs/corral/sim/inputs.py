@@ -13,7 +13,7 @@ from pathlib import Path
 from corral.contracts.cluster import load_cluster_file, parse_cluster_shorthand
 from corral.contracts.queues import load_queues_file
 from corral.core import Cluster, QueueConfig
-from corral.translate import cluster_from_spec
+from corral.translate import cluster_from_spec, queue_from_spec
 
 
 def load_cluster(source: str | Path | Cluster) -> Cluster:
@@ -29,8 +29,7 @@ def load_cluster(source: str | Path | Cluster) -> Cluster:
 def load_queues(path: str | Path) -> tuple[QueueConfig, ...]:
     """Queues from a queues file (as `corral apply`), parents first, implied parents added."""
     return tuple(
-        QueueConfig(q.name, q.guaranteed_gpus, q.max_gpus, q.lend_limit, q.weight)
-        for q in load_queues_file(path).resolved()
+        queue_from_spec(q) for q in load_queues_file(path).resolved()
     )
 
 

@@ -32,6 +32,7 @@ from corral.core import Cluster, QueueConfig
 from corral.sim.api import SimResult, run_simulation
 from corral.sim.metrics import percentile
 from corral.sim.workload import Workload
+from corral.translate import queue_from_spec
 
 METRICS = ("avg_wait", "p95_wait", "gpu_hours", "fair_share", "preemptions")
 _OPS: dict[str, Callable[[float, float], bool]] = {
@@ -119,8 +120,7 @@ def parse_criterion(text: str) -> Criterion:
 
 
 def queue_configs(specs: Sequence[QueueSpec]) -> tuple[QueueConfig, ...]:
-    return tuple(QueueConfig(q.name, q.guaranteed_gpus, q.max_gpus, q.lend_limit, q.weight)
-                 for q in sorted(specs, key=lambda q: (q.name.count("/"), q.name)))
+    return tuple(queue_from_spec(q) for q in sorted(specs, key=lambda q: (q.name.count("/"), q.name)))
 
 
 def outcomes(result: SimResult) -> dict[str, QueueOutcome]:

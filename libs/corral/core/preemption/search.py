@@ -233,7 +233,7 @@ class VictimSearch:
             return True
         after = self.usage.copy()
         for v in victims:
-            after.add(v.job.queue, -v.placement.gpu_count, active=not v.preempting)
+            after.add(v.job.queue, -v.placement.gpu_count, active=not v.preempting, user=v.job.user)
         return quota_check(self.snapshot, self.job, after, tree=self.tree, quotas=self.config.quotas) is None
 
     def masks(self, r: RunningJob) -> Masks:
