@@ -289,3 +289,27 @@ async def test_a_raw_client_cannot_pass_as_another_account(gated: Stack, account
         while chunk := s.recv(65536):
             out += chunk
     assert p.decode_reply(out[4:]).code == "TOO_LARGE"
+
+
+async def test_a_gateway_killed_is_restarted_and_serves_again(gated: Stack, accounts: tuple[str, str]) -> None:
+    """Supervised like every process of `corral up`: after kill -9 its socket file is left behind,
+    and the restarted gateway replaces it."""
+    a, _ = accounts
+    gateway = gated.process("gateway")
+    old = gateway.pid
+    gateway.kill()
+    for _ in range(200):
+        gated.supervise()
+        if gateway.alive() and gateway.pid != old:
+            break
+        await asyncio.sleep(0.1)
+    assert gateway.alive() and gateway.pid != old
+    for _ in range(100):  # until it listens again
+        me = _corral(gated, a, "whoami")
+        if me.returncode == 0:
+            break
+        await asyncio.sleep(0.2)
+    assert me.returncode == 0 and a in me.stdout, me
+    done = _corral(gated, a, "submit", "-", stdin=_spec_text())
+    assert done.returncode == 0 and "admitted" in done.stdout, done.stderr
+    assert _corral(gated, a, "cancel", _job_id(done.stdout)).returncode == 0
