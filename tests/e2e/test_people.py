@@ -141,7 +141,7 @@ async def test_a_person_added_by_the_admin_acts_under_her_own_name(site: Stack, 
         people = [decode(s.data) for s in await client.store.read_stream("people")]
     added_alice = [e for e in people if isinstance(e, ev.UserAdded) and e.user == "alice"]
     assert len(added_alice) == 1 and added_alice[0].kind == "person"
-    assert added_alice[0].actor == f"user/{admin_name()}"  # the admin acts as the admin
+    assert added_alice[0].actor == f"admin/{admin_name()}"  # the admin acts as the admin
     submitted = next(e for _, e in trail if isinstance(e, ev.JobSubmitted))
     assert submitted.user == "alice" and submitted.actor == "user/alice"
 

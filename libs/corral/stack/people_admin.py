@@ -26,11 +26,13 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import asyncpg
 
 from corral.bus import auth
 from corral.contracts import events as ev
@@ -68,6 +70,11 @@ class Installation:
     def auth_file(self) -> Path:
         return self.data_dir / "nats" / AUTH_FILE
 
+    def ensure_keys(self) -> None:
+        """The credentials folder, mode 0700."""
+        self.keys.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.keys, 0o700)
+
     def credentials_file(self, name: str) -> Path:
         return self.keys / f"{name}.json"
 
@@ -100,8 +107,7 @@ class Installation:
         path = self.credentials_file(person.name)
         password = credentials.new_secret() if rotate else _stored_password(path)
         ident = identity(self.namespace, person, password)
-        self.keys.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.keys, 0o700)
+        self.ensure_keys()
         raw = json.loads(ident.credentials_json())
         credentials.write_private(path, json.dumps({**raw, "kind": person.kind.value}, indent=2) + "\n")
         return ident
@@ -151,6 +157,7 @@ def prepare(inst: Installation, system: Sequence[auth.Identity], operator: str,
         for name in submitters:
             registry = registry.ensure(Person(name, Kind.PERSON, created=now(), added_by=operator))
         inst.save(registry)
+        inst.ensure_keys()
         credentials.save_identities(inst.keys / credentials.SYSTEM_IDENTITIES, system)
         inst.write_authorization(registry, system)
         return registry
@@ -174,8 +181,8 @@ def add(inst: Installation, name: str, kind: Kind, by: str) -> Change:
         registry = inst.load()
         person = Person(name, kind, created=now(), added_by=by)
         registry = registry.add(person)
-        ident = inst.person_identity(person, rotate=True)
         login = _login(inst, name, rotate=True)
+        ident = inst.person_identity(person, rotate=True)
         inst.save(registry)
         reloaded = inst.apply_bus(registry)
         record(inst, ev.UserAdded, by, user=name, kind=kind.value)
@@ -196,7 +203,9 @@ def remove(inst: Installation, name: str, by: str) -> Change:
         inst.credentials_file(name).unlink(missing_ok=True)
         owner = inst.owner_dsn()
         if owner is not None:
-            asyncio.run(pglogins.drop_person(owner, inst.data_dir, name))
+            _postgres(lambda: pglogins.drop_person(owner, inst.data_dir, name),
+                      f"{name} can no longer use the bus, but their Postgres login is not dropped yet (the next "
+                      "`corral up` drops it)")
         record(inst, ev.UserRemoved, by, user=name)
     return Change(person, reloaded, None, None)
 
@@ -209,8 +218,8 @@ def rotate(inst: Installation, name: str, by: str) -> Change:
         registry = registry.rotated(name, now())
         person = registry.get(name)
         assert person is not None
-        ident = inst.person_identity(person, rotate=True)
         login = _login(inst, name, rotate=True)
+        ident = inst.person_identity(person, rotate=True)
         inst.save(registry)
         reloaded = inst.apply_bus(registry)
         record(inst, ev.UserCredentialsRotated, by, user=name)
@@ -227,7 +236,7 @@ def record(inst: Installation, event: type[ev.Event], actor: str, **payload: Any
     owner = inst.owner_dsn()
     if owner is None:
         return False
-    made = event.new(stream=PEOPLE_STREAM, actor=f"user/{actor}", **payload)
+    made = event.new(stream=PEOPLE_STREAM, actor=f"admin/{actor}", **payload)
 
     async def append() -> None:
         store = await EventStore.open(owner, pool_size=1, min_size=1)
@@ -239,15 +248,29 @@ def record(inst: Installation, event: type[ev.Event], actor: str, **payload: Any
         finally:
             await store.close()
 
-    asyncio.run(append())
+    _postgres(append, f"the change is made, but not recorded in the log ({made.type} of {payload.get('user')})")
     return True
 
 
 def _login(inst: Installation, name: str, *, rotate: bool) -> pglogins.PersonLogin | None:
+    """`name`'s Postgres login, made first: when the database cannot be reached nothing else changes."""
     owner = inst.owner_dsn()
     if owner is None:
         return None
-    return asyncio.run(pglogins.ensure_person(owner, inst.data_dir, name, rotate=rotate))
+    return _postgres(lambda: pglogins.ensure_person(owner, inst.data_dir, name, rotate=rotate),
+                     "nothing changed")
+
+
+T = TypeVar("T")
+
+
+def _postgres(work: Callable[[], Coroutine[Any, Any, T]], consequence: str) -> T:
+    """Run `work` against the installation's Postgres; unreachable, a PeopleError saying what it means."""
+    try:
+        return asyncio.run(work())
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise PeopleError(f"cannot reach the cluster's Postgres ({type(exc).__name__}: {exc}): {consequence}; "
+                          "is `corral up` running?") from exc
 
 
 def person_context(*, nats_url: str, namespace: str, ident: auth.Identity, kind: Kind,
