@@ -25,7 +25,7 @@ stepds and jobs under node-agents) over the run, divided by jobs; the client's C
 processes; Corral's submitting client in this process) is shown apart and not in the total.
 
 Run: .venv/bin/python bench/peer_slurm.py [--workloads A,B1,B2,L] [--systems slurm,corral]
-     [--json FILE] [--smoke] [--slurm-defaults]
+     [--json FILE] [--smoke] [--slurm-defaults] [--a-jobs N]
 Needs Slurm and munge: `apt-get install -y slurm-wlm munge` (root: the GPU files are mknod'ed).
 """
 
@@ -71,10 +71,10 @@ class Job:
     seconds: float
 
 
-def workload(name: str, smoke: bool) -> list[Job]:
+def workload(name: str, smoke: bool, a_jobs: int | None = None) -> list[Job]:
     a, b = Job(0.0, 1, 1, 0.2), Job(0.0, 2, GPUS, 1.0)
     if name == "A":
-        return [a] * (20 if smoke else 2000)
+        return [a] * (a_jobs or (20 if smoke else 2000))
     if name == "B1":
         return [b] * (3 if smoke else 100)
     if name == "B2":
@@ -150,8 +150,8 @@ def run_slurm(names: Sequence[str], args: argparse.Namespace, work: Path) -> dic
     results: dict[str, Any] = {}
     try:
         for name in names:
-            results[name] = slurm_workload(cluster, name, workload(name, args.smoke), work / f"slurm-{name}.times",
-                                           args.timeout)
+            results[name] = slurm_workload(cluster, name, workload(name, args.smoke, args.a_jobs),
+                                           work / f"slurm-{name}.times", args.timeout)
             print(f"  {name}: {_brief(results[name])}", flush=True)
     finally:
         cluster.stop()
@@ -219,7 +219,7 @@ async def _corral(live: LiveStack, reaper: proc_account.Reaper, names: Sequence[
         await client.apply_queues(validate_queues({"queues": [{"name": "peer", "guaranteed_gpus": NODES * GPUS}]}))
         await client.wait_for(lambda v: "peer" in v.queues, 30)
         for name in names:
-            results[name] = await corral_workload(client, live, reaper, name, workload(name, args.smoke),
+            results[name] = await corral_workload(client, live, reaper, name, workload(name, args.smoke, args.a_jobs),
                                                   work / f"corral-{name}.times", args.timeout)
             print(f"  {name}: {_brief(results[name])}", flush=True)
     finally:
@@ -353,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, help="where the job scripts and times files go (default: a temp dir)")
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")
     parser.add_argument("--smoke", action="store_true", help="tiny workloads checking the script end to end")
+    parser.add_argument("--a-jobs", type=int, help="jobs of workload A (default 2,000; 20 with --smoke)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]

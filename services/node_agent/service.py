@@ -91,6 +91,7 @@ from .reservation import AgentRuntime, build_assignment, local_ranks
 from .run_as import Refused, RunAs, WorkerUser, resolve, switches_users
 from .supervisor import AgentEvents, Supervisor
 from .timer_supervisor import TimerSupervisor
+from .zygote import ForkServer
 
 log = logging.getLogger("corral.node_agent")
 
@@ -190,7 +191,7 @@ class NodeAgent:
     """One node: its inventory, its supervisor, and what it does with each event."""
 
     def __init__(self, inventory: NodeInventory, options: AgentOptions, publisher: ReportPublisher,
-                 shipper: LogShipper | None = None) -> None:
+                 shipper: LogShipper | None = None, launcher: ForkServer | None = None) -> None:
         self.inventory = inventory
         self.node = inventory.node
         self.actor = f"node-agent/{self.node}"
@@ -202,7 +203,7 @@ class NodeAgent:
         self.supervisor: Supervisor | TimerSupervisor = (
             TimerSupervisor(self.reports) if options.runtime == "sim-timer" else
             Supervisor(events, options.work_dir / self.node / "run", kill_grace=options.kill_grace_seconds,
-                       python=options.python))
+                       python=options.python, launcher=launcher))
         # Ranks run as their submitter only where there are processes to run and we may switch.
         self.switch_users = options.runtime != "sim-timer" and switches_users(options.run_as)
         self._heartbeats = 0
@@ -267,7 +268,9 @@ class NodeAgent:
             return
         if assignment is None:
             return
-        await self.supervisor.start(assignment, cause=event.event_id)
+        # Not waiting for the ranks: the next event (another job's start) is not held up by this
+        # one's; the ranks' starts and exits are reported from the stepd's state.
+        await self.supervisor.start(assignment, cause=event.event_id, wait=False)
 
     def _not_started(self, event: GangReserved, ranks: list[int], message: str, *, code: str = START_FAILED) -> None:
         log.error("%s: cannot start %s attempt %d: %s", self.node, event.job_id, event.attempt, message)
@@ -560,7 +563,9 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
         await bus.publish(subject, data, msg_id, timeout=5.0)
 
     shipper = LogShipper(publish_log, namespace) if options.runtime != "sim-timer" else None
-    agents = [NodeAgent(inv, options, publisher, shipper) for inv in inventories]
+    # One stepd fork server for the process's agents (their stepds start from the same environment).
+    launcher = ForkServer(options.python, os.environ) if options.runtime != "sim-timer" else None
+    agents = [NodeAgent(inv, options, publisher, shipper, launcher) for inv in inventories]
     host = AgentHost(bus, agents, publisher)
     if options.runtime != "sim-timer":
         if switches_users(options.run_as):
@@ -611,6 +616,8 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
         if consumer is not None:
             await consumer.stop()
         await asyncio.gather(*(agent.close() for agent in agents), return_exceptions=True)
+        if launcher is not None:
+            await launcher.close()
         if shipper is not None:
             await shipper.close(grace=2.0)
         if health is not None:

@@ -44,6 +44,7 @@ import signal as signal_module
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -154,7 +155,9 @@ class Stepd:
 
     # --- the loop ----------------------------------------------------------------------------------
 
-    def run(self) -> int:
+    def run(self, term_requested: Callable[[], bool] = lambda: False) -> int:
+        """Run the gang to its end. `term_requested`: whether a SIGTERM came before this stepd set
+        its own handler (a forked stepd, see `zygote`); it is a stop like any later one."""
         try:
             created = create_json(self.folder / STATE, self.state)
         except OSError as exc:  # nothing started yet: the agent reports the ranks as not started
@@ -170,6 +173,8 @@ class Stepd:
         for sig in (signal_module.SIGCHLD, WAKE_SIGNAL):
             signal_module.signal(sig, _nothing)
         signal_module.signal(signal_module.SIGTERM, self._on_term)
+        if term_requested():
+            self.term_requested = True
         # No SIG_IGN here: the ranks would inherit it. In its own session, no terminal signals it.
         self.spawn_all()
         self.state["phase"] = RUNNING
@@ -503,7 +508,7 @@ def _nothing(signum: int, frame: FrameType | None) -> None:
     """A Python handler, so that the signal reaches the wake-up pipe (SIGCHLD is ignored by default)."""
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, term_requested: Callable[[], bool] = lambda: False) -> int:
     args = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
                         format="%(asctime)s stepd[%(process)d] %(levelname)s %(message)s")
@@ -515,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     if launch is None:
         print(f"stepd: {folder}/launch.json is missing or unreadable", file=sys.stderr)
         return 2
-    return Stepd(folder, launch).run()
+    return Stepd(folder, launch).run(term_requested)
 
 
 if __name__ == "__main__":

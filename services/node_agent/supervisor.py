@@ -5,7 +5,8 @@ their exits, and its graceful stop killed them. Now each gang attempt runs under
 (`stepd.py`, its own session): the ranks' truth is the stepd's `state.json` (see `step_files`),
 and this class only turns that file into reports and the agent's decisions into commands.
 
-- `start` writes `launch.json`, spawns the stepd and waits until it has spawned the ranks;
+- `start` writes `launch.json`, has the fork server (`zygote`) fork the stepd and waits until it
+  has spawned the ranks (the agent's consumer does not wait: `wait=False`);
 - a watcher task per gang polls `state.json` (inode/mtime, every `poll_interval`) and calls the
   `AgentEvents` callbacks for whatever is new: each report carries the time the stepd recorded,
   so the service builds the same event id from it every time (a report sent twice is one report);
@@ -62,6 +63,7 @@ from .step_files import (
     signal_group,
     write_json,
 )
+from .zygote import ForkServer
 
 log = logging.getLogger(__name__)
 
@@ -184,18 +186,22 @@ class Supervisor:
 
     `run_dir` holds one folder per attempt. `kill_grace` is the stepd's SIGTERM -> SIGKILL delay
     for the peers of a crashed rank. `base_env` is the environment the stepd (and so each rank)
-    starts from; `python` the interpreter that runs the stepd.
+    starts from; `python` the interpreter that runs the stepd. `launcher` starts the stepds (a
+    fork server, see `zygote`; shared by the agents of one process); without one, the supervisor
+    starts its own, ended by `close` and `detach`.
     """
 
     def __init__(self, events: AgentEvents, run_dir: Path, *, kill_grace: float = 5.0,
                  poll_interval: float = 0.05, base_env: Mapping[str, str] | None = None,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, launcher: ForkServer | None = None) -> None:
         self._events = events
         self._run_dir = run_dir
         self._kill_grace = kill_grace
         self._poll_interval = poll_interval
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._python = python
+        self._own_launcher = launcher is None
+        self._launcher = launcher or ForkServer(python, self._base_env)
         self._gangs: dict[str, _Gang] = {}
         self._others: set[_Gang] = set()  # older attempts still ending (adopted next to a newer one)
         self._ended: OrderedDict[str, GangOutcome] = OrderedDict()  # newest outcome per job, bounded
@@ -254,8 +260,12 @@ class Supervisor:
                     return True
         return False
 
-    async def start(self, assignment: Assignment, *, cause: str | None = None) -> GangStart:
+    async def start(self, assignment: Assignment, *, cause: str | None = None, wait: bool = True) -> GangStart:
         """Launch the stepd of `assignment` and wait until it has spawned every local rank.
+
+        `wait=False` returns once the stepd is started (an empty GangStart): the agent's events
+        consumer does not wait for a job's ranks before it starts the next job's stepd; what
+        they did is reported from the stepd's state as always.
 
         Idempotent for the same (job, attempt): a redelivered reservation returns the running one,
         and one for an attempt launched here before (even by an earlier agent process) is not
@@ -279,15 +289,12 @@ class Supervisor:
         gang = _Gang(folder=folder, launch=launch)
         self._gangs[job] = gang
         try:
-            with (folder / STEPD_LOG).open("ab") as out:
-                gang.proc = subprocess.Popen(
-                    [self._python, "-m", "corral.services.node_agent.stepd", str(folder)], env=self._base_env,
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                    close_fds=True)
-            gang.stepd_pid = gang.proc.pid
+            gang.stepd_pid, gang.stepd_started, gang.proc = await self._launcher.spawn(folder)
         except OSError as exc:
             self._write_start_failed(gang, f"the stepd could not start: {type(exc).__name__}: {exc}")
         gang.task = asyncio.create_task(self._watch(gang), name=f"stepd-{job}")
+        if not wait:
+            return GangStart(job, assignment.attempt, {}, {})
         while not (gang.ended.done() or (gang.phase is not None and gang.phase != STARTING)):
             gang.changed.clear()
             with contextlib.suppress(TimeoutError):
@@ -559,6 +566,8 @@ class Supervisor:
             self._command(gang, {"op": "stop", "grace": grace_seconds, "cause": None})
         await asyncio.gather(*(self.stop(job_id, grace_seconds) for job_id in list(self._gangs)),
                              *(asyncio.shield(g.ended) for g in others))
+        if self._own_launcher:
+            await self._launcher.close()
 
     async def detach(self) -> None:
         """Stop following the stepds and leave them running (a graceful agent stop: an upgrade).
@@ -569,6 +578,8 @@ class Supervisor:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._gangs.clear()
         self._others.clear()
+        if self._own_launcher:
+            await self._launcher.close()
 
     # --- adoption ------------------------------------------------------------------------------
 

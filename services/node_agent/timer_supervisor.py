@@ -113,7 +113,7 @@ class TimerSupervisor:
         self._keep(asyncio.get_running_loop().create_task(self.stop(job_id, grace_seconds)))
         return True
 
-    async def start(self, assignment: Assignment, *, cause: str | None = None) -> GangStart:
+    async def start(self, assignment: Assignment, *, cause: str | None = None, wait: bool = True) -> GangStart:
         pid = os.getpid()  # the ranks live in the agent process
         existing = self._gangs.get(assignment.job_id)
         if existing is not None:

@@ -1,0 +1,71 @@
+"""Stepds forked by the warm fork server (`zygote`) keep every promise of a fresh one.
+
+Real processes, no NATS: the supervisor reports through the `Recorder` of the supervisor tests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from corral.services.node_agent.supervisor import GangEnd, Supervisor
+from tests.integration.test_node_agent_supervisor import UNTIL_STOPPED, Recorder, _alive, assignment, script, wait_for
+
+
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+async def test_a_forked_stepd_outlives_its_killed_fork_server_and_the_next_start_forks_again(tmp_path: Path) -> None:
+    sup = Supervisor(Recorder(), tmp_path / "run")
+    first = await sup.start(assignment(tmp_path, UNTIL_STOPPED, ranks=1, job_id="job-1"))
+    stepd = sup.stepd_pid("job-1")
+    assert stepd is not None and first.ok
+    server = _parent(stepd)
+    assert server != os.getpid()  # forked by the server, not started by the agent
+    assert Path(f"/proc/{stepd}/comm").read_text().strip() == "corral-stepd"
+    os.kill(server, signal.SIGKILL)
+    await wait_for(lambda: not _alive(server))
+    assert _alive(stepd) and all(_alive(pid) for pid in first.pids.values())
+    second = await sup.start(assignment(tmp_path, UNTIL_STOPPED, ranks=1, job_id="job-2"))
+    other = sup.stepd_pid("job-2")
+    assert second.ok and other is not None and _parent(other) not in (server, os.getpid())
+    for job in ("job-1", "job-2"):
+        outcome = await sup.stop(job, grace_seconds=2)
+        assert outcome is not None and outcome.end is GangEnd.STOPPED and outcome.exits == {0: -15}
+    await sup.close()
+
+
+async def test_a_stepd_terminated_as_soon_as_it_is_forked_stops_its_gang(tmp_path: Path) -> None:
+    """The agent knows the pid when the fork returns, before the stepd set its own SIGTERM handler."""
+    sup = Supervisor(Recorder(), tmp_path / "run")
+    await sup.start(assignment(tmp_path, UNTIL_STOPPED, ranks=1), wait=False)
+    stepd = sup.stepd_pid("job-1")
+    assert stepd is not None
+    os.kill(stepd, signal.SIGTERM)
+    outcome = await sup.wait("job-1")
+    assert outcome is not None and outcome.end is GangEnd.STOPPED
+    await sup.close()
+
+
+async def test_a_forked_stepds_ranks_ignore_no_signal(tmp_path: Path) -> None:
+    """Ignored signals survive exec: a fork server that ignored one would hand it to every rank."""
+    dump = script(tmp_path, "sigs.py", """
+        import os
+        status = open("/proc/self/status").read()
+        out = os.path.join(os.environ["CORRAL_CHECKPOINT_DIR"], "status")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        open(out, "w").write(status)
+    """)
+    sup = Supervisor(Recorder(), tmp_path / "run")
+    await sup.start(assignment(tmp_path, dump, ranks=1))
+    outcome = await sup.wait("job-1")
+    assert outcome is not None and outcome.end is GangEnd.COMPLETED
+    status = dict(line.split(":\t", 1) for line in (tmp_path / "ckpt" / "status").read_text().splitlines()
+                  if ":\t" in line)
+    ignored = int(status["SigIgn"], 16)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+        assert not ignored & (1 << (sig - 1)), f"{sig.name} ignored in the rank"
+    await sup.close()
