@@ -47,6 +47,12 @@ async def test_one_user_is_stopped_at_the_queues_max_submitted_per_user(make_sta
         assert rejected[0].problems and rejected[0].problems[0].path == "queue"
         bob = await c.submit(sim_job("b0", "team-a"), user="bob")  # type: ignore[arg-type]
         assert isinstance(await c.verdict(bob, 60), ev.JobAdmitted)
+        # `corral jobs` shows a page and says how many more match; --json lists every one
+        active = [v.job_id for v in admitted] + [bob]
+        page = corral(stack, "jobs", "--limit", "3")
+        assert sum(job in page.stdout for job in active) == 3, page.stdout
+        assert "3 more (6 match" in page.stderr and "--limit 0" in page.stderr, page.stderr
+        assert {r["id"] for r in as_json(corral(stack, "jobs", "--json"))} == set(active)
         # one of alice's jobs ends: she may submit one more
         first = next(v.job_id for v in admitted)
         await c.cancel(first, user="alice")

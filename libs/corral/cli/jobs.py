@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import heapq
 import os
 import sys
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,7 +30,7 @@ from corral.client import Client, check_spec_size
 from corral.contracts.jobspec import JobSpec, validate_job_spec
 from corral.contracts.problems import SpecError
 from corral.contracts.validation import parse_document, utf8_text
-from corral.projection import JobState
+from corral.projection import JobState, JobView
 from corral.readmodel.snapshots import FINISHED
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -150,40 +151,36 @@ def register(app: typer.Typer) -> None:
         all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
         stuck: Annotated[bool, typer.Option("--stuck", help="Only jobs waiting longer than their queue's max_wait: "
                                             "how long past it, and what blocks them.")] = False,
+        limit: Annotated[int | None, typer.Option(
+            "--limit", "-n", min=0,
+            help=f"Show at most N jobs, the oldest first (a table shows {JOBS_PAGE} unless told; --json all); "
+                 "0: every one.")] = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """List jobs (like squeue): ID, NAME, QUEUE, PRIO, STATE, GPUS, NODES, AGE, REASON."""
+        """List jobs (like squeue): ID, NAME, QUEUE, PRIO, STATE, GPUS, NODES, AGE, REASON; the oldest
+        first, a page of them, with a line saying how many more match and how to see them."""
         if stuck:
             _stuck(queue, user, json_out)
             return
         states = {s.strip().upper() for s in state.split(",")} if state else None
+        shown = limit if limit is not None else (0 if json_out else JOBS_PAGE)
 
-        async def go(c: Client) -> list[dict[str, Any]]:
+        async def go(c: Client) -> tuple[list[dict[str, Any]], int]:
             # Jobs that are over are read only when asked for (the read model keeps them apart).
             over = [s for s in FINISHED if (s in states if states is not None else all_jobs)]
             view = await c.live_view(states=over)
+            matching = selected(view.jobs.values(), queue=queue, user=user, states=states, all_jobs=all_jobs)
+            page = first_by_submission(matching, shown or len(matching))
             now = datetime.now(UTC)
-            rows = []
-            for j in sorted(view.jobs.values(), key=lambda j: (j.submitted_at or now, j.job_id)):
-                if queue and not (j.queue == queue or j.queue.startswith(queue + "/")):
-                    continue
-                if user and j.user != user:
-                    continue
-                if states is not None:
-                    if j.state.value not in states:
-                        continue
-                elif not all_jobs and j.state.terminal:
-                    continue
-                rows.append(job_row(j, now))
-            return rows
+            return [job_row(j, now) for j in page], len(matching)
 
-        rows = with_client(go, bus=False)
+        rows, matched = with_client(go, bus=False)
         if json_out:
             print_json(rows)
         else:
             print_table(None, JOB_COLUMNS, [[_shown(c, r[c.lower()]) for c in JOB_COLUMNS] for r in rows],
                         below="REASON")
-            hint = empty_listing_hint(rows, all_jobs=all_jobs, states=states)
+            hint = more_hint(len(rows), matched) or empty_listing_hint(rows, all_jobs=all_jobs, states=states)
             if hint:
                 err_console.print(hint, highlight=False)
 
@@ -315,6 +312,50 @@ def _stuck(queue: str | None, user: str | None, json_out: bool) -> None:
     else:
         now = datetime.now(UTC)
         print_table("waiting past max_wait", STUCK_COLUMNS, [stuck_table_row(r, now) for r in rows], below="BLOCKER")
+
+
+#: Jobs a `corral jobs` table shows unless `--limit` says otherwise: a screenful or two; a backlog of
+#: 20,000 printed whole took seconds to render and nobody reads it (squeue users filter instead).
+JOBS_PAGE = 100
+
+
+def selected(jobs: Iterable[JobView], *, queue: str | None, user: str | None, states: Collection[str] | None,
+             all_jobs: bool) -> list[JobView]:
+    """The jobs `corral jobs` lists: of `queue` (and its children), of `user`, in `states` (else the
+    active ones, or every one with `all_jobs`)."""
+    out = []
+    for j in jobs:
+        if queue and not (j.queue == queue or j.queue.startswith(queue + "/")):
+            continue
+        if user and j.user != user:
+            continue
+        if states is not None:
+            if j.state.value not in states:
+                continue
+        elif not all_jobs and j.state.terminal:
+            continue
+        out.append(j)
+    return out
+
+
+def _submission_key(j: JobView) -> tuple[datetime, str]:
+    return (j.submitted_at or _NEVER, j.job_id)
+
+
+_NEVER = datetime.max.replace(tzinfo=UTC)  # a job whose submission is not folded yet comes last
+
+
+def first_by_submission(jobs: Sequence[JobView], n: int) -> list[JobView]:
+    """The `n` oldest of `jobs` by submission (then id), in that order: only those are sorted."""
+    return heapq.nsmallest(n, jobs, key=_submission_key) if n < len(jobs) else sorted(jobs, key=_submission_key)
+
+
+def more_hint(shown: int, matched: int) -> str | None:
+    """The line under a table that shows only the first `shown` of `matched` jobs, or None."""
+    if matched <= shown:
+        return None
+    return (f"... and {matched - shown:,} more ({matched:,} match; the oldest {shown:,} are shown): "
+            f"`--limit N` shows N, `--limit 0` every one; narrow with --queue, --user or --state")
 
 
 def empty_listing_hint(rows: Sequence[object], *, all_jobs: bool, states: Collection[str] | None) -> str | None:
