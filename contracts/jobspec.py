@@ -231,7 +231,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         "cpus_per_replica": "CPU cores per replica, e.g. 8",
         "memory_gib_per_replica": "host memory per replica in GiB, e.g. 64",
         "duration_seconds": "seconds the sim runtime sleeps, e.g. 3600",
-        "submission_id": "a client-chosen id (<= 200 characters) used to drop duplicate submissions",
+        "submission_id": "a client-chosen id (<= 200 characters) used to drop duplicate submissions: "
+                         "your own; another user's equal id is another job",
     }
 
     def __post_init__(self) -> None:

@@ -273,12 +273,16 @@ class Service:
 
         On success the events are folded at once (they come back over the bus later and are
         skipped as duplicates). On a lost race the streams are re-read and False is returned: the
-        next reconcile decides again on fresh state. A tracking row makes the append exactly-once.
+        next reconcile decides again on fresh state. A tracking row makes the append exactly-once;
+        with nothing to append it is recorded alone: the request was handled and changed nothing,
+        which is its sender's answer (`corral.verdicts`).
         """
         plan = {stream: ((expected or {}).get(stream, self.view.versions.get(stream, 0)),
                          [to_new_event(e) for e in events])
                 for stream, events in batches.items() if events}
         if not plan:
+            if tracking is not None:
+                await self.store.append_multi({}, tracking=tracking)
             return True
         try:
             result = await self.store.append_multi(plan, tracking=tracking)

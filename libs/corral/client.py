@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 from corral.bus import Bus
 from corral.bus.limits import BusLimits
@@ -30,7 +31,9 @@ from corral.projection import ClusterView
 from corral.readmodel.snapshots import read_view
 from corral.stack.context import Context
 from corral.stack.credentials import NatsCredentials
+from corral.submission_ids import submission_msg_id
 from corral.telemetry import tracing
+from corral.verdicts import Verdict, read_verdict
 
 
 def _user() -> str:
@@ -72,6 +75,7 @@ class Client:
         self.store = store
         self._bus = bus
         self.subjects = Subjects(ctx.namespace)
+        self._key: bytes | None = None
 
     @classmethod
     async def connect(cls, ctx: Context, *, bus: bool = True, timeout: float = 5.0) -> Client:
@@ -141,20 +145,52 @@ class Client:
     REQUEST_RETRY_SECONDS = 30.0
 
     async def publish_request(self, event: Event, msg_id: str | None = None) -> None:
-        await self.bus.publish(self._request_subject(event), encode(event), msg_id or event.event_id,
+        await self.bus.publish(self._request_subject(event), encode(event), msg_id or self.msg_id(event),
                                {tracing.CORRELATION: event.correlation_id}, retry_for=self.REQUEST_RETRY_SECONDS)
 
-    async def submit(self, spec: JobSpec, *, job_id: str | None = None, user: str | None = None) -> str:
+    def submission(self, spec: JobSpec, *, job_id: str | None = None, user: str | None = None) -> ev.JobSubmitted:
+        """The JobSubmitted that `submit_request` publishes (checked for size; nothing sent)."""
         job_id = job_id or new_job_id()
         user = user or self.identity or spec.user or _user()
         submitted = ev.JobSubmitted.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,
                                         job_id=job_id, spec=spec, submission_id=spec.submission_id, user=user)
         refuse_oversized(submitted, self.max_spec_bytes)
+        return submitted
+
+    async def submit_request(self, spec: JobSpec, *, job_id: str | None = None,
+                             user: str | None = None) -> ev.JobSubmitted:
+        """Submit a job; returns the request sent (for `await_verdict`)."""
+        submitted = self.submission(spec, job_id=job_id, user=user)
         # The root of the job's trace (when tracing is on): every service continues it.
-        with tracing.span("corral submit", **{"corral.job_id": job_id, "corral.queue": spec.queue,
-                                              "corral.gpus": spec.total_gpus, "enduser.id": user}):
-            await self.publish_request(submitted, spec.submission_id or submitted.event_id)
-        return job_id
+        with tracing.span("corral submit", **{"corral.job_id": submitted.job_id, "corral.queue": spec.queue,
+                                              "corral.gpus": spec.total_gpus, "enduser.id": submitted.user or ""}):
+            await self.publish_request(submitted)
+        return submitted
+
+    async def submit(self, spec: JobSpec, *, job_id: str | None = None, user: str | None = None) -> str:
+        """Submit a job; returns its job id (a duplicate submission id's job: see `await_verdict`)."""
+        return (await self.submit_request(spec, job_id=job_id, user=user)).job_id
+
+    def msg_id(self, request: Event) -> str:
+        """The Nats-Msg-Id a request is published with (JetStream drops a second message with the
+        same id within its duplicate window; the owning service's tracking row is keyed by it).
+        A request's own event id, but for a submission with a submission id `submission_msg_id`:
+        the same for the same user's retries, and another user's never."""
+        if isinstance(request, ev.JobSubmitted):
+            submission = request.submission_id or request.spec.submission_id
+            if submission:
+                return submission_msg_id(request.user or "", submission, self._msg_id_key())
+        return request.event_id
+
+    def _msg_id_key(self) -> bytes:
+        """What keys this identity's submission msg ids: its credentials file (its secret), read
+        once; nothing for a client without one (an open bus, where no one has an identity)."""
+        if self._key is None:
+            try:
+                self._key = Path(self.ctx.credentials).read_bytes() if self.ctx.credentials else b""
+            except OSError:
+                self._key = b""
+        return self._key
 
     async def verdict(self, job_id: str, timeout: float,
                       interval: float = 0.05) -> ev.JobAdmitted | ev.JobRejected | None:
@@ -180,15 +216,17 @@ class Client:
             await asyncio.sleep(interval)
             interval = min(interval * 2, 0.5)
 
-    async def cancel(self, job_id: str, *, user: str | None = None, message: str = "") -> None:
+    async def cancel(self, job_id: str, *, user: str | None = None, message: str = "") -> Event:
+        """Ask admission to cancel a job. Returns the request (for `await_verdict`)."""
         user = user or self.identity or _user()
         request = ev.JobCancelRequested.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,
                                             job_id=job_id, user=user, message=message or f"cancelled by {user}")
         await self.publish_request(request)
+        return request
 
     async def hold(self, job_id: str, *, release: bool = False, message: str = "") -> Event:
-        """Hold a pending job (or, `release=True`, let a held one wait again). Returns the request:
-        what admission records for it names it as its cause (`request_outcome`)."""
+        """Hold a pending job (or, `release=True`, let a held one wait again). Returns the request
+        (for `await_verdict`)."""
         user = self.identity or _user()
         kind = ev.JobHoldReleased if release else ev.JobHeld
         request = kind.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,
@@ -204,21 +242,9 @@ class Client:
         await self.publish_request(request)
         return request
 
-    async def request_outcome(self, job_id: str, request: Event, timeout: float) -> Event | None:
-        """The first event of the job's stream that `request` caused (what admission recorded for
-        it, or an AccessDenied), or None if there is none within `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for _, event in await self.job_events(job_id):
-                if event.causation_id == request.event_id:
-                    return event
-            if time.monotonic() > deadline:
-                return None
-            await asyncio.sleep(0.2)
-
-    async def drain(self, node: str, *, undrain: bool = False, evict: bool = False, message: str = "") -> None:
+    async def drain(self, node: str, *, undrain: bool = False, evict: bool = False, message: str = "") -> Event:
         """No new work on `node` (`evict`: its jobs are asked to checkpoint and move), or, with
-        `undrain=True`, new work again: an admin's request."""
+        `undrain=True`, new work again: an admin's request. Returns the request (see `hold`)."""
         user = self.identity or _user()
         stream, actor = f"node-{node}", f"user/{user}"
         request: Event = (
@@ -227,6 +253,20 @@ class Client:
             ev.NodeDrained.new(stream=stream, actor=actor, correlation_id=node, node=node, user=user, message=message,
                                evict=evict))
         await self.publish_request(request)
+        return request
+
+    async def await_verdict(self, request: Event, timeout: float) -> Verdict:
+        """The owning service's verdict on `request` (`corral.verdicts.read_verdict`): DONE,
+        REFUSED (with the reason), UNCHANGED, or NO_VERDICT when none within `timeout` seconds (the
+        request waits in the inbox and may still be acted on). A submission answered as a
+        duplicate of its user's submission id is answered with the verdict on the job that id
+        created (`Verdict.job_id`)."""
+        return await read_verdict(self.store, request, self.msg_id(request), timeout)
+
+    async def job_of_submission(self, user: str, submission_id: str) -> str | None:
+        """The job `user`'s submission `submission_id` created, if any (an index of the log's
+        submissions by user and submission id: migration 075)."""
+        return await self.store.job_of_submission(user, submission_id)
 
     async def apply_queues(self, queues: QueuesFile | Sequence[QueueSpec], *, user: str | None = None,
                            message: str = "", rollback_of: int | None = None,
@@ -239,7 +279,7 @@ class Client:
     async def request_queue_tree(self, queues: QueuesFile | Sequence[QueueSpec], *, user: str | None = None,
                                  message: str = "", rollback_of: int | None = None,
                                  evidence: Sequence[ev.GateCheck] = ()) -> ev.QueueTreeApplied:
-        """`apply_queues`, returning the request sent (for `queue_tree_outcome`)."""
+        """`apply_queues`, returning the request sent (for `await_verdict`)."""
         user = user or self.identity or _user()
         if isinstance(queues, QueuesFile):  # over the current tree: its parents are not implied anew
             specs = queues.resolved(existing=(await self.live_view(job_ids=[])).queues)
@@ -250,29 +290,6 @@ class Client:
                                           evidence=list(evidence))
         await self.publish_request(request)
         return request
-
-    async def queue_tree_outcome(self, request: ev.QueueTreeApplied, timeout: float, interval: float = 0.2
-                                 ) -> tuple[int, ev.QueueTreeApplied | ev.QueueChangeRefused] | None:
-        """What quota recorded for `request`: the tree version it became (its version in stream
-        `queue-tree`, the request's own event id) or the refusal it caused (stream `queue-gate`),
-        with its stream version; None if neither within `timeout` seconds (it still waits in the inbox)."""
-        deadline = time.monotonic() + timeout
-        after = {QUEUE_TREE_STREAM: 1, QUEUE_GATE_STREAM: 1}
-        while True:
-            for stream in after:
-                for stored in await self.store.read_stream(stream, after[stream]):
-                    after[stream] = stored.version + 1
-                    try:
-                        event = decode(stored.data)
-                    except ContractError:
-                        continue
-                    if isinstance(event, ev.QueueTreeApplied) and event.event_id == request.event_id:
-                        return stored.version, event
-                    if isinstance(event, ev.QueueChangeRefused) and event.causation_id == request.event_id:
-                        return stored.version, event
-            if time.monotonic() > deadline:
-                return None
-            await asyncio.sleep(interval)
 
     async def refuse_queues(self, queues: Sequence[QueueSpec], evidence: Sequence[ev.GateCheck], *,
                             user: str | None = None, message: str = "") -> None:

@@ -241,7 +241,9 @@ class ClusterView:
     #: The numbered versions of the queue tree (QueueTreeApplied, `corral queues --history`),
     #: oldest first; version N is `tree_versions[N - 1]`.
     tree_versions: list[ev.QueueTreeApplied] = field(default_factory=list)
-    submissions: dict[str, str] = field(default_factory=dict)  # submission id -> job id
+    #: (user, submission id) -> the job it created: a submission id is its user's own, so two
+    #: users' equal ids are two jobs (`submission_key`).
+    submissions: dict[tuple[str, str], str] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=dict)
     #: The jobs that are `JobView.active`, kept as events are folded: the services scan these on
     #: every reconcile, and `jobs` grows with every job ever submitted.
@@ -443,9 +445,18 @@ def _has_fence(job: JobView) -> bool:
 def _submitted(view: ClusterView, e: ev.JobSubmitted) -> None:
     j = view.job(e.job_id)
     j.spec, j.user, j.submitted_at, j.version = e.spec, e.user, e.occurred_at, j.version + 1
+    key = submission_key(e)
+    if key is not None:
+        view.submissions.setdefault(key, e.job_id)
+
+
+def submission_key(e: ev.JobSubmitted) -> tuple[str, str] | None:
+    """What makes two submissions the same one: the same user and the same client-chosen
+    submission id. Scoped to the user, so no one can claim another's id (and be answered with
+    their job, or have theirs dropped as a duplicate). A recorded submission without a user is
+    keyed under the empty user name."""
     submission = e.submission_id or e.spec.submission_id
-    if submission:
-        view.submissions.setdefault(submission, e.job_id)
+    return (e.user or "", submission) if submission else None
 
 
 def _admitted(view: ClusterView, e: ev.JobAdmitted) -> None:

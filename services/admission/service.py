@@ -2,7 +2,8 @@
 
 Consumes JobSubmitted and JobCancelRequested from the inbox (published by `corral submit` or by any
 pipeline, deduplicated by `Nats-Msg-Id`). Appends the submission and the verdict to `job-<id>`
-with expected version 0, so a duplicate submission (same job id) is a no-op, never a second job.
+with expected version 0, so a duplicate submission (same job id, or the same user's submission
+id) is a no-op, never a second job.
 Checks beyond the schema (which decoding already enforced): the queue exists, the priority is
 within the queue's `max_priority`, the cluster has as many (matching) GPUs as the job needs
 (EXCEEDS_CLUSTER, with both numbers), and the request could ever fit this cluster's shape (the
@@ -36,7 +37,7 @@ from corral.contracts.sizes import SPEC_TOO_LARGE, recorded_size, size_problem
 from corral.contracts.subjects import USER_REQUEST_TYPES, Subjects
 from corral.core.submit_limits import SubmitLedger
 from corral.eventstore import Tracking
-from corral.projection import JobState
+from corral.projection import JobState, submission_key
 from corral.services.admission.feasibility import ShapeVerdicts
 from corral.services.admission.invalid import invalid_submission
 from corral.services.admission.limits import UserLimitsFold
@@ -136,7 +137,7 @@ class Admission(Service):
         await self._catch_up_queues(event for event, _ in items if isinstance(event, ev.JobSubmitted))
         batches: dict[str, list[Event]] = {}
         trackings: list[Tracking] = []
-        seen: set[str] = set()
+        seen: set[tuple[str, str]] = set()
         ledger = self.user_limits.ledger.scratch()  # the batch's verdicts count for the ones after them
         for i in submits:
             submitted, delivery = items[i]
@@ -144,13 +145,12 @@ class Admission(Service):
             trackings.append(self.tracking(delivery))
             stream = job_stream(submitted.job_id)
             submitted = self._as_received(submitted, stream)
-            submission = submitted.submission_id or submitted.spec.submission_id
-            if (stream in batches or self.view.versions.get(stream, 0) > 0
-                    or (submission and (submission in self.view.submissions or submission in seen))):
+            key = submission_key(submitted)
+            if stream in batches or self._duplicate(submitted) or key in seen:
                 log.info("job %s already submitted; duplicate ignored", submitted.job_id)
                 continue  # its tracking row only
-            if submission:
-                seen.add(submission)
+            if key is not None:
+                seen.add(key)
             oversized = self.refuse_oversized(submitted)
             if oversized:
                 batches[stream] = [oversized]
@@ -174,8 +174,7 @@ class Admission(Service):
     async def _admit(self, submitted: ev.JobSubmitted, tracking: Tracking) -> None:
         stream = job_stream(submitted.job_id)
         submitted = self._as_received(submitted, stream)
-        submission = submitted.submission_id or submitted.spec.submission_id
-        if self.view.versions.get(stream, 0) > 0 or (submission and submission in self.view.submissions):
+        if self._duplicate(submitted):
             log.info("job %s already submitted; duplicate ignored", submitted.job_id)
             await self.append({}, tracking=tracking)
             return
@@ -188,6 +187,13 @@ class Admission(Service):
         appended = await self.append({stream: [submitted, verdict]}, tracking=tracking, expected={stream: 0})
         if not appended:
             log.info("job %s: submitted concurrently; duplicate ignored", submitted.job_id)
+
+    def _duplicate(self, submitted: ev.JobSubmitted) -> bool:
+        """The job exists already, or its user has submitted under this submission id before
+        (`submission_key`: another user's equal id is another job). Recorded as handled, nothing
+        more: the sender finds the first job by its id (`Client.job_of_submission`)."""
+        key = submission_key(submitted)
+        return self.view.versions.get(submitted.stream, 0) > 0 or (key is not None and key in self.view.submissions)
 
     def refuse_oversized(self, submitted: ev.JobSubmitted) -> ev.JobRejected | None:
         """A JobRejected if the submission, as the log and the bus would record it, is over the

@@ -9,8 +9,8 @@ subjects and nothing else). Admission records the subject's user; so whatever th
 in the request, `$USER` or the spec, the request is the account's (`corral.gateway.protocol`).
 
 It also answers what a person waits for after a request, read with its own read login: the
-verdict on one of their jobs, the outcome of a request, the read model's view and a job's
-events. What it passes on hides the `env` values of other people's jobs.
+verdict on one of their jobs, the verdict on a request (`corral.verdicts`), the read model's
+view and a job's events. What it passes on hides the `env` values of other people's jobs.
 
 Each connection carries one request; a uid holds at most `per_uid` connections at once and the
 gateway `total` (a local user cannot starve the others), and a request not read within
@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import stat
 from collections import Counter
 from collections.abc import Iterable
@@ -44,6 +45,7 @@ from corral.projection import JobView
 from corral.readmodel.codec import encode_hot, encode_job
 from corral.readmodel.snapshots import read_view
 from corral.telemetry import tracing
+from corral.verdicts import read_verdict
 
 log = logging.getLogger("corral.gateway")
 
@@ -68,6 +70,9 @@ class Gateway:
         self._open: Counter[int] = Counter()
         #: requests answered, by (op, outcome code or "ok"): the /metrics counters
         self.answered: Counter[tuple[str, str]] = Counter()
+        #: keys the msg ids of submissions with a submission id (`p.message_id`): one process's
+        #: retries share it; past a restart admission's (user, submission id) check still holds
+        self.msg_key = secrets.token_bytes(32)
 
     # ---- the socket ------------------------------------------------------------------------------
     async def listen(self, path: str) -> asyncio.AbstractServer:
@@ -137,9 +142,11 @@ class Gateway:
         if isinstance(ask, p.Verdict):
             found = await self.verdict(ask.job_id, account, ask.wait)
             return p.Reply(ok=True, user=account, event=encode(found) if found is not None else None)
-        if isinstance(ask, p.Outcome):
-            outcome = await self.outcome(ask.job_id, ask.request_id, ask.wait)
-            return p.Reply(ok=True, user=account, event=encode(outcome) if outcome is not None else None)
+        if isinstance(ask, p.Answer):
+            event = p.as_account(ask.event, account)
+            verdict = await read_verdict(self.store, event, p.message_id(event, self.msg_key), ask.wait)
+            return p.Reply(ok=True, user=account, event=encode(verdict.event) if verdict.event is not None else None,
+                           verdict=verdict.kind.value, version=verdict.version, job_id=verdict.job_id or "")
         if isinstance(ask, p.View):
             view = await read_view(self.store, job_ids=ask.job_ids, states=ask.states)
             hidden_from(account, view.jobs.values())
@@ -160,7 +167,7 @@ class Gateway:
             except SpecError as exc:
                 raise p.GatewayRefusal("TOO_LARGE", "; ".join(problem.message for problem in exc.problems)) from None
         subject = self.subjects.user_request(account, event.type)
-        await self.bus.publish(subject, encode(event), p.message_id(event),
+        await self.bus.publish(subject, encode(event), p.message_id(event, self.msg_key),
                                {tracing.CORRELATION: event.correlation_id}, retry_for=PUBLISH_RETRY_SECONDS)
         log.info("gateway: %s of %s published on %s", event.type, account, subject)
         return event
@@ -184,20 +191,6 @@ class Gateway:
                 return None
             await asyncio.sleep(interval)
             interval = min(interval * 2, 0.5)
-
-    async def outcome(self, job_id: str, request_id: str, wait: float) -> Event | None:
-        """The first event of `job_id`'s stream caused by request `request_id`, waited for up to
-        `wait` seconds."""
-        stream, after = job_stream(job_id), 1
-        deadline = asyncio.get_running_loop().time() + wait
-        while True:
-            for stored in await self.store.read_stream(stream, after):
-                after = stored.version + 1
-                if stored.causation_id == request_id:
-                    return _decoded(stored)
-            if asyncio.get_running_loop().time() >= deadline:
-                return None
-            await asyncio.sleep(0.2)
 
     def metrics_text(self) -> bytes:
         lines = ["# TYPE corral_gateway_requests_total counter"]

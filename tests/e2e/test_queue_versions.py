@@ -62,7 +62,8 @@ async def test_what_if_gate_versions_and_rollback(cluster: Cluster, tmp_path: Pa
 
     # --rollback: version 1's tree comes back, as version 3.
     back = as_json(corral(stack, "apply", "--rollback", "--json"))
-    assert back == {"applied": ["team-a", "team-b"], "version": 3, "rollback_of": 1}
+    assert {k: back[k] for k in ("applied", "version", "rollback_of", "verdict")} == {
+        "applied": ["team-a", "team-b"], "version": 3, "rollback_of": 1, "verdict": "done"}, back
     assert applied["what_if"]["checks"][0]["passed"] is True
     now = {q["queue"]: q for q in as_json(corral(stack, "queues", "--json"))}
     assert now["team-a"]["guaranteed"] == 16 and now["team-b"]["max"] == 32

@@ -243,8 +243,9 @@ async def test_a_requeue_of_another_users_job_is_answered_with_the_refusal(secur
     job_id, admin = await _running_job(secured, user=None)
     try:
         async with await Client.connect(_ctx(secured, "bob")) as bob:
-            outcome = await bob.request_outcome(job_id, await bob.requeue(job_id, message="mine now"), 15)
-            assert isinstance(outcome, ev.AccessDenied) and outcome.reason.code == "NOT_OWNER", outcome
+            verdict = await bob.await_verdict(await bob.requeue(job_id, message="mine now"), 15)
+            assert isinstance(verdict.event, ev.AccessDenied) and verdict.reason is not None, verdict
+            assert verdict.refused and verdict.reason.code == "NOT_OWNER", verdict
         assert (await admin.view()).jobs[job_id].attempt == 0
     finally:
         await admin.cancel(job_id)

@@ -1,4 +1,4 @@
-"""`corral apply` when quota does not answer: one clear line, never a traceback.
+"""`corral apply` when quota does not answer: one clear line and exit 5 (no verdict), never a traceback.
 
 The problem (seen in CI): quota had not recorded a change within the 30 s `corral apply` waits, and
 the command ended in a `TimeoutError` traceback instead of saying what happened and what to check.
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from corral.bus import Bus
+from corral.cli.exit_codes import ExitCode
 from corral.eventstore import EventStore
 
 
@@ -31,7 +32,8 @@ async def test_apply_that_quota_does_not_record_says_so_in_one_line(
            "CORRAL_NAMESPACE": "noquota", "CORRAL_CONTEXT": "/nonexistent", "COLUMNS": "200"}
     proc = subprocess.run([sys.executable, "-m", "corral.cli.main", "apply", str(queues), "--timeout", "1"],
                           text=True, capture_output=True, env=env, timeout=120)
-    assert proc.returncode == 1, proc
+    assert proc.returncode == ExitCode.NO_VERDICT, proc
     assert "Traceback" not in proc.stderr, proc.stderr
     said = " ".join(proc.stderr.split())
-    assert "quota has not recorded it within 1 s" in said and "is quota running?" in said, said
+    assert "quota gave no verdict within 1 s" in said and "is quota running?" in said, said
+    assert "may still be acted on" in said, said

@@ -357,3 +357,35 @@ async def test_an_append_on_a_connection_opened_while_the_log_was_small_does_not
     finally:
         await early.close()
         await other.close()
+
+
+async def test_the_job_of_a_submission_id_is_its_users_and_found_without_scanning_the_log(
+        store: EventStore, postgres_dsn: str) -> None:
+    """A submission id is scoped to its user (migration 075): alice's and bob's equal ids are two
+    jobs, the first submission of each counts, a submission that names no user (an old log) is the
+    empty user's, and the lookup is an index read whatever the log's length."""
+    def submitted(job: str, user: str | None, submission: str | None, in_spec: bool = False) -> NewEvent:
+        data = {"job_id": job, "user": user,
+                "submission_id": None if in_spec else submission, "spec": {"submission_id": submission}}
+        return event(f"job-{job}", "JobSubmitted", **data)
+
+    await store.append_multi({f"job-{j}": (0, [e]) for j, e in [
+        ("ja", submitted("ja", "alice", "nightly")), ("jb", submitted("jb", "bob", "nightly")),
+        ("jold", submitted("jold", None, "nightly", in_spec=True)), ("jx", submitted("jx", "alice", None))]})
+    await store.append_multi({"job-ja2": (0, [submitted("ja2", "alice", "nightly")])})
+    await store.append_multi({f"job-filler-{i}": (0, [event(f"job-filler-{i}")]) for i in range(3000)})
+    admin = await asyncpg.connect(postgres_dsn)
+    try:
+        await admin.execute("ANALYZE events")
+    finally:
+        await admin.close()
+    async with store.connection() as conn:
+        before = await _events_rows_scanned(conn)
+    for _ in range(8):  # past the point where asyncpg's prepared statement gets a generic plan
+        assert await store.job_of_submission("alice", "nightly") == "ja"
+        assert await store.job_of_submission("bob", "nightly") == "jb"
+        assert await store.job_of_submission("", "nightly") == "jold"
+        assert await store.job_of_submission("carol", "nightly") is None
+    async with store.connection() as conn:
+        scanned = await _events_rows_scanned(conn) - before
+    assert scanned < 300, f"32 lookups read {scanned} rows of a 3,005-event log by sequential scan"

@@ -105,11 +105,13 @@ def test_random_bytes_never_raise_anything_but_a_refusal(body: bytes) -> None:
 
 def test_requests_and_replies_round_trip() -> None:
     for ask in (p.WhoAmI(), p.Send(event=b"{}"), p.Verdict(job_id="j1", wait=3.0),
-                p.Outcome(job_id="j1", request_id="e1"), p.View(job_ids=["j1"], states=["COMPLETED"]),
+                p.Answer(event=b"{}", wait=2.0), p.View(job_ids=["j1"], states=["COMPLETED"]),
                 p.JobEvents(job_id="j1")):
         assert p.decode_ask(p.encode_ask(ask)[4:]) == ask
     reply = p.Reply(ok=False, user="alice", code="NOT_OWNER", error="no")
     assert p.decode_reply(p.encode_reply(reply)[4:]) == reply
+    answered = p.Reply(ok=True, user="alice", event=b"{}", verdict="refused", version=3, job_id="j1")
+    assert p.decode_reply(p.encode_reply(answered)[4:]) == answered
 
 
 # ---- who is asking --------------------------------------------------------------------------------
@@ -168,7 +170,8 @@ def test_every_user_request_type_is_rewritten_and_nothing_else_is_carried() -> N
 def test_a_submission_id_is_scoped_to_the_account_in_the_message_id() -> None:
     alice = p.as_account(encode(_submitted("x", submission_id="nightly")), "alice")
     bob = p.as_account(encode(_submitted("x", submission_id="nightly")), "bob")
-    assert p.message_id(alice) == "alice/nightly" != p.message_id(bob)
+    assert p.message_id(alice) == p.message_id(alice) != p.message_id(bob)
+    assert p.message_id(alice, b"gateway-key") != p.message_id(alice)  # keyed: not computable by others
     plain = p.as_account(encode(_submitted("x")), "alice")
     assert p.message_id(plain) == plain.event_id
 

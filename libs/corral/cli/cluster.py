@@ -12,10 +12,11 @@ import typer
 from corral.cli import queue_config as qc
 from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.present import JOB_COLUMNS, job_row, node_rows, queue_rows
-from corral.cli.session import EXIT_FAILURE, context, require_admin, with_client
+from corral.cli.session import context, require_admin, with_client
+from corral.cli.verdict_report import report
 from corral.client import Client
-from corral.contracts import events as ev
 from corral.projection import ClusterView
+from corral.verdicts import Verdict
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -147,32 +148,25 @@ def register(app: typer.Typer) -> None:
                 raise SystemExit(qc.EXIT_REFUSED)
         before = len(view.tree_versions)
 
-        async def go(c: Client) -> int | tuple[int, str]:
+        names = [q.name for q in change.queues]
+
+        async def go(c: Client) -> Verdict | None:
             request = await c.request_queue_tree(change.queues, message=change.message,
                                                  rollback_of=change.rollback_of, evidence=checks)
-            if not wait:
-                return before + 1
-            outcome = await c.queue_tree_outcome(request, timeout)
-            if outcome is None:
-                return EXIT_FAILURE, (f"the change was sent but quota has not recorded it within {timeout:g} s "
-                                      "(is quota running? `corral status`); it waits in quota's inbox: see "
-                                      "`corral queues --history`")
-            number, recorded = outcome
-            if isinstance(recorded, ev.QueueChangeRefused):
-                return qc.EXIT_REFUSED, f"quota refused the change: {recorded.message or 'see `corral events`'}"
-            return number
+            return await c.await_verdict(request, timeout) if wait else None
 
-        version = with_client(go)
-        if isinstance(version, tuple):
-            code, problem = version
-            err_console.print(f"[red]error:[/red] {problem}", highlight=False)
-            raise SystemExit(code)
-        names = [q.name for q in change.queues]
-        if json_out:
-            print_json({"applied": names, "version": version, "rollback_of": change.rollback_of} | evidence)
-        else:
-            what = f"Rolled back to v{change.rollback_of}" if change.rollback_of else f"Applied {len(names)} queues"
-            console.print(f"{what}: {', '.join(names)} (queue tree v{version})", highlight=False)
+        verdict = with_client(go)
+        version = before + 1 if verdict is None else verdict.version
+        what = f"Rolled back to v{change.rollback_of}" if change.rollback_of else f"Applied {len(names)} queues"
+        fields = {"applied": names, "version": version, "rollback_of": change.rollback_of} | evidence
+        if verdict is None:  # --no-wait: the version it will be, unless another apply comes first
+            if json_out:
+                print_json(fields)
+            else:
+                console.print(f"{what}: {', '.join(names)} (queue tree v{version})", highlight=False)
+            return
+        report(verdict, "queue tree", fields=fields, waited=timeout, json_out=json_out,
+               done=f"{what}: {', '.join(names)} (queue tree v{version})", unchanged="quota recorded nothing")
 
     @app.command()
     def events(

@@ -23,5 +23,9 @@ class ExitCode(IntEnum):
     USAGE = 2
     #: no cluster reachable (no context, or nothing answers at its addresses): try again later
     NO_CLUSTER = 3
-    #: the cluster answered and said no: the evidence gate refused a queue change
+    #: the cluster answered and said no: the owning service refused the request (not the job's
+    #: owner: AccessDenied; a queue change refused), or the evidence gate did
     REFUSED = 4
+    #: the request was sent but its service gave no verdict within the wait: it waits in the
+    #: service's inbox and may still be acted on (see `corral why` / `corral events`)
+    NO_VERDICT = 5

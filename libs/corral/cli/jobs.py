@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
+from corral.cli.exit_codes import ExitCode
 from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.present import (
     JOB_COLUMNS,
@@ -26,12 +27,14 @@ from corral.cli.present import (
     unblock_detail,
 )
 from corral.cli.session import EXIT_FAILURE, with_client
+from corral.cli.verdict_report import VERDICT_WAIT, job_now, report
 from corral.client import Client, check_spec_size
 from corral.contracts.jobspec import JobSpec, validate_job_spec
 from corral.contracts.problems import SpecError
 from corral.contracts.validation import parse_document, utf8_text
 from corral.projection import JobState, JobView
 from corral.readmodel.snapshots import FINISHED
+from corral.verdicts import Verdict
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -85,22 +88,19 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
     ) -> None:
         """Submit a job (like sbatch) and wait for admission's verdict: exit 1 with the reason when it
-        is rejected. A bad spec lists each problem; nothing is published."""
+        is rejected, 5 when none comes. A bad spec lists each problem; nothing is published. A
+        submission_id you used before answers with the job it created (ids are per user)."""
         spec = read_spec(file)
 
         async def go(c: Client) -> dict[str, Any]:
-            job_id = await c.submit(spec)
+            request = await c.submit_request(spec)
             if no_wait_admission:
-                return {"id": job_id, "state": "SUBMITTED"}
-            verdict = await c.verdict(job_id, DUPLICATE_CHECK_AFTER if spec.submission_id else ADMISSION_TIMEOUT)
-            if verdict is None and spec.submission_id:
-                # A submission_id already used is dropped by admission as a duplicate: the answer
-                # is the verdict on the job it first created.
-                first = (await c.view()).submissions.get(spec.submission_id)
-                if first is not None and first != job_id:
-                    job_id = first
-                verdict = await c.verdict(job_id, ADMISSION_TIMEOUT - DUPLICATE_CHECK_AFTER)
-            judged = verdict_row(job_id, verdict)
+                return {"id": request.job_id, "state": "SUBMITTED"}
+            # A submission id its user has used before is a duplicate: the verdict is then the
+            # one on the job it first created (`Client.await_verdict`).
+            verdict = await c.await_verdict(request, ADMISSION_TIMEOUT)
+            job_id = verdict.job_id or request.job_id
+            judged = verdict_row(job_id, verdict.event)
             if not wait or judged["state"] != "ADMITTED":
                 return judged
             done = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED}
@@ -142,6 +142,8 @@ def register(app: typer.Typer) -> None:
                           f"(priority {result['prio']})", highlight=False)
         if result.get("state") in ("FAILED", "REJECTED", "CANCELLED"):
             raise SystemExit(EXIT_FAILURE)
+        if result.get("state") == "SUBMITTED" and not no_wait_admission:
+            raise SystemExit(ExitCode.NO_VERDICT)
 
     @app.command()
     def jobs(
@@ -213,24 +215,26 @@ def register(app: typer.Typer) -> None:
                         [(r["rank"], r["node"], ",".join(map(str, r["gpus"]))) for r in detail["ranks"]])
 
     @app.command()
-    def cancel(job: str, json_out: JsonOpt = False) -> None:
-        """Cancel a job (like scancel): its workers are stopped and its GPUs released."""
+    def cancel(job: str, json_out: JsonOpt = False, waited: Annotated[float, typer.Option(
+            "--verdict-timeout", min=0, help="Seconds to wait for admission's verdict (none by then: exit 5).")
+            ] = VERDICT_WAIT) -> None:
+        """Cancel a job (like scancel): its workers are stopped and its GPUs released. Waits for
+        admission's verdict: a refusal (not your job) exits 4 with its reason."""
 
-        async def go(c: Client) -> bool:
-            view = await c.live_view(job_ids=[job])
-            j = view.jobs.get(job)
-            if j is None:
-                return False
-            await c.cancel(job)
-            return True
+        async def go(c: Client) -> tuple[Verdict, str] | None:
+            if job not in (await c.live_view(job_ids=[job])).jobs:
+                return None
+            verdict = await c.await_verdict(await c.cancel(job), waited)
+            return verdict, await job_now(c, job)
 
-        if not with_client(go):
+        answered = with_client(go)
+        if answered is None:
             err_console.print(f"[red]error:[/red] no job {job!r}", highlight=False)
             raise SystemExit(EXIT_FAILURE)
-        if json_out:
-            print_json({"id": job, "cancel_requested": True})
-        else:
-            console.print(f"Cancellation of {job} requested", highlight=False)
+        verdict, now = answered
+        report(verdict, job, fields={"id": job, "cancel_requested": True}, waited=waited, json_out=json_out,
+               done=f"Cancellation of {job} requested and recorded: its workers are stopped and its GPUs released",
+               unchanged=now)
 
     @app.command()
     def why(job: str, json_out: JsonOpt = False) -> None:
@@ -373,8 +377,6 @@ def _shown(column: str, value: Any) -> Any:
 
 #: How long `corral submit` waits for admission's verdict (milliseconds when the cluster is up).
 ADMISSION_TIMEOUT = 30.0
-#: With a submission_id, after this long without a verdict look for the job it first created.
-DUPLICATE_CHECK_AFTER = 3.0
 
 
 def verdict_row(job_id: str, verdict: Any) -> dict[str, Any]:

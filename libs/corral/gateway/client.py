@@ -3,7 +3,7 @@
 `Client.connect` returns a `GatewayClient` when the context names a gateway socket and no
 credential this process can read (`gateway_socket`). Requests go to the gateway, which records
 them as the connecting uid's account (`corral.gateway.protocol`); what the commands read after
-a request (its verdict, its outcome, the read model's view, a job's events) comes back through
+a request (its verdict, the read model's view, a job's events) comes back through
 the gateway too, with other people's `env` values hidden. Questions that fold the whole log
 (`corral events`, `replay`, `usage`, `audit`) need a read login of one's own and say so.
 """
@@ -29,6 +29,7 @@ from corral.gateway.paths import bindable
 from corral.projection import ClusterView
 from corral.readmodel.codec import decode_hot, decode_job
 from corral.stack.context import Context
+from corral.verdicts import Verdict, VerdictKind
 
 
 class GatewayError(RuntimeError):
@@ -136,9 +137,12 @@ class GatewayClient(Client):
         found = _event((await self._call(p.Verdict(job_id=job_id, wait=_wait(timeout)), _wait(timeout))).event)
         return found if isinstance(found, ev.JobAdmitted | ev.JobRejected) else None
 
-    async def request_outcome(self, job_id: str, request: Event, timeout: float) -> Event | None:
+    async def await_verdict(self, request: Event, timeout: float) -> Verdict:
+        """The verdict on `request`, read by the gateway (`corral.verdicts.read_verdict`)."""
         wait = _wait(timeout)
-        return _event((await self._call(p.Outcome(job_id=job_id, request_id=request.event_id, wait=wait), wait)).event)
+        reply = await self._call(p.Answer(event=encode(request), wait=wait), wait)
+        kind = VerdictKind(reply.verdict) if reply.verdict else VerdictKind.NO_VERDICT
+        return Verdict(request, kind, _event(reply.event), reply.version, reply.job_id or None)
 
     async def live_view(self, *, job_ids: Collection[str] = (), states: Collection[str] = ()) -> ClusterView:
         reply = await self._call(p.View(job_ids=list(job_ids), states=list(states)))

@@ -29,6 +29,7 @@ from corral.contracts.envelope import Event
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
 from corral.contracts.subjects import USER_REQUEST_TYPES
+from corral.submission_ids import submission_msg_id
 
 #: Environment variable naming the gateway's socket (the service's, and a client's when its
 #: context names none).
@@ -87,11 +88,11 @@ class Verdict(Ask, tag="verdict", frozen=True):
     wait: Wait = 0.0
 
 
-class Outcome(Ask, tag="outcome", frozen=True):
-    """The first event of a job's stream caused by the request `request_id`."""
+class Answer(Ask, tag="answer", frozen=True):
+    """The owning service's verdict on a request this account sent (`corral.verdicts`): the
+    request as `Send` returned it."""
 
-    job_id: JobId
-    request_id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    event: Annotated[bytes, msgspec.Meta(max_length=MAX_ASK_BYTES)]
     wait: Wait = 0.0
 
 
@@ -109,7 +110,7 @@ class JobEvents(Ask, tag="job_events", frozen=True):
     job_id: JobId
 
 
-AnyAsk = WhoAmI | Send | Verdict | Outcome | View | JobEvents
+AnyAsk = WhoAmI | Send | Verdict | Answer | View | JobEvents
 
 
 # ---- replies (gateway -> client) ---------------------------------------------------------------
@@ -136,9 +137,14 @@ class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
     user: str = ""
     code: str = ""
     error: str = ""
-    #: Send: the request as published (its user and actor the account's); Verdict/Outcome: the
-    #: event found (None: none within the wait).
+    #: Send: the request as published (its user and actor the account's); Verdict: the event
+    #: found (None: none within the wait); Answer: the event that decided the verdict.
     event: bytes | None = None
+    #: Answer: the verdict's kind (`corral.verdicts.VerdictKind`), the deciding event's stream
+    #: version, and the job it is about.
+    verdict: str = ""
+    version: int | None = None
+    job_id: str = ""
     #: JobEvents: the stream.
     events: list[StoredRow] = msgspec.field(default_factory=list)
     #: View: the active part (`corral.readmodel.codec.encode_hot`) and each finished job asked for.
@@ -225,9 +231,10 @@ def as_account(data: bytes, account: str) -> Event:
     return msgspec.structs.replace(event, user=account, actor=f"user/{account}")
 
 
-def message_id(event: Event) -> str:
+def message_id(event: Event, key: bytes = b"") -> str:
     """The NATS message id of a request the gateway publishes: a submission id is scoped to the
-    account (another account's id never deduplicates this one away), anything else is its event id."""
-    submission = getattr(event, "submission_id", None)
+    account (`submission_msg_id`, keyed by the gateway's `key`: another account's equal id never
+    deduplicates this one away, nor can be claimed ahead of it), anything else is its event id."""
+    submission = getattr(event, "submission_id", None) or getattr(getattr(event, "spec", None), "submission_id", None)
     user = getattr(event, "user", None)
-    return f"{user}/{submission}" if submission and user else event.event_id
+    return submission_msg_id(user, submission, key) if submission and user else event.event_id

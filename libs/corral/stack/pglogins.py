@@ -43,7 +43,7 @@ from corral.stack import credentials
 READER = "cli"
 SERVICE_ROLE = "corral_service"
 READER_ROLE = "corral_reader"
-#: The group of every person's and pipeline's own login (migration 070).
+#: The group of every person's and pipeline's own login (migration 075).
 PERSON_ROLE = "corral_person"
 #: Where `corral up` keeps the owner's DSN, for `corral user` to create and drop people's logins.
 OWNER_DSN_FILE = "pg-owner.dsn"

@@ -1,0 +1,155 @@
+"""Every request gets a verdict, and a submission id belongs to its user.
+
+One `corral up` stack with its own authenticated NATS and two people, alice and bob, each with
+their own login; every command runs as a real `corral` process with that person's context.
+
+- A submission id is scoped to its user: bob's submission with alice's id is bob's own job (it
+  was answered with alice's job and never existed), and each user's resubmission is answered
+  with their own job (idempotence per user).
+- A refused request is an exit code: alice's `corral cancel` of bob's job printed "Cancellation
+  requested" and exited 0 while the log held `AccessDenied NOT_OWNER`.
+- A verdict that does not come within the wait says so, with its own exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+import pytest
+
+from corral.cli.exit_codes import ExitCode
+from corral.client import Client
+from corral.contracts.jobspec import JobSpec
+from corral.contracts.queues import validate_queues
+from corral.projection import JobState
+from corral.stack.context import Context
+from corral.stack.up import Stack, StackOptions
+
+NS = "corral"
+PEOPLE = ("alice", "bob")
+
+
+def _with_database(dsn: str, database: str) -> str:
+    return dsn.rpartition("/")[0] + "/" + database
+
+
+@pytest.fixture(scope="module")
+async def people(postgres_server_dsn: str) -> AsyncIterator[Stack]:
+    """`corral up` with its own (authenticated) NATS, 2 nodes x 8 GPUs, submitters alice and bob."""
+    name = f"t_{secrets.token_hex(6)}"
+    admin = await asyncpg.connect(_with_database(postgres_server_dsn, "postgres"))
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    data = Path(tempfile.mkdtemp(prefix="corral-verdicts-"))
+    dsn = _with_database(postgres_server_dsn, name)
+    stack = Stack(StackOptions(data_dir=data, cluster="2x8:H100", postgres_dsn=dsn, namespace=NS,
+                               write_user_context=False, submitters=PEOPLE,
+                               extra_env={"CORRAL_LOG_LEVEL": "INFO"}))
+    stack.start()
+    try:
+        assert stack.context is not None
+        for user in PEOPLE:
+            ctx = stack.context
+            Context(nats_url=ctx.nats_url, postgres_dsn=ctx.postgres_dsn, namespace=NS, nats_ca=ctx.nats_ca,
+                    credentials=str(data / "credentials" / f"{user}.json")).save(data / f"{user}.json")
+        async with await Client.connect(stack.context) as client:
+            await client.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 16}]}))
+            await client.wait_for(lambda v: "team-a" in v.queues and len(v.nodes) >= 2, 30)
+        yield stack
+    finally:
+        stack.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def corral_as(stack: Stack, user: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`corral ARGS` as `user` (their own context and login), never raising on its exit code."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env |= {"CORRAL_CONTEXT": str(stack.options.data_dir / f"{user}.json"), "COLUMNS": "200", "USER": user,
+            "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "corral.cli.main", *args], input=stdin, text=True,
+                          capture_output=True, env=env, timeout=150)
+
+
+def submitted(stack: Stack, user: str, spec: str) -> dict[str, Any]:
+    out = corral_as(stack, user, "submit", "-", "--json", stdin=spec)
+    assert out.returncode == 0, out
+    return dict(json.loads(out.stdout))
+
+
+def nightly(name: str) -> str:
+    return (f"name: {name}\nqueue: team-a\nreplicas: 1\ngpus_per_replica: 8\nruntime: sim\n"
+            "duration_seconds: 600\nsubmission_id: nightly-2026-12-07\n")
+
+
+def _spec() -> JobSpec:
+    return msgspec.convert({"name": "bobs", "queue": "team-a", "replicas": 1, "gpus_per_replica": 8,
+                            "runtime": "sim", "duration_seconds": 600}, JobSpec)
+
+
+async def test_a_submission_id_belongs_to_its_user(people: Stack) -> None:
+    alice = submitted(people, "alice", nightly("alice-nightly"))
+    bob = submitted(people, "bob", nightly("bob-nightly"))
+    assert alice["state"] == bob["state"] == "ADMITTED", (alice, bob)
+    assert bob["id"] != alice["id"], "bob was answered with alice's job"
+    assert people.context is not None
+    async with await Client.connect(people.context, bus=False) as c:
+        view = await c.wait_for(lambda v: all(j in v.jobs and v.jobs[j].state is JobState.RUNNING
+                                              for j in (alice["id"], bob["id"])), 60)
+        for user, job in (("alice", alice["id"]), ("bob", bob["id"])):
+            j = view.jobs[job]
+            assert j.user == user and j.spec is not None and j.spec.name == f"{user}-nightly", j
+        # Each user's resubmission is answered with their own job, and creates nothing.
+        assert submitted(people, "alice", nightly("alice-again"))["id"] == alice["id"]
+        again = corral_as(people, "bob", "submit", "-", stdin=nightly("bob-again"))
+        assert again.returncode == 0 and f"Submitted job {bob['id']}" in again.stdout, again
+        jobs = [j for j in (await c.view()).jobs.values()
+                if j.spec is not None and j.spec.submission_id == "nightly-2026-12-07"]
+        assert sorted(j.user for j in jobs) == ["alice", "bob"], jobs
+    for user, job in (("alice", alice["id"]), ("bob", bob["id"])):
+        done = corral_as(people, user, "cancel", job, "--json")
+        assert done.returncode == 0 and json.loads(done.stdout)["verdict"] == "done", done
+
+
+async def test_a_refused_request_exits_non_zero_with_its_reason(people: Stack) -> None:
+    assert people.context is not None
+    bob_ctx = Context.load(people.options.data_dir / "bob.json")
+    async with await Client.connect(bob_ctx) as bob:
+        job = await bob.submit(_spec())
+        await bob.wait_for(lambda v: job in v.jobs and v.jobs[job].state is JobState.RUNNING, 60, job_ids=[job])
+        refused = corral_as(people, "alice", "cancel", job)
+        assert refused.returncode == ExitCode.REFUSED, refused
+        assert "refused" in refused.stderr and "NOT_OWNER" in refused.stderr, refused.stderr
+        assert "alice may not cancel a job of bob" in refused.stderr, refused.stderr
+        assert "requested" not in refused.stdout, refused.stdout
+        shown = corral_as(people, "alice", "requeue", job, "--json")
+        assert shown.returncode == ExitCode.REFUSED, shown
+        verdict = json.loads(shown.stdout)
+        assert verdict["verdict"] == "refused" and verdict["reason"]["code"] == "NOT_OWNER", verdict
+        assert verdict["id"] == job and verdict["request"] == "JobRequeueRequested", verdict
+        view = await bob.live_view(job_ids=[job])
+        assert view.jobs[job].state is JobState.RUNNING and view.jobs[job].attempt == 0
+
+        # A verdict that does not come within the wait: its own code, and the request may still be acted on.
+        admission = people.process("admission")
+        admission.stop()
+        try:
+            late = corral_as(people, "bob", "cancel", job, "--verdict-timeout", "2")
+            assert late.returncode == ExitCode.NO_VERDICT, late
+            assert "may still" in late.stderr, late.stderr
+        finally:
+            admission.start()
+        await bob.wait_for(lambda v: v.jobs[job].state is JobState.CANCELLED, 60, job_ids=[job])
+        # Asked again, the job is over: nothing to do, said so.
+        again = corral_as(people, "bob", "cancel", job, "--json")
+        assert again.returncode == ExitCode.FAILURE and json.loads(again.stdout)["verdict"] == "unchanged", again
