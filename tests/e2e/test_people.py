@@ -164,6 +164,8 @@ async def test_only_the_operator_manages_people(site: Stack, tmp_path: Path) -> 
     assert "mallory" not in {p["name"] for p in json.loads(admin(site, "user", "list", "--json").stdout)}
     bad = admin(site, "user", "add", "svc-admission", check=False)
     assert bad.returncode != 0 and "svc-admission" in bad.stderr
+    myself = admin(site, "user", "remove", admin_name(), check=False)
+    assert myself.returncode != 0 and "operator" in myself.stderr
 
 
 async def test_remove_closes_open_connections_and_keeps_jobs(site: Stack, tmp_path: Path) -> None:

@@ -195,6 +195,9 @@ def remove(inst: Installation, name: str, by: str) -> Change:
         person = registry.get(name)
         if person is None:
             raise PeopleError(f"no user {name!r} (see `corral user list`)")
+        if name == by:
+            raise PeopleError(f"{name!r} is the operator running this command (`corral up` puts them back at its "
+                              "next start): remove another user")
         if person.kind is Kind.ADMIN and len(registry.admins()) == 1:
             raise PeopleError(f"{name!r} is the last admin: add another (`corral user add NAME --admin`) first")
         registry = registry.remove(name)
