@@ -13,6 +13,7 @@ their own login; every command runs as a real `corral` process with that person'
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -30,11 +31,13 @@ import pytest
 
 from corral.cli.exit_codes import ExitCode
 from corral.client import Client
+from corral.contracts.envelope import job_stream
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.queues import validate_queues
 from corral.projection import JobState
 from corral.stack.context import Context
 from corral.stack.up import Stack, StackOptions
+from corral.verdicts import VerdictKind
 
 NS = "corral"
 PEOPLE = ("alice", "bob")
@@ -92,9 +95,13 @@ def nightly(name: str) -> str:
             "duration_seconds: 600\nsubmission_id: nightly-2026-12-07\n")
 
 
+def _spec_dict() -> dict[str, Any]:
+    return {"name": "bobs", "queue": "team-a", "replicas": 1, "gpus_per_replica": 8, "runtime": "sim",
+            "duration_seconds": 600}
+
+
 def _spec() -> JobSpec:
-    return msgspec.convert({"name": "bobs", "queue": "team-a", "replicas": 1, "gpus_per_replica": 8,
-                            "runtime": "sim", "duration_seconds": 600}, JobSpec)
+    return msgspec.convert(_spec_dict(), JobSpec)
 
 
 async def test_a_submission_id_belongs_to_its_user(people: Stack) -> None:
@@ -113,6 +120,18 @@ async def test_a_submission_id_belongs_to_its_user(people: Stack) -> None:
         assert submitted(people, "alice", nightly("alice-again"))["id"] == alice["id"]
         again = corral_as(people, "bob", "submit", "-", stdin=nightly("bob-again"))
         assert again.returncode == 0 and f"Submitted job {bob['id']}" in again.stdout, again
+        # Past JetStream's duplicate window (another msg id), admission drops it by (user, id).
+        async with await Client.connect(Context.load(people.options.data_dir / "alice.json")) as alice_c:
+            spec = msgspec.convert({**_spec_dict(), "submission_id": "nightly-2026-12-07"}, JobSpec)
+            late = alice_c.submission(spec)
+            await alice_c.publish_request(late, msg_id="after-the-window")
+            for _ in range(200):
+                if await c.store.was_processed("admission", "after-the-window"):
+                    break
+                await asyncio.sleep(0.1)
+            assert await c.store.stream_version(job_stream(late.job_id)) == 0
+            verdict = await alice_c.await_verdict(late, 30)
+            assert verdict.kind is VerdictKind.DONE and verdict.job_id == alice["id"], verdict
         jobs = [j for j in (await c.view()).jobs.values()
                 if j.spec is not None and j.spec.submission_id == "nightly-2026-12-07"]
         assert sorted(j.user for j in jobs) == ["alice", "bob"], jobs
@@ -139,6 +158,9 @@ async def test_a_refused_request_exits_non_zero_with_its_reason(people: Stack) -
         assert verdict["id"] == job and verdict["request"] == "JobRequeueRequested", verdict
         view = await bob.live_view(job_ids=[job])
         assert view.jobs[job].state is JobState.RUNNING and view.jobs[job].attempt == 0
+        # An admin's request from a person's login is refused before it is sent: exit 4 too.
+        drained = corral_as(people, "bob", "drain", "node-0")
+        assert drained.returncode == ExitCode.REFUSED and "needs the admin's login" in drained.stderr, drained
 
         # A verdict that does not come within the wait: its own code, and the request may still be acted on.
         admission = people.process("admission")

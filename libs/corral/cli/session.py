@@ -98,8 +98,9 @@ def admin_problem(ctx: Context, action: str) -> str | None:
 
 
 def require_admin(action: str) -> None:
-    """Exit 1 with `admin_problem` when this person's login may not `action`."""
+    """Exit 4 (refused) with `admin_problem` when this person's login may not `action`: the bus
+    would refuse the request, so it is refused here, before it is sent."""
     problem = admin_problem(context(), action)
     if problem is not None:
         err_console.print(f"[red]error:[/red] {problem}", highlight=False)
-        raise SystemExit(EXIT_FAILURE)
+        raise SystemExit(ExitCode.REFUSED)
