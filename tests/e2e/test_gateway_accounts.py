@@ -228,7 +228,8 @@ async def test_one_account_cannot_cancel_anothers_job(gated: Stack, accounts: tu
     made = _corral(gated, b, "submit", "-", stdin=_spec_text())
     assert made.returncode == 0, made.stderr
     job_id = _job_id(made.stdout)
-    _corral(gated, a, "cancel", job_id, env={"USER": b})
+    refused = _corral(gated, a, "cancel", job_id, env={"USER": b})
+    assert refused.returncode == 4 and "NOT_OWNER" in refused.stderr, (refused.stdout, refused.stderr)
     denied = await _recorded(gated, job_id, ev.AccessDenied)
     assert denied and denied[0].user == a and denied[0].reason.code == "NOT_OWNER", denied
     events = await _events(gated, job_id)
@@ -313,3 +314,21 @@ async def test_a_gateway_killed_is_restarted_and_serves_again(gated: Stack, acco
     done = _corral(gated, a, "submit", "-", stdin=_spec_text())
     assert done.returncode == 0 and "admitted" in done.stdout, done.stderr
     assert _corral(gated, a, "cancel", _job_id(done.stdout)).returncode == 0
+
+
+async def test_submission_ids_through_the_gateway_are_each_accounts_own(gated: Stack,
+                                                                        accounts: tuple[str, str]) -> None:
+    """A pipeline's idempotent submit works through the gateway, and another account's equal id
+    neither drops nor takes it."""
+    a, b = accounts
+    sid = f"nightly-{secrets.token_hex(3)}"
+    first = _corral(gated, a, "submit", "-", stdin=_spec_text(submission_id=sid))
+    theirs = _corral(gated, b, "submit", "-", stdin=_spec_text(submission_id=sid))
+    again = _corral(gated, a, "submit", "-", stdin=_spec_text(submission_id=sid))
+    for done in (first, theirs, again):
+        assert done.returncode == 0 and "admitted" in done.stdout, (done.stdout, done.stderr)
+    assert _job_id(again.stdout) == _job_id(first.stdout) != _job_id(theirs.stdout)
+    submitted = (await _recorded(gated, _job_id(theirs.stdout), ev.JobSubmitted))[0]
+    assert submitted.user == b
+    assert _corral(gated, a, "cancel", _job_id(first.stdout)).returncode == 0
+    assert _corral(gated, b, "cancel", _job_id(theirs.stdout)).returncode == 0
