@@ -107,7 +107,7 @@ def _spec() -> JobSpec:
 async def test_a_submission_id_belongs_to_its_user(people: Stack) -> None:
     alice = submitted(people, "alice", nightly("alice-nightly"))
     bob = submitted(people, "bob", nightly("bob-nightly"))
-    assert alice["state"] == bob["state"] == "ADMITTED", (alice, bob)
+    assert alice["state"] == bob["state"] == "ADMITTED" and alice["verdict"] == bob["verdict"] == "done", (alice, bob)
     assert bob["id"] != alice["id"], "bob was answered with alice's job"
     assert people.context is not None
     async with await Client.connect(people.context, bus=False) as c:

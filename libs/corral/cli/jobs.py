@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
             # one on the job it first created (`Client.await_verdict`).
             verdict = await c.await_verdict(request, ADMISSION_TIMEOUT)
             job_id = verdict.job_id or request.job_id
-            judged = verdict_row(job_id, verdict.event)
+            judged = verdict_row(job_id, verdict.event) | {"verdict": verdict.kind.value}
             if not wait or judged["state"] != "ADMITTED":
                 return judged
             done = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED}
