@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+from pathlib import Path
 
 from corral.bus import Bus
 from corral.eventstore import EventStore
@@ -20,6 +21,7 @@ from corral.health import start_beat
 from corral.services.gateway.service import Gateway
 from corral.services.run_loop import _when_up
 from corral.services.settings import Settings
+from corral.stack.credentials import CREDENTIALS_ENV
 from corral.telemetry import endpoint, logs
 from corral.telemetry.endpoint import METRICS_ADDR_ENV
 
@@ -36,7 +38,7 @@ async def run(settings: Settings, path: str, stop: asyncio.Event) -> None:
     if bus is None:
         await store.close()
         return
-    gateway = Gateway(bus, store, settings.namespace)
+    gateway = Gateway(bus, store, settings.namespace, msg_key=_secret())
     server = await gateway.listen(path)
 
     async def healthz() -> tuple[int, str, bytes]:
@@ -65,6 +67,15 @@ async def run(settings: Settings, path: str, stop: asyncio.Event) -> None:
         await bus.close()
         await store.close()
         log.info("gateway: stopped")
+
+
+def _secret() -> bytes | None:
+    """The gateway's credentials file (its NATS password in it): what keys its message ids."""
+    path = os.environ.get(CREDENTIALS_ENV)
+    try:
+        return Path(path).read_bytes() if path else None
+    except OSError:
+        return None
 
 
 def main() -> None:

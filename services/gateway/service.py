@@ -59,7 +59,7 @@ class Gateway:
     """Serves `corral.gateway.protocol` on a unix socket for one installation."""
 
     def __init__(self, bus: Bus, store: EventStore, namespace: str, *, per_uid: int = 8, total: int = 256,
-                 read_timeout: float = 10.0, write_timeout: float = 60.0) -> None:
+                 read_timeout: float = 10.0, write_timeout: float = 60.0, msg_key: bytes | None = None) -> None:
         self.bus = bus
         self.store = store
         self.subjects = Subjects(namespace)
@@ -70,9 +70,10 @@ class Gateway:
         self._open: Counter[int] = Counter()
         #: requests answered, by (op, outcome code or "ok"): the /metrics counters
         self.answered: Counter[tuple[str, str]] = Counter()
-        #: keys the msg ids of submissions with a submission id (`p.message_id`): one process's
-        #: retries share it; past a restart admission's (user, submission id) check still holds
-        self.msg_key = secrets.token_bytes(32)
+        #: keys the msg ids of submissions with a submission id (`p.message_id`): the gateway's own
+        #: secret (its credentials file), so a retry after a restart has the same msg id, the verdict
+        #: on a request sent before it is still found, and no one else can compute one
+        self.msg_key = msg_key if msg_key is not None else secrets.token_bytes(32)
 
     # ---- the socket ------------------------------------------------------------------------------
     async def listen(self, path: str) -> asyncio.AbstractServer:
