@@ -3,7 +3,8 @@
 Flow (see docs/architecture.md): JobSubmitted -> JobAdmitted | JobRejected -> QuotaReserved ->
 GangReserved | PlacementPending -> WorkerStarted x N -> JobRunning -> WorkerExited ->
 JobCompleted | JobFailed. Preemption: PreemptRequested -> CheckpointDone -> GangReleased ->
-JobRequeued. Nodes: NodeRegistered, NodeHeartbeat, NodeLost; GpusAllocated / GpusReleased are
+JobRequeued. Nodes: NodeRegistered, NodeHeartbeat, NodeLost, NodeConditionsChanged (disk or memory
+pressure, measured by the node's agent); GpusAllocated / GpusReleased are
 each node's allocation ledger. Queues: QueueTreeApplied (a numbered version of the whole tree),
 QueueConfigured (one queue), QueueChangeRefused (the evidence gate said no). Escalation:
 WaitExceeded (a job waited longer than its queue's `max_wait`). People: UserAdded, UserRemoved,
@@ -52,6 +53,8 @@ __all__ = [
     "JobRequeued",
     "JobRunning",
     "JobSubmitted",
+    "NodeCondition",
+    "NodeConditionsChanged",
     "NodeDrained",
     "NodeHeartbeat",
     "NodeLost",
@@ -375,6 +378,24 @@ class NodeLost(Event, frozen=True, kw_only=True):
     reason: Reason
 
 
+class NodeCondition(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A condition that holds on a node, as the kubelet's: its type and what was measured."""
+
+    type: Literal["DiskPressure", "MemoryPressure"]
+    message: str
+
+
+class NodeConditionsChanged(Event, frozen=True, kw_only=True):
+    """The conditions a node's agent measures on its node now (an empty list: none), sent when they
+    change and after each registration. A node under a condition takes no new work
+    (`corral.core.conditions`); what runs there goes on. It clears by itself: the agent reports the
+    empty list once its measures are back above its thresholds. Recorded by placement on the
+    node's stream."""
+
+    node: NodeName
+    conditions: list[NodeCondition] = msgspec.field(default_factory=list)
+
+
 class NodeDrained(Event, frozen=True, kw_only=True):
     """No new work on `node` (Slurm's DRAIN): running jobs go on to their end, or with `evict` are
     asked to checkpoint and wait again elsewhere (preemption asks them). Sent to the inbox by an
@@ -505,7 +526,8 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     JobSubmitted, JobCancelRequested, JobAdmitted, JobRejected, QuotaReserved, QuotaReleased,
     GangReserved, GpusAllocated, GpusReleased, PlacementPending, WaitExceeded, PreemptRequested, CheckpointDone,
     GangReleased, JobRequeued, WorkerStarted, WorkerExited, JobRunning, JobCompleted, JobFailed, JobCancelled,
-    NodeRegistered, NodeHeartbeat, NodeLost, NodeDrained, NodeUndrained, JobHeld, JobHoldReleased,
+    NodeRegistered, NodeHeartbeat, NodeLost, NodeConditionsChanged, NodeDrained, NodeUndrained, JobHeld,
+    JobHoldReleased,
     JobRequeueRequested, QueueConfigured, QueueTreeApplied, QueueChangeRefused, EventNotRelayed, AccessDenied,
     UserAdded, UserRemoved, UserCredentialsRotated,
 )

@@ -7,7 +7,7 @@ unique prefix (e.g. `t3f9a`) isolates them completely. The default prefix is `co
 - `<prefix>.inbox.JobSubmitted`, `<prefix>.inbox.JobCancelRequested`: requests from the CLI or
   any pipeline, before anything is in the event log (deduplicated by `Nats-Msg-Id` = event_id).
 - `<prefix>.inbox.QueueConfigured`: `corral apply queues.yaml`; quota records it.
-- `<prefix>.inbox.<NodeRegistered|WorkerStarted|WorkerExited|CheckpointDone>`: node agent reports;
+- `<prefix>.inbox.<NodeRegistered|WorkerStarted|WorkerExited|CheckpointDone|NodeConditionsChanged>`: node agent reports;
   placement records them in the log.
 - `<prefix>.inbox.node.<node>.<Type>`: the same reports, on a subject naming the reporting node, so
   NATS permissions let a node identity publish only its own (see `corral.bus.auth`); placement
@@ -48,9 +48,10 @@ DEFAULT_PREFIX = "corral"
 INBOX_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested", "JobHeld", "JobHoldReleased",
                                 "JobRequeueRequested", "QueueConfigured", "QueueTreeApplied", "QueueChangeRefused",
                                 "NodeDrained", "NodeUndrained", "NodeRegistered", "WorkerStarted", "WorkerExited",
-                                "CheckpointDone")
+                                "CheckpointDone", "NodeConditionsChanged")
 #: Reports a node agent publishes on `<prefix>.inbox.node.<node>.<Type>`.
-NODE_REPORT_TYPES: tuple[str, ...] = ("NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone")
+NODE_REPORT_TYPES: tuple[str, ...] = ("NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone",
+                                      "NodeConditionsChanged")
 #: Requests a submitter publishes on `<prefix>.inbox.user.<user>.<Type>`.
 USER_REQUEST_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested", "JobHeld", "JobHoldReleased",
                                        "JobRequeueRequested")

@@ -24,6 +24,7 @@ from corral.contracts.jobspec import JobSpec
 from corral.contracts.lifecycle import LifecycleCode
 from corral.contracts.queues import QueueSpec
 from corral.core import escalation
+from corral.core.conditions import node_state
 from corral.lifecycle import GangEvent, GangState, transition
 from corral.translate import job_from_spec, node_from_inventory, queue_from_spec
 
@@ -209,6 +210,8 @@ class NodeView:
     lost: bool = False
     draining: bool = False  # no new work (corral drain); running jobs go on
     drain: ev.NodeDrained | None = None  # the drain in force (`evict`: its jobs are asked to move)
+    #: what its agent measures now (disk or memory pressure): no new work while any holds
+    conditions: tuple[ev.NodeCondition, ...] = ()
     allocations: dict[int, str] = field(default_factory=dict)  # GPU index -> job id
     registered_at: datetime | None = None
     address: str | None = None  # where other hosts reach it (None: not advertised)
@@ -222,7 +225,7 @@ class NodeView:
         return len(self.inventory.gpus)
 
     def core_node(self) -> core.Node:
-        state = core.NodeState.LOST if self.lost else core.NodeState.DRAINING if self.draining else core.NodeState.READY
+        state = node_state(lost=self.lost, draining=self.draining, conditions=self.conditions)
         cached = self._core_node
         if cached is not None and cached[0] is self.inventory and cached[1] is state:
             return cached[2]
@@ -703,6 +706,12 @@ def _node_drained(view: ClusterView, e: ev.NodeDrained | ev.NodeUndrained) -> No
         node.draining = node.drain is not None
 
 
+def _node_conditions(view: ClusterView, e: ev.NodeConditionsChanged) -> None:
+    node = view.nodes.get(e.node)
+    if node is not None:
+        node.conditions = tuple(e.conditions)
+
+
 def _held(view: ClusterView, e: ev.JobHeld) -> None:
     j = view.job(e.job_id)
     if j.state is JobState.PENDING:
@@ -759,6 +768,7 @@ _HANDLERS: dict[type[Event], Callable[[ClusterView, Any], None]] = {
     ev.QueueConfigured: _queue_configured,
     ev.QueueTreeApplied: _tree_applied,
     ev.NodeDrained: _node_drained,
+    ev.NodeConditionsChanged: _node_conditions,
     ev.NodeUndrained: _node_drained,
     ev.JobHeld: _held,
     ev.JobHoldReleased: _hold_released,

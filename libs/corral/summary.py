@@ -38,7 +38,10 @@ def node_rows(view: ClusterView) -> list[dict[str, Any]]:
                 cells.append("." if not holder else holder[-5:] + "~" if g in held else holder[-6:])
             gpu_map.append(cells)
         rows.append({
-            "node": n.name, "state": "lost" if n.lost else "draining" if n.draining else "ready",
+            "node": n.name,
+            "state": "lost" if n.lost else "draining" if n.draining else "pressure" if n.conditions else "ready",
+            # why it takes no new work, as its agent measured it (clears by itself)
+            "conditions": [{"type": c.type, "message": c.message} for c in n.conditions],
             "rack": n.inventory.rack, "zone": n.inventory.zone,
             "address": n.address, "rendezvous_ports": list(n.rendezvous_ports) if n.rendezvous_ports else None,
             "model": n.inventory.gpus[0].model if n.inventory.gpus else "", "gpus": n.gpu_count,

@@ -160,6 +160,18 @@ def parser() -> argparse.ArgumentParser:
                    default=os.environ.get("CORRAL_AGENT_STOP_WORKERS_ON_EXIT", "") not in ("", "0", "false"),
                    help="on SIGTERM/SIGINT stop every gang first (default: leave them running for the next "
                    "agent to adopt; env CORRAL_AGENT_STOP_WORKERS_ON_EXIT=1)")
+    p.add_argument("--disk-pressure-below", type=float,
+                   default=float(os.environ.get("CORRAL_AGENT_DISK_PRESSURE_BELOW", "0.10")),
+                   help="report DiskPressure (no new work here) while a folder the agent writes has less than "
+                   "this share free (default 0.10; env CORRAL_AGENT_DISK_PRESSURE_BELOW)")
+    p.add_argument("--memory-pressure-below-mib", type=float,
+                   default=float(os.environ.get("CORRAL_AGENT_MEMORY_PRESSURE_BELOW_MIB", "256")),
+                   help="report MemoryPressure while less memory is available (default 256; env "
+                   "CORRAL_AGENT_MEMORY_PRESSURE_BELOW_MIB)")
+    p.add_argument("--conditions-seconds", type=float,
+                   default=float(os.environ.get("CORRAL_AGENT_CONDITIONS_SECONDS", "5")),
+                   help="how often the node's conditions are measured (default 5; env "
+                   "CORRAL_AGENT_CONDITIONS_SECONDS)")
     p.add_argument("--run-as", choices=[m.value for m in RunAs], default=None,
                    help="submitter: run each job as its submitting user's OS account when this agent is root "
                    "(default); agent: run every job as this agent's user (a single-user box; `corral up`). "
@@ -179,6 +191,9 @@ def options(args: argparse.Namespace, environ: os._Environ[str] | dict[str, str]
                                              else cluster_checkpoint_dir(args.cluster_file)),
                             heartbeat_seconds=args.heartbeat_seconds, stop_grace_seconds=args.stop_grace,
                             stop_workers_on_exit=args.stop_workers_on_exit, run_as=run_as,
+                            disk_pressure_below=args.disk_pressure_below,
+                            memory_pressure_below_mib=args.memory_pressure_below_mib,
+                            conditions_seconds=args.conditions_seconds,
                             # every node here shares this host's ports (`ephemeral_ports`)
                             rendezvous_ports=local_rendezvous_ports())
     except ValueError as exc:

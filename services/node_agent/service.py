@@ -68,6 +68,8 @@ from corral.contracts.events import (
     JobRejected,
     JobRequeued,
     JobSubmitted,
+    NodeCondition,
+    NodeConditionsChanged,
     NodeHeartbeat,
     NodeLost,
     NodeRegistered,
@@ -80,10 +82,12 @@ from corral.contracts.problems import ContractError
 from corral.contracts.queues import QueueSpec
 from corral.contracts.registry import decode, encode
 from corral.contracts.subjects import Subjects
+from corral.core.conditions import Thresholds, pressures
 from corral.health import start_beat
 from corral.telemetry.agent import AgentTelemetry
 from corral.telemetry.health import Phase
 
+from . import pressure
 from .adoption import LEDGER_TYPES, ReservationLedger, should_stop
 from .log_shipper import LogShipper, ShippingEvents
 from .reports import START_FAILED, NodeReports, ReportPublisher
@@ -163,6 +167,12 @@ class AgentOptions:
     advertise_address: str | None = None
     rendezvous_ports: tuple[int, int] | None = None
     spec_wait_seconds: float = 45.0
+    #: Node conditions (`corral.core.conditions`), measured every `conditions_seconds`: DiskPressure
+    #: below this free share of a folder it writes (state, rank logs, checkpoints), MemoryPressure
+    #: below this many MiB available.
+    disk_pressure_below: float = 0.10
+    memory_pressure_below_mib: float = 256.0
+    conditions_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if self.runtime not in ("sim", "sim-timer", "process"):
@@ -173,6 +183,10 @@ class AgentOptions:
             raise ValueError("stop_grace_seconds and kill_grace_seconds must be >= 0")
         if self.spec_wait_seconds <= 0:
             raise ValueError(f"spec_wait_seconds must be > 0, got {self.spec_wait_seconds}")
+        if not 0 <= self.disk_pressure_below < 1:
+            raise ValueError(f"disk_pressure_below is a share of the disk, 0 <= it < 1: got {self.disk_pressure_below}")
+        if self.memory_pressure_below_mib < 0 or self.conditions_seconds <= 0:
+            raise ValueError("memory_pressure_below_mib must be >= 0 and conditions_seconds > 0")
         if self.rendezvous_ports is not None:
             PortRange(low=self.rendezvous_ports[0], high=self.rendezvous_ports[1])  # raises a clear error
         if not isinstance(self.run_as, RunAs):
@@ -207,8 +221,24 @@ class NodeAgent:
         # Ranks run as their submitter only where there are processes to run and we may switch.
         self.switch_users = options.runtime != "sim-timer" and switches_users(options.run_as)
         self._heartbeats = 0
+        #: the conditions last reported (None: none since the last registration)
+        self.reported_conditions: tuple[NodeCondition, ...] | None = None
 
     # --- what the node says about itself --------------------------------------------------------
+
+    def conditions(self) -> NodeConditionsChanged | None:
+        """The node's conditions as measured now, when they differ from the last reported (or none
+        was reported since the node registered); None: nothing to say."""
+        folders = [self.options.work_dir / self.node / "run", self.options.logs, self.options.checkpoints]
+        thresholds = Thresholds(self.options.disk_pressure_below, self.options.memory_pressure_below_mib)
+        held = pressures(pressure.sample(folders), thresholds)
+        now = tuple(NodeCondition(type=kind.value, message=words) for kind, words in sorted(held.items()))
+        if self.reported_conditions is not None and \
+                [c.type for c in now] == [c.type for c in self.reported_conditions]:
+            return None
+        self.reported_conditions = now
+        return NodeConditionsChanged.new(stream=node_stream(self.node), actor=self.actor, correlation_id=self.node,
+                                         node=self.node, conditions=list(now))
 
     def registration(self) -> NodeRegistered:
         inv = self.inventory
@@ -527,6 +557,7 @@ class AgentHost:
             # (their GangReleased stops them here); we are alive, so offer the node again.
             log.warning("%s: marked lost (%s); registering again", event.node, event.reason.message)
             self.publisher.send(self.agents[event.node].registration())
+            self.agents[event.node].reported_conditions = None  # said again after the registration
 
 
 async def _heartbeats(bus: Bus, subjects: Subjects, host: AgentHost, every: float) -> None:
@@ -536,6 +567,24 @@ async def _heartbeats(bus: Bus, subjects: Subjects, host: AgentHost, every: floa
                 await bus.nc.publish(subjects.heartbeat(agent.node), encode(agent.heartbeat(host.handled_position)))
             except (nats.errors.Error, OSError) as exc:
                 log.warning("%s: heartbeat not sent: %s", agent.node, exc)
+        await asyncio.sleep(every)
+
+
+async def _conditions(host: AgentHost, every: float) -> None:
+    """Each node's conditions, reported when they change (and first after its registration)."""
+    while True:
+        for agent in host.agents.values():
+            try:
+                report = await asyncio.to_thread(agent.conditions)
+            except Exception:  # a measure that fails must not stop the others
+                log.exception("%s: measuring its conditions failed", agent.node)
+                continue
+            if report is not None:
+                for c in report.conditions:
+                    log.warning("%s: %s: %s", agent.node, c.type, c.message)
+                if not report.conditions:
+                    log.info("%s: no condition holds", agent.node)
+                host.publisher.send(report)
         await asyncio.sleep(every)
 
 
@@ -578,6 +627,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
                         "node shared by several users")
     consumer = None
     beats: asyncio.Task[None] | None = None
+    measures: asyncio.Task[None] | None = None
     health = start_beat(lambda: bool(bus.nc.is_connected))
     telemetry = AgentTelemetry(host.agents, lambda: host.handled_position, lambda: bool(bus.nc.is_connected))
     await telemetry.start()  # /metrics, /healthz, /readyz (CORRAL_METRICS_ADDR)
@@ -606,6 +656,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
             publisher.send(agent.registration())
         beats = asyncio.create_task(_heartbeats(bus, subjects, host, options.heartbeat_seconds),
                                     name="node-agent-heartbeats")
+        measures = asyncio.create_task(_conditions(host, options.conditions_seconds), name="node-agent-conditions")
         telemetry.consuming([consumer])
         if on_ready is not None:
             on_ready(host)
@@ -622,10 +673,11 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
             await shipper.close(grace=2.0)
         if health is not None:
             health.cancel()
-        if beats is not None:
-            beats.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beats
+        for task in (beats, measures):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await publisher.flush(timeout=5.0)
         await publisher.stop()
         await bus.close()

@@ -23,6 +23,8 @@ def report_refused(event: Event, sender: str | None, view: ClusterView) -> str |
         return None
     if isinstance(event, ev.NodeRegistered):
         return None if event.node == sender else f"node {sender} registered as {event.node}"
+    if isinstance(event, ev.NodeConditionsChanged):
+        return None if event.node == sender else f"node {sender} reported conditions of node {event.node}"
     if isinstance(event, ev.WorkerStarted | ev.WorkerExited):
         if event.node != sender:
             return f"node {sender} reported for node {event.node}"

@@ -52,7 +52,7 @@ class Placement(Service):
     #: `node.*.<Report>`: reports on a subject naming the node that sent them (a node identity may
     #: publish only its own, see `corral.bus.auth`); the bare subjects only a superuser may publish.
     inbox = ("NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone", "NodeDrained", "NodeUndrained",
-             *(f"node.*.{t}" for t in NODE_REPORT_TYPES))
+             "NodeConditionsChanged", *(f"node.*.{t}" for t in NODE_REPORT_TYPES))
     #: the cluster's policy; placement decides in its configuration of it (`corral.core.steps`)
     config = core.SchedulerConfig()
     #: Placement is not sent back what it writes (`WRITES`): it folds each of its events when it
@@ -65,7 +65,7 @@ class Placement(Service):
     #: the race, the stream is re-read (GpusAllocated is folded for this), and it decides again.
     WRITES = ("GangReserved", "GpusAllocated", "WorkerStarted", "JobRunning", "WorkerExited", "CheckpointDone",
               "JobCompleted", "JobFailed", "GangReleased", "GpusReleased", "NodeRegistered", "NodeLost",
-              "NodeDrained", "NodeUndrained")
+              "NodeDrained", "NodeUndrained", "NodeConditionsChanged")
     consumes = every_event_but(*WRITES)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -98,6 +98,7 @@ class Placement(Service):
     place_triggers = frozenset({
         "QuotaReserved", "QuotaReleased", "JobRequeued", "GangReleased", "GpusReleased", "JobCancelled",
         "JobCompleted", "JobFailed", "NodeRegistered", "NodeLost", "QueueConfigured", "PreemptRequested",
+        "NodeDrained", "NodeUndrained", "NodeConditionsChanged",
     })
 
     #: Events after which a gang may have a next step (see `_lifecycle`).
@@ -200,6 +201,16 @@ class Placement(Service):
                 await self.append({}, tracking=tracking)
                 return
             event = self._report_as_recorded(event)
+        elif isinstance(event, ev.NodeConditionsChanged):
+            node = self.view.nodes.get(event.node)
+            if node is None or tuple(event.conditions) == node.conditions:
+                await self.append({}, tracking=tracking)  # an unknown node, or nothing new
+                return
+            for c in event.conditions:
+                log.warning("node %s: %s: %s; no new work there until it clears", event.node, c.type, c.message)
+            if not event.conditions:
+                log.info("node %s: its conditions cleared; it takes work again", event.node)
+            event = msgspec.structs.replace(event, stream=node_stream(event.node))
         elif isinstance(event, ev.NodeDrained | ev.NodeUndrained):
             node = self.view.nodes.get(event.node)
             if node is None or _drain_changes_nothing(node, event):

@@ -217,3 +217,37 @@ async def test_a_nats_store_that_was_full_takes_submissions_again_without_a_rest
                             + nats_log.read_text(errors="replace")[-3000:] + dump_logs(stack))
         finally:
             await client.close()
+
+
+# --- node conditions ----------------------------------------------------------------------------
+
+async def test_a_node_whose_disk_is_full_takes_no_new_work_until_its_condition_clears(
+        make_stack: StackFactory, tmp_path: Path) -> None:
+    """The agent reports DiskPressure on node-0 (its state folder full); placement puts nothing new
+    there, `corral nodes` says why, and once space is back the condition clears by itself."""
+    from corral.summary import node_rows
+
+    run = tmp_path / "stack0" / "nodes" / "node-0" / "run"
+    with tmpfs(run, "1m"):
+        stack = make_stack(cluster="2x8:H100", env={"CORRAL_AGENT_CONDITIONS_SECONDS": "0.5"})
+        client = await connect(stack)
+        try:
+            await with_queues(client, [{"name": "team-a", "guaranteed_gpus": 16, "max_gpus": 16}], nodes=2)
+            filler = fill(run)
+            await client.wait_for(lambda v: [c.type for c in v.nodes["node-0"].conditions] == ["DiskPressure"], 30)
+            jobs = [await client.submit(job(f"whole-{i}", 120.0, gpus=8)) for i in range(2)]  # type: ignore[arg-type]
+            view = await client.wait_for(lambda v: any(v.jobs[j].state is JobState.RUNNING for j in jobs
+                                                       if j in v.jobs), 60)
+            await asyncio.sleep(3)  # placement reruns its cycle every tick: it had its chances
+            view = await client.view()
+            placed = {j: {r.node for r in view.jobs[j].ranks} for j in jobs if view.jobs[j].ranks}
+            assert list(placed.values()) == [{"node-1"}], placed
+            row = next(r for r in node_rows(view) if r["node"] == "node-0")
+            assert row["state"] == "pressure" and "has 0.0% free" in row["conditions"][0]["message"], row
+            filler.unlink()
+            view = await client.wait_for(lambda v: not v.nodes["node-0"].conditions and all(
+                v.jobs[j].state is JobState.RUNNING for j in jobs), 60)
+            assert {r.node for j in jobs for r in view.jobs[j].ranks} == {"node-0", "node-1"}
+        finally:
+            await client.close()
+            stack.stop()

@@ -56,7 +56,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def nodes(json_out: JsonOpt = False) -> None:
         """Nodes (like sinfo) with a per-GPU map: which job holds which GPU, NVLink domains split by |;
-        RELEASING GPUs belong to a released gang whose processes are not confirmed gone yet."""
+        RELEASING GPUs belong to a released gang whose processes are not confirmed gone yet. A node
+        under `pressure` (disk or memory, measured by its agent) takes no new work: why is under the table."""
         rows = with_client(lambda c: _view_rows(c, node_rows), bus=False)
         if json_out:
             print_json(rows)
@@ -65,6 +66,10 @@ def register(app: typer.Typer) -> None:
                            "GPU MAP (job per GPU, ~: releasing, |: NVLink)"],
                     [(r["node"], r["state"], r["rack"], r["model"], r["gpus"], r["free"], len(r["releasing"]),
                       r["map"]) for r in rows])
+        for r in rows:
+            for c in r["conditions"]:
+                console.print(f"{r['node']}: {c['type']}: {c['message']}; no new work until it clears",
+                              highlight=False, soft_wrap=True)
 
     @app.command()
     def queues(history: Annotated[bool, typer.Option("--history", help="The numbered versions of the tree: "
