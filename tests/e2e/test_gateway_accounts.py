@@ -29,14 +29,17 @@ from typing import Any
 
 import asyncpg
 import msgspec
+import nats
 import pytest
 
+from corral.bus import Bus
 from corral.client import Client
 from corral.contracts import events as ev
-from corral.contracts.envelope import job_stream
+from corral.contracts.envelope import Reason, job_stream
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.queues import validate_queues
 from corral.contracts.registry import encode
+from corral.contracts.subjects import Subjects
 from corral.gateway import protocol as p
 from corral.stack.up import Stack, StackOptions
 
@@ -332,3 +335,30 @@ async def test_submission_ids_through_the_gateway_are_each_accounts_own(gated: S
     assert submitted.user == b
     assert _corral(gated, a, "cancel", _job_id(first.stdout)).returncode == 0
     assert _corral(gated, b, "cancel", _job_id(theirs.stdout)).returncode == 0
+
+
+async def test_the_gateway_credential_publishes_user_requests_and_nothing_else(gated: Stack) -> None:
+    """What a stolen gateway credential can do, asked of the real nats-server."""
+    assert gated.context is not None
+    subjects = Subjects(NS)
+    job_id = "jgw" + secrets.token_hex(5)
+    common: dict[str, Any] = {"stream": job_stream(job_id), "actor": "placement", "job_id": job_id}
+    forged: list[tuple[str, ev.Event]] = [
+        (subjects.event("JobCompleted"), ev.JobCompleted.new(**common)),
+        (subjects.node_report("node-0", "WorkerExited"),
+         ev.WorkerExited.new(**common, rank=0, node="node-0", exit_code=0,
+                             reason=Reason(code="COMPLETED", message="forged"))),
+        (f"{NS}.inbox.QueueConfigured", ev.JobCompleted.new(**common)),
+        (f"{NS}.inbox.admin.root.JobCancelRequested",
+         ev.JobCancelRequested.new(**{**common, "actor": "admin/root"}, user="root")),
+    ]
+    async with await Bus.connect(gated.context.nats_url, NS, ca=gated.context.nats_ca,
+                                 credentials=str(gated.options.data_dir / "credentials" / "gateway.json")) as bus:
+        bus._check_subject = lambda subject: None  # type: ignore[method-assign]  # ask the server, not the client
+        for subject, event in forged:
+            with pytest.raises((TimeoutError, nats.errors.Error)):
+                await bus.publish(subject, encode(event), event.event_id, timeout=1.5)
+        with pytest.raises((TimeoutError, nats.errors.Error)):  # no JetStream API: no stream, no consumer
+            await bus.nc.request(f"$JS.API.STREAM.INFO.{subjects.events_stream}", b"", timeout=1.5)
+    async with await Client.connect(gated.context, bus=False) as reader:  # type: ignore[arg-type]
+        assert not await reader.job_events(job_id)
