@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from corral.bus import Bus
 from corral.bus.limits import BusLimits
 from corral.contracts import events as ev
 from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, job_stream, new_event_id
@@ -34,6 +34,9 @@ from corral.stack.credentials import NatsCredentials
 from corral.submission_ids import submission_msg_id
 from corral.telemetry import tracing
 from corral.verdicts import Verdict, read_verdict
+
+if TYPE_CHECKING:
+    from corral.bus import Bus
 
 
 def _user() -> str:
@@ -89,10 +92,10 @@ class Client:
         store = await asyncio.wait_for(EventStore.open(ctx.postgres_dsn, pool_size=4, min_size=1), timeout)
         nats = None
         if bus:
+            from corral.bus import Bus  # nats-py: loaded only by the commands that publish
             try:
                 nats = await asyncio.wait_for(Bus.connect(ctx.nats_url, ctx.namespace, name="corral-cli",
                                                           credentials=ctx.credentials, ca=ctx.nats_ca), timeout)
-                await nats.ensure_streams()  # idempotent; a request must never race the services' start
             except BaseException:
                 await store.close()
                 raise
@@ -145,8 +148,22 @@ class Client:
     REQUEST_RETRY_SECONDS = 30.0
 
     async def publish_request(self, event: Event, msg_id: str | None = None) -> None:
-        await self.bus.publish(self._request_subject(event), encode(event), msg_id or self.msg_id(event),
-                               {tracing.CORRELATION: event.correlation_id}, retry_for=self.REQUEST_RETRY_SECONDS)
+        """Publish once; when the inbox's stream is missing (a request racing the services' start),
+        declare the streams (or wait for them) and publish again, waiting out an unavailable bus.
+        The streams exist nearly always: declaring them first cost a round trip per stream."""
+        from corral.bus import StreamMissing, is_unavailable
+
+        subject, data, msg_id = self._request_subject(event), encode(event), msg_id or self.msg_id(event)
+        headers = {tracing.CORRELATION: event.correlation_id}
+        try:
+            await self.bus.publish(subject, data, msg_id, headers)
+            return
+        except StreamMissing:
+            await self.bus.ensure_streams()
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+        await self.bus.publish(subject, data, msg_id, headers, retry_for=self.REQUEST_RETRY_SECONDS)
 
     def submission(self, spec: JobSpec, *, job_id: str | None = None, user: str | None = None) -> ev.JobSubmitted:
         """The JobSubmitted that `submit_request` publishes (checked for size; nothing sent)."""

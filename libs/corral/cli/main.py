@@ -7,37 +7,24 @@ Exit codes: 0 ok, 1 failure of the request (bad spec, unknown job), 2 usage erro
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from corral.cli import (
-    agent,
-    audit,
-    cluster,
-    credentials,
-    demo,
-    dlq,
-    jobs,
-    logs,
-    observe,
-    operator,
-    people,
-    service,
-    tools,
-)
 from corral.cli.output import console, err_console, fail, print_json, print_table
 from corral.cli.session import ConnectionOptions
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+_app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Corral: a GPU scheduler and cluster orchestrator.")
 
 
-@app.callback()
+@_app.callback()
 def _connection(
     nats: Annotated[str | None, typer.Option("--nats", envvar="CORRAL_NATS_URL",
                                              help="NATS URL of the cluster; several (a NATS cluster) "
@@ -55,7 +42,7 @@ def _connection(
     ConnectionOptions.context = context
 
 
-@app.command()
+@_app.command()
 def up(
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Where servers keep their state.")] = Path(".corral"),
     cluster: Annotated[str | None, typer.Option(help="Shorthand NODESxGPUS:MODEL, e.g. 4x8:H100.")] = None,
@@ -156,7 +143,7 @@ def up(
     _run_until_interrupted(stack, stopping)
 
 
-@app.command()
+@_app.command()
 def server(
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Where servers keep their state.")] = Path(".corral"),
     nats: Annotated[str | None, typer.Option("--nats", help="Use this external NATS instead of starting one.")] = None,
@@ -240,25 +227,73 @@ def _run_until_interrupted(stack: object, stopping: _StopRequest) -> None:
         err_console.print("stopped.")
 
 
-jobs.register(app)
-logs.register(app)
-agent.register(app)
-cluster.register(app)
-tools.register(app)
-tools.register_sim(app)
-demo.register(app)
-dlq.register(app)
-audit.register(app)
-service.register(app)
-operator.register(app)
-credentials.register(app)
-observe.register(app)
-people.register(app)
+#: Each command's module and the function that registers it, in the order `corral --help` lists
+#: them. A command run by name imports only its own module (and what that imports): `corral jobs`
+#: never loads NATS, the scheduling core's policies or `corral up`'s stack. Without a known command
+#: (`corral --help`, a typo) every module is registered.
+REGISTRARS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("jobs", "register", ("submit", "jobs", "show", "cancel", "why")),
+    ("logs", "register", ("logs",)),
+    ("agent", "register", ("agent",)),
+    ("cluster", "register", ("nodes", "queues", "apply", "events", "replay")),
+    ("tools", "register", ("validate", "schemas")),
+    ("tools", "register_sim", ("sim",)),
+    ("demo", "register", ("demo",)),
+    ("dlq", "register", ("dlq",)),
+    ("audit", "register", ("audit",)),
+    ("service", "register", ("service", "healthcheck")),
+    ("operator", "register", ("hold", "release", "requeue", "drain", "undrain")),
+    ("credentials", "register", ("credentials",)),
+    ("observe", "register", ("usage", "top")),
+    ("people", "register", ("whoami", "user")),
+)
+#: The top-level options that take a value (the callback's): skipped when finding the command.
+_VALUED_OPTIONS = ("--nats", "--postgres", "--namespace", "--context")
+_registered: set[tuple[str, str]] = set()
+
+
+def _register(module: str, function: str) -> None:
+    if (module, function) not in _registered:
+        _registered.add((module, function))
+        getattr(importlib.import_module(f"corral.cli.{module}"), function)(_app)
+
+
+def command_name(args: Sequence[str]) -> str | None:
+    """The command `args` (argv without the program) runs, or None (none given: help or usage)."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in _VALUED_OPTIONS:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def register_for(args: Sequence[str]) -> typer.Typer:
+    """The app with the commands `args` may run: only its command's module when it names one."""
+    name = command_name(args)
+    chosen = [(m, f) for m, f, names in REGISTRARS if name in names]
+    if not chosen and name not in ("up", "server"):  # defined here
+        chosen = [(m, f) for m, f, _ in REGISTRARS]
+    for module, function in chosen:
+        _register(module, function)
+    return _app
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """`corral.cli.main.app`: the app with every command (tests, `typer`'s own tools)."""
+    if name == "app":
+        for module, function, _ in REGISTRARS:
+            _register(module, function)
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
     try:
-        app()
+        register_for(sys.argv[1:])()
     except KeyboardInterrupt:
         sys.exit(130)
 

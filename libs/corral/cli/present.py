@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from corral.core import escalation, hints
+from corral.core import escalation
 from corral.projection import ClusterView, JobState, JobView
 
 # The rows of `corral nodes` and `corral queues` live in corral.summary (the services' metrics report the same
@@ -19,6 +19,9 @@ from corral.summary import allocated_gpus as allocated_gpus
 from corral.summary import natural_key as natural_key
 from corral.summary import node_rows as node_rows
 from corral.summary import queue_rows as queue_rows
+
+if TYPE_CHECKING:
+    from corral.core import hints
 
 
 def age(at: datetime | None, now: datetime | None = None) -> str:
@@ -131,6 +134,8 @@ def _spec_dict(spec: Any) -> dict[str, Any]:
 def unblock_hint(view: ClusterView, job: JobView, now: float) -> str | None:
     """What would let a pending job start, in words: the core's hint (`core.hints.unblock`, the
     cycle rerun on what-if states of the folded log), worded by the core (`core.hints.describe`)."""
+    from corral.core import hints
+
     hint = _hint(view, job, now)
     return None if hint is None else hints.describe(hint, now)
 
@@ -138,6 +143,8 @@ def unblock_hint(view: ClusterView, job: JobView, now: float) -> str | None:
 def release_hint(view: ClusterView, job: JobView, now: float) -> str | None:
     """For a held job: what would let it start once released (`corral release`), as the hint of a
     pending job is: the same what-if, with it back among the waiting jobs; None for any other job."""
+    from corral.core import hints
+
     if job.state is not JobState.HELD or job.spec is None:
         return None
     waiting = [j for j in view.active.values() if j.state is JobState.PENDING and j.spec is not None]
@@ -148,12 +155,16 @@ def release_hint(view: ClusterView, job: JobView, now: float) -> str | None:
 def blocker_standing(view: ClusterView, job: JobView, now: float) -> str:
     """The fair-share state behind a pending job's wait (its queue against its guarantee, the queues
     ahead of it that take freed GPUs, the queues that borrow), or "" for a job not pending."""
+    from corral.core import hints
+
     hint = _hint(view, job, now)
     return "" if hint is None else hints.fair_share_words(hint)
 
 
 def unblock_detail(view: ClusterView, job: JobView, now: float) -> dict[str, Any] | None:
     """`corral why --json`'s blocker fields: the hint's words, its events and the fair-share state."""
+    from corral.core import hints
+
     hint = _hint(view, job, now)
     if hint is None:
         return None
@@ -167,6 +178,8 @@ def unblock_detail(view: ClusterView, job: JobView, now: float) -> dict[str, Any
 
 
 def _hint(view: ClusterView, job: JobView, now: float) -> hints.Hint | None:
+    from corral.core import hints  # the cycle rerun on what-ifs: only for the commands that explain
+
     if job.state is not JobState.PENDING or job.spec is None:
         return None
     # every waiting job (the ones ahead of it take GPUs first); GPUs still fenced are not free

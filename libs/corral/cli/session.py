@@ -46,6 +46,8 @@ def context(*, need_postgres: bool = True) -> Context:
 
 def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True) -> T:
     """Run `fn` with a connected client; a cluster that does not answer is one line, exit 3."""
+    from corral.client import Client
+
     ctx = context()
 
     async def run() -> T:
@@ -85,6 +87,7 @@ def admin_problem(ctx: Context, action: str) -> str | None:
 
     The problem: NATS refuses a submitter's publish to the admins' subjects without a word to the
     client, which waited out its 30 s retry window and ended in a traceback."""
+
     if ctx.credentials is None:
         return None  # no login: a cluster without authentication
     try:

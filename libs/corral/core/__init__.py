@@ -61,68 +61,68 @@ Policies (`SchedulerConfig.named`): "corral" fair share + EASY backfill + preemp
 + EASY backfill; "las" least attained service first, preemptive (Tiresias-style).
 """
 
-from corral.core.cycle import Cycle, schedule
-from corral.core.decisions import Decision, Pending, Place, Preempt, Reason, ReasonCode
-from corral.core.gpuset import FreeGpus, Statement
-from corral.core.model import (
-    Cluster,
-    Gpu,
-    GpuRequest,
-    Job,
-    Node,
-    NodeState,
-    OrderPolicy,
-    PendingJob,
-    Placement,
-    QueueConfig,
-    RankPlacement,
-    RunningJob,
-    SchedulerConfig,
-    Snapshot,
-    Topology,
-    TopologyLevel,
-)
-from corral.core.ordering import order_pending
-from corral.core.placement import find_placement, static_feasibility
-from corral.core.preemption import select_victims
-from corral.core.quota import QueueTree, QueueUsage, quota_check
-from corral.core.shortcuts import ClassMemo
-from corral.core.state import SchedulerState
+from __future__ import annotations
 
-__all__ = [
-    "ClassMemo",
-    "Cluster",
-    "Cycle",
-    "Decision",
-    "FreeGpus",
-    "Gpu",
-    "GpuRequest",
-    "Job",
-    "Node",
-    "NodeState",
-    "OrderPolicy",
-    "Pending",
-    "PendingJob",
-    "Place",
-    "Placement",
-    "Preempt",
-    "QueueConfig",
-    "QueueTree",
-    "QueueUsage",
-    "RankPlacement",
-    "Reason",
-    "ReasonCode",
-    "RunningJob",
-    "SchedulerConfig",
-    "SchedulerState",
-    "Snapshot",
-    "Statement",
-    "Topology",
-    "TopologyLevel",
-    "find_placement",
-    "order_pending",
-    "quota_check",
-    "schedule",
-    "select_victims",
-    "static_feasibility",
-]
+import importlib
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from corral.core.cycle import Cycle, schedule
+    from corral.core.decisions import Decision, Pending, Place, Preempt, Reason, ReasonCode
+    from corral.core.gpuset import FreeGpus, Statement
+    from corral.core.model import (
+        Cluster,
+        Gpu,
+        GpuRequest,
+        Job,
+        Node,
+        NodeState,
+        OrderPolicy,
+        PendingJob,
+        Placement,
+        QueueConfig,
+        RankPlacement,
+        RunningJob,
+        SchedulerConfig,
+        Snapshot,
+        Topology,
+        TopologyLevel,
+    )
+    from corral.core.ordering import order_pending
+    from corral.core.placement import find_placement, static_feasibility
+    from corral.core.preemption import select_victims
+    from corral.core.quota import QueueTree, QueueUsage, quota_check
+    from corral.core.shortcuts import ClassMemo
+    from corral.core.state import SchedulerState
+
+# Lazily (PEP 562): a reader of the log (`corral jobs`, the projection) needs the model's types,
+# not the cycle, backfill and preemption search that importing them all here would load. Each
+# name is imported from its module on first use (and kept as the module's attribute, as an import
+# would have: no state of the core's own); type checkers read the imports above.
+_HOMES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("cycle", ("Cycle", "schedule")),
+    ("decisions", ("Decision", "Pending", "Place", "Preempt", "Reason", "ReasonCode")),
+    ("gpuset", ("FreeGpus", "Statement")),
+    ("model", ("Cluster", "Gpu", "GpuRequest", "Job", "Node", "NodeState", "OrderPolicy", "PendingJob", "Placement",
+               "QueueConfig", "RankPlacement", "RunningJob", "SchedulerConfig", "Snapshot", "Topology",
+               "TopologyLevel")),
+    ("ordering", ("order_pending",)),
+    ("placement", ("find_placement", "static_feasibility")),
+    ("preemption", ("select_victims",)),
+    ("quota", ("QueueTree", "QueueUsage", "quota_check")),
+    ("shortcuts", ("ClassMemo",)),
+    ("state", ("SchedulerState",)),
+)
+_HOME = MappingProxyType({name: module for module, names in _HOMES for name in names})
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"corral.core.{module}"), name)
+    globals()[name] = value
+    return value

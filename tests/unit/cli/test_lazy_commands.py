@@ -1,0 +1,61 @@
+"""A command loads what it uses: `corral jobs` neither NATS nor the scheduling cycle.
+
+Why: every `corral` call is a fresh Python process, and its imports were most of its cost
+(bench/cli.py): `corral jobs` loaded nats-py, the whole core (cycle, backfill, the preemption
+search) and every command's module before reading one row. Now `corral.cli.main` registers only
+the module of the command named on the command line (`REGISTRARS`), and the packages that
+re-export (corral.bus, corral.core) import each name on first use.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import typer
+
+from corral.cli import main
+
+
+def test_every_command_is_found_by_its_registrar() -> None:
+    """REGISTRARS names exactly the commands each module registers (a new command is not lost)."""
+    import importlib
+
+    for module, function, names in main.REGISTRARS:
+        app = typer.Typer()
+        getattr(importlib.import_module(f"corral.cli.{module}"), function)(app)
+        found = {c.name or (c.callback.__name__.replace("_", "-") if c.callback else "")
+                 for c in app.registered_commands}
+        found |= {g.name or "" for g in app.registered_groups}
+        assert found == set(names), (module, function)
+
+
+@pytest.mark.parametrize(("args", "name"), [
+    (["jobs"], "jobs"), (["--context", "x", "show", "j1"], "show"), (["--nats=n", "submit", "-"], "submit"),
+    (["--help"], None), ([], None), (["--namespace", "jobs", "cancel", "j"], "cancel"),
+])
+def test_the_command_name_skips_the_options_and_their_values(args: list[str], name: str | None) -> None:
+    assert main.command_name(args) == name
+
+
+def test_the_full_app_has_every_command() -> None:
+    from typer.main import get_command
+
+    group = get_command(main.app)
+    expected = {n for _, _, names in main.REGISTRARS for n in names} | {"up", "server"}
+    assert expected <= set(group.commands)  # type: ignore[attr-defined]
+
+
+def test_a_read_only_command_loads_neither_nats_nor_the_cycle() -> None:
+    code = (
+        "import sys\n"
+        "from corral.cli.main import register_for\n"
+        "register_for(['jobs'])\n"
+        "import corral.client, corral.cli.jobs, corral.readmodel.snapshots\n"
+        "loaded = [m for m in ('nats', 'corral.core.cycle', 'corral.core.backfill', 'corral.cli.agent', "
+        "'corral.stack.up') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
