@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from machine_probe import probe_line
+
 from corral.client import Client
 from corral.contracts.jobspec import JobSpec, validate_job_spec
 from corral.contracts.queues import validate_queues
@@ -497,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the result here")
     p.add_argument("--keep", action="store_true", help="keep the data directory (logs) afterwards")
     args = p.parse_args(argv)
+    print(probe_line(), flush=True)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     plan = Plan.smoke(seed) if args.smoke else Plan(seed=seed, fault_seconds=args.minutes * 60,
                                                      jobs_per_submitter=args.jobs_per_submitter)

@@ -20,6 +20,8 @@ import statistics
 import sys
 import time
 
+from machine_probe import probe_line
+
 from corral.core import (
     Cluster,
     Job,
@@ -179,6 +181,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true",
                     help="a tiny run (seconds) checking the script end to end (the test suite)")
     args = ap.parse_args()
+    print(probe_line(), flush=True)
     if args.smoke:  # the test suite's size: runs end to end in seconds
         args.jobs, args.nodes, args.repeat = 50, 8, 1
     cluster = Cluster.uniform(args.nodes, 8, "H100", nodes_per_rack=8)

@@ -41,9 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from live import (
+    RUNTIMES,
     LiveStack,
     collect,
     cpu_delta,
+    job_run,
     latency_ms,
     log_position,
     machine_line,
@@ -92,7 +94,8 @@ def nodes_for(rate: float, mean_gpus: float, hold_seconds: float, gpus_per_node:
     return max(1, math.ceil(rate * mean_gpus * hold_seconds * headroom / gpus_per_node))
 
 
-def job_stream(count: int, duration: float, seed: int) -> list[tuple[str, JobSpec]]:
+def job_stream(count: int, duration: float, seed: int, runtime: str = "sim-timer",
+               workdir: Path = Path("/")) -> list[tuple[str, JobSpec]]:
     rng = random.Random(seed)
     sizes, weights = zip(*GPU_MIX, strict=True)
     out = []
@@ -100,14 +103,14 @@ def job_stream(count: int, duration: float, seed: int) -> list[tuple[str, JobSpe
     for i in range(count):
         gpus = rng.choices(sizes, weights)[0]
         spec = validate_job_spec({"name": f"e2e-{i}", "queue": "bench", "gpus_per_replica": gpus,
-                                  "runtime": "sim", "duration_seconds": duration})
+                                  **job_run(runtime, duration, workdir)})
         out.append((f"{base}-{i:05d}", spec))
     return out
 
 
 async def phase(client: Client, live: LiveStack, rate: float, seconds: float, duration: float, seed: int,
-                timeout: float) -> dict[str, Any]:
-    jobs = job_stream(round(rate * seconds), duration, seed)
+                timeout: float, runtime: str = "sim-timer") -> dict[str, Any]:
+    jobs = job_stream(round(rate * seconds), duration, seed, runtime, live.data_dir)
     after = await log_position(client)
     cpu_before = stack_cpu(live)
     print(f"  phase {rate:g} jobs/s x {seconds:g}s: {len(jobs)} jobs ...", flush=True)
@@ -219,7 +222,7 @@ async def run(args: argparse.Namespace, live: LiveStack) -> dict[str, Any]:
         phases = []
         for i, rate in enumerate(args.rate):
             phases.append(await phase(client, live, rate, args.seconds, args.duration, args.seed + i,
-                                      args.timeout))
+                                      args.timeout, args.runtime))
         return {"cluster": args.cluster, "gpus": gpus, "duration": args.duration, "runtime": args.runtime,
                 "phases": phases}
     finally:
@@ -234,9 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=1.0, help="simulated run time of each job (s)")
     parser.add_argument("--cluster", help="NxG:MODEL (default: 64x8:H100, or more nodes when the highest "
                         "--rate needs them: the cluster's ceiling is GPUs / (mean GPUs per job x hold))")
-    parser.add_argument("--runtime", choices=("sim-timer", "sim"), default="sim-timer",
-                        help="node agents' runtime: sim-timer (a timer per gang, default) or sim "
-                        "(a process per rank)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="sim-timer",
+                        help="node agents' runtime: sim-timer (a timer per gang, default), sim (a Python "
+                        "process per rank) or process (each rank a real process: /bin/sleep, under a stepd)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=180.0, help="per phase, after the last submission")
     parser.add_argument("--data-dir", type=Path, help="keep the stack's data and logs here")

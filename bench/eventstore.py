@@ -26,6 +26,7 @@ from pathlib import Path
 
 import asyncpg
 from live import tree_cpu  # bench/live.py
+from machine_probe import probe_line
 
 from corral.bus import Bus, OutboxRelay
 from corral.eventstore import ANY, EventStore, NewEvent
@@ -116,6 +117,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny run (seconds) checking the script end to end (the test suite)")
     args = parser.parse_args()
+    print(probe_line(), flush=True)
     if args.smoke:  # the test suite's size: runs end to end in seconds
         args.events, args.concurrency = 200, 2
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}")

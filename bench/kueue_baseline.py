@@ -40,10 +40,12 @@ from typing import Any
 
 from live import (
     ENDED,
+    RUNTIMES,
     JobTimes,
     LiveStack,
     collect,
     cpu_delta,
+    job_run,
     log_position,
     machine_line,
     report,
@@ -98,7 +100,7 @@ def leaf_queues(cohorts: int) -> list[str]:
     return [f"cohort-{c}/cq-{q}" for c in range(cohorts) for q in range(QUEUES_PER_COHORT)]
 
 
-def schedule(cohorts: int) -> list[tuple[float, str, JobSpec]]:
+def schedule(cohorts: int, runtime: str = "sim-timer", workdir: Path = Path("/")) -> list[tuple[float, str, JobSpec]]:
     """(offset in seconds, job id, spec) for every workload, in submission order."""
     base = new_job_id()
     timed: list[tuple[float, str, JobSpec]] = []
@@ -108,7 +110,7 @@ def schedule(cohorts: int) -> list[tuple[float, str, JobSpec]]:
                 spec = validate_job_spec({
                     "name": f"{wc.name}-{q}-{i}", "queue": queue, "priority": wc.priority,
                     "replicas": wc.replicas, "gpus_per_replica": wc.gpus_per_replica,
-                    "runtime": "sim", "duration_seconds": wc.runtime_s})
+                    **job_run(runtime, wc.runtime_s, workdir)})
                 timed.append((i * wc.interval_s, f"{base}-{q:02d}-{wc.name[0]}{i:03d}", spec))
     timed.sort(key=lambda t: (t[0], t[1]))
     return timed
@@ -165,7 +167,7 @@ async def run(args: argparse.Namespace, live: LiveStack) -> dict[str, Any]:
         await client.apply_queues(validate_queues(queues(cohorts)))
         leaves = set(leaf_queues(cohorts))
         await client.wait_for(lambda v: leaves <= set(v.queues), 30)
-        timed = schedule(cohorts)
+        timed = schedule(cohorts, args.runtime, live.data_dir)
         if args.smoke:  # the first workloads of one cohort: checks the script end to end, no figures
             timed = timed[:SMOKE_WORKLOADS]
         ids = [job_id for _, job_id, _ in timed]
@@ -375,7 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workloads", type=int, default=PER_COHORT,
                         help=f"a multiple of {PER_COHORT} (one cohort each; default {PER_COHORT}; "
                         f"{FULL_WORKLOADS} is Kueue's full test)")
-    parser.add_argument("--runtime", choices=("sim-timer", "sim"), default="sim-timer")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="sim-timer",
+                        help="node agents' runtime: sim-timer (default), sim (a Python process per rank) or "
+                        "process (each rank a real process: /bin/sleep, under a stepd)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait after the last submission")
     parser.add_argument("--data-dir", type=Path, help="keep the stack's data and logs here")
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kueue_baseline import CLASSES, KUEUE, NODES_PER_COHORT, PER_COHORT, SMOKE_WORKLOADS, leaf_queues, queues
+from machine_probe import probe_line
 
 from corral.core import Decision, Place, Preempt, QueueConfig, SchedulerConfig, Snapshot, schedule
 from corral.core.reservation import Reserve, placement_config, reserve_quota
@@ -139,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--smoke", action="store_true", help=f"only the first {SMOKE_WORKLOADS} workloads")
     args = parser.parse_args(argv)
+    print(probe_line(), flush=True)
     out = run(args.workloads, args.grace, args.lag, args.smoke)
     print(render(out))
     if args.json:

@@ -126,8 +126,22 @@ def start_stack(cluster: str, *, runtime: str = "sim-timer", data_dir: Path | No
     return LiveStack(stack, ctx, root, keep)
 
 
+#: The stack runtimes a live benchmark takes: `process` runs each rank as a real process (the
+#: agents' stepd, then `/bin/sleep` for the job's run time), the others simulate it.
+RUNTIMES = ("sim-timer", "sim", "process")
+
+
+def job_run(runtime: str, seconds: float, workdir: Path) -> dict[str, object]:
+    """The spec fields that make a job run `seconds` under the stack's `runtime`: a simulated run
+    (`sim`, which `sim-timer` runs as a timer), or, for `process`, `/bin/sleep` as a real process."""
+    if runtime == "process":
+        return {"runtime": "process", "command": ["/bin/sleep", f"{seconds:g}"], "workdir": str(workdir)}
+    return {"runtime": "sim", "duration_seconds": seconds}
+
+
 def _proc_table() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, CPU seconds used so far) for every process on the machine."""
+    """pid -> (parent pid, CPU seconds used so far by it and the children it waited for) for every
+    process on the machine."""
     tick = os.sysconf("SC_CLK_TCK")
     table: dict[int, tuple[int, float]] = {}
     for entry in os.listdir("/proc"):
@@ -138,7 +152,8 @@ def _proc_table() -> dict[int, tuple[int, float]]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        table[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+        # its own CPU and its waited-for children's (the agents' stepds and jobs, which end)
+        table[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / tick)
     return table
 
 

@@ -102,3 +102,8 @@ def probe(directory: Path | None = None) -> Probe:
         _probed = Probe(python_ms(), *fdatasync_ms(directory or Path(tempfile.gettempdir())), steal_pct(),
                         os.getloadavg()[0])
     return _probed
+
+
+def probe_line(directory: Path | None = None) -> str:
+    """The line every benchmark prints before its figures: compare runs across machines by it."""
+    return f"probe:   {probe(directory).line()} (bench/machine_probe.py: compare runs across machines by it)"

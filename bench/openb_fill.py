@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from machine_probe import probe_line
+
 from corral.core import Cluster, Gpu, Job, Node, Placement, Topology, TopologyLevel
 from corral.core.gpuset import FreeGpus, mask_of
 from corral.core.placement import find_placement
@@ -153,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny run (seconds) checking the script end to end (the test suite)")
     args = parser.parse_args(argv)
+    print(probe_line(), flush=True)
     if args.smoke:  # the test suite's size: runs end to end in seconds
         args.seeds = 1
     nodes_csv = args.traces / "openb_node_list_gpu_node.csv"

@@ -42,6 +42,7 @@ from typing import Any
 import asyncpg
 import typer
 from click.testing import CliRunner
+from machine_probe import probe_line
 
 from corral.cli.main import app
 from corral.client import Client
@@ -301,6 +302,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="3,000 events, 100 waiting, 8 nodes")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
+    print(probe_line(), flush=True)
     if args.smoke:
         args.events, args.tail, args.nodes, args.pending, args.repeat = 3_000, 300, 8, 100, 1
     with tempfile.TemporaryDirectory(prefix="corral-bench-readmodel-") as tmp:

@@ -27,6 +27,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from machine_probe import probe_line
+
 from corral.sim import DEFAULT_POLICIES, load_workload, render_comparison, run_simulation, write_json
 from corral.sim.api import SimResult
 from corral.sim.engine import PIPELINES, EngineStats
@@ -56,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny run (seconds) checking the script end to end (the test suite)")
     args = parser.parse_args(argv)
+    print(probe_line(), flush=True)
     if args.smoke:  # the test suite's size: runs end to end in seconds
         args.limit, args.cluster, args.policies = 200, "8x8:H100", "fifo,corral"
     if args.compiled and not os.environ.get("CORRAL_COMPILED_SITE"):

@@ -93,3 +93,11 @@ def test_cli_bench_runs() -> None:
     for command in ("help", "submit", "jobs", "show", "cancel"):
         assert f"  {command} " in out
     assert "CPU p50 ms" in out and "probe:   python" in out
+
+
+def test_live_system_benches_run_real_processes() -> None:
+    """`--runtime process`: every rank a real process (/bin/sleep under a stepd), in both live benches."""
+    out = run("bench/e2e.py", "--smoke", "--runtime", "process")
+    assert "process runtime" in out and "placements/s" in out and "node-agents" in out
+    out = run("bench/kueue_baseline.py", "--smoke", "--runtime", "process")
+    assert "process runtime" in out and "avg time to admission" in out
