@@ -164,17 +164,19 @@ async def read_verdict(store: EventStore, request: Event, msg_id: str, timeout: 
 
 
 async def _first_submission_verdict(store: EventStore, request: ev.JobSubmitted, unchanged: Verdict) -> Verdict:
-    """The verdict on the job that the user's submission id created, for a duplicate of it."""
+    """For a submission handled as a duplicate, the verdict on the job it duplicates: the one its
+    user's submission id created, else the job of its own job id, if that job is the same user's."""
     submission = request.submission_id or request.spec.submission_id
     first = await store.job_of_submission(request.user or "", submission) if submission else None
-    if first is None or first == request.job_id:
-        return unchanged
-    for stored in await store.read_stream(job_stream(first)):
-        if stored.type in ("JobAdmitted", "JobRejected"):
-            try:
-                event = decode(stored.data)
-            except ContractError:
-                continue
+    verdict: Verdict | None = None
+    for stored in await store.read_stream(job_stream(first or request.job_id)):
+        try:
+            event = decode(stored.data)
+        except ContractError:
+            continue
+        if isinstance(event, ev.JobSubmitted) and (event.user or "") != (request.user or ""):
+            return unchanged  # another user's job: nothing of it is this request's answer
+        if isinstance(event, _SUBMISSION_VERDICTS) and verdict is None:
             kind = VerdictKind.REFUSED if isinstance(event, ev.JobRejected) else VerdictKind.DONE
-            return Verdict(request, kind, event, stored.version, first)
-    return Verdict(request, VerdictKind.UNCHANGED, job_id=first)
+            verdict = Verdict(request, kind, event, stored.version, first or request.job_id)
+    return verdict or Verdict(request, VerdictKind.UNCHANGED, job_id=first or request.job_id)
