@@ -31,9 +31,9 @@ from corral.contracts import events as ev
 from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, Reason, job_stream, node_stream
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
-from corral.eventstore import EventStore
+from corral.eventstore import EventStore, StoredEvent
 
-__all__ = ["OWNERS", "Verdict", "VerdictKind", "decide", "read_verdict", "verdict_streams"]
+__all__ = ["OWNERS", "Verdict", "VerdictKind", "answers", "decide", "read_verdict", "verdict_streams"]
 
 
 class VerdictKind(StrEnum):
@@ -103,10 +103,10 @@ def verdict_streams(request: Event) -> tuple[str, ...]:
     raise ValueError(f"{request.type} is not a request with a verdict")
 
 
-def answers(request: Event, event: Event) -> bool:
+def answers(request: Event, event: Event | StoredEvent) -> bool:
     """Whether `event` (read from a `verdict_streams` stream) is the owner's record of `request`:
     the request itself as recorded (same event id) or an event it caused."""
-    return event.event_id == request.event_id or event.causation_id == request.event_id
+    return request.event_id in (event.event_id, event.causation_id)
 
 
 def decide(request: Event, recorded: Sequence[tuple[int, Event]], handled: bool) -> Verdict | None:
@@ -146,7 +146,7 @@ async def read_verdict(store: EventStore, request: Event, msg_id: str, timeout: 
         for stream in after:
             for stored in await store.read_stream(stream, after[stream]):
                 after[stream] = stored.version + 1
-                if request.event_id not in (stored.event_id, stored.causation_id):
+                if not answers(request, stored):
                     continue
                 try:
                     recorded.append((stored.version, decode(stored.data)))
