@@ -287,7 +287,14 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     def _start_problems(self) -> list[Problem]:
         """What the node agent would refuse to start (the agent checks the same sets, from
         `corral.contracts.worker`): an env name it sets itself, a signal the job cannot be told to
-        checkpoint with (the type of `Checkpoint.signal`), a NUL character no process can be given."""
+        checkpoint with (the type of `Checkpoint.signal`), a NUL character no process can be given.
+        Every decode of a spec asks this (the services and the CLI decode thousands): a spec with
+        none of them is answered without building anything."""
+        env, command = self.env, self.command
+        if (not env or (RESERVED_ENV.isdisjoint(env) and not any("\x00" in v for v in env.values()))) \
+                and (not command or not any("\x00" in arg for arg in command)) \
+                and not (self.mounts and self.runtime in MOUNT_SEPARATORS):
+            return []
         found: list[Problem] = []
         for name in sorted(RESERVED_ENV & self.env.keys()):
             found.append(Problem(path=f"env.{name}", message=f"`{name}` is set by Corral for every rank",

@@ -242,10 +242,18 @@ class Service:
         if result is Applied.APPLIED and self.interested(event):
             self.changed.set()
 
+    async def handle_undecodable(self, delivery: Delivery, error: ContractError) -> bool:
+        """A request that does not decode: True if this service answered it (it is acknowledged),
+        False to dead-letter it (the default)."""
+        return False
+
     async def on_inbox(self, delivery: Delivery) -> None:
         try:
             event = decode(delivery.data)
         except ContractError as exc:
+            if await self.handle_undecodable(delivery, exc):
+                self.changed.set()
+                return
             raise Poison(f"undecodable request on {delivery.subject}: {exc}") from exc
         await self.handle_inbox(event, delivery)
         self.changed.set()
@@ -259,7 +267,12 @@ class Service:
                 items.append((decode(delivery.data), delivery))
                 where.append(index)
             except ContractError as exc:
-                outcomes[index] = Poison(f"undecodable request on {delivery.subject}: {exc}")
+                try:
+                    if await self.handle_undecodable(delivery, exc):
+                        continue
+                    outcomes[index] = Poison(f"undecodable request on {delivery.subject}: {exc}")
+                except Exception as failed:
+                    outcomes[index] = failed
         if items:
             for index, outcome in zip(where, await self.handle_inbox_batch(items), strict=True):
                 outcomes[index] = outcome

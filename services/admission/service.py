@@ -32,7 +32,6 @@ from corral.contracts.admission import RejectionCode
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream, queue_stream
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.problems import ContractError, Problem
-from corral.contracts.registry import decode
 from corral.contracts.sizes import SPEC_TOO_LARGE, recorded_size, size_problem
 from corral.contracts.subjects import USER_REQUEST_TYPES, Subjects
 from corral.core.submit_limits import SubmitLedger
@@ -67,34 +66,10 @@ class Admission(Service):
     def folded(self, event: Event) -> None:
         self.user_limits.fold(event)
 
-    async def on_inbox(self, delivery: Delivery) -> None:
-        if not await self._refused_invalid(delivery):
-            await super().on_inbox(delivery)
-
-    async def on_inbox_batch(self, deliveries: list[Delivery]) -> list[BaseException | None]:
-        outcomes: list[BaseException | None] = [None] * len(deliveries)
-        rest = []
-        for index, delivery in enumerate(deliveries):
-            try:
-                if await self._refused_invalid(delivery):
-                    continue
-            except Exception as exc:
-                outcomes[index] = exc
-                continue
-            rest.append(index)
-        if rest:
-            for index, outcome in zip(rest, await super().on_inbox_batch([deliveries[i] for i in rest]), strict=True):
-                outcomes[index] = outcome
-        return outcomes
-
-    async def _refused_invalid(self, delivery: Delivery) -> bool:
+    async def handle_undecodable(self, delivery: Delivery, error: ContractError) -> bool:
         """Record a JobRejected (SPEC_INVALID) for a submission whose spec breaks the contract:
         True when `delivery` was one (and is handled)."""
-        try:
-            decode(delivery.data)
-            return False
-        except ContractError:
-            found = invalid_submission(bytes(delivery.data))
+        found = invalid_submission(bytes(delivery.data))
         if found is None:
             return False
         job_id, problems = found

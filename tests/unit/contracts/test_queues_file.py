@@ -120,3 +120,18 @@ def test_a_file_applied_over_the_tree_does_not_imply_a_parent_that_exists() -> N
     assert any("children of `research` are guaranteed 28 GPUs" in p.message for p in problems), problems
     # on an empty tree the parent is still implied
     assert [q.name for q in change.resolved()] == ["research", "research/nlp"]
+
+
+def test_per_user_limits_load_and_a_bad_one_names_the_field_and_the_fix() -> None:
+    [q] = validate_queues({"queues": [{"name": "a", "max_submitted_per_user": 500, "max_gpus_per_user": 16,
+                                       "submit_rate_per_user": {"per_minute": 60, "burst": 200}}]}).queues
+    assert (q.max_submitted_per_user, q.max_gpus_per_user) == (500, 16)
+    assert q.submit_rate_per_user is not None and q.submit_rate_per_user.burst == 200
+    with pytest.raises(SpecError) as info:
+        validate_queues({"queues": [{"name": "a", "max_submitted_per_user": 0, "max_gpus_per_user": -1,
+                                     "submit_rate_per_user": {"per_minute": 0, "brust": 3}}]})
+    found = {p.path: f"{p.message} / {p.hint}" for p in info.value.problems}
+    assert "pending or running" in found["queues[0].max_submitted_per_user"]
+    assert "GPUs" in found["queues[0].max_gpus_per_user"]
+    assert "submissions a minute" in found["queues[0].submit_rate_per_user.per_minute"]
+    assert "burst" in found["queues[0].submit_rate_per_user.brust"]
