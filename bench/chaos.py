@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -41,15 +42,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from machine_probe import probe_line
-
 from corral.client import Client
 from corral.contracts.jobspec import JobSpec, validate_job_spec
 from corral.contracts.queues import validate_queues
 from corral.projection import ClusterView, JobState
 from corral.stack.context import Context
+from corral.stack.server_watch import ServerWatch
 from corral.stack.servers import NatsServer, PostgresServer
 from corral.stack.up import Stack, StackOptions
+
+# beside this script (also when it is loaded by path, as tests/chaos/test_sampler.py does)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import disk_faults
+from machine_probe import probe_line
 
 STUCK_GRACE_SECONDS = 15.0  # a job holding GPUs without processes for this long is stuck
 
@@ -77,6 +82,10 @@ class Plan:
     postgres_down: float = 60.0
     quiesce_timeout: float = 600.0
     audit_grace: float = 60.0
+    #: Machine faults (`--disk-full`, root only): the NATS store, Postgres' data and node-0's state
+    #: folder each on a tmpfs of its own, each filled once for `disk_full_seconds`, then freed.
+    disk_faults: bool = False
+    disk_full_seconds: float = 30.0
 
     @classmethod
     def smoke(cls, seed: int) -> Plan:
@@ -91,7 +100,7 @@ class Plan:
 @dataclass
 class Fault:
     at: float
-    kind: str  # kill9 | sigstop | nats_restart | postgres_restart
+    kind: str  # kill9 | sigstop | nats_restart | postgres_restart | disk_full (target: nats, postgres, agent)
     target: str
     seconds: float = 0.0
 
@@ -115,6 +124,9 @@ def fault_schedule(plan: Plan, rng: random.Random) -> list[Fault]:
                             plan.nats_down))
     for _ in range(plan.postgres_restarts):
         faults.append(Fault(plan.fault_seconds * plan.postgres_at, "postgres_restart", "postgres", plan.postgres_down))
+    if plan.disk_faults:  # apart from each other and from the Postgres outage
+        for at, target in ((0.2, "nats"), (0.7, "postgres"), (0.85, "agent")):
+            faults.append(Fault(plan.fault_seconds * at, "disk_full", target, plan.disk_full_seconds))
     return sorted(faults, key=lambda f: f.at)
 
 
@@ -237,6 +249,9 @@ class Chaos:
         self.t0 = time.monotonic()
         self.servers_down: set[str] = set()
         self._supervising = True
+        self.mounts: list[Path] = []
+        self.watches = [ServerWatch("nats", self.nats, say=lambda m: self.note(m)),
+                        ServerWatch("postgres", self.postgres, say=lambda m: self.note(m))]
 
     def note(self, what: str, **details: Any) -> None:
         entry = {"t": round(time.monotonic() - self.t0, 1), "what": what, **details}
@@ -244,7 +259,18 @@ class Chaos:
         print(f"[chaos {entry['t']:7.1f}s] {what} {details if details else ''}", flush=True)
 
     # ---- set-up ------------------------------------------------------------------------------
+    def folder(self, target: str) -> Path:
+        """The folder a disk_full fault fills (each its own tmpfs)."""
+        return {"nats": self.root / "nats" / "jetstream", "postgres": self.root / "postgres" / "pgdata",
+                "agent": self.root / "stack" / "nodes" / "node-0" / "run"}[target]
+
     def start(self) -> Context:
+        if self.plan.disk_faults:
+            from corral.stack.servers import _run_as
+
+            self.mounts = [disk_faults.mount(self.folder("nats"), "512m"),
+                           disk_faults.mount(self.folder("postgres"), "1g", owner=_run_as(), mode="0700"),
+                           disk_faults.mount(self.folder("agent"), "16m")]
         self.nats.start()
         self.postgres.start()
         self.stack = Stack(StackOptions(
@@ -264,6 +290,9 @@ class Chaos:
                     self.restarts[p.name] += 1
                     with contextlib.suppress(OSError):
                         p.start()
+            for watch in self.watches:  # exited, or alive but wedged (a store that met a full disk)
+                if watch.name not in self.servers_down and watch.round(time.monotonic()):
+                    self.restarts[watch.name] += 1
             time.sleep(0.5)
 
     # ---- faults ------------------------------------------------------------------------------
@@ -283,7 +312,17 @@ class Chaos:
                 stops.append(asyncio.create_task(self._restart_server(self.nats, "nats", f.seconds)))
             elif f.kind == "postgres_restart":
                 stops.append(asyncio.create_task(self._restart_server(self.postgres, "postgres", f.seconds)))
+            elif f.kind == "disk_full":
+                stops.append(asyncio.create_task(self._disk_full(f.target, f.seconds)))
         await asyncio.gather(*stops)
+
+    async def _disk_full(self, target: str, seconds: float) -> None:
+        folder = self.folder(target)
+        filler = await asyncio.to_thread(disk_faults.fill, folder)
+        self.note("disk full", target=target, folder=str(folder), seconds=seconds)
+        await asyncio.sleep(seconds)
+        filler.unlink()
+        self.note("disk freed", target=target)
 
     async def _sigstop(self, target: str, seconds: float) -> None:
         assert self.stack is not None
@@ -306,6 +345,10 @@ class Chaos:
         await asyncio.to_thread(server.stop)
         await asyncio.sleep(down)
         await asyncio.to_thread(server.start)
+        for watch in self.watches:  # a planned stop is no death: its watch starts afresh
+            if watch.server is server:
+                watch.backoff.started(time.monotonic())
+                watch.liveness.started(time.monotonic())
         self.servers_down.discard(name)
         self.note(f"{name} started again", port=server.port)
 
@@ -412,6 +455,9 @@ class Chaos:
                 os.kill(w.pid, signal.SIGKILL)
         self.nats.stop()
         self.postgres.stop()
+        for folder in self.mounts:
+            disk_faults.unmount(folder)
+        self.mounts = []
 
 
 async def run(chaos: Chaos) -> dict[str, Any]:
@@ -462,6 +508,10 @@ async def run(chaos: Chaos) -> dict[str, Any]:
             stuck = [j for j in stuck if j in again.jobs and again.jobs[j].state.holds_gpus
                      and again.jobs[j].attempt == view.jobs[j].attempt and j not in alive]
         leaked = sorted({w.job_id for w in workers if w.job_id in view.jobs and view.jobs[w.job_id].state.terminal})
+        # Only the `crash` jobs fail by their own plan: any other FAILED is a success the faults
+        # turned into a failure (a full disk's, before: "its stepd died").
+        failed = sorted(j for j, kind in chaos.accepted.items() if kind != "crash" and j in view.jobs
+                        and view.jobs[j].state is JobState.FAILED)
         audited = time.monotonic()
         audit = chaos.audit(ctx)
         phases["audit"] = round(time.monotonic() - audited, 1)
@@ -473,6 +523,8 @@ async def run(chaos: Chaos) -> dict[str, Any]:
             "final_states": dict(states),
             "lost": len(lost), "lost_jobs": lost[:30],
             "stuck": len(stuck), "stuck_jobs": stuck[:30],
+            "failed_not_by_plan": len(failed), "failed_not_by_plan_jobs": [
+                (j, view.jobs[j].reason.message if view.jobs[j].reason else "") for j in failed[:30]],
             "workers_of_ended_jobs": len(leaked), "workers_of_ended_jobs_list": leaked[:30],
             "gpu_double_use": len(sampler.incidents), "gpu_double_use_incidents": list(sampler.incidents.values())[:30],
             # Every node agent runs again once the faults are over: a node still lost by the end of
@@ -483,7 +535,7 @@ async def run(chaos: Chaos) -> dict[str, Any]:
             "fault_log": chaos.log,
         }
         result["ok"] = (result["audit_ok"] and not lost and not stuck and not sampler.incidents
-                        and not result["nodes_lost_at_end"])
+                        and not result["nodes_lost_at_end"] and not failed)
         return result
     finally:
         sampler.stop()
@@ -498,11 +550,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="the short run of the test suite (about 2 minutes)")
     p.add_argument("--json", type=Path, help="write the result here")
     p.add_argument("--keep", action="store_true", help="keep the data directory (logs) afterwards")
+    p.add_argument("--disk-full", action="store_true", help="also fill (and free) the NATS store, Postgres' data "
+                   "and a node's state folder, each on a tmpfs of its own (root only)")
+    p.add_argument("--disk-full-seconds", type=float, default=30.0, help="how long each disk stays full")
     args = p.parse_args(argv)
     print(probe_line(), flush=True)
+    if args.disk_full and (why := disk_faults.can_mount()) is not None:
+        p.error(f"--disk-full: {why}")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     plan = Plan.smoke(seed) if args.smoke else Plan(seed=seed, fault_seconds=args.minutes * 60,
                                                      jobs_per_submitter=args.jobs_per_submitter)
+    plan = dataclasses.replace(plan, disk_faults=args.disk_full, disk_full_seconds=args.disk_full_seconds)
     root = Path(tempfile.mkdtemp(prefix="corral-chaos-"))
     # A stop (SIGTERM: `timeout`, a CI runner) interrupts the run as Ctrl-C does: by default it
     # ended the process at once and left the stack it started running. The stack is stopped here,
@@ -520,14 +578,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
     summary = {k: result[k] for k in ("seed", "seconds", "phase_seconds", "faults_injected", "service_restarts",
-                                      "accepted_jobs", "final_states", "lost", "stuck", "gpu_double_use",
+                                      "accepted_jobs", "final_states", "lost", "stuck", "failed_not_by_plan",
+                                      "gpu_double_use",
                                       "nodes_lost_at_end",
                                       "worker_processes_seen", "audit_ok", "ok")}
     print(json.dumps(summary, indent=2, default=str))
     if not result["audit_ok"]:
         print("audit:", json.dumps({k: result["audit"].get(k) for k in
                                     ("violations_by_invariant", "first_violation", "error")}, default=str))
-    for key in ("lost_jobs", "stuck_jobs", "gpu_double_use_incidents"):
+    for key in ("lost_jobs", "stuck_jobs", "failed_not_by_plan_jobs", "gpu_double_use_incidents"):
         if result[key]:
             print(f"{key}: {json.dumps(result[key][:10], default=str)}")
     return 0 if result["ok"] else 1

@@ -51,13 +51,12 @@ from corral.stack.liveness import Liveness
 from corral.stack.lock import DataDirLock
 from corral.stack.people import Registry
 from corral.stack.people_admin import Installation
+from corral.stack.server_watch import ServerWatch
 from corral.stack.servers import (
     NatsServer,
     PostgresServer,
-    ServerStartError,
     command_line,
     free_port,
-    has_room,
     http_ok,
     require_dev_servers,
     stop_orphan,
@@ -213,13 +212,8 @@ class Stack:
     context: Context | None = None
     say: Callable[[str], None] = field(default=lambda message: None)
     lock: DataDirLock | None = None
-    server_backoff: dict[str, RestartBackoff] = field(default_factory=dict)
-    #: The servers' liveness checks: nats-server's `/healthz` every 2 s, wedged after 6 s of
-    #: failures; a Postgres write every 5 s, wedged after 30 s (a restart costs it more).
-    server_liveness: dict[str, Liveness] = field(default_factory=lambda: {
-        "nats": Liveness(every=2.0, grace=6.0), "postgres": Liveness(every=5.0, grace=30.0)})
-    #: Wedged servers waiting for space on their store's disk (said once).
-    waiting_for_room: set[str] = field(default_factory=set)
+    #: The servers it started, each restarted when it exits or is wedged (`ServerWatch`).
+    server_watches: dict[str, ServerWatch] = field(default_factory=dict)
 
     # ---- start -------------------------------------------------------------------------------
     def start(self) -> Context:
@@ -463,28 +457,11 @@ class Stack:
         for name, server in (("nats", self.nats), ("postgres", self.postgres)):
             if server is None:
                 continue
-            backoff = self.server_backoff.setdefault(name, RestartBackoff(initial=1.0))
-            liveness = self.server_liveness[name]
-            if backoff.started_at is None and not backoff.waiting:
-                backoff.started(now)
-                liveness.started(now)
-            if not backoff.waiting and not server.alive():
-                code = server.proc.returncode if server.proc is not None else None
-                delay = backoff.exited(now)
-                self.say(f"{name} exited ({code}); restarting it in {delay:.1f}s")
-            elif backoff.due(now):
-                try:
-                    server.start()
-                except (ServerStartError, OSError, subprocess.SubprocessError) as exc:
-                    delay = backoff.exited(time.monotonic())
-                    self.say(f"{name} did not start ({str(exc).splitlines()[0]}); trying again in {delay:.1f}s")
-                else:
-                    backoff.started(time.monotonic())
-                    liveness.started(time.monotonic())
-                    self.say(f"{name} restarted (pid {server.proc.pid if server.proc else '?'})")
-                    self._save_pids()
-            elif not backoff.waiting and liveness.due(now) and liveness.observe(now, server.works()):
-                self._restart_wedged_server(name, server, backoff, liveness, now)
+            watch = self.server_watches.get(name)
+            if watch is None or watch.server is not server:
+                watch = self.server_watches[name] = ServerWatch(name, server, say=self.say)
+            if watch.round(now):
+                self._save_pids()
         for p in self.processes:
             if not p.backoff.waiting and not p.alive():
                 delay = p.backoff.exited(now)
@@ -497,24 +474,6 @@ class Stack:
                 self.say(f"{p.name} is alive but has not answered its liveness check (/healthz) for "
                          f"{p.liveness.grace:.0f}s; killing it to restart it")
                 p.kill()
-
-    def _restart_wedged_server(self, name: str, server: NatsServer | PostgresServer, backoff: RestartBackoff,
-                               liveness: Liveness, now: float) -> None:
-        """A server alive but failing its liveness check for its grace: stop it and schedule its
-        restart, unless its store's disk is full (it would wedge again): then once space is back."""
-        if not has_room(server.store):
-            if name not in self.waiting_for_room:
-                self.waiting_for_room.add(name)
-                self.say(f"{name} fails its liveness check and {server.store} has no space left; "
-                         "restarting it once space is back")
-            return
-        self.waiting_for_room.discard(name)
-        since = liveness.failing_for
-        self.say(f"{name} is alive but has failed its liveness check for {now - (since or now):.0f}s; "
-                 "restarting it")
-        server.stop()
-        delay = backoff.exited(now)
-        self.say(f"{name} stopped; restarting it in {delay:.1f}s")
 
     def stop(self) -> None:
         """Stop in STOP_PHASES order (deciders first, node agents last), then the servers."""
