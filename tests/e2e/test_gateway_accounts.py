@@ -362,3 +362,30 @@ async def test_the_gateway_credential_publishes_user_requests_and_nothing_else(g
             await bus.nc.request(f"$JS.API.STREAM.INFO.{subjects.events_stream}", b"", timeout=1.5)
     async with await Client.connect(gated.context, bus=False) as reader:  # type: ignore[arg-type]
         assert not await reader.job_events(job_id)
+
+
+async def test_hold_release_requeue_and_why_through_the_gateway(gated: Stack, accounts: tuple[str, str]) -> None:
+    a, b = accounts
+    whole = {"replicas": 2, "gpus_per_replica": 8}  # every GPU of the cluster
+    running = _corral(gated, a, "submit", "-", "--wait", stdin=_spec_text(**whole))
+    assert running.returncode == 0 and "RUNNING" in running.stdout, (running.stdout, running.stderr)
+    first = running.stdout.split(":")[0].strip()
+    waiting = _corral(gated, a, "submit", "-", stdin=_spec_text(**whole))
+    assert waiting.returncode == 0, waiting.stderr
+    second = _job_id(waiting.stdout)
+    try:
+        theirs = _corral(gated, b, "hold", second)
+        assert theirs.returncode == 4 and "NOT_OWNER" in theirs.stderr, (theirs.stdout, theirs.stderr)
+        held = _corral(gated, a, "hold", second)
+        assert held.returncode == 0 and "held" in held.stdout, (held.stdout, held.stderr)
+        why = _corral(gated, a, "why", second)
+        assert why.returncode == 0 and "JobHeld" in why.stdout and f"user/{a}" in why.stdout, why.stdout
+        released = _corral(gated, a, "release", second)
+        assert released.returncode == 0 and "released" in released.stdout, (released.stdout, released.stderr)
+        requeued = _corral(gated, a, "requeue", first)
+        assert requeued.returncode == 0, (requeued.stdout, requeued.stderr)
+        recorded = await _recorded(gated, first, ev.JobRequeueRequested)
+        assert recorded and recorded[0].user == a, recorded
+    finally:
+        for job_id in (first, second):
+            _corral(gated, a, "cancel", job_id)
