@@ -287,15 +287,19 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     def _start_problems(self) -> list[Problem]:
         """What the node agent would refuse to start (the agent checks the same sets, from
         `corral.contracts.worker`): an env name it sets itself, a signal the job cannot be told to
-        checkpoint with (the type of `Checkpoint.signal`), a NUL character no process can be given.
-        Every decode of a spec asks this (the services and the CLI decode thousands): a spec with
+        checkpoint with (the type of `Checkpoint.signal`), a NUL character no process can be given,
+        an empty program name. Every decode of a spec asks this (the services and the CLI decode thousands): a spec with
         none of them is answered without building anything."""
         env, command = self.env, self.command
         if (not env or (RESERVED_ENV.isdisjoint(env) and not any("\x00" in v for v in env.values()))) \
-                and (not command or not any("\x00" in arg for arg in command)) \
+                and (not command or (not any("\x00" in arg for arg in command)
+                                     and (command[0].strip() or self.runtime == "sim"))) \
                 and not (self.mounts and self.runtime in MOUNT_SEPARATORS):
             return []
         found: list[Problem] = []
+        if command and not command[0].strip() and self.runtime != "sim":
+            found.append(Problem(path="command[0]", message="the program to run is empty",
+                                 hint="name the program first, e.g. command: [python, train.py]"))
         for name in sorted(RESERVED_ENV & self.env.keys()):
             found.append(Problem(path=f"env.{name}", message=f"`{name}` is set by Corral for every rank",
                                  hint=f"remove {name} from env: Corral sets it to the GPUs, rank or "

@@ -79,6 +79,11 @@ def test_nul_characters_no_process_can_be_given_are_refused() -> None:
     assert "NUL" in found["command[1]"][0] and "NUL" in found["env.X"][0]
 
 
+def test_an_empty_program_is_refused_but_a_sim_job_runs_no_program() -> None:
+    assert "empty" in problems_of({**MINIMAL, "command": [" ", "x"]})["command[0]"][0]
+    assert validate_job_spec({**MINIMAL, "command": [""], "runtime": "sim", "duration_seconds": 1}).command == [""]
+
+
 @pytest.mark.parametrize(("runtime", "path"), [("docker", "/data:x"), ("podman", "/a:b"), ("apptainer", "/a,b")])
 def test_a_mount_path_the_container_runtime_would_split_is_refused(runtime: str, path: str) -> None:
     found = problems_of({"name": "t", "queue": "q", "runtime": runtime, "image": "img",
