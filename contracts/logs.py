@@ -3,7 +3,11 @@
 The problem: `corral logs JOB` read `rank-<N>.log` from the local disk, so it worked only on the
 host that ran the rank, and one file held every attempt of the job. Now each node agent publishes
 its ranks' output, in bounded chunks, to the JetStream stream `<NS>_LOGS` on the subject
-`<ns>.logs.<job>.<attempt>.<node>.<rank>` (`log_subject`); a reader anywhere reads the stream.
+`<ns>.logs.user.<owner>.<job>.<attempt>.<node>.<rank>` (`log_subject`): the job's owner (the user
+its JobSubmitted records) is a token of the subject, so NATS permissions let a person read exactly
+their own jobs' output (`corral.bus.auth`). Subject version 1, `<ns>.logs.<job>.<attempt>.<node>.<rank>`
+(no owner; what older agents publish, and an agent that does not know a job's owner), is still
+read, by admins only.
 Log lines are user data, not events: they are not in the event log (Postgres), the stream keeps
 them for a bounded time and size, and the full file stays on the node.
 
@@ -23,6 +27,7 @@ import msgspec
 
 __all__ = [
     "LOG_CHUNK_VERSION",
+    "OWNED",
     "TRUNCATED_MARK",
     "LogChunk",
     "LogChunkRefused",
@@ -33,6 +38,7 @@ __all__ = [
     "encode_chunk",
     "log_filter",
     "log_subject",
+    "owner_filter",
     "parse_log_subject",
 ]
 
@@ -77,12 +83,14 @@ TRUNCATED_MARK = " [... line truncated by corral]"
 
 
 class LogSubject(msgspec.Struct, frozen=True):
-    """What a log subject names: job, attempt, node and rank."""
+    """What a log subject names: job, attempt, node and rank, and the job's owner (None on a
+    version-1 subject)."""
 
     job_id: str
     attempt: int
     node: str
     rank: int
+    owner: str | None = None
 
 
 class LogChunkRefused(ValueError):
@@ -100,29 +108,53 @@ def _check_prefix(prefix: str) -> None:
         raise ValueError(f"subject prefix {prefix!r}: use letters, digits, '_', '-' and dots")
 
 
-def log_subject(prefix: str, job_id: str, attempt: int, node: str, rank: int) -> str:
-    """`<prefix>.logs.<job>.<attempt>.<node>.<rank>` ('.' in a job or node name becomes '~')."""
+#: The token after `<prefix>.logs.` of a subject naming the job's owner (subject version 2).
+OWNED = "user"
+
+
+def _owner_tokens(owner: str | None) -> str:
+    return "" if owner is None else f"{OWNED}.{_token('owner', owner, _NODE)}."
+
+
+def log_subject(prefix: str, job_id: str, attempt: int, node: str, rank: int, *, owner: str | None = None) -> str:
+    """`<prefix>.logs.user.<owner>.<job>.<attempt>.<node>.<rank>`, or without `owner` the version-1
+    `<prefix>.logs.<job>.<attempt>.<node>.<rank>` ('.' in a name becomes '~')."""
     _check_prefix(prefix)
     if attempt < 0 or rank < 0:
         raise ValueError(f"attempt and rank must be >= 0, got attempt {attempt}, rank {rank}")
-    return f"{prefix}.logs.{_token('job id', job_id, _JOB)}.{attempt}.{_token('node', node, _NODE)}.{rank}"
+    return (f"{prefix}.logs.{_owner_tokens(owner)}{_token('job id', job_id, _JOB)}.{attempt}."
+            f"{_token('node', node, _NODE)}.{rank}")
 
 
-def log_filter(prefix: str, job_id: str, attempt: int | None = None, rank: int | None = None) -> str:
-    """The subjects of one job's chunks, optionally of one attempt and/or one rank (any node)."""
+def log_filter(prefix: str, job_id: str, attempt: int | None = None, rank: int | None = None, *,
+               owner: str | None = None, any_owner: bool = False) -> str:
+    """The subjects of one job's chunks, optionally of one attempt and/or one rank (any node): those
+    naming `owner`, those naming any owner (`any_owner`, an admin's), or else the version-1 ones."""
     _check_prefix(prefix)
     a = "*" if attempt is None else str(attempt)
     r = "*" if rank is None else str(rank)
-    return f"{prefix}.logs.{_token('job id', job_id, _JOB)}.{a}.*.{r}"
+    owned = f"{OWNED}.*." if any_owner else _owner_tokens(owner)
+    return f"{prefix}.logs.{owned}{_token('job id', job_id, _JOB)}.{a}.*.{r}"
+
+
+def owner_filter(prefix: str, owner: str) -> str:
+    """Every log subject naming `owner`: what that person may read (`corral.bus.auth`)."""
+    _check_prefix(prefix)
+    return f"{prefix}.logs.{_owner_tokens(owner)}>"
 
 
 def parse_log_subject(prefix: str, subject: str) -> LogSubject:
-    """The job, attempt, node and rank a log subject names; LogChunkRefused if it is not one."""
+    """The job, attempt, node, rank (and owner) a log subject names; LogChunkRefused if it is not one."""
     head = f"{prefix}.logs."
     tokens = subject[len(head):].split(".") if subject.startswith(head) else []
+    owner = None
+    if len(tokens) == 6 and tokens[0] == OWNED:
+        owner = tokens[1].replace("~", ".")
+        tokens = tokens[2:]
     if len(tokens) != 4 or not _NUMBER.match(tokens[1]) or not _NUMBER.match(tokens[3]):
-        raise LogChunkRefused(f"subject {subject!r} is not {head}<job>.<attempt>.<node>.<rank>")
-    return LogSubject(tokens[0].replace("~", "."), int(tokens[1]), tokens[2].replace("~", "."), int(tokens[3]))
+        raise LogChunkRefused(f"subject {subject!r} is not {head}[{OWNED}.<owner>.]<job>.<attempt>.<node>.<rank>")
+    return LogSubject(tokens[0].replace("~", "."), int(tokens[1]), tokens[2].replace("~", "."), int(tokens[3]),
+                      owner)
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -160,7 +192,7 @@ def decode_chunk(prefix: str, subject: str, data: bytes) -> LogChunk:
     if chunk.v != LOG_CHUNK_VERSION:
         raise LogChunkRefused(f"log chunk on {subject}: version {chunk.v}, this reader knows "
                               f"{LOG_CHUNK_VERSION}; upgrade corral to read it")
-    said = LogSubject(chunk.job_id, chunk.attempt, chunk.node, chunk.rank)
+    said = LogSubject(chunk.job_id, chunk.attempt, chunk.node, chunk.rank, where.owner)
     if said != where:
         raise LogChunkRefused(f"log chunk on {subject} names job {chunk.job_id} attempt {chunk.attempt} "
                               f"node {chunk.node} rank {chunk.rank}: not what its subject says")

@@ -4,16 +4,20 @@ Why a prefix: tests share one nats-server, and two clusters may share one NATS a
 unique prefix (e.g. `t3f9a`) isolates them completely. The default prefix is `corral`.
 
 - `<prefix>.events.<Type>`: every appended event, published by the outbox relay.
-- `<prefix>.inbox.JobSubmitted`, `<prefix>.inbox.JobCancelRequested`: requests from the CLI or
-  any pipeline, before anything is in the event log (deduplicated by `Nats-Msg-Id` = event_id).
-- `<prefix>.inbox.QueueConfigured`: `corral apply queues.yaml`; quota records it.
-- `<prefix>.inbox.<NodeRegistered|WorkerStarted|WorkerExited|CheckpointDone|NodeConditionsChanged>`: node agent reports;
-  placement records them in the log.
+- `<prefix>.inbox.<Type>` (bare, `INBOX_TYPES`): a request or node report naming no sender. No generated
+  configuration lets any identity publish there; only a superuser (the test suite's session NATS,
+  an open bus) can, and services take it as the superuser's.
 - `<prefix>.inbox.node.<node>.<Type>`: the same reports, on a subject naming the reporting node, so
   NATS permissions let a node identity publish only its own (see `corral.bus.auth`); placement
   accepts a report only when the subject's node is the report's node and holds the gang.
-- `<prefix>.inbox.user.<user>.<JobSubmitted|JobCancelRequested>`: a request on a subject naming the
+- `<prefix>.inbox.user.<user>.<Type>` (`USER_REQUEST_TYPES`): a request on a subject naming the
   submitting identity: the user recorded is the subject's (the credential's), never the spec's.
+- `<prefix>.inbox.admin.<admin>.<Type>` (`ADMIN_REQUEST_TYPES`): an admin's request (queues, drain,
+  cancel/hold/release/requeue of any job) on a subject naming the admin; only an admin identity may
+  publish its own, so the subject is what proves admin-ness, and the admin is the recorded actor
+  (`admin/<admin>`).
+- `<prefix>.admin.<admin>.dlq-replay`: an admin's request (core NATS, request/reply) that a service
+  republish a dead letter (`corral.services.dead_letter_replay`).
 - `<prefix>.heartbeat.<node>`: node heartbeats on core NATS (not JetStream, not the log).
 - `<prefix>.dlq.<STREAM>.<seq>`: what a consumer could never process, one entry per original
   message (see `corral.bus.naming.Namespace.dead_letter_subject`; the consumer is in its headers).
@@ -29,6 +33,7 @@ import msgspec
 from corral.contracts.envelope import Event
 
 __all__ = [
+    "ADMIN_REQUEST_TYPES",
     "DEFAULT_PREFIX",
     "EVENTS_WILDCARD",
     "INBOX_JOB_CANCEL_REQUESTED",
@@ -36,6 +41,7 @@ __all__ = [
     "INBOX_TYPES",
     "INBOX_WILDCARD",
     "NODE_REPORT_TYPES",
+    "SENDER_KINDS",
     "USER_REQUEST_TYPES",
     "Subjects",
     "inbox_subject_for",
@@ -55,6 +61,13 @@ NODE_REPORT_TYPES: tuple[str, ...] = ("NodeRegistered", "WorkerStarted", "Worker
 #: Requests a submitter publishes on `<prefix>.inbox.user.<user>.<Type>`.
 USER_REQUEST_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested", "JobHeld", "JobHoldReleased",
                                        "JobRequeueRequested")
+#: Requests an admin publishes on `<prefix>.inbox.admin.<admin>.<Type>`: configuring queues,
+#: draining nodes and acting on anyone's job.
+ADMIN_REQUEST_TYPES: tuple[str, ...] = ("JobCancelRequested", "JobHeld", "JobHoldReleased", "JobRequeueRequested",
+                                        "QueueConfigured", "QueueTreeApplied", "QueueChangeRefused", "NodeDrained",
+                                        "NodeUndrained")
+#: The kinds of sender an inbox subject may name (`Subjects.sender_of`).
+SENDER_KINDS: tuple[str, ...] = ("node", "user", "admin")
 _IDENTITY_TOKEN = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
@@ -88,14 +101,43 @@ class Subjects(msgspec.Struct, frozen=True):
             raise ValueError(f"{type_name} is not a user request; requests: {', '.join(USER_REQUEST_TYPES)}")
         return f"{self.prefix}.inbox.user.{_identity_token('user', user)}.{type_name}"
 
+    def admin_request(self, admin: str, type_name: str) -> str:
+        """`<prefix>.inbox.admin.<admin>.<Type>`: an admin's request, on a subject naming the admin."""
+        if type_name not in ADMIN_REQUEST_TYPES:
+            raise ValueError(f"{type_name} is not an admin request; requests: {', '.join(ADMIN_REQUEST_TYPES)}")
+        return f"{self.prefix}.inbox.admin.{_identity_token('admin', admin)}.{type_name}"
+
+    def dead_letter_replay(self, admin: str) -> str:
+        """`<prefix>.admin.<admin>.dlq-replay`: an admin asks a service to replay dead letters."""
+        return f"{self.prefix}.admin.{_identity_token('admin', admin)}.dlq-replay"
+
+    @property
+    def dead_letter_replay_wildcard(self) -> str:
+        return f"{self.prefix}.admin.*.dlq-replay"
+
     def sender_of(self, subject: str, kind: str) -> str | None:
-        """The node (kind "node") or user (kind "user") named by an inbox subject; None if the
-        subject names none (an old-style `<prefix>.inbox.<Type>` subject)."""
+        """The node (kind "node"), user ("user") or admin ("admin") named by an inbox subject; None
+        if the subject names none of that kind (another kind, or a bare `<prefix>.inbox.<Type>`)."""
+        if kind not in SENDER_KINDS:
+            raise ValueError(f"sender kind {kind!r}: one of {', '.join(SENDER_KINDS)}")
         head = f"{self.prefix}.inbox.{kind}."
         if not subject.startswith(head):
             return None
         name, _, rest = subject[len(head):].partition(".")
         return name.replace("~", ".") if name and rest and "." not in rest else None
+
+    def principal_of(self, subject: str) -> tuple[str, str] | None:
+        """(kind, name) of the sender an inbox subject names (`SENDER_KINDS`); None for a bare one."""
+        for kind in SENDER_KINDS:
+            name = self.sender_of(subject, kind)
+            if name is not None:
+                return kind, name
+        return None
+
+    @staticmethod
+    def type_of(subject: str) -> str:
+        """The request type an inbox subject is for: its last token."""
+        return subject.rpartition(".")[2]
 
     def heartbeat(self, node: str) -> str:
         return f"{self.prefix}.heartbeat.{node}"

@@ -33,6 +33,7 @@ from corral.contracts import events as ev
 from corral.contracts.envelope import Event, job_stream
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode, encode
+from corral.contracts.subjects import Subjects
 from corral.eventstore import (
     AlreadyProcessed,
     ConcurrencyError,
@@ -44,6 +45,7 @@ from corral.eventstore import (
 )
 from corral.projection import Applied, ClusterView, JobView
 from corral.services.reason_throttle import ReasonThrottle
+from corral.services.senders import type_mismatch
 from corral.services.settings import Settings
 from corral.telemetry import logs
 from corral.translate import wire_reason
@@ -255,6 +257,9 @@ class Service:
                 self.changed.set()
                 return
             raise Poison(f"undecodable request on {delivery.subject}: {exc}") from exc
+        mismatch = type_mismatch(Subjects(self.bus.namespace), delivery.subject, event)
+        if mismatch is not None:
+            raise Poison(f"request refused: {mismatch}")
         await self.handle_inbox(event, delivery)
         self.changed.set()
 
@@ -262,10 +267,10 @@ class Service:
         outcomes: list[BaseException | None] = [None] * len(deliveries)
         items: list[tuple[Event, Delivery]] = []
         where: list[int] = []
+        subjects = Subjects(self.bus.namespace)
         for index, delivery in enumerate(deliveries):
             try:
-                items.append((decode(delivery.data), delivery))
-                where.append(index)
+                event = decode(delivery.data)
             except ContractError as exc:
                 try:
                     if await self.handle_undecodable(delivery, exc):
@@ -273,6 +278,13 @@ class Service:
                     outcomes[index] = Poison(f"undecodable request on {delivery.subject}: {exc}")
                 except Exception as failed:
                     outcomes[index] = failed
+                continue
+            mismatch = type_mismatch(subjects, delivery.subject, event)
+            if mismatch is not None:
+                outcomes[index] = Poison(f"request refused: {mismatch}")
+                continue
+            items.append((event, delivery))
+            where.append(index)
         if items:
             for index, outcome in zip(where, await self.handle_inbox_batch(items), strict=True):
                 outcomes[index] = outcome

@@ -10,6 +10,7 @@ start from the read model the projector keeps (`live_view`) and fold only the lo
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -25,7 +26,7 @@ from corral.contracts.problems import ContractError, SpecError
 from corral.contracts.queues import QueuesFile, QueueSpec
 from corral.contracts.registry import decode, encode
 from corral.contracts.sizes import recorded_size, size_problem
-from corral.contracts.subjects import USER_REQUEST_TYPES, Subjects
+from corral.contracts.subjects import ADMIN_REQUEST_TYPES, USER_REQUEST_TYPES, Subjects
 from corral.eventstore import EventStore, StoredEvent
 from corral.projection import ClusterView
 from corral.readmodel.snapshots import read_view
@@ -131,14 +132,25 @@ class Client:
             return None
         return NatsCredentials.load(self.ctx.credentials).user
 
+    @property
+    def is_admin(self) -> bool:
+        """Whether this client's identity is an admin's: its requests on jobs, queues and nodes go
+        to its admin subjects (and are recorded as the admin's)."""
+        return bool(self.ctx.credentials) and NatsCredentials.load(self.ctx.credentials).role == "admin"
+
     def _request_subject(self, event: Event) -> str:
-        """With an identity, jobs and cancels go to `<ns>.inbox.user.<user>.<Type>`: NATS lets it
-        publish only under its own name, and admission records that name (see `corral.bus.auth`).
-        Without one (an open bus, the tests' superuser), the bare `<ns>.inbox.<Type>`."""
-        user = getattr(event, "user", None)
-        if self.identity is not None and user and event.type in USER_REQUEST_TYPES:
+        """With an identity, a request goes to a subject naming it, which NATS lets it publish only
+        under its own name and the services record as the sender (see `corral.bus.auth`): an
+        admin's `<ns>.inbox.admin.<admin>.<Type>` for what an admin does (`ADMIN_REQUEST_TYPES`),
+        else `<ns>.inbox.user.<user>.<Type>`. Without one (an open bus, the tests' superuser), the
+        bare `<ns>.inbox.<Type>`."""
+        identity = self.identity
+        if identity is not None:
             try:
-                return self.subjects.user_request(user, event.type)
+                if event.type in ADMIN_REQUEST_TYPES and (self.is_admin or event.type not in USER_REQUEST_TYPES):
+                    return self.subjects.admin_request(identity, event.type)
+                if event.type in USER_REQUEST_TYPES:
+                    return self.subjects.user_request(identity, event.type)
             except ValueError:
                 pass  # a name that cannot be a subject token: only an open bus takes it
         return self.subjects.inbox(event.type)
@@ -315,6 +327,22 @@ class Client:
         refused = ev.QueueChangeRefused.new(stream=QUEUE_GATE_STREAM, actor=f"user/{user}", correlation_id="queues",
                                             queues=list(queues), user=user, message=message, evidence=list(evidence))
         await self.publish_request(refused)
+
+    async def replay_dead_letters(self, seq: int | None, timeout: float = 30.0) -> list[dict[str, object]]:
+        """Ask a service to republish dead letter `seq` (None: every one) to its original subject;
+        one row per dead letter: seq, subject, replayed, message. An admin's request
+        (`corral.services.dead_letter_replay`)."""
+        import nats.errors  # lazily, as the bus is (a read command never loads nats)
+
+        subject = self.subjects.dead_letter_replay(self.identity or _user())
+        body = {"all": True} if seq is None else {"seq": seq}
+        try:
+            reply = await self.bus.nc.request(subject, json.dumps(body).encode(), timeout=timeout)
+        except nats.errors.NoRespondersError:
+            raise RuntimeError("no service answered the replay request: is admission running? (and is this "
+                               "the admin's login? only an admin may ask)") from None
+        rows: list[dict[str, object]] = json.loads(reply.data)
+        return rows
 
     # ---- questions (the log) -----------------------------------------------------------------
     async def events(self, *, after: int = 0, until: datetime | None = None,

@@ -6,15 +6,18 @@ this reads one job's chunks (optionally one attempt, one rank) with a throwaway 
 history first, then, with `follow`, new chunks as they come. Every chunk is checked
 (`decode_chunk`): one that is not valid, or whose body disagrees with its subject, is skipped and
 reported through `on_refused`, never shown as the job's output. Needs only the NATS address and a
-login that may read the stream (an admin's: see `corral.bus.auth`).
+login that may read the job's subjects: its owner's (the subjects naming them) or an admin's (every
+subject; see `corral.bus.auth`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -32,9 +35,14 @@ _IDLE = 1.0  # seconds one fetch waits for new chunks while following
 
 @dataclass(frozen=True)
 class LogQuery:
+    """One job's output (optionally one attempt, one rank). `owner`: read only the subjects naming
+    this user as the job's owner, what a person may read (their own name); None: every owner's and
+    the version-1 subjects (an admin's reading)."""
+
     job_id: str
     attempt: int | None = None
     rank: int | None = None
+    owner: str | None = None
 
 
 class LogStreamUnavailable(Exception):
@@ -78,8 +86,17 @@ async def read_chunks(bus: Bus, query: LogQuery, on_chunk: Callable[[LogChunk], 
     chunks until cancelled. With `placed`, a chunk from a node that did not run its rank is
     skipped and reported through `on_refused`."""
     stream = bus.names.stream(LOGS)
-    subject = log_filter(bus.names.name, query.job_id, query.attempt, query.rank)
-    config = ConsumerConfig(filter_subject=subject, deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE,
+    ns = bus.names.name
+    if query.owner is not None:
+        filters: dict[str, Any] = {"filter_subject": log_filter(ns, query.job_id, query.attempt, query.rank,
+                                                                owner=query.owner)}
+    else:
+        filters = {"filter_subjects": [log_filter(ns, query.job_id, query.attempt, query.rank, any_owner=True),
+                                       log_filter(ns, query.job_id, query.attempt, query.rank)]}
+    # Named (unguessably): a login may create only consumers whose name and filter are tokens of
+    # the API subject (`corral.bus.auth`); the nameless create carries its filter in the body only.
+    config = ConsumerConfig(name=f"logs-{secrets.token_hex(8)}", **filters, deliver_policy=DeliverPolicy.ALL,
+                            ack_policy=AckPolicy.NONE,
                             inactive_threshold=30.0, mem_storage=True, num_replicas=1)
     try:
         info = await asyncio.wait_for(bus.js.add_consumer(stream, config), timeout)
@@ -87,8 +104,10 @@ async def read_chunks(bus: Bus, query: LogQuery, on_chunk: Callable[[LogChunk], 
     except NotFoundError:
         raise LogStreamUnavailable(f"the cluster has no {stream} stream (its services predate log shipping)") from None
     except (TimeoutError, nats.errors.Error) as exc:
+        needs = (f"the jobs of {query.owner} needs {query.owner}'s or an admin's login" if query.owner
+                 else "every job needs an admin's login")
         raise LogStreamUnavailable(f"cannot read the {stream} stream ({type(exc).__name__}: {exc}); reading "
-                                   "logs from the bus needs an admin's login (the context of `corral up`)") from None
+                                   f"the output of {needs}") from None
     pending = int(info.num_pending)
     seen = 0
     ends: dict[tuple[int, str, int], int] = {}  # how far each rank's file was seen

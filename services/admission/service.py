@@ -18,7 +18,6 @@ submission whose spec breaks the contract is rejected with every problem (SPEC_I
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -33,7 +32,7 @@ from corral.contracts.envelope import Event, Reason, job_stream, node_stream, qu
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.problems import ContractError, Problem
 from corral.contracts.sizes import SPEC_TOO_LARGE, recorded_size, size_problem
-from corral.contracts.subjects import USER_REQUEST_TYPES, Subjects
+from corral.contracts.subjects import ADMIN_REQUEST_TYPES, USER_REQUEST_TYPES, Subjects
 from corral.core.submit_limits import SubmitLedger
 from corral.eventstore import Tracking
 from corral.projection import JobState, submission_key
@@ -41,15 +40,18 @@ from corral.services.admission.feasibility import ShapeVerdicts
 from corral.services.admission.invalid import invalid_submission
 from corral.services.admission.limits import UserLimitsFold
 from corral.services.base import Service
+from corral.services.dead_letter_replay import serve_replays
+from corral.services.senders import Sender, as_sent_by, sender_of
 
 log = logging.getLogger("corral.admission")
 
 
 class Admission(Service):
     name = "admission"
-    #: `user.*.<Type>`: requests on a subject naming their sender (see `corral.bus.auth`); the bare
-    #: subjects are writable only by a superuser (tests, single-user tools).
-    inbox = (*USER_REQUEST_TYPES, *(f"user.*.{t}" for t in USER_REQUEST_TYPES))
+    #: `user.*.<Type>` and `admin.*.<Type>`: requests on a subject naming their sender (see
+    #: `corral.bus.auth`); the bare subjects are writable only by a superuser (tests, open bus).
+    inbox = (*USER_REQUEST_TYPES, *(f"user.*.{t}" for t in USER_REQUEST_TYPES),
+             *(f"admin.*.{t}" for t in USER_REQUEST_TYPES if t in ADMIN_REQUEST_TYPES))
     events = ("NodeRegistered", "QueueConfigured")
     #: What judging and cancelling need: nodes, queues, which jobs exist and which have ended.
     consumes = ("NodeRegistered", "NodeLost", "QueueConfigured", "JobSubmitted", "JobAdmitted", "JobRejected",
@@ -98,8 +100,11 @@ class Admission(Service):
         elif isinstance(event, ev.JobHeld | ev.JobHoldReleased | ev.JobRequeueRequested):
             await self._hold(event, tracking, sender=sender)
 
-    def _sender(self, delivery: Delivery) -> str | None:
-        return Subjects(self.bus.namespace).sender_of(delivery.subject, "user")
+    async def started(self) -> None:
+        await serve_replays(self.bus)  # admins' `corral dlq replay` (a service republishes)
+
+    def _sender(self, delivery: Delivery) -> Sender | None:
+        return sender_of(Subjects(self.bus.namespace), delivery.subject)
 
     async def handle_inbox_batch(self, items: Sequence[tuple[Event, Delivery]]) -> list[BaseException | None]:
         """Every submission of a fetched batch judged and appended in ONE commit (a commit per
@@ -229,7 +234,7 @@ class Admission(Service):
                 problem, reason = found
                 problems.append(problem)
         if reason is None:
-            refused = queue_access_refused(self.view.queues[spec.queue], submitted.user, admins())
+            refused = queue_access_refused(self.view.queues[spec.queue], submitted.user)
             if refused is not None:
                 problems.append(refused[0])
                 reason = refused[1]
@@ -256,7 +261,8 @@ class Admission(Service):
         return self.new_event(ev.JobAdmitted, queue=spec.queue, priority=int(spec.priority), replicas=spec.replicas,
                               gpus_per_replica=spec.gpus_per_replica, **common)
 
-    async def _cancel(self, request: ev.JobCancelRequested, tracking: Tracking, *, sender: str | None = None) -> None:
+    async def _cancel(self, request: ev.JobCancelRequested, tracking: Tracking, *,
+                      sender: Sender | None = None) -> None:
         # We are sent only some of a job's events (`consumes`): read the rest before deciding.
         await self.refresh_stream(job_stream(request.job_id))
         job = self.view.jobs.get(request.job_id)
@@ -264,17 +270,18 @@ class Admission(Service):
             await self.append({}, tracking=tracking)
             return
         stream = job_stream(request.job_id)
-        denied = cancel_denied(sender, job.user, admins())
+        denied = cancel_denied(sender, job.user)
         if denied is not None:
-            log.warning("job %s: cancel by %s refused: %s", request.job_id, sender, denied.message)
+            log.warning("job %s: cancel by %s refused: %s", request.job_id, request.actor, denied.message)
             refusal = self.new_event(ev.AccessDenied, stream=stream, causation=request,
-                                     correlation_id=request.job_id, user=sender or "unknown",
+                                     correlation_id=request.job_id, user=request.user or "unknown",
                                      request=request.type, job_id=request.job_id, reason=denied)
             if not await self.append({stream: [refusal]}, tracking=tracking):
                 raise Retry("job stream moved on; recording the refusal again", delay=0.05)
             return
+        actor = request.actor if sender is not None else f"user/{request.user}" if request.user else None
         cancelled = self.new_event(
-            ev.JobCancelled, stream=stream, actor=f"user/{request.user}" if request.user else None,
+            ev.JobCancelled, stream=stream, actor=actor,
             causation=request, correlation_id=request.job_id, job_id=request.job_id,
             reason=Reason(code="CANCELLED_BY_USER", message=request.message or "cancelled by request",
                           details={"user": request.user or "unknown"}))
@@ -283,7 +290,7 @@ class Admission(Service):
 
 
     async def _hold(self, request: ev.JobHeld | ev.JobHoldReleased | ev.JobRequeueRequested, tracking: Tracking, *,
-                    sender: str | None = None) -> None:
+                    sender: Sender | None = None) -> None:
         """Record a hold (a pending job), its release (a held job) or a requeue request (a job
         holding GPUs) as the request itself, on the job's stream; anything else (the job runs, ended,
         is not held) changes nothing."""
@@ -297,10 +304,10 @@ class Admission(Service):
                      job.state.value if job else "unknown")
             await self.append({}, tracking=tracking)
             return
-        denied = cancel_denied(sender, job.user, admins(), request.type)
+        denied = cancel_denied(sender, job.user, request.type)
         if denied is not None:
             refusal = ev.AccessDenied.new(stream=stream, actor="admission", causation=request,
-                                          correlation_id=request.job_id, user=sender or "unknown",
+                                          correlation_id=request.job_id, user=request.user or "unknown",
                                           request=request.type, job_id=request.job_id, reason=denied)
             if not await self.append({stream: [refusal]}, tracking=tracking):
                 raise Retry("job stream moved on; recording the refusal again", delay=0.05)
@@ -359,39 +366,24 @@ def capacity_shortfall(job: core.Job, cluster: core.Cluster) -> tuple[Problem, R
                     hint=f"ask for at most {have} GPUs in all (replicas x gpus_per_replica; see `corral nodes`)"),
             Reason(code=RejectionCode.EXCEEDS_CLUSTER, message=f"can never be scheduled: {message}",
                    details={"needs_gpus": need, "cluster_gpus": have}))
-def admins() -> frozenset[str]:
-    """Identities that may cancel any job: `$CORRAL_ADMINS` (comma-separated), set by `corral up`."""
-    return frozenset(u.strip() for u in os.environ.get("CORRAL_ADMINS", "").split(",") if u.strip())
-
-
-def as_sent_by(event: Event, sender: str | None) -> Event:
-    """The request as its sender made it: the user is the one its subject names (the NATS identity
-    that published it, enforced by the server), never the one written in the message."""
-    if sender is None or not isinstance(event, ev.JobSubmitted | ev.JobCancelRequested | ev.JobHeld
-                                        | ev.JobHoldReleased | ev.JobRequeueRequested):
-        return event
-    if event.user == sender and event.actor == f"user/{sender}":
-        return event
-    return msgspec.structs.replace(event, user=sender, actor=f"user/{sender}")
-
-
-def cancel_denied(sender: str | None, owner: str | None, admin_users: frozenset[str],
-                  request: str = "JobCancelRequested") -> Reason | None:
-    """Only the job's owner or an admin cancels (holds, releases) it; None when allowed (a
-    sender-less request came on a subject only a superuser may publish to)."""
-    if sender is None or sender == owner or sender in admin_users:
+def cancel_denied(sender: Sender | None, owner: str | None, request: str = "JobCancelRequested") -> Reason | None:
+    """Only the job's owner or an admin (a request on an admin subject) cancels (holds, releases,
+    requeues) it; None when allowed (a sender-less request came on a subject only a superuser may
+    publish to)."""
+    if sender is None or sender.admin or sender.name == owner:
         return None
     verb = {"JobHeld": "hold", "JobHoldReleased": "release", "JobRequeueRequested": "requeue"}.get(request, "cancel")
-    return Reason(code=RejectionCode.NOT_OWNER, message=f"{sender} may not {verb} a job of {owner or 'another user'}: "
-                  "only its owner or an admin may", details={"user": sender, "owner": owner or "unknown"})
+    return Reason(code=RejectionCode.NOT_OWNER, message=f"{sender.name} may not {verb} a job of "
+                  f"{owner or 'another user'}: only its owner or an admin may",
+                  details={"user": sender.name, "owner": owner or "unknown"})
 
 
-def queue_access_refused(queue: Any, user: str | None,
-                         admin_users: frozenset[str]) -> tuple[Problem, Reason] | None:
+def queue_access_refused(queue: Any, user: str | None) -> tuple[Problem, Reason] | None:
     """The queues file names who may submit to a queue (`submitters`; its highest priority is
-    `priority_above_cap`'s); None when this submitter may."""
+    `priority_above_cap`'s); None when this submitter may. An admin submits as a person: to use
+    such a queue, it lists itself."""
     submitters = queue.submitters
-    if submitters is not None and user not in submitters and user not in admin_users:
+    if submitters is not None and user not in submitters:
         return (Problem(path="queue", message=f"{user or 'an unnamed user'} may not submit to queue `{queue.name}`",
                         hint=f"submit to a queue that lists you, or ask an admin (allowed: {', '.join(submitters)})"),
                 Reason(code=RejectionCode.ACCESS_DENIED_QUEUE, message=f"{user} may not submit to queue `{queue.name}`",

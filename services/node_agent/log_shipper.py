@@ -4,7 +4,10 @@ The problem: rank output went only to `<log_dir>/<job>/rank-<N>.log` on the node
 `corral logs JOB` worked only there (and showed every attempt of the job mixed in one file). Now
 the agent tails each rank's file while the rank runs and publishes what it reads, within per-rank
 limits (`log_chunks`: truncated lines marked, a rate limit whose drops are counted), to
-`<ns>.logs.<job>.<attempt>.<node>.<rank>` on the stream `<NS>_LOGS` (`corral.contracts.logs`).
+`<ns>.logs.user.<owner>.<job>.<attempt>.<node>.<rank>` on the stream `<NS>_LOGS`
+(`corral.contracts.logs`): the owner is the user the job's JobSubmitted records (`owner_of`), so
+that person may read it; a job whose owner the agent does not know (or cannot be a subject token)
+goes to the version-1 subject without one, which only admins read.
 The full file stays on the node.
 
 How it hooks into the agent: `ShippingEvents` wraps the supervisor's `AgentEvents`: a rank that
@@ -143,6 +146,10 @@ class LogShipper:
         self._clock = clock
         self._tasks: dict[RankKey, asyncio.Task[None]] = {}
         self._finishing: dict[RankKey, asyncio.Event] = {}
+        #: the subject of each rank's chunks, fixed when it starts being followed
+        self._subjects: dict[RankKey, Callable[[LogChunk], str]] = {}
+        #: who owns a job (the user its JobSubmitted records): set by the agent host
+        self.owner_of: Callable[[str], str | None] = lambda _job: None
         #: the last publish failed: an exit is then reported without waiting for its last chunks
         #: (each rank's exit waited `DRAIN_BEFORE_EXIT` for a bus that did not take them)
         self.failing = False
@@ -152,6 +159,7 @@ class LogShipper:
         if key in self._tasks:
             return
         self._finishing[key] = asyncio.Event()
+        self._subjects[key] = self._subject_for(self.owner_of(key.job_id))
         saved = _Saved(state_dir / key.job_id / f"attempt-{key.attempt}" / f"rank-{key.rank}.json")
         task = asyncio.create_task(self._ship(key, path, saved), name=f"logs-{key.job_id}-{key.attempt}-{key.rank}")
         self._tasks[key] = task
@@ -179,6 +187,17 @@ class LogShipper:
         if self._tasks.get(key) is task:
             del self._tasks[key]
             self._finishing.pop(key, None)
+            self._subjects.pop(key, None)
+
+    def _subject_for(self, owner: str | None) -> Callable[[LogChunk], str]:
+        if owner is not None:
+            try:
+                log_subject(self._prefix, "j", 0, "n", 0, owner=owner)
+            except ValueError:
+                log.warning("job owner %r cannot be a log subject token; its output goes to the admins' subject",
+                            owner)
+                owner = None
+        return lambda c: log_subject(self._prefix, c.job_id, c.attempt, c.node, c.rank, owner=owner)
 
     async def close(self, grace: float = 2.0) -> None:
         """Let finishing ranks drain for up to `grace` seconds, then stop every task (their cursor
@@ -255,7 +274,9 @@ class LogShipper:
     async def _send(self, chunk: LogChunk, waiting: Callable[[], None] = lambda: None) -> None:
         """Publish until it lands: an unavailable bus is waited out (the file keeps the lines);
         `waiting` is called when it does not land at once (the rank's file is let go meanwhile)."""
-        subject = log_subject(self._prefix, chunk.job_id, chunk.attempt, chunk.node, chunk.rank)
+        subject_of = self._subjects.get(RankKey(chunk.job_id, chunk.attempt, chunk.node, chunk.rank))
+        subject = subject_of(chunk) if subject_of else log_subject(self._prefix, chunk.job_id, chunk.attempt,
+                                                                   chunk.node, chunk.rank)
         data, msg_id = encode_chunk(chunk), chunk_msg_id(chunk)
         delay = 0.25
         while True:

@@ -14,7 +14,7 @@ What an agent does:
   NodeLost of one of its nodes (register again: the node is alive, placement may use it again),
   QueueConfigured (whether a queue's jobs may run as root, see `run_as`);
 - report WorkerStarted / WorkerExited / CheckpointDone to the inbox (see `reports`);
-- publish each rank's output to `<ns>.logs.<job>.<attempt>.<node>.<rank>` (see `log_shipper`).
+- publish each rank's output to `<ns>.logs.user.<owner>.<job>.<attempt>.<node>.<rank>` (see `log_shipper`).
 
 The durable delivers only events published after it was first created (DeliverPolicy.NEW), and a
 restarted process resumes from its acknowledged position: an agent never replays history and
@@ -616,6 +616,8 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
     launcher = ForkServer(options.python, os.environ) if options.runtime != "sim-timer" else None
     agents = [NodeAgent(inv, options, publisher, shipper, launcher) for inv in inventories]
     host = AgentHost(bus, agents, publisher)
+    if shipper is not None:  # each rank's output goes to a subject naming its job's owner
+        shipper.owner_of = host.submitters.get
     if options.runtime != "sim-timer":
         if switches_users(options.run_as):
             log.info("node agents: each job runs as its submitter's OS user (--run-as submitter)")

@@ -15,6 +15,18 @@ from corral.contracts.envelope import Event
 from corral.projection import ClusterView
 
 
+def request_refused(event: Event, principal: tuple[str, str] | None, view: ClusterView) -> str | None:
+    """Why `event`, received on a subject naming `principal` (kind, name; `Subjects.principal_of`),
+    must be ignored; None: record it. A node's subject carries its reports (`report_refused`), an
+    admin's a drain or an undrain; a user's nothing placement takes."""
+    if principal is None or principal[0] == "node":
+        return report_refused(event, principal[1] if principal else None, view)
+    kind, name = principal
+    if kind == "admin" and isinstance(event, ev.NodeDrained | ev.NodeUndrained):
+        return None
+    return f"{event.type} is not a request placement takes from {kind} {name}"
+
+
 def report_refused(event: Event, sender: str | None, view: ClusterView) -> str | None:
     """Why `event`, received on a subject naming node `sender`, must be ignored; None: record it.
 

@@ -42,7 +42,8 @@ from corral.eventstore import Tracking
 from corral.projection import Fence, JobState, JobView, NodeView
 from corral.services.base import Service, every_event_but
 from corral.services.placement.rendezvous import choose_rendezvous
-from corral.services.placement.report_auth import report_refused
+from corral.services.placement.report_auth import request_refused
+from corral.services.senders import as_sent_by, sender_of
 
 log = logging.getLogger("corral.placement")
 
@@ -52,7 +53,8 @@ class Placement(Service):
     #: `node.*.<Report>`: reports on a subject naming the node that sent them (a node identity may
     #: publish only its own, see `corral.bus.auth`); the bare subjects only a superuser may publish.
     inbox = ("NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone", "NodeDrained", "NodeUndrained",
-             "NodeConditionsChanged", *(f"node.*.{t}" for t in NODE_REPORT_TYPES))
+             "NodeConditionsChanged", *(f"node.*.{t}" for t in NODE_REPORT_TYPES), "admin.*.NodeDrained",
+             "admin.*.NodeUndrained")
     #: the cluster's policy; placement decides in its configuration of it (`corral.core.steps`)
     config = core.SchedulerConfig()
     #: Placement is not sent back what it writes (`WRITES`): it folds each of its events when it
@@ -178,8 +180,7 @@ class Placement(Service):
         return msgspec.structs.replace(report, stream=job_stream(report.job_id), occurred_at=at)
 
     def _report_refused(self, event: Event, delivery: Delivery) -> str | None:
-        sender = Subjects(self.bus.namespace).sender_of(delivery.subject, "node")
-        return report_refused(event, sender, self.view)
+        return request_refused(event, Subjects(self.bus.namespace).principal_of(delivery.subject), self.view)
 
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
         tracking = self.tracking(delivery)
@@ -212,6 +213,8 @@ class Placement(Service):
                 log.info("node %s: its conditions cleared; it takes work again", event.node)
             event = msgspec.structs.replace(event, stream=node_stream(event.node))
         elif isinstance(event, ev.NodeDrained | ev.NodeUndrained):
+            event = as_sent_by(event, sender_of(Subjects(self.bus.namespace), delivery.subject))
+            assert isinstance(event, ev.NodeDrained | ev.NodeUndrained)
             node = self.view.nodes.get(event.node)
             if node is None or _drain_changes_nothing(node, event):
                 log.info("%s of node %s changes nothing (%s)", event.type, event.node,

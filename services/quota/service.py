@@ -29,11 +29,13 @@ from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, Reason, queue_stream
 from corral.contracts.queues import merged_tree, tree_problems
+from corral.contracts.subjects import Subjects
 from corral.core import escalation
 from corral.core.reservation import Reserve, Revoke, reserve_quota
 from corral.projection import JobView
 from corral.services.base import RANK_AND_NODE_MIRROR, Service, every_event_but
 from corral.services.quota.round_inputs import RoundInputs
+from corral.services.senders import as_sent_by, sender_of
 from corral.translate import wire_reason
 
 log = logging.getLogger("corral.quota")
@@ -41,7 +43,10 @@ log = logging.getLogger("corral.quota")
 
 class Quota(Service):
     name = "quota"
-    inbox = ("QueueConfigured", "QueueTreeApplied", "QueueChangeRefused")
+    #: An admin's requests on `admin.<admin>.<Type>` (only an admin identity publishes there; the
+    #: admin is recorded as their actor and user); the bare subjects only a superuser may publish.
+    inbox = ("QueueConfigured", "QueueTreeApplied", "QueueChangeRefused",
+             *(f"admin.*.{t}" for t in ("QueueConfigured", "QueueTreeApplied", "QueueChangeRefused")))
     events = ("JobAdmitted", "JobRequeued", "GangReleased", "JobCompleted", "JobFailed", "JobCancelled",
               "QueueConfigured", "QueueTreeApplied", "QueueChangeRefused", "NodeRegistered", "NodeLost",
               "QuotaReserved", "QuotaReleased", "GangReserved")
@@ -62,6 +67,7 @@ class Quota(Service):
     config = core.SchedulerConfig()
 
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
+        event = as_sent_by(event, sender_of(Subjects(self.bus.namespace), delivery.subject))
         if isinstance(event, ev.QueueTreeApplied):
             await self._apply_tree(event, delivery)
             return

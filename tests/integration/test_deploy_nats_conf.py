@@ -37,9 +37,10 @@ AUTH_HEADER = """# Who may connect to Corral's NATS: generated from corral.bus.a
 # nodes of docker-compose.yml (`python -m tests.integration.test_deploy_nats_conf` rewrites it; a
 # test fails when it drifts). `svc-services`: all services and the relay (the only publishers of
 # corral.events.>); `agent-node-agent-<node>`: the agent of one node (its reports, heartbeats and
-# ranks' output, its own two consumers); `admin`: queues, streams, submit/cancel as admin, reading
-# logs. Passwords come from the environment; with one unset, nats-server does not start. More
-# nodes: add them to NODES there.
+# ranks' output, its own two consumers); `admin`: its own user and admin subjects (submit as a
+# person; queues, drains, any job's cancel as the admin), reading streams and logs. No identity
+# may publish a bare corral.inbox.<Type>. Passwords come from the environment; with one unset,
+# nats-server does not start. More nodes: add them to NODES there.
 """
 
 
@@ -147,6 +148,14 @@ async def test_each_identity_connects_and_only_services_publish_events(deploy_na
         async with await Bus.connect(deploy_nats.url(user), "corral") as bus:
             with pytest.raises((TimeoutError, nats.errors.Error)):
                 await bus.publish("corral.events.GangReserved", b"{}", f"forged-{user}", timeout=1.0)
+            # no bare inbox subject, no other sender's: the admin acts only under its own name
+            for subject in ("corral.inbox.JobSubmitted", "corral.inbox.user.bob.JobSubmitted",
+                            "corral.inbox.node.node-9.WorkerExited"):
+                with pytest.raises((TimeoutError, nats.errors.Error)):
+                    await bus.publish(subject, b"{}", f"forged-{user}-{subject}", timeout=1.0)
+    async with await Bus.connect(deploy_nats.url("admin"), "corral") as admin:
+        taken = await admin.publish("corral.inbox.admin.admin.NodeDrained", b"{}", "drain-by-admin", timeout=5.0)
+        assert taken.stream == "CORRAL_INBOX"
 
 
 def test_no_password_in_the_environment_no_server(tmp_path: Path) -> None:

@@ -48,10 +48,39 @@ def test_a_submitter_publishes_only_under_its_own_name() -> None:
     assert requests == ["corral.inbox.user.bob.JobSubmitted", "corral.inbox.user.bob.JobCancelRequested",
                         "corral.inbox.user.bob.JobHeld", "corral.inbox.user.bob.JobHoldReleased",
                         "corral.inbox.user.bob.JobRequeueRequested"]
-    admin = auth.submitter("corral", "root", "pw", admin=True)
-    assert "corral.inbox.>" in admin.publish
     # queue trees and node drains are an admin's: no submitter subject takes them
     assert not any(t in p for p in bob.publish for t in ("Queue", "NodeDrained", "NodeUndrained"))
+
+
+def test_an_admin_publishes_only_its_own_user_and_admin_subjects() -> None:
+    admin = auth.submitter("corral", "root", "pw", admin=True)
+    inbox = [p for p in admin.publish if p.startswith("corral.")]
+    assert all(p.startswith(("corral.inbox.user.root.", "corral.inbox.admin.root.")) or
+               p == "corral.admin.root.dlq-replay" for p in inbox), inbox
+    assert _allows(admin.publish, "corral.inbox.admin.root.QueueTreeApplied")
+    assert _allows(admin.publish, "corral.inbox.admin.root.JobCancelRequested")
+    assert _allows(admin.publish, "corral.inbox.user.root.JobSubmitted")
+    for forbidden in ("corral.inbox.user.bob.JobSubmitted", "corral.inbox.JobSubmitted",
+                      "corral.inbox.node.node-0.WorkerExited", "corral.inbox.admin.alice.NodeDrained",
+                      "corral.inbox.admin.root.JobSubmitted", "corral.events.JobSubmitted",
+                      "corral.logs.j1.0.node-0.0", "corral.admin.alice.dlq-replay",
+                      # JetStream calls that change streams or the messages in them
+                      "$JS.API.STREAM.UPDATE.CORRAL_INBOX", "$JS.API.STREAM.CREATE.EVIL",
+                      "$JS.API.STREAM.PURGE.CORRAL_EVENTS", "$JS.API.STREAM.MSG.DELETE.CORRAL_DLQ",
+                      "$JS.API.CONSUMER.CREATE.CORRAL_INBOX.x.corral.inbox.>",
+                      "$JS.API.CONSUMER.CREATE.CORRAL_LOGS"):
+        assert not _allows(admin.publish, forbidden), forbidden
+
+
+def test_no_generated_identity_publishes_a_bare_inbox_subject() -> None:
+    """Only a superuser (the test suite's session NATS) may publish `<ns>.inbox.<Type>`."""
+    from corral.contracts.subjects import INBOX_TYPES
+
+    identities = [auth.service("corral", "admission", "pw"), auth.agent("corral", ["node-0"], "d1", "pw"),
+                  auth.submitter("corral", "bob", "pw"), auth.submitter("corral", "root", "pw", admin=True)]
+    for ident in identities:
+        for kind in INBOX_TYPES:
+            assert not _allows(ident.publish, f"corral.inbox.{kind}"), (ident.user, kind)
 
 
 def test_the_config_block_lists_every_identity_once() -> None:
@@ -98,3 +127,20 @@ def test_an_agent_publishes_log_lines_only_as_its_own_nodes() -> None:
     assert "$JS.API.STREAM.INFO.CORRAL_LOGS" in agent.publish  # it waits for the stream, never creates it
     bob = auth.submitter("corral", "bob", "pw")
     assert not _allows(bob.publish, log_subject("corral", "j1", 0, "node-0", 3))
+
+
+def test_a_person_reads_only_the_log_subjects_naming_them() -> None:
+    from corral.contracts.logs import log_filter, log_subject
+
+    agent = auth.agent("corral", ["node-0"], "d1", "pw")
+    assert _allows(agent.publish, log_subject("corral", "j1", 0, "node-0", 3, owner="alice"))
+    assert not _allows(agent.publish, log_subject("corral", "j1", 0, "node-1", 3, owner="alice"))
+    bob = auth.submitter("corral", "bob", "pw")
+    create = "$JS.API.CONSUMER.CREATE.CORRAL_LOGS.logs-1a2b."
+    assert _allows(bob.publish, create + log_filter("corral", "j1", owner="bob"))
+    assert not _allows(bob.publish, create + log_filter("corral", "j1", owner="alice"))
+    assert not _allows(bob.publish, create + log_filter("corral", "j1", any_owner=True))
+    assert not _allows(bob.publish, create + log_filter("corral", "j1"))  # version 1: admins only
+    assert not _allows(bob.publish, "$JS.API.CONSUMER.CREATE.CORRAL_LOGS.logs-1a2b")  # no filter token
+    assert not _allows(bob.publish, "$JS.API.CONSUMER.CREATE.CORRAL_LOGS")  # nameless (legacy) create
+    assert not _allows(bob.publish, "$JS.API.CONSUMER.LIST.CORRAL_LOGS")

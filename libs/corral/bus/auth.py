@@ -7,8 +7,12 @@ permissions the nats-server enforces before a message reaches any stream:
 
 - a **service** (admission, quota, placement, preemption): publishes `<ns>.events.>` (every service
   process may run the outbox relay, see `corral.services.relay`; a service already appends to the
-  log, which is the truth, so relaying it gives it no new power) and `<ns>.dlq.>`, and the JetStream
-  API. Nobody else may publish an event: node agents obey only what the relay published.
+  log, which is the truth, so relaying it gives it no new power), `<ns>.dlq.>`, the inbox subjects
+  naming a sender (a service replays a dead letter on its original subject when an admin asks:
+  `dlq-replay`; again no new
+  power, since the service could append the request's effect itself) and the JetStream API, and
+  it answers requests (`allow_responses`). Nobody else may publish an event: node agents obey only
+  what the relay published.
 - a **node agent** process hosting nodes N: publishes only `<ns>.inbox.node.<n>.<Report>`,
   `<ns>.heartbeat.<n>` and its ranks' output `<ns>.logs.<job>.<attempt>.<n>.<rank>` for n in N
   (so no node can forge another's log lines), its own DLQ subject, and the JetStream calls of exactly two
@@ -27,6 +31,17 @@ permissions the nats-server enforces before a message reaches any stream:
   streams and consumers (the whole JetStream API) and read every subject; admission lets an admin
   cancel any job.
 
+
+  (`USER_REQUEST_TYPES`: submit, cancel, hold, release, requeue; admission records `<user>`,
+  whatever the spec says), reads stream info, and reads its own jobs' output: the log subjects
+  naming it as the owner (`_js_own_logs`), never another's.
+- an **admin** `<admin>`: a submitter (its own user subjects) that may also publish its own admin
+  subjects `<ns>.inbox.admin.<admin>.<Request>` (`ADMIN_REQUEST_TYPES`: queues, drain, acting on
+  anyone's job; the services take a request there as the admin's and record `admin/<admin>` as
+  its actor), ask a service to replay dead letters (`<ns>.admin.<admin>.dlq-replay`), read every
+  subject and make the JetStream calls that read (`_js_admin`). It may not publish another user's,
+  a node's or a bare `<ns>.inbox.<Type>` subject, nor an event.
+
 Every identity receives replies only on its own inbox prefix (`_INBOX.<user>.>`), so it cannot read
 another client's replies or pull-consumer deliveries. Pure and I/O-free: `corral.stack.credentials`
 stores the passwords and `corral.stack.servers.NatsServer` writes `nats_authorization()` to its
@@ -42,7 +57,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from corral.bus.naming import DLQ, EVENTS, INBOX, LOGS, Namespace, history_consumer
-from corral.contracts.subjects import USER_REQUEST_TYPES
+from corral.contracts.logs import OWNED, owner_filter
+from corral.contracts.subjects import ADMIN_REQUEST_TYPES, SENDER_KINDS, USER_REQUEST_TYPES, Subjects
 
 _USER = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -67,6 +83,8 @@ class Identity:
     role: Role
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
+    #: May publish a reply to a request it received (on the requester's own inbox subject).
+    allow_responses: bool = False
 
     @property
     def inbox_prefix(self) -> str:
@@ -102,8 +120,10 @@ def service(namespace: str, name: str, password: str) -> Identity:
     user = _check_user(f"svc-{name}")
     return Identity(
         user, password, Role.SERVICE,
-        publish=(ns.wildcard(EVENTS), ns.wildcard(DLQ), "$JS.API.>", "$JS.ACK.>", "$JS.FC.>"),
+        publish=(ns.wildcard(EVENTS), ns.wildcard(DLQ), *(f"{ns.name}.{INBOX}.{kind}.>" for kind in SENDER_KINDS),
+                 "$JS.API.>", "$JS.ACK.>", "$JS.FC.>"),
         subscribe=(f"{ns.name}.>", f"{inbox_prefix(user)}.>"),
+        allow_responses=True,
     )
 
 
@@ -117,7 +137,9 @@ def agent(namespace: str, nodes: Sequence[str], durable: str, password: str, *, 
     publish = [
         *(f"{ns.name}.{INBOX}.node.{_token(n)}.>" for n in nodes),
         *(f"{ns.name}.heartbeat.{_token(n)}" for n in nodes),
-        # its ranks' output: `<ns>.logs.<job>.<attempt>.<node>.<rank>` of its own nodes only
+        # its ranks' output: `<ns>.logs.user.<owner>.<job>.<attempt>.<node>.<rank>` of its own nodes
+        # only (and the version-1 subject without the owner, which only admins read)
+        *(f"{ns.name}.{LOGS}.{OWNED}.*.*.*.{_token(n)}.*" for n in nodes),
         *(f"{ns.name}.{LOGS}.*.*.{_token(n)}.*" for n in nodes),
         f"{ns.name}.{DLQ}.{events}.*",  # dead letters of events-stream messages (one per message)
         *_js_read(ns),
@@ -144,16 +166,19 @@ def agent(namespace: str, nodes: Sequence[str], durable: str, password: str, *, 
 def submitter(namespace: str, user: str, password: str, *, admin: bool = False) -> Identity:
     ns = Namespace(namespace)
     _check_user(user)
-    own = [f"{ns.name}.{INBOX}.user.{user}.{request}" for request in USER_REQUEST_TYPES]
+    subjects = Subjects(ns.name)
+    own = [subjects.user_request(user, request) for request in USER_REQUEST_TYPES]
     if not admin:
-        return Identity(user, password, Role.SUBMITTER, publish=(*own, *_js_read(ns)),
+        return Identity(user, password, Role.SUBMITTER, publish=(*own, *_js_read(ns), *_js_own_logs(ns, user)),
                         subscribe=(f"{inbox_prefix(user)}.>",))
     return Identity(
         user, password, Role.ADMIN,
-        # The whole inbox: `corral dlq replay` republishes a dead-lettered request to the subject it
-        # came on (a user's or a node's). The admin is the operator, who holds every credential of
-        # the installation anyway (`<data_dir>/credentials/`).
-        publish=(*own, f"{ns.name}.{INBOX}.>", "$JS.API.>", "$JS.ACK.>"),
+        # Its own subjects only: as a person (`inbox.user.<admin>`) and as the admin
+        # (`inbox.admin.<admin>`, which admission, quota and placement take as an admin's), never
+        # another user's, a node's or a bare `<ns>.inbox.<Type>`. A dead letter of someone else's
+        # is republished by a service on the admin's request (`dlq-replay`), not by the admin.
+        publish=(*own, *(subjects.admin_request(user, request) for request in ADMIN_REQUEST_TYPES),
+                 subjects.dead_letter_replay(user), *_js_admin(ns)),
         subscribe=(f"{ns.name}.>", f"{inbox_prefix(user)}.>", "$JS.EVENT.>"),
     )
 
@@ -173,6 +198,35 @@ def gateway(namespace: str, password: str, *, name: str = GATEWAY_USER) -> Ident
                     subscribe=(f"{inbox_prefix(user)}.>",))
 
 
+def _js_own_logs(ns: Namespace, user: str) -> list[str]:
+    """Reading the output of one's own jobs: a consumer of the log stream whose filter (a token of
+    the create call's subject, which the server checks against the request's body) is one of the
+    subjects naming `user` as the job's owner; pulling from it and deleting it by its name (an
+    unguessable one, `corral.log_stream`; no identity but an admin may list consumers)."""
+    logs = ns.stream(LOGS)
+    return [f"$JS.API.CONSUMER.CREATE.{logs}.*.{owner_filter(ns.name, user)}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{logs}.*", f"$JS.API.CONSUMER.DELETE.{logs}.*"]
+
+
+def _js_admin(ns: Namespace) -> list[str]:
+    """JetStream calls of an admin: read streams, consumers and stored messages, and read the log
+    stream through consumers of its own. No stream create, update, purge or delete (a stream's
+    subject transform or republish setting would put a message on a subject the admin may not
+    publish to), no consumer of the events or inbox stream, no message delete."""
+    streams = [ns.stream(k) for k in (EVENTS, INBOX, DLQ, LOGS)]
+    logs = ns.stream(LOGS)
+    return [
+        *_js_read(ns), "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
+        *(f"$JS.API.CONSUMER.{call}.{s}" for s in streams for call in ("LIST", "NAMES")),
+        *(f"$JS.API.CONSUMER.INFO.{s}.*" for s in streams),
+        *(f"$JS.API.STREAM.MSG.GET.{s}" for s in streams),
+        *(f"$JS.API.DIRECT.GET.{s}{tail}" for s in streams for tail in ("", ".>")),
+        # reading ranks' output: named consumers (never the nameless create) of the log stream
+        f"$JS.API.CONSUMER.CREATE.{logs}.>", f"$JS.API.CONSUMER.MSG.NEXT.{logs}.*",
+        f"$JS.API.CONSUMER.DELETE.{logs}.*",
+    ]
+
+
 def superuser(user: str, password: str) -> Identity:
     return Identity(_check_user(user), password, Role.SUPERUSER, publish=(">",), subscribe=(">",))
 
@@ -190,6 +244,7 @@ def nats_authorization(identities: Iterable[Identity]) -> str:
         lines.append(
             f"    {{user: {json.dumps(ident.user)}, password: {json.dumps(ident.password)}, permissions: {{"
             f"publish: {{allow: {json.dumps(list(ident.publish))}}}, "
-            f"subscribe: {{allow: {json.dumps(list(ident.subscribe))}}}}}}}")
+            f"subscribe: {{allow: {json.dumps(list(ident.subscribe))}}}"
+            + (", allow_responses: true" if ident.allow_responses else "") + "}}")
     lines += ["  ]", "}"]
     return "\n".join(lines) + "\n"

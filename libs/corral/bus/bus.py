@@ -38,7 +38,7 @@ from corral.bus.limits import BusLimits
 from corral.bus.naming import DLQ, EVENTS, INBOX, LOGS, Namespace
 from corral.bus.unavailable import UnavailableBackoff, is_unavailable
 from corral.bus.urls import first_credentials, server_urls
-from corral.contracts.subjects import INBOX_TYPES, NODE_REPORT_TYPES, USER_REQUEST_TYPES
+from corral.contracts.subjects import ADMIN_REQUEST_TYPES, INBOX_TYPES, NODE_REPORT_TYPES, USER_REQUEST_TYPES
 from corral.telemetry import tracing
 
 _log = logging.getLogger("corral.bus")
@@ -165,7 +165,7 @@ async def _connect(url: str, **options: Any) -> Any:
 
 
 #: Roles whose identity may only read stream info (see `corral.bus.auth`): they wait for the streams.
-_STREAM_READERS = ("agent", "submitter", "gateway")
+_STREAM_READERS = ("agent", "submitter", "gateway", "admin")
 _STREAMS_WAIT = 60.0
 #: How long creating a consumer waits out an unavailable JetStream (see `Bus._create_consumer`).
 _CONSUMER_WAIT = 120.0
@@ -272,10 +272,12 @@ class Bus:
     def inbox_subjects(self) -> list[str]:
         """The inbox subjects some Corral service reads: the only ones the inbox stream takes
         (the bare `<ns>.inbox.<Type>`, which only a superuser may publish to, and the ones that name
-        their sender: `<ns>.inbox.node.<node>.<Report>` and `<ns>.inbox.user.<user>.<Request>`)."""
+        their sender: `<ns>.inbox.node.<node>.<Report>`, `<ns>.inbox.user.<user>.<Request>` and
+        `<ns>.inbox.admin.<admin>.<Request>`)."""
         return ([self.names.inbox_subject(t) for t in INBOX_TYPES]
                 + [f"{self.names.name}.inbox.node.*.{t}" for t in NODE_REPORT_TYPES]
-                + [f"{self.names.name}.inbox.user.*.{t}" for t in USER_REQUEST_TYPES])
+                + [f"{self.names.name}.inbox.user.*.{t}" for t in USER_REQUEST_TYPES]
+                + [f"{self.names.name}.inbox.admin.*.{t}" for t in ADMIN_REQUEST_TYPES])
 
     @property
     def namespace(self) -> str:

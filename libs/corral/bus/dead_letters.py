@@ -5,7 +5,9 @@ bug since fixed, a queue created too late) nothing could put it back, and an ope
 only read the stream with the `nats` tool. Here each dead letter is listed with where it came
 from, which consumer gave up, after how many deliveries and why; `replay` republishes the
 original data and headers to the original subject (with the original `Nats-Msg-Id`, so a
-consumer's tracking still makes it exactly-once) and then removes the entry.
+consumer's tracking still makes it exactly-once) and then removes the entry. A service runs
+`replay`, on an admin's request (`corral.services.dead_letter_replay`): republishing to any inbox
+subject is a right no person's identity has.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class DeadLetter:
     stored_at: datetime | None
     data: bytes
     headers: dict[str, str]
+    #: its own subject in the dead-letter stream (`<ns>.dlq.<STREAM>.<seq>`), which says who may
+    #: have written it (`corral.bus.auth`)
+    dlq_subject: str = ""
 
     def age_seconds(self, now: datetime) -> float | None:
         return None if self.stored_at is None else max(0.0, (now - self.stored_at).total_seconds())
@@ -79,7 +84,8 @@ def _entry(raw: Any) -> DeadLetter:
     return DeadLetter(seq=int(raw.seq), subject=headers.get(DLQ_SUBJECT, ""), origin_stream=headers.get(DLQ_STREAM, ""),
                       origin_seq=number(DLQ_SEQUENCE), consumer=headers.get(DLQ_CONSUMER, ""),
                       deliveries=number(DLQ_DELIVERIES), error=headers.get(DLQ_ERROR, ""),
-                      msg_id=headers.get(DLQ_MSG_ID), stored_at=stored, data=bytes(raw.data or b""), headers=headers)
+                      msg_id=headers.get(DLQ_MSG_ID), stored_at=stored, data=bytes(raw.data or b""), headers=headers,
+                      dlq_subject=str(getattr(raw, "subject", "") or ""))
 
 
 async def list_dead_letters(bus: Bus, *, limit: int = 100_000) -> list[DeadLetter]:

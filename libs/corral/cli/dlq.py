@@ -11,9 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from corral.bus.dead_letters import get_dead_letter, list_dead_letters, replay
+from corral.bus.dead_letters import list_dead_letters
 from corral.cli.output import console, fail, print_json, print_table
-from corral.cli.session import with_client
+from corral.cli.session import require_admin, with_client
 from corral.client import Client
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -58,23 +58,18 @@ def register(app: typer.Typer) -> None:
         all_letters: Annotated[bool, typer.Option("--all", help="Replay every dead letter.")] = False,
         json_out: JsonOpt = False,
     ) -> None:
-        """Republish a dead letter to its original subject, then remove it from the DLQ."""
+        """Have a service republish a dead letter (a request) to its original subject, then remove
+        it from the DLQ. An admin's request."""
         if (seq is None) == (not all_letters):
             fail("give one SEQ or --all (see `corral dlq list`)", code=2)
+        require_admin("corral dlq replay")
 
         async def go(c: Client) -> list[dict[str, Any]]:
-            if all_letters:
-                letters = await list_dead_letters(c.bus)
-            else:
-                assert seq is not None
-                letter = await get_dead_letter(c.bus, seq)
-                if letter is None:
-                    return [{"seq": seq, "subject": None, "replayed": False,
-                             "message": f"no dead letter {seq}; see `corral dlq list`"}]
-                letters = [letter]
-            results = [await replay(c.bus, letter) for letter in letters]
-            return [{"seq": r.seq, "subject": r.subject, "replayed": r.replayed, "message": r.message}
-                    for r in results]
+            try:
+                return await c.replay_dead_letters(None if all_letters else seq)
+            except RuntimeError as exc:
+                fail(str(exc))
+                raise
 
         rows = with_client(go)
         if json_out:

@@ -5,7 +5,9 @@ and one file mixed every attempt of the job. Now it reads the chunks the node ag
 (`corral.log_stream`), so it needs only the cluster's NATS address (a context file or `--nats`):
 each attempt and rank apart, the history and then, with `--follow`, new lines as they come (as
 `kubectl logs -f`). Where the bus has nothing of the job (or cannot be read) and the rank files
-are on this machine (`<log_dir>/workers/<job>/rank-<N>.log`), those are shown instead.
+are on this machine (`<log_dir>/workers/<job>/rank-<N>.log`), those are shown instead. A person
+reads their own jobs' output (the subjects naming them as the owner); another person's job is
+refused, before anything is read; an admin reads every job's.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from corral.bus import Bus
+from corral.bus.auth import Role
 from corral.cli.output import console, err_console, print_json
 from corral.cli.session import EXIT_FAILURE, EXIT_NO_CLUSTER, context
 from corral.contracts.envelope import Event, job_stream
+from corral.contracts.events import JobSubmitted
 from corral.contracts.logs import LogChunk
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
@@ -32,6 +37,7 @@ from corral.eventstore import EventStore
 from corral.job_logs import LogsRefused, check_job_id, job_log_files, read_log, split_attempts
 from corral.log_stream import LogQuery, LogStreamUnavailable, RanksPlaced, read_chunks
 from corral.stack.context import Context
+from corral.stack.credentials import NatsCredentials
 
 
 def source_title(chunk: LogChunk) -> str:
@@ -109,6 +115,13 @@ async def _from_bus(ctx: Context, query: LogQuery, follow: bool, json_out: bool)
     store = await _event_store(ctx, refused)
     placed = None if store is None else RanksPlaced(lambda: _job_events(store, query.job_id), time.monotonic)
     try:
+        reader = _reader(ctx)
+        if reader is not None:  # a person: only their own jobs (the owner is a token of the subject)
+            owner = await _owner(store, query.job_id) if store is not None else None
+            if owner is not None and owner != reader:
+                raise LogsForbidden(f"job {query.job_id} is {owner}'s: its output is readable by its owner and "
+                                    f"the admins only (this login is {reader}'s)")
+            query = replace(query, owner=reader)
         await read_chunks(bus, query, on_chunk, follow=follow, on_refused=refused, placed=placed)
     except LogStreamUnavailable as exc:
         refused(f"{exc}; looking for the job's files on this machine")
@@ -118,6 +131,30 @@ async def _from_bus(ctx: Context, query: LogQuery, follow: bool, json_out: bool)
         if store is not None:
             await store.close()
     return chunks
+
+
+class LogsForbidden(Exception):
+    """This login may not read the job's output (another person's job)."""
+
+
+def _reader(ctx: Context) -> str | None:
+    """The person this login reads as, or None for an admin (or a cluster without logins), who
+    reads every job's output."""
+    if not ctx.credentials:
+        return None
+    try:
+        creds = NatsCredentials.load(ctx.credentials)
+    except (OSError, ValueError, KeyError):
+        return None  # unreadable: connecting said so already
+    return None if creds.role in ("", Role.ADMIN.value, Role.SUPERUSER.value) else creds.user
+
+
+async def _owner(store: EventStore, job_id: str) -> str | None:
+    """The user the job's JobSubmitted records; None if the log has no such job (yet)."""
+    for event in await _job_events(store, job_id):
+        if isinstance(event, JobSubmitted):
+            return event.user
+    return None
 
 
 async def _event_store(ctx: Context, note: Callable[[str], None]) -> EventStore | None:
@@ -193,6 +230,9 @@ def register(app: typer.Typer) -> None:
                 chunks = asyncio.run(_from_bus(ctx, query, follow, json_out))
         except KeyboardInterrupt:
             return
+        except LogsForbidden as exc:
+            err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise SystemExit(EXIT_FAILURE) from None
         if follow and chunks is not None:
             return
         if chunks:

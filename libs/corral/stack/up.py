@@ -290,8 +290,6 @@ class Stack:
             env[CA_ENV] = str(tls_files.ca)
         elif self.nats is not None:
             env.pop(CA_ENV, None)
-        if registry is not None:
-            env["CORRAL_ADMINS"] = ",".join(registry.admins())
         py = sys.executable
         for name in SERVICES:
             self.processes.append(ManagedProcess(

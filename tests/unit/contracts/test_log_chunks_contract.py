@@ -72,3 +72,20 @@ def test_a_subject_with_a_number_int_refuses_is_refused_not_a_traceback(subject:
     catch: one forged subject ended every later `corral logs JOB` in a traceback."""
     with pytest.raises(LogChunkRefused):
         parse_log_subject("corral", subject)
+
+
+def test_a_log_subject_names_the_jobs_owner_and_the_version_1_one_none() -> None:
+    from corral.contracts.logs import log_filter, log_subject, owner_filter, parse_log_subject
+
+    owned = log_subject("corral", "j.1", 2, "gpu.0", 3, owner="alice")
+    assert owned == "corral.logs.user.alice.j~1.2.gpu~0.3"
+    parsed = parse_log_subject("corral", owned)
+    assert (parsed.job_id, parsed.attempt, parsed.node, parsed.rank, parsed.owner) == ("j.1", 2, "gpu.0", 3, "alice")
+    assert parse_log_subject("corral", "corral.logs.j1.0.node-0.0").owner is None
+    assert parse_log_subject("corral", "corral.logs.user.0.node-0.0").job_id == "user"  # a job named `user`
+    assert log_filter("corral", "j1", owner="alice") == "corral.logs.user.alice.j1.*.*.*"
+    assert log_filter("corral", "j1", 0, 1, any_owner=True) == "corral.logs.user.*.j1.0.*.1"
+    assert log_filter("corral", "j1") == "corral.logs.j1.*.*.*"
+    assert owner_filter("corral", "bob") == "corral.logs.user.bob.>"
+    with pytest.raises(ValueError):
+        log_subject("corral", "j1", 0, "node-0", 0, owner="a b")
