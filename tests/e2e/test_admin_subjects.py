@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -221,8 +222,11 @@ async def test_a_dead_letter_is_replayed_by_a_service_on_the_admins_request(peop
 
 def _cli_as(stack: Stack, user: str | None, *args: str) -> subprocess.CompletedProcess[str]:
     """`corral ARGS` with a context file holding `user`'s login (None: the admin's)."""
-    ctx = _ctx(stack, user)
-    path = stack.options.data_dir / f"context-{user or 'admin'}.json"
+    return _cli_with(stack, _ctx(stack, user), *args)
+
+
+def _cli_with(stack: Stack, ctx: Context, *args: str) -> subprocess.CompletedProcess[str]:
+    path = stack.options.data_dir / f"context-{secrets.token_hex(4)}.json"
     ctx.save(path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env.update({"CORRAL_CONTEXT": str(path), "COLUMNS": "200", "CORRAL_LOG_DIR": "/nonexistent"})
@@ -280,3 +284,65 @@ async def test_a_person_follows_their_own_jobs_logs_and_no_one_elses(people: Sta
     finally:
         async with await Client.connect(_ctx(people, "alice")) as alice:
             await alice.cancel(job_id)
+
+
+def _person_dsn(stack: Stack, user: str) -> str:
+    from corral.stack import pglogins
+
+    assert stack.context is not None
+    database = urlsplit(stack.context.postgres_dsn).path.lstrip("/")
+    return pglogins.with_login(stack.context.postgres_dsn, pglogins.person_login(database, user),
+                               pglogins.person_pgpass(stack.options.data_dir, user))
+
+
+async def test_a_persons_login_reads_everyones_jobs_but_only_their_own_env_values(people: Stack) -> None:
+    """Slurm's PrivateData for env: alice's own Postgres login (in corral_person) reads her job's
+    env values and every job's state, never bob's env values (nor the raw table, nor the hash
+    that would check a guess); the read model stores no env value; `corral jobs`, `why` and `show`
+    work for both jobs with her login."""
+    async with await Client.connect(_ctx(people, "alice")) as alice:
+        hers = await alice.submit(_spec(env={"API_TOKEN": "alice-s3cret"}))
+    async with await Client.connect(_ctx(people, "bob")) as bob:
+        his = await bob.submit(_spec(env={"API_TOKEN": "bob-s3cret"}))
+        await bob.wait_for(lambda v: hers in v.jobs and his in v.jobs, 30)
+    conn = await asyncpg.connect(_person_dsn(people, "alice"))
+    try:
+        assert await conn.fetchval("SELECT current_setting('search_path')") == "person_view, public"
+        submitted = {r["stream"]: r["data"] for r in await conn.fetch(
+            "SELECT stream, data::text AS data FROM events WHERE type = 'JobSubmitted' AND stream = ANY($1)",
+            [job_stream(hers), job_stream(his)])}
+        assert "alice-s3cret" in submitted[job_stream(hers)]
+        assert "bob-s3cret" not in submitted[job_stream(his)] and "API_TOKEN" in submitted[job_stream(his)]
+        assert await conn.fetchval("SELECT count(*) FROM events WHERE hash IS NOT NULL") == 0
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.fetchval("SELECT count(*) FROM public.events")
+    finally:
+        await conn.close()
+    reader = await asyncpg.connect(people.context.postgres_dsn)  # type: ignore[union-attr]
+    try:  # the projector's stored views: every job's spec, no env value
+        head = await reader.fetchval("SELECT max(position) FROM events WHERE stream = ANY($1)",
+                                     [job_stream(hers), job_stream(his)])
+        for _ in range(60):
+            if (await reader.fetchval("SELECT max(position) FROM view_snapshots") or 0) >= head:
+                break
+            await asyncio.sleep(0.5)
+        blobs = [r["data"] for r in await reader.fetch("SELECT data FROM view_snapshots UNION ALL "
+                                                       "SELECT data FROM view_jobs")]
+        assert blobs and not any(b"s3cret" in bytes(b) for b in blobs)
+    finally:
+        await reader.close()
+    ctx = Context(nats_url=people.context.nats_url, postgres_dsn=_person_dsn(people, "alice"),  # type: ignore[union-attr]
+                  namespace=NS, credentials=str(people.options.data_dir / "credentials" / "alice.json"),
+                  nats_ca=people.context.nats_ca)  # type: ignore[union-attr]
+    try:
+        listed = await asyncio.to_thread(_cli_with, people, ctx, "jobs", "--json")
+        assert listed.returncode == 0 and hers in listed.stdout and his in listed.stdout, listed
+        for job, secret, seen in ((hers, "alice-s3cret", True), (his, "bob-s3cret", False)):
+            shown = await asyncio.to_thread(_cli_with, people, ctx, "show", job, "--json")
+            assert shown.returncode == 0 and (secret in shown.stdout) is seen, shown
+            why = await asyncio.to_thread(_cli_with, people, ctx, "why", job)
+            assert why.returncode == 0 and job in why.stdout and "bob-s3cret" not in why.stdout, why
+    finally:
+        async with await Client.connect(_ctx(people, None)) as admin:
+            for job in (hers, his):
+                await admin.cancel(job)

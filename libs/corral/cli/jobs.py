@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,6 +30,7 @@ from corral.cli.present import (
 from corral.cli.session import EXIT_FAILURE, with_client
 from corral.cli.verdict_report import VERDICT_WAIT, job_now, report
 from corral.client import Client, check_spec_size
+from corral.contracts import events as ev
 from corral.contracts.jobspec import JobSpec, validate_job_spec
 from corral.contracts.problems import SpecError
 from corral.contracts.validation import parse_document, utf8_text
@@ -193,7 +195,12 @@ def register(app: typer.Typer) -> None:
         async def go(c: Client) -> dict[str, Any] | None:
             view = await c.live_view(job_ids=[job])
             j = view.jobs.get(job)
-            return job_detail(j) if j is not None and j.spec is not None else None
+            if j is None or j.spec is None:
+                return None
+            # The spec as submitted: the read model keeps no env values (whose they are is the
+            # log's to say: a person's login reads their own jobs' values, others' hidden).
+            submitted = next((e for _, e in await c.job_events(job) if isinstance(e, ev.JobSubmitted)), None)
+            return job_detail(replace(j, spec=submitted.spec) if submitted is not None else j)
 
         detail = with_client(go, bus=False)
         if detail is None:

@@ -17,6 +17,7 @@ reader folds the log from the stored position in log order, where neither is nee
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from datetime import datetime
 from importlib.util import find_spec
@@ -104,8 +105,20 @@ def decode_hot(data: bytes) -> ClusterView:
                        tree_versions=hot.tree_versions)
 
 
+#: What a stored view holds in place of each env value of a job's spec.
+ENV_HIDDEN = "(hidden)"
+
+
 def encode_job(job: JobView) -> bytes:
-    return _ENCODER.encode(_without_caches(job))
+    """`job` as stored, its spec's env values hidden: people read the read model with their own
+    logins, and a job's env values are its owner's, the admins' and its nodes' only (the names
+    stay; `corral show` takes the owner's values from the job's JobSubmitted)."""
+    job = _without_caches(job)
+    if job.spec is not None and job.spec.env and any(v != ENV_HIDDEN for v in job.spec.env.values()):
+        hidden = msgspec.structs.replace(job.spec, env=dict.fromkeys(job.spec.env, ENV_HIDDEN))
+        job = copy.copy(job)
+        job.spec = hidden
+    return _ENCODER.encode(job)
 
 
 def decode_job(data: bytes) -> JobView:

@@ -45,6 +45,8 @@ SERVICE_ROLE = "corral_service"
 READER_ROLE = "corral_reader"
 #: The group of every person's and pipeline's own login (migration 075).
 PERSON_ROLE = "corral_person"
+#: Where a person's login finds the tables it reads before `public` (its `events` hides others' env values).
+PERSON_SCHEMA = "person_view"
 #: Where `corral up` keeps the owner's DSN, for `corral user` to create and drop people's logins.
 OWNER_DSN_FILE = "pg-owner.dsn"
 
@@ -186,6 +188,8 @@ async def _ensure_login(conn: Any, login: str, password: str, group: str) -> Non
     for row in others:  # a login in two groups would have both groups' rights
         await conn.execute(f"REVOKE {_ident(row['rolname'])} FROM {_ident(login)}")
     await conn.execute(f"GRANT {_ident(group)} TO {_ident(login)}")
+    if group == PERSON_ROLE:  # a person reads the log through `person_view` (migration 072)
+        await conn.execute(f"ALTER ROLE {_ident(login)} SET search_path TO {PERSON_SCHEMA}, public")
 
 
 @dataclass(frozen=True)
