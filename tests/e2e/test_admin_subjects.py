@@ -129,8 +129,8 @@ async def test_the_admin_cancels_as_the_admin(people: Stack) -> None:
                                               user=admin_name, message="as a person")
         await admin.bus.publish(Subjects(NS).user_request(admin_name, "JobCancelRequested"),
                                 encode(as_person), as_person.event_id)
-        outcome = await admin.request_outcome(job_id, as_person, 20)
-        assert isinstance(outcome, ev.AccessDenied) and outcome.reason.code == "NOT_OWNER", outcome
+        verdict = await admin.await_verdict(as_person, 20)
+        assert isinstance(verdict.event, ev.AccessDenied) and verdict.event.reason.code == "NOT_OWNER", verdict
         await admin.cancel(job_id)
         view = await admin.wait_for(lambda v: v.jobs[job_id].state.terminal, 30)
         assert view.jobs[job_id].state.name == "CANCELLED"
@@ -146,9 +146,9 @@ async def test_queues_and_drains_are_recorded_as_the_admins(people: Stack) -> No
         request = await admin.request_queue_tree(validate_queues({"queues": [{"name": "team-b",
                                                                                "guaranteed_gpus": 0}]}),
                                                  user="mallory")
-        outcome = await admin.queue_tree_outcome(request, 20)
-        assert outcome is not None and isinstance(outcome[1], ev.QueueTreeApplied), outcome
-        assert outcome[1].actor == f"admin/{admin_name}" and outcome[1].user == admin_name, outcome
+        verdict = await admin.await_verdict(request, 20)
+        assert isinstance(verdict.event, ev.QueueTreeApplied), verdict
+        assert verdict.event.actor == f"admin/{admin_name}" and verdict.event.user == admin_name, verdict
         await admin.drain("node-1", message="maintenance")
         view = await admin.wait_for(lambda v: v.nodes["node-1"].draining, 20)
         drained = [e for _, e in await admin.events(types=["NodeDrained"]) if isinstance(e, ev.NodeDrained)]
