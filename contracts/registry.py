@@ -52,8 +52,16 @@ class EventRegistry:
             raise ValueError(f"{key[0]} v{key[1]} is already registered to {self._classes[key]!r}")
         self._classes[key] = cls
         self._current[key[0]] = max(self._current.get(key[0], 0), key[1])
-        self._decoders[cls] = msgspec.json.Decoder(cls)
         return cls
+
+    def decoder(self, cls: type[Event]) -> msgspec.json.Decoder[Any]:
+        """`cls`'s JSON decoder, built on first use: building one resolves every annotation of the
+        class and its fields (~1 ms each), which a process that decodes a few types (a CLI
+        command) should not pay for all ~70 of them at import."""
+        decoder = self._decoders.get(cls)
+        if decoder is None:
+            decoder = self._decoders[cls] = msgspec.json.Decoder(cls)
+        return decoder
 
     def register_upcaster(self, type_name: str, from_version: int, upcaster: Upcaster) -> None:
         """`upcaster` turns a `from_version` JSON object into `from_version + 1` (it must set the
@@ -91,7 +99,7 @@ class EventRegistry:
 
     def _decode_as(self, cls: type[E], raw: bytes | str) -> E:
         try:
-            event: E = self._decoders[cls].decode(raw)
+            event: E = self.decoder(cls).decode(raw)
             return event
         except msgspec.ValidationError as e:
             problem = problem_from_validation_error(e)
@@ -191,7 +199,7 @@ def validated(event: E) -> E:
         data = _ENCODER.encode(event)
     except (TypeError, ValueError, OverflowError) as e:
         raise ContractError(f"cannot encode {cls.type_name()}: {e}", event_type=cls.type_name()) from e
-    decoder = REGISTRY._decoders.get(cls) or msgspec.json.Decoder(cls)
+    decoder = REGISTRY.decoder(cls)
     try:
         result: E = decoder.decode(data)
         return result

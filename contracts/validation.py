@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import msgspec
-import yaml
 
 from corral.contracts.problems import Problem, SpecError, join_path, problem_from_validation_error
 
@@ -55,13 +54,16 @@ def parse_document(text: str, fmt: Literal["yaml", "json"] | None = None) -> Any
     """
     if fmt is None:
         fmt = "json" if text.lstrip().startswith(("{", "[")) else "yaml"
-    try:
-        if fmt == "json":
+    if fmt == "json":
+        try:
             return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpecError([Problem(path="", message=f"not valid JSON: {e.msg} at line {e.lineno} "
+                                     f"column {e.colno}", hint="check brackets, commas and quotes")]) from e
+    import yaml  # the YAML parser (tens of regular expressions) only for a YAML document
+
+    try:
         return yaml.safe_load(text)
-    except json.JSONDecodeError as e:
-        raise SpecError([Problem(path="", message=f"not valid JSON: {e.msg} at line {e.lineno} "
-                                 f"column {e.colno}", hint="check brackets, commas and quotes")]) from e
     except yaml.YAMLError as e:
         raise SpecError([Problem(path="", message=f"not valid YAML: {e}",
                                  hint="check indentation and that `key: value` pairs have a space "

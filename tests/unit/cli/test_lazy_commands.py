@@ -47,14 +47,14 @@ def test_the_full_app_has_every_command() -> None:
     assert expected <= set(group.commands)  # type: ignore[attr-defined]
 
 
-def test_a_read_only_command_loads_neither_nats_nor_the_cycle() -> None:
+def test_a_read_only_command_loads_neither_nats_nor_the_cycle_nor_yaml() -> None:
     code = (
         "import sys\n"
         "from corral.cli.main import register_for\n"
         "register_for(['jobs'])\n"
         "import corral.client, corral.cli.jobs, corral.readmodel.snapshots\n"
         "loaded = [m for m in ('nats', 'corral.core.cycle', 'corral.core.backfill', 'corral.cli.agent', "
-        "'corral.stack.up') if m in sys.modules]\n"
+        "'corral.stack.up', 'yaml') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
