@@ -284,6 +284,7 @@ async def test_a_raw_client_cannot_pass_as_another_account(gated: Stack, account
         assert (reply.code or "ok") == expect, reply
     submitted = (await _recorded(gated, job_id, ev.JobSubmitted))[0]
     assert (submitted.user, submitted.actor) == (a, f"user/{a}")
+    assert _corral(gated, a, "cancel", job_id).returncode == 0  # A's job: A cancels it
     # over the size limit: refused before the body is read
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(sock)
@@ -367,7 +368,7 @@ async def test_the_gateway_credential_publishes_user_requests_and_nothing_else(g
 async def test_hold_release_requeue_and_why_through_the_gateway(gated: Stack, accounts: tuple[str, str]) -> None:
     a, b = accounts
     whole = {"replicas": 2, "gpus_per_replica": 8}  # every GPU of the cluster
-    running = _corral(gated, a, "submit", "-", "--wait", stdin=_spec_text(**whole))
+    running = _corral(gated, a, "submit", "-", "--wait", "--timeout", "90", stdin=_spec_text(**whole))
     assert running.returncode == 0 and "RUNNING" in running.stdout, (running.stdout, running.stderr)
     first = running.stdout.split(":")[0].strip()
     waiting = _corral(gated, a, "submit", "-", stdin=_spec_text(**whole))
