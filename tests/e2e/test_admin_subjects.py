@@ -301,7 +301,8 @@ async def test_a_persons_login_reads_everyones_jobs_but_only_their_own_env_value
     that would check a guess); the read model stores no env value; `corral jobs`, `why` and `show`
     work for both jobs with her login."""
     async with await Client.connect(_ctx(people, "alice")) as alice:
-        hers = await alice.submit(_spec(env={"API_TOKEN": "alice-s3cret"}))
+        sid = "nightly-" + secrets.token_hex(3)
+        hers = await alice.submit(_spec(env={"API_TOKEN": "alice-s3cret"}, submission_id=sid))
     async with await Client.connect(_ctx(people, "bob")) as bob:
         his = await bob.submit(_spec(env={"API_TOKEN": "bob-s3cret"}))
         await bob.wait_for(lambda v: hers in v.jobs and his in v.jobs, 30)
@@ -316,6 +317,8 @@ async def test_a_persons_login_reads_everyones_jobs_but_only_their_own_env_value
         assert await conn.fetchval("SELECT count(*) FROM events WHERE hash IS NOT NULL") == 0
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await conn.fetchval("SELECT count(*) FROM public.events")
+        # her submission id's job, from the index on public.events (not a scan of the view)
+        assert await conn.fetchval("SELECT job_of_submission('alice', $1)", sid) == hers
     finally:
         await conn.close()
     reader = await asyncpg.connect(people.context.postgres_dsn)  # type: ignore[union-attr]

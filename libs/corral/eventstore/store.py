@@ -402,13 +402,10 @@ class EventStore:
     async def job_of_submission(self, user: str, submission_id: str) -> str | None:
         """The job id of the first JobSubmitted of `user` with `submission_id` (a recorded
         submission without a user counts as the empty user's), or None. One lookup in the index
-        of migration 075, whose expressions these are, whatever the log's length."""
+        of migration 075, whatever the log's length: the function of migration 076 (a person's
+        login, which reads the log through a view, finds its own version first)."""
         async with self._pool.acquire() as conn:
-            return await conn.fetchval(
-                "SELECT data->>'job_id' FROM events WHERE type = 'JobSubmitted'"
-                " AND coalesce(data->>'user', '') = $1"
-                " AND coalesce(data->>'submission_id', data->'spec'->>'submission_id') = $2"
-                " ORDER BY position LIMIT 1", user, submission_id)
+            return await conn.fetchval("SELECT job_of_submission($1, $2)", user, submission_id)
 
     async def head_position(self) -> int:
         """The global position of the last committed event (0 for an empty log)."""
