@@ -16,6 +16,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from corral.contracts import events as ev
 from corral.contracts.envelope import new_event_id
 from corral.contracts.jobspec import validate_job_spec
@@ -29,7 +31,8 @@ def sim_job(name: str, queue: str, gpus: int = 1, seconds: float = 600) -> objec
                               "duration_seconds": seconds})
 
 
-async def test_one_user_is_stopped_at_the_queues_max_submitted_per_user(make_stack: StackFactory) -> None:
+async def test_one_user_is_stopped_at_the_queues_max_submitted_per_user(make_stack: StackFactory, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     stack = make_stack(cluster="1x8:H100")
     c = await connect(stack)
     try:
@@ -47,6 +50,12 @@ async def test_one_user_is_stopped_at_the_queues_max_submitted_per_user(make_sta
         assert rejected[0].problems and rejected[0].problems[0].path == "queue"
         bob = await c.submit(sim_job("b0", "team-a"), user="bob")  # type: ignore[arg-type]
         assert isinstance(await c.verdict(bob, 60), ev.JobAdmitted)
+        # `corral submit` as alice: exit 1, the limit and the count named
+        monkeypatch.setenv("USER", "alice")
+        path = write(tmp_path, "one-more.yaml", "name: one-more\nqueue: team-a\nruntime: sim\nduration_seconds: 5\n")
+        proc = corral(stack, "submit", path, check=False)
+        assert proc.returncode == 1 and "LIMIT_SUBMITTED" in proc.stderr, (proc.stdout, proc.stderr)
+        assert "max_submitted_per_user is 5" in proc.stderr
         # `corral jobs` shows a page and says how many more match; --json lists every one
         active = [v.job_id for v in admitted] + [bob]
         page = corral(stack, "jobs", "--limit", "3")
