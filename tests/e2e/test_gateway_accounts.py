@@ -253,6 +253,8 @@ async def test_submit_wait_follows_the_job_through_the_gateway(gated: Stack, acc
     job_id = done.stdout.split(":")[0].strip()  # "j0123456789abcd: PENDING" then "...: RUNNING"
     shown = _corral(gated, a, "show", job_id)
     assert shown.returncode == 0 and "RUNNING" in shown.stdout, shown.stdout
+    logs = _corral(gated, a, "logs", job_id)  # not carried by the gateway: one clear note, no trace
+    assert "through the local gateway" in logs.stderr and "Traceback" not in logs.stderr, logs.stderr
     assert _corral(gated, a, "cancel", job_id).returncode == 0
 
 

@@ -34,6 +34,7 @@ from corral.contracts.logs import LogChunk
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
 from corral.eventstore import EventStore
+from corral.gateway.client import gateway_socket
 from corral.job_logs import LogsRefused, check_job_id, job_log_files, read_log, split_attempts
 from corral.log_stream import LogQuery, LogStreamUnavailable, RanksPlaced, read_chunks
 from corral.stack.context import Context
@@ -225,6 +226,13 @@ def register(app: typer.Typer) -> None:
         ctx = context(need_postgres=False)
         query = LogQuery(job, attempt, rank)
         chunks: list[LogChunk] | None = None
+        if not local and gateway_socket(ctx) is not None:
+            # A person of this host with no login of their own: the gateway carries requests, not
+            # output (reading it would need the bus's log stream).
+            err_console.print("[yellow]note:[/yellow] through the local gateway (no credential of your own) the "
+                              "bus's worker output cannot be read; looking for the job's files on this machine "
+                              "(an admin can give you a login: corral user add)", highlight=False)
+            local = True
         try:
             if not local:
                 chunks = asyncio.run(_from_bus(ctx, query, follow, json_out))
