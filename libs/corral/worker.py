@@ -198,11 +198,21 @@ def run_sim(duration: float, step_seconds: float, fail_at_step: int | None, fail
     resume = resume_path()
     step = _read_sim_step(resume) if resume else 0
     print(f"sim rank={rank} attempt={attempt} start step={step} total={total_steps}", flush=True)
+    asked = False
     while step < total_steps:
-        if checkpoint_requested():
-            _sim_checkpoint(rank, attempt, step)
-            print(f"sim rank={rank} checkpointed step={step}", flush=True)
-            return CHECKPOINTED_EXIT_CODE
+        if checkpoint_requested() and not asked:
+            asked = True
+            try:
+                _sim_checkpoint(rank, attempt, step)
+            except OSError as exc:
+                # A checkpoint that cannot be written (its folder full) is no checkpoint: say so
+                # and go on; the preemption falls back to its grace (SIGTERM, then SIGKILL) and
+                # the job resumes from its last checkpoint that was written.
+                print(f"sim rank={rank} checkpoint failed at step={step}: {exc}; running on until stopped",
+                      flush=True)
+            else:
+                print(f"sim rank={rank} checkpointed step={step}", flush=True)
+                return CHECKPOINTED_EXIT_CODE
         if fail_at_step is not None and step == fail_at_step and rank == fail_rank \
                 and attempt == fail_on_attempt:
             print(f"sim rank={rank} crashing at step={step} code={fail_code}", flush=True)
@@ -211,7 +221,10 @@ def run_sim(duration: float, step_seconds: float, fail_at_step: int | None, fail
         step += 1
         print(f"sim rank={rank} step={step}", flush=True)
         if checkpoint_every and step % checkpoint_every == 0 and step < total_steps:
-            _sim_checkpoint(rank, attempt, step)
+            try:
+                _sim_checkpoint(rank, attempt, step)
+            except OSError as exc:  # the next one may be written; a restart resumes from the last that was
+                print(f"sim rank={rank} checkpoint failed at step={step}: {exc}", flush=True)
     print(f"sim rank={rank} done step={step}", flush=True)
     return 0
 

@@ -251,3 +251,39 @@ async def test_a_node_whose_disk_is_full_takes_no_new_work_until_its_condition_c
         finally:
             await client.close()
             stack.stop()
+
+
+# --- the checkpoint folder ----------------------------------------------------------------------
+
+async def test_a_checkpoint_the_full_disk_refuses_fails_and_the_preemption_falls_back_to_its_grace(
+        make_stack: StackFactory, tmp_path: Path) -> None:
+    """Asked to checkpoint while its checkpoint folder is full, the job is told (its write fails:
+    it says so), no checkpoint is reported, the stop comes at the preemption's grace, and the job
+    waits again and completes from the last checkpoint it could write."""
+    checkpoints = tmp_path / "stack0" / "nodes" / "checkpoints"
+    with tmpfs(checkpoints, "1m"):
+        stack = make_stack(cluster="1x8:H100")
+        client = await connect(stack)
+        try:
+            await with_queues(client, QUEUES, nodes=1)
+            spec = validate_job_spec({"name": "ckpt", "queue": "team-a", "runtime": "sim", "duration_seconds": 6.0,
+                                      "preemptible": True, "checkpoint": {"grace_seconds": 3},
+                                      "env": {"CORRAL_SIM_ARGS": "--checkpoint-every 10"}})
+            ckpt = await client.submit(spec)
+            log = Path(stack.context.log_dir if stack.context else "") / "workers" / ckpt / "rank-0.log"
+            deadline = time.monotonic() + 60
+            while b"step=12\n" not in (log.read_bytes() if log.exists() else b""):  # its step-10 checkpoint is written
+                assert time.monotonic() < deadline, dump_logs(stack)
+                await asyncio.sleep(0.1)
+            filler = fill(checkpoints)
+            await client.requeue(ckpt, message="a checkpoint onto a full disk")
+            await client.wait_for(lambda v: v.jobs[ckpt].attempt >= 1, 60)
+            filler.unlink()
+            view = await client.wait_for(lambda v: v.jobs[ckpt].state.terminal, 60)
+            text = log.read_text()
+            assert view.jobs[ckpt].state is JobState.COMPLETED, f"{view.jobs[ckpt]}\n{text}"
+            assert "checkpoint failed at step=" in text and "No space left on device" in text, text
+            assert "start step=10 " in text, text  # attempt 1 resumed from the checkpoint written before
+        finally:
+            await client.close()
+            stack.stop()
