@@ -47,7 +47,6 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import nats.errors
@@ -312,7 +311,7 @@ class NodeAgent:
         job = event.victim_job_id
         if self.supervisor.running_attempt(job) is None:
             return
-        grace = max(0.0, (event.deadline - datetime.now(UTC)).total_seconds())
+        grace = preempt_grace(event)
         log.info("%s: preempting %s for %s (signal %s, %.1fs grace)", self.node, job, event.for_job_id,
                  event.signal, grace)
         self.supervisor.send_preempt(job, grace, event.signal, cause=event.event_id)
@@ -558,6 +557,14 @@ class AgentHost:
             log.warning("%s: marked lost (%s); registering again", event.node, event.reason.message)
             self.publisher.send(self.agents[event.node].registration())
             self.agents[event.node].reported_conditions = None  # said again after the registration
+
+
+def preempt_grace(event: PreemptRequested) -> float:
+    """The seconds a preempted gang has to checkpoint and stop, by the clock of the one that decided:
+    its deadline less the moment it decided. Not against this node's clock: a node minutes ahead
+    of the decider's SIGKILLed its gang at once, without a checkpoint; one minutes behind kept it
+    past the deadline placement counts its overrun from."""
+    return max(0.0, (event.deadline - event.occurred_at).total_seconds())
 
 
 async def _heartbeats(bus: Bus, subjects: Subjects, host: AgentHost, every: float) -> None:

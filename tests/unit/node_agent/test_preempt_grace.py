@@ -1,0 +1,30 @@
+"""A preemption's grace is measured by the clock of the one deciding, never by the node's."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from corral.contracts import events as ev
+from corral.contracts.envelope import Reason, job_stream
+from corral.services.node_agent.service import preempt_grace
+
+
+def _preempt(grace: float, decided: datetime) -> ev.PreemptRequested:
+    return ev.PreemptRequested.new(stream=job_stream("j1"), actor="preemption", victim_job_id="j1", for_job_id="j2",
+                                   now=decided, deadline=decided + timedelta(seconds=grace),
+                                   reason=Reason(code="PREEMPTED", message="for j2"))
+
+
+@given(st.floats(0, 3600), st.floats(-30, 30))
+def test_the_grace_is_the_deciders_whatever_this_nodes_clock_says(grace: float, minutes_off: float) -> None:
+    """This node's clock is `minutes_off` minutes off the decider's (the decision is stamped by
+    the decider's clock): a node ahead used to SIGKILL at once, one behind to overrun."""
+    decided = datetime.now(UTC) - timedelta(minutes=minutes_off)
+    assert abs(preempt_grace(_preempt(grace, decided)) - grace) < 1e-3
+
+
+def test_a_deadline_before_the_decision_is_no_grace() -> None:
+    assert preempt_grace(_preempt(-5.0, datetime.now(UTC))) == 0.0
