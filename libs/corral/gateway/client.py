@@ -123,6 +123,11 @@ class GatewayClient(Client):
         return self.account
 
     @property
+    def is_admin(self) -> bool:
+        """Never: the gateway carries a person's requests only (an admin acts with their login)."""
+        return False
+
+    @property
     def max_spec_bytes(self) -> int:
         return BusLimits.from_env().max_spec_bytes
 
