@@ -136,7 +136,10 @@ class Client:
     def is_admin(self) -> bool:
         """Whether this client's identity is an admin's: its requests on jobs, queues and nodes go
         to its admin subjects (and are recorded as the admin's)."""
-        return bool(self.ctx.credentials) and NatsCredentials.load(self.ctx.credentials).role == "admin"
+        path = self.ctx.credentials
+        if not path:
+            return False
+        return NatsCredentials.load(path).role == "admin"
 
     def _request_subject(self, event: Event) -> str:
         """With an identity, a request goes to a subject naming it, which NATS lets it publish only
