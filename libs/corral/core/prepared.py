@@ -81,7 +81,7 @@ def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Pre
         releasing=releasing,
         preemptors={x for r in running for x in r.preempted_by},
         order=order,
-        classes={p.job.id: memo.class_id(p) for p in snapshot.pending},
+        classes={p.job.id: memo.class_id(p, tree.per_user) for p in snapshot.pending},
         releases=_releases(running, fi) if config.backfill else {},
     )
 

@@ -35,9 +35,11 @@ _PER_JOB_REASONS = frozenset({ReasonCode.WAITING_FOR_PREEMPTION})
 _QUIET_BEFORE_PROBING = 8
 
 
-def class_key(p: PendingJob) -> tuple[object, ...]:
+def class_key(p: PendingJob, by_user: bool = False) -> tuple[object, ...]:
     """Everything about a pending job that its decision reads, except its id and its place in the
-    order: jobs with equal keys get equal answers while the cycle's state is unchanged."""
+    order: jobs with equal keys get equal answers while the cycle's state is unchanged. Its user
+    only `by_user` (a queue sets `max_gpus_per_user`, the one rule that reads it): otherwise the
+    same job of two users is one class."""
     job = p.job
     return (
         job.queue,
@@ -49,7 +51,7 @@ def class_key(p: PendingJob) -> tuple[object, ...]:
         job.estimated_runtime_seconds,
         p.preempted_by,
         p.attained_gpu_seconds,
-        job.user,  # `max_gpus_per_user`: the same job of another user may get another answer
+        job.user if by_user else None,
     )
 
 
@@ -72,17 +74,17 @@ class ClassMemo:
     def __init__(self, limit: int = 200_000) -> None:
         self.limit = limit
         self._ids: dict[tuple[object, ...], int] = {}
-        self._of: dict[int, tuple[PendingJob, int]] = {}
+        self._of: dict[int, tuple[PendingJob, int, bool]] = {}
 
-    def class_id(self, p: PendingJob) -> int:
+    def class_id(self, p: PendingJob, by_user: bool = False) -> int:
         hit = self._of.get(id(p))
-        if hit is not None and hit[0] is p:
+        if hit is not None and hit[0] is p and hit[2] is by_user:
             return hit[1]
-        key = class_key(p)
+        key = class_key(p, by_user)
         n = self._ids.get(key)
         if n is None:
             n = self._ids[key] = len(self._ids)
-        self._of[id(p)] = (p, n)
+        self._of[id(p)] = (p, n, by_user)
         return n
 
     def between_cycles(self) -> None:

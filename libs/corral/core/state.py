@@ -84,6 +84,7 @@ class SchedulerState:
         self._run_index = RunningIndex()  # sorted by id; priorities; attained service
         # classes (`shortcuts.class_key`): numbered here, for as long as the state lives
         self._class_ids: dict[tuple[object, ...], int] = {}
+        self._by_user = any(q.max_gpus_per_user is not None for q in self.queues)  # (`class_key`)
         self._class: dict[str, int] = {}
         self._members: dict[int, dict[str, PendingJob]] = {}
         self._seq: dict[str, int] = {}  # pending job -> when it was added (its place in the snapshot)
@@ -130,7 +131,7 @@ class SchedulerState:
         self._seq[job_id] = self._next_seq
         self._next_seq += 1
         job = p.job
-        key = class_key(p)
+        key = class_key(p, self._by_user)
         k = self._class_ids.get(key)
         if k is None:
             k = self._class_ids[key] = len(self._class_ids)
