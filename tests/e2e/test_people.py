@@ -83,9 +83,9 @@ def admin(stack: Stack, *args: str, check: bool = True) -> subprocess.CompletedP
     return corral(*args, context=stack.options.data_dir, check=check)
 
 
-def job_file(folder: Path, name: str, *, seconds: float = 1.0, extra: str = "") -> str:
+def job_file(folder: Path, name: str, *, seconds: float = 1.0, extra: str = "", queue: str = "team-a") -> str:
     path = folder / f"{name}.yaml"
-    path.write_text(f"name: {name}\nqueue: team-a\nreplicas: 1\ngpus_per_replica: 1\nruntime: sim\n"
+    path.write_text(f"name: {name}\nqueue: {queue}\nreplicas: 1\ngpus_per_replica: 1\nruntime: sim\n"
                     f"duration_seconds: {seconds}\n{extra}")
     return str(path)
 
@@ -233,6 +233,85 @@ async def test_a_pipeline_submits_idempotently_and_waits_for_the_outcome(site: S
     assert again["id"] == first["id"]
     me = json.loads(corral("whoami", "--json", context=ci).stdout)
     assert me == {**me, "user": "ci-nightly", "kind": "pipeline"}
+
+
+async def test_three_people_and_a_pipeline_may_do_only_their_own_jobs(site: Stack, tmp_path: Path) -> None:
+    """The matrix of docs/security.md with people made by `corral user add`: alice, bob and the
+    pipeline ci each submit, read and follow their own jobs; every forbidden act (another user's
+    subject, a node's report, a bare inbox subject, a reused submission id, a cancel of another's
+    job, reading another's env or logs, applying queues) is refused with nothing recorded in the
+    other's name; a limit stops alice and not bob; `corral usage --by user` tells them apart."""
+    from corral.bus import Bus
+    from corral.contracts.envelope import Reason
+    from corral.contracts.jobspec import validate_job_spec
+    from corral.contracts.subjects import Subjects
+    from tests.e2e.test_security import _refused
+
+    ctx = {name: tmp_path / f"{name}.json" for name in ("amy", "ben", "ci-matrix")}
+    admin(site, "user", "add", "amy", "--out", str(ctx["amy"]))
+    admin(site, "user", "add", "ben", "--out", str(ctx["ben"]))
+    admin(site, "user", "add", "ci-matrix", "--pipeline", "--out", str(ctx["ci-matrix"]))
+    amy, ben, ci = ctx["amy"], ctx["ben"], ctx["ci-matrix"]
+    queues = tmp_path / "queues.yaml"
+    queues.write_text("queues:\n  - name: team-a\n    guaranteed_gpus: 16\n"
+                      "  - name: limited\n    guaranteed_gpus: 0\n    max_submitted_per_user: 2\n")
+    refused_apply = corral("apply", str(queues), context=amy, check=False)
+    assert refused_apply.returncode != 0 and "admin" in refused_apply.stderr, refused_apply
+    admin(site, "apply", str(queues))
+
+    # each submits and follows their own job to its end, under their own name (whatever $USER says)
+    for who, path in ctx.items():
+        done = json.loads(corral("submit", job_file(tmp_path, f"own-{who}"), "--wait", "--until-done", "--json",
+                                 context=path, user="root").stdout)
+        assert done["state"] == "COMPLETED" and done["user"] == who, done
+        assert corral("logs", done["id"], context=path).returncode == 0
+    usage = json.loads(corral("usage", "--by", "user", "--json", context=ci).stdout)
+    assert set(ctx) <= {row["user"] for row in usage["rows"]}
+
+    # ben's job, with a secret in its env: amy may neither cancel it nor read its env or its logs
+    bens = json.loads(corral("submit", job_file(tmp_path, "bens", seconds=600, extra="env: {API_TOKEN: ben-s3cret}\n"),
+                             "--json", context=ben).stdout)["id"]
+    cancel = corral("cancel", bens, context=amy, check=False)
+    assert cancel.returncode != 0 and "NOT_OWNER" in cancel.stdout + cancel.stderr, cancel
+    assert "ben-s3cret" not in corral("show", bens, "--json", context=amy).stdout
+    assert "ben-s3cret" in corral("show", bens, "--json", context=ben).stdout
+    assert corral("logs", bens, context=amy, check=False).returncode != 0
+
+    # the same submission id from amy and ben: two jobs, each its owner's
+    same = "submission_id: nightly-2026-12-07\n"
+    hers = json.loads(corral("submit", job_file(tmp_path, "dup-a", extra=same), "--json", context=amy).stdout)
+    his = json.loads(corral("submit", job_file(tmp_path, "dup-b", extra=same), "--json", context=ben).stdout)
+    assert hers["id"] != his["id"], (hers, his)
+
+    # amy's credential on ben's subject, on a node's report subject, on the bare inbox: refused
+    subjects = Subjects(NS)
+    saved = json.loads(amy.read_text())
+    spec = validate_job_spec({"name": "forged", "queue": "team-a", "gpus_per_replica": 1, "runtime": "sim",
+                              "duration_seconds": 1})
+    forged = ev.JobSubmitted.new(stream="job-jforged", actor="user/ben", job_id="jforged", spec=spec, user="ben")
+    exited = ev.WorkerExited.new(stream=f"job-{bens}", actor="node-agent/node-0", job_id=bens, rank=0,
+                                 node="node-0", exit_code=0, reason=Reason(code="COMPLETED", message="forged"))
+    async with await Bus.connect(saved["nats_url"], NS, credentials=str(amy), ca=saved["nats_ca_pem"]) as bus:
+        assert await _refused(bus, subjects.user_request("ben", "JobSubmitted"), forged)
+        assert await _refused(bus, subjects.node_report("node-0", "WorkerExited"), exited)
+        assert await _refused(bus, f"{NS}.inbox.JobSubmitted", forged)
+
+    # a limit stops amy, not ben
+    for i in range(2):
+        corral("submit", job_file(tmp_path, f"lim-{i}", seconds=600, queue="limited"), "--json", context=amy)
+    over = corral("submit", job_file(tmp_path, "lim-2", seconds=600, queue="limited"), "--json", context=amy,
+                  check=False)
+    assert over.returncode != 0 and "LIMIT_SUBMITTED" in over.stdout + over.stderr, over
+    corral("submit", job_file(tmp_path, "lim-b", seconds=600, queue="limited"), "--json", context=ben)
+
+    async with await Client.connect(site.context) as client:  # type: ignore[arg-type]
+        view = await client.view()
+        trail = [e for _, e in await client.job_events(bens)]
+    assert "jforged" not in view.jobs and view.jobs[bens].state.name != "COMPLETED"
+    assert all(e.user == "amy" for e in trail if isinstance(e, ev.AccessDenied))
+    assert not any(isinstance(e, ev.JobCancelled) for e in trail)
+    for job in [j for j in view.jobs.values() if j.user in ctx and j.state.name not in ("COMPLETED", "REJECTED")]:
+        admin(site, "cancel", job.job_id)
 
 
 async def test_people_survive_a_restart_of_corral_up(site: Stack, tmp_path: Path) -> None:
