@@ -154,8 +154,9 @@ async def test_each_identity_connects_and_only_services_publish_events(deploy_na
                 with pytest.raises((TimeoutError, nats.errors.Error)):
                     await bus.publish(subject, b"{}", f"forged-{user}-{subject}", timeout=1.0)
     async with await Bus.connect(deploy_nats.url("admin"), "corral") as admin:
-        taken = await admin.publish("corral.inbox.admin.admin.NodeDrained", b"{}", "drain-by-admin", timeout=5.0)
-        assert taken.stream == "CORRAL_INBOX"
+        for subject in ("corral.inbox.admin.admin.NodeDrained", "corral.inbox.user.admin.JobSubmitted"):
+            taken = await admin.publish(subject, b"{}", f"by-admin-{subject}", timeout=5.0)
+            assert taken.stream == "CORRAL_INBOX"
 
 
 def test_no_password_in_the_environment_no_server(tmp_path: Path) -> None:
