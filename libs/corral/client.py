@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.bus.limits import BusLimits
-from corral.bus.urls import first_user
 from corral.contracts import events as ev
 from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, job_stream, new_event_id
 from corral.contracts.jobspec import JobSpec
@@ -128,18 +127,15 @@ class Client:
 
     @property
     def identity(self) -> str | None:
-        """The NATS identity this client connects as: its context's credentials, else the user of
-        a `nats://user:password@host` URL (docker-compose's admin); None without either."""
+        """The NATS identity this client connects as (its context's credentials), if any."""
         if not self.ctx.credentials:
-            return first_user(self.ctx.nats_url)
+            return None
         return NatsCredentials.load(self.ctx.credentials).user
 
     @property
     def is_admin(self) -> bool:
         """Whether this client's identity is an admin's: its requests on jobs, queues and nodes go
-        to its admin subjects (and are recorded as the admin's). An identity known only from the
-        URL has no role: its requests on jobs go to its user subject (its own jobs), and what only
-        an admin asks (queues, drains) to its admin subject, which NATS takes from an admin only."""
+        to its admin subjects (and are recorded as the admin's)."""
         path = self.ctx.credentials
         if not path:
             return False
