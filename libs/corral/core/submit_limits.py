@@ -19,7 +19,7 @@ A time that goes back (two admission processes with skewed clocks) refills nothi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 __all__ = ["Bucket", "OverCount", "OverRate", "SubmitLedger", "UserLimits", "path_of", "refilled", "take"]
@@ -154,7 +154,3 @@ def _limited(queue: str, limits: Callable[[str], UserLimits | None]) -> Iterator
         if lim is not None and lim.any:
             yield q, lim
 
-
-def limits_of(table: Mapping[str, UserLimits]) -> Callable[[str], UserLimits | None]:
-    """A lookup over a mapping of queue -> limits (for callers that keep one)."""
-    return table.get
