@@ -113,6 +113,11 @@ class Service:
     #: not wait behind its costly part (quota: giving quota back, behind a reservation round over
     #: the whole backlog) paces the costly part itself and sets this.
     paces_itself: ClassVar[bool] = False
+    #: The fold drops a job once it is over and holds nothing (`ClusterView.forget_ended`): memory
+    #: O(active jobs + nodes), not O(log). A service that answers about ended jobs from its fold
+    #: (admission: a submission repeating an ended job's id; placement: a late report of an ended
+    #: job, recorded on its stream) keeps them.
+    forgets_ended_jobs: ClassVar[bool] = False
 
     def __init__(self, store: EventStore, bus: Bus, *, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, settings: Settings | None = None) -> None:
@@ -123,7 +128,7 @@ class Service:
         #: seconds for intervals (pacing, throttles): never goes back
         self.monotonic = monotonic
         self.settings = settings
-        self.view = ClusterView()
+        self.view = ClusterView(forget_ended=self.forgets_ended_jobs)
         self.changed = asyncio.Event()
         self.reasons = ReasonThrottle(monotonic, self.reason_refresh_seconds)
 

@@ -266,6 +266,12 @@ class ClusterView:
     #: every active job at each reconcile, 39% of its time.
     _watched: dict[Callable[[JobView], bool], dict[str, JobView]] = field(default_factory=dict, repr=False,
                                                                             compare=False)
+    #: A deciding service's fold: a job that is over and holds nothing (`JobView.active` false) is
+    #: dropped from `jobs`, so the fold is O(active jobs + nodes) however long the log; its id stays
+    #: in `forgotten` (and its stream in `versions`), and a later event of it changes nothing.
+    #: Off for every reader that shows ended jobs (the CLI, `corral replay`, the read model).
+    forget_ended: bool = field(default=False, compare=False)
+    forgotten: set[str] = field(default_factory=set, repr=False, compare=False)
 
     # ---- folding -----------------------------------------------------------------------------
     def apply(self, event: Event, version: int | None = None, position: int | None = None, *,
@@ -287,8 +293,10 @@ class ClusterView:
         self.last_event_at = event.occurred_at
         handler = _HANDLERS.get(type(event))
         if handler is not None:
-            handler(self, event)
             job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
+            if job_id and job_id in self.forgotten:
+                return Applied.APPLIED  # over and holding nothing: nothing later changes what it was
+            handler(self, event)
             job = self.jobs.get(job_id) if job_id else None
             if job is not None:
                 if job.active:
@@ -296,7 +304,18 @@ class ClusterView:
                 else:
                     self.active.pop(job.job_id, None)
                 self._index(job)
+                if self.forget_ended and not job.active:
+                    self._forget(job)
         return Applied.APPLIED
+
+    def _forget(self, job: JobView) -> None:
+        """Drop an ended job that holds nothing (`forget_ended`), keeping its id."""
+        del self.jobs[job.job_id]
+        self.forgotten.add(job.job_id)
+        if job.spec is not None and job.spec.submission_id:
+            key = (job.user or "", job.spec.submission_id)
+            if self.submissions.get(key) == job.job_id:
+                del self.submissions[key]
 
     def _index(self, job: JobView) -> None:
         """Keep every index of `jobs_where` as `job` now is: a job's own events are the only ones

@@ -32,6 +32,7 @@ log = logging.getLogger("corral.preemption")
 
 class Preemption(Service):
     name = "preemption"
+    forgets_ended_jobs = True
     config = core.SchedulerConfig()
     #: Ranks and node mirrors are not preemption's business (`every_event_but`; see `Quota.consumes`).
     consumes = every_event_but(*RANK_AND_NODE_MIRROR)

@@ -101,3 +101,9 @@ def test_live_system_benches_run_real_processes() -> None:
     assert "process runtime" in out and "placements/s" in out and "node-agents" in out
     out = run("bench/kueue_baseline.py", "--smoke", "--runtime", "process")
     assert "process runtime" in out and "avg time to admission" in out
+
+
+def test_memory_bench_runs() -> None:
+    out = run("bench/memory.py", "--smoke", timeout=600)
+    assert "steady MiB" in out and "postgres (PSS)" in out and "placement-standby" in out
+    assert "probe:   python" in out  # the machine and its load, measured (bench/machine_probe.py)

@@ -163,5 +163,5 @@ async def test_quota_is_given_back_for_the_jobs_an_event_touched_and_again_after
     assert quota.appended == [] and quota._touched == {"a"}
     quota.lose = False
     await quota._release()
-    assert quota.appended == [["job-a"]] and quota.view.jobs["a"].quota_gpus == 0
+    assert quota.appended == [["job-a"]] and "a" in quota.view.forgotten  # over, its quota given back
     assert quota._touched == set() and quota.view.jobs["b"].quota_gpus == 2
