@@ -247,6 +247,9 @@ class LogShipper:
 
     async def _tail(self, file: _RankFile, cursor: RankCursor, finishing: asyncio.Event,
                     save: Callable[[bool], None]) -> None:
+        if not finishing.is_set():  # the first look waits a poll, or the exit: a short rank is one chunk
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finishing.wait(), self._poll)
         while True:
             final = finishing.is_set()  # read before the file: what the rank wrote before exiting is there
             fd = file.open()

@@ -15,11 +15,11 @@ from corral.services.node_agent.log_chunks import ShipLimits
 from corral.services.node_agent.log_shipper import LogShipper, RankKey
 
 
-def _shipper(bus: Bus) -> LogShipper:
+def _shipper(bus: Bus, poll: float = 0.05) -> LogShipper:
     async def publish(subject: str, data: bytes, msg_id: str) -> None:
         await bus.publish(subject, data, msg_id, timeout=5.0)
 
-    return LogShipper(publish, bus.names.name, limits=ShipLimits(), poll=0.05)
+    return LogShipper(publish, bus.names.name, limits=ShipLimits(), poll=poll)
 
 
 async def _read(bus: Bus, job: str, attempt: int | None = None) -> list[LogChunk]:
@@ -148,3 +148,19 @@ async def test_output_a_node_publishes_for_a_rank_it_did_not_run_is_skipped_and_
     shown.clear()
     await read_chunks(bus, LogQuery("jlog", attempt=1), shown.append, placed=placed)
     assert [c.lines for c in shown] == [["second attempt"]] and len(reads) == 2
+
+
+async def test_a_rank_that_ends_within_the_first_poll_is_shipped_as_one_final_chunk(
+        bus: Bus, tmp_path: Path) -> None:
+    """A short job costs one publish (and one cursor write), not one per look at its file."""
+    log = tmp_path / "logs" / "j2" / "rank-0.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(_header("j2", 0) + b"done\n==== exited with code 0 ====\n")
+    key = RankKey("j2", 0, "node-0", 0)
+    shipper = _shipper(bus, poll=30.0)
+    shipper.follow(key, log, tmp_path / "state")
+    await asyncio.sleep(0.2)  # the rank runs: nothing is read yet
+    assert await shipper.drain(key, log, tmp_path / "state", timeout=10)
+    [chunk] = await _read(bus, "j2")
+    assert chunk.final and chunk.lines[1:] == ["done", "==== exited with code 0 ===="]
+    await shipper.close()
