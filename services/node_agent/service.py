@@ -88,13 +88,13 @@ from corral.telemetry.health import Phase
 
 from . import pressure
 from .adoption import LEDGER_TYPES, ReservationLedger, should_stop
+from .fork_server import ForkServer
 from .log_shipper import LogShipper, ShippingEvents
 from .reports import START_FAILED, NodeReports, ReportPublisher
 from .reservation import AgentRuntime, build_assignment, local_ranks
 from .run_as import Refused, RunAs, WorkerUser, resolve, switches_users
 from .supervisor import AgentEvents, Supervisor
 from .timer_supervisor import TimerSupervisor
-from .zygote import ForkServer
 
 log = logging.getLogger("corral.node_agent")
 

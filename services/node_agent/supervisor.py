@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from .assignment import Assignment
 from .control import CheckpointReport
+from .fork_server import ForkServer
 from .step_files import (
     ABANDONED,
     COMMANDS,
@@ -63,7 +64,6 @@ from .step_files import (
     signal_group,
     write_json,
 )
-from .zygote import ForkServer
 
 log = logging.getLogger(__name__)
 

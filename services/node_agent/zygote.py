@@ -7,11 +7,13 @@ one per request: a fork of a small, already-imported process is a millisecond.
 
 Its promises are the stepd's: each forked stepd runs `stepd.main` in its own session with its
 output in the attempt's `stepd.log`, exactly as a fresh one would, and outlives both this process
-and the agent. The agent starts one fork server (`ForkServer`, below) with the environment its
-stepds start from; the server lives as long as the agent: it exits at the end of its standard
+and the agent. The agent starts one fork server (`fork_server.ForkServer`) with the environment
+its stepds start from; the server lives as long as the agent: it exits at the end of its standard
 input (the agent stopped or died), leaving its stepds running (they are then reparented, as
 after any agent restart, and adopted from their files by the next agent). It reaps the stepds
 that end while it runs.
+
+It imports the stepd and little else (no asyncio): every page it holds is a page each fork maps.
 
 Protocol, one JSON line each way on stdin/stdout: `{"id": N, "folder": PATH}` in,
 `{"id": N, "pid": PID, "started": START}` or `{"id": N, "error": TEXT}` out.
@@ -24,24 +26,19 @@ stop once the stepd runs.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import os
 import select
 import signal as signal_module
-import subprocess
 import sys
 import traceback
-from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
 from . import stepd
 from .step_files import STEPD_LOG, WAKE_SIGNAL, process_start_time
-
-log = logging.getLogger(__name__)
 
 REAP_EVERY = 0.5  # seconds between reaps of ended stepds while no request comes
 _SERVER_PID = os.getpid()
@@ -131,95 +128,6 @@ def serve() -> int:
             data = json.dumps(reply).encode() + b"\n"
             while data:
                 data = data[os.write(1, data):]
-
-
-class ForkServer:
-    """The agent's side: starts the server on first use (and again if it died) and asks it for
-    stepds. When the server cannot be started or answer, a stepd is started as a fresh interpreter
-    as before (`spawn` then returns the Popen, whose owner waits for it)."""
-
-    def __init__(self, python: str, env: Mapping[str, str]) -> None:
-        self._python = python
-        self._env = dict(env)
-        self._proc: asyncio.subprocess.Process | None = None
-        self._lock: asyncio.Lock | None = None
-        self._ids = 0
-        self._disabled = False
-
-    async def _server(self) -> asyncio.subprocess.Process:
-        if self._proc is not None and self._proc.returncode is None:
-            return self._proc
-        self._proc = await asyncio.create_subprocess_exec(
-            self._python, "-m", "corral.services.node_agent.zygote", env=self._env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, start_new_session=True, close_fds=True)
-        return self._proc
-
-    async def _ask(self, folder: Path) -> tuple[int, str | None]:
-        proc = await self._server()
-        assert proc.stdin is not None and proc.stdout is not None
-        self._ids += 1
-        proc.stdin.write(json.dumps({"id": self._ids, "folder": str(folder)}).encode() + b"\n")
-        await proc.stdin.drain()
-        line = await proc.stdout.readline()
-        if not line:
-            raise ConnectionError("the stepd fork server ended")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise OSError(reply["error"])
-        return int(reply["pid"]), reply.get("started")
-
-    async def spawn(self, folder: Path) -> tuple[int, str | None, subprocess.Popen[bytes] | None]:
-        """Start the stepd of the attempt in `folder`: (pid, start time, the Popen if not forked).
-        OSError when it could not be started at all."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        if not self._disabled:
-            async with self._lock:
-                for _ in range(2):  # a server that died (killed) is started again once
-                    try:
-                        pid, started = await self._ask(folder)
-                        return pid, started, None
-                    except OSError as exc:
-                        if not isinstance(exc, ConnectionError | BrokenPipeError | ConnectionResetError):
-                            raise
-                        log.warning("the stepd fork server is gone (%s); starting it again", exc)
-                        await self._discard()
-                    except ValueError as exc:
-                        log.warning("the stepd fork server answered nonsense (%s); starting it again", exc)
-                        await self._discard()
-                log.error("the stepd fork server does not work; starting each stepd as a new interpreter")
-                self._disabled = True
-        with (folder / STEPD_LOG).open("ab") as out:
-            proc = subprocess.Popen(
-                [self._python, "-m", "corral.services.node_agent.stepd", str(folder)], env=self._env,
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                close_fds=True)
-        return proc.pid, process_start_time(proc.pid), proc
-
-    async def _discard(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(proc.wait(), 5.0)
-
-    async def close(self) -> None:
-        """End the server (its stepds keep running)."""
-        proc, self._proc = self._proc, None
-        if proc is None or proc.returncode is not None:
-            return
-        assert proc.stdin is not None
-        with contextlib.suppress(Exception):
-            proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), 5.0)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            with contextlib.suppress(Exception):
-                await proc.wait()
 
 
 if __name__ == "__main__":
