@@ -34,6 +34,7 @@ import select
 import signal as signal_module
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -57,12 +58,24 @@ def _wake(signum: int, frame: FrameType | None) -> None:
     """The stepd's wake-up signal, received before it set its own handler: nothing to do."""
 
 
-def _set_name(name: bytes) -> None:
-    """Name the process (its `comm`, what ps and top show): a forked stepd is not the server."""
-    with contextlib.suppress(Exception):
+def _name_setter() -> Callable[[bytes], None]:
+    """Sets the process's name (its `comm`, what ps and top show), looked up once in the server:
+    a forked stepd imports nothing."""
+    try:
         import ctypes
 
-        ctypes.CDLL(None).prctl(15, name, 0, 0, 0)  # PR_SET_NAME
+        prctl = ctypes.CDLL(None).prctl
+    except (ImportError, OSError, AttributeError):
+        return lambda name: None
+
+    def set_name(name: bytes) -> None:
+        with contextlib.suppress(Exception):
+            prctl(15, name, 0, 0, 0)  # PR_SET_NAME
+
+    return set_name
+
+
+_set_name = _name_setter()
 
 
 def _child(folder: str) -> None:
