@@ -82,6 +82,7 @@ def _child(folder: str) -> None:
     """The forked stepd: its own session, its log as stdout and stderr, then `stepd.main`."""
     code = 1
     try:
+        signal_module.pthread_sigmask(signal_module.SIG_UNBLOCK, _HELD)  # what came meanwhile is handled now
         os.setsid()
         out = os.open(Path(folder) / STEPD_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -102,11 +103,20 @@ def _child(folder: str) -> None:
         os._exit(code)
 
 
+#: Blocked around the fork: one that reaches the child before the interpreter's after-fork
+#: reset (the agent has the pid as soon as the fork returns here) would be dropped by it.
+_HELD = {signal_module.SIGTERM, WAKE_SIGNAL}
+
+
 def _fork(folder: str) -> dict[str, object]:
+    signal_module.pthread_sigmask(signal_module.SIG_BLOCK, _HELD)
     try:
         pid = os.fork()
     except OSError as exc:
         return {"error": f"fork failed: {exc}"}
+    finally:
+        if os.getpid() == _SERVER_PID:
+            signal_module.pthread_sigmask(signal_module.SIG_UNBLOCK, _HELD)
     if pid == 0:
         _child(folder)
     return {"pid": pid, "started": process_start_time(pid)}

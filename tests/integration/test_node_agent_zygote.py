@@ -5,6 +5,7 @@ Real processes, no NATS: the supervisor reports through the `Recorder` of the su
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from pathlib import Path
@@ -45,7 +46,7 @@ async def test_a_stepd_terminated_as_soon_as_it_is_forked_stops_its_gang(tmp_pat
     stepd = sup.stepd_pid("job-1")
     assert stepd is not None
     os.kill(stepd, signal.SIGTERM)
-    outcome = await sup.wait("job-1")
+    outcome = await asyncio.wait_for(sup.wait("job-1"), 60)  # a lost SIGTERM: the rank runs forever
     assert outcome is not None and outcome.end is GangEnd.STOPPED
     await sup.close()
 
@@ -61,7 +62,7 @@ async def test_a_forked_stepds_ranks_ignore_no_signal(tmp_path: Path) -> None:
     """)
     sup = Supervisor(Recorder(), tmp_path / "run")
     await sup.start(assignment(tmp_path, dump, ranks=1))
-    outcome = await sup.wait("job-1")
+    outcome = await asyncio.wait_for(sup.wait("job-1"), 60)
     assert outcome is not None and outcome.end is GangEnd.COMPLETED
     status = dict(line.split(":\t", 1) for line in (tmp_path / "ckpt" / "status").read_text().splitlines()
                   if ":\t" in line)
