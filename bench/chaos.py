@@ -48,7 +48,7 @@ from corral.contracts.queues import validate_queues
 from corral.projection import ClusterView, JobState
 from corral.stack.context import Context
 from corral.stack.server_watch import ServerWatch
-from corral.stack.servers import NatsServer, PostgresServer
+from corral.stack.servers import NatsServer, PostgresServer, ServerStartError
 from corral.stack.up import Stack, StackOptions
 
 # beside this script (also when it is loaded by path, as tests/chaos/test_sampler.py does)
@@ -344,7 +344,13 @@ class Chaos:
         self.servers_down.add(name)
         await asyncio.to_thread(server.stop)
         await asyncio.sleep(down)
-        await asyncio.to_thread(server.start)
+        while True:  # as corral up does: a server that cannot start (its disk full) is tried again
+            try:
+                await asyncio.to_thread(server.start)
+                break
+            except (ServerStartError, OSError) as exc:
+                self.note(f"{name} did not start; trying again in 1 s", error=str(exc).splitlines()[0][:200])
+                await asyncio.sleep(1.0)
         for watch in self.watches:  # a planned stop is no death: its watch starts afresh
             if watch.server is server:
                 watch.backoff.started(time.monotonic())
