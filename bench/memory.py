@@ -36,6 +36,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -190,9 +191,11 @@ async def build_log(dsn: str, point: Point, nodes: int) -> float:
 
 
 def not_ready(stack: Stack) -> list[str]:
-    """The deciding services whose `/readyz` does not answer 200 yet (still folding the log)."""
-    return [p.name for p in stack.processes
-            if p.name in DECIDERS and p.metrics_url and not http_ok(f"{p.metrics_url}/readyz", 2.0)]
+    """The deciding services whose `/readyz` does not answer 200 yet (still folding the log).
+    Placement is ready when its leader is, whichever of its two processes holds the lease."""
+    ready = {p.name.removesuffix("-standby") for p in stack.processes
+             if p.metrics_url and http_ok(f"{p.metrics_url}/readyz", 2.0)}
+    return [name for name in DECIDERS if name not in ready]
 
 
 async def submit_batches(stack: Stack, count: int, batch: int = 50) -> float:
@@ -242,6 +245,7 @@ def run_point(point: Point, args: argparse.Namespace) -> dict[str, Any]:
                 after = time.monotonic()
                 time.sleep(min(args.settle, 10.0))
                 result["after_submit"] = sampler.figures(after, time.monotonic())
+            print(render([result], args.submit), flush=True)  # kept if a later point is stopped
         finally:
             sampler.stop()
     finally:
@@ -284,6 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")
     parser.add_argument("--smoke", action="store_true", help="3,000 events, 50 waiting, 2 nodes; 20 submitted")
     args = parser.parse_args(argv)
+    # A stop (SIGTERM, a CI runner's timeout) goes through the `finally`s as Ctrl-C does: the stack
+    # and the Postgres server are stopped and their folder removed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     if args.smoke:
         args.points, args.nodes, args.settle, args.submit, args.interval = "smoke:3000:50", 2, 2.0, 20, 0.2
     machine = machine_line()
