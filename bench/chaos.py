@@ -515,7 +515,7 @@ async def run(chaos: Chaos) -> dict[str, Any]:
                      and again.jobs[j].attempt == view.jobs[j].attempt and j not in alive]
         leaked = sorted({w.job_id for w in workers if w.job_id in view.jobs and view.jobs[w.job_id].state.terminal})
         # Only the `crash` jobs fail by their own plan: any other FAILED is a success the faults
-        # turned into a failure (a full disk's, before: "its stepd died").
+        # turned into a failure (a full disk's shows as "its stepd died").
         failed = sorted(j for j, kind in chaos.accepted.items() if kind != "crash" and j in view.jobs
                         and view.jobs[j].state is JobState.FAILED)
         audited = time.monotonic()

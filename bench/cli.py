@@ -12,7 +12,7 @@ process used (its rusage):
 - cancel: `corral cancel JOB` of a different pending job each run;
 - help:   `corral --help`, the interpreter and the CLI's imports alone (the floor of the others).
 
-Targets (issue 33, sbatch's cost): submit p50 <= 150 ms, jobs <= 150 ms at 1,000 jobs and
+Targets (against sbatch's cost): submit p50 <= 150 ms, jobs <= 150 ms at 1,000 jobs and
 <= 500 ms at 20,000 pending, cancel <= 150 ms. sbatch on the same machine: ~10 ms.
 
 Run: .venv/bin/python bench/cli.py [--sizes 1000,20000] [--runs 10] [--json FILE] [--smoke]

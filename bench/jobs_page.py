@@ -5,7 +5,7 @@ run, the rest wait: `--size 20000` is 19,996 pending); then each listing runs `-
 a fresh process, timed from fork to exit with the CPU it used (`bench/cli.py`'s `timed`):
 
 - `corral jobs`: the oldest 100 and a line saying how many more match (the default);
-- `corral jobs --limit 0`: every row, as `corral jobs` printed before it was paged;
+- `corral jobs --limit 0`: every row, unpaged;
 - `corral jobs --json`: every row as JSON (scripts get every match unless they pass --limit);
 - `corral jobs --user nobody`: an empty answer, i.e. the read and the selection alone;
 - `corral --help`: the interpreter and the CLI's imports (the floor of every command).

@@ -327,7 +327,7 @@ def render(result: dict[str, Any]) -> str:
                 lines.append(f"  {name:<3} {system:<7} {r['cpu_ms_per_job']:6.1f} = {parts}")
     verdicts = acceptance(rat)
     if verdicts:
-        lines += ["", "acceptance (issue 33, figures of this run):", *verdicts]
+        lines += ["", "acceptance (figures of this run):", *verdicts]
     return "\n".join(lines)
 
 

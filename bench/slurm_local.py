@@ -7,7 +7,7 @@ its own munged on a socket in the folder. Every daemon runs in the foreground as
 benchmark (their CPU is counted, see `proc_account`) and is stopped with the folder removed.
 
 The scheduler settings are Slurm's high-throughput tuning (its "High Throughput Computing"
-guide), the ones the comparison in issue 33 used; `--slurm-defaults` drops them.
+guide), the ones the comparison with Corral uses; `--slurm-defaults` drops them.
 """
 
 from __future__ import annotations

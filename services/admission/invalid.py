@@ -24,7 +24,7 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 def invalid_submission(data: bytes) -> tuple[str, list[Problem]] | None:
     """(job id, the spec's problems with `spec.` paths) of an undecodable JobSubmitted whose job id
-    is sound and whose spec is what is wrong; None for anything else (dead-lettered as before)."""
+    is sound and whose spec is what is wrong; None for anything else (it is dead-lettered)."""
     try:
         doc: Any = msgspec.json.decode(data)
     except msgspec.DecodeError:

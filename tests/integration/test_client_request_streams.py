@@ -1,9 +1,9 @@
 """A request finds the bus's streams missing (it raced the services' start): it declares them and
 is stored, once.
 
-Why: `Client.connect` used to declare every stream (a round trip each) before any request, so
-that a submission never raced the services' start; a request now publishes at once and declares
-the streams only when its inbox stream is missing.
+Why: `Client.connect` declares no stream (each is a round trip); a request publishes at once and
+declares the streams only when its inbox stream is missing, so a submission that races the
+services' start is still stored.
 """
 
 from __future__ import annotations

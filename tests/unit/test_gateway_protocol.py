@@ -220,7 +220,7 @@ def test_the_cli_uses_the_gateway_only_without_a_credential_it_can_read(tmp_path
     assert gateway_socket(ctx) == "/run/g.sock"  # the context names no credential
     assert gateway_socket(replace(ctx, credentials=str(mine))) is None  # one of its own: no gateway
     assert gateway_socket(replace(ctx, credentials=str(tmp_path / "admins-0600.json"))) == "/run/g.sock"
-    assert gateway_socket(replace(ctx, gateway=None)) is None  # no gateway known: as before
+    assert gateway_socket(replace(ctx, gateway=None)) is None  # no gateway known: none
     monkeypatch.setenv(p.SOCKET_ENV, "/elsewhere.sock")
     assert gateway_socket(replace(ctx, gateway=None)) == "/elsewhere.sock"
 

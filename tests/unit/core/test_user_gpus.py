@@ -4,7 +4,7 @@ Plain definition: a job of user U in queue Q waits MAX_GPUS_PER_USER exactly whe
 Q's path with a limit L has U's running jobs of its subtree holding more than L - the job's GPUs;
 the queue named is the nearest such one. However the usage is built (from the running jobs at
 once, job by job as the cycle adds them, or minus victims as a preemption search removes them),
-the answer is the same; a tree without the limit answers exactly as before.
+the answer is the same; a tree without the limit never waits MAX_GPUS_PER_USER.
 """
 
 from __future__ import annotations

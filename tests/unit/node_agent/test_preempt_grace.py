@@ -21,7 +21,8 @@ def _preempt(grace: float, decided: datetime) -> ev.PreemptRequested:
 @given(st.floats(0, 3600), st.floats(-30, 30))
 def test_the_grace_is_the_deciders_whatever_this_nodes_clock_says(grace: float, minutes_off: float) -> None:
     """This node's clock is `minutes_off` minutes off the decider's (the decision is stamped by
-    the decider's clock): a node ahead used to SIGKILL at once, one behind to overrun."""
+    the decider's clock): measured by its own clock, a node ahead would SIGKILL at once, one behind
+    overrun."""
     decided = datetime.now(UTC) - timedelta(minutes=minutes_off)
     assert abs(preempt_grace(_preempt(grace, decided)) - grace) < 1e-3
 

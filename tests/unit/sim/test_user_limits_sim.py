@@ -1,7 +1,8 @@
 """The simulator runs `max_gpus_per_user` as the services do: a user's jobs wait past the limit.
 
 Its jobs carry their spec's user only when a queue sets the limit (the one rule that reads it), so
-a trace without the limit schedules exactly as before (the recorded schedules' hashes check that).
+a trace without the limit schedules as if users did not exist (the recorded schedules' hashes
+check that).
 """
 
 from __future__ import annotations
