@@ -51,9 +51,11 @@ def agent(
     k8s_namespace: Annotated[str, typer.Option("--k8s-namespace", help="Namespace of the Secrets.")] = "corral",
     json_out: Annotated[bool, typer.Option("--json", help="With --format files: JSON.")] = False,
 ) -> None:
-    """Give GPU nodes their agent identities (each may report only for its own node), beside the
-    services' (svc-services) and the operator's (admin), and print them in the chosen format. Run
-    it again to add nodes: existing passwords are kept."""
+    """Give GPU nodes their agent identities, and print the deployment's in the chosen format.
+
+    Each node's agent may report only for its own node; the identities sit beside the services'
+    (svc-services) and the operator's (admin). Run it again to add nodes: existing passwords are
+    kept."""
     from corral.stack import deploy_credentials as deploy
 
     try:
@@ -77,9 +79,11 @@ def person(
     k8s_namespace: Annotated[str, typer.Option("--k8s-namespace", help="Namespace of the Secrets.")] = "corral",
     json_out: Annotated[bool, typer.Option("--json", help="With --format files: JSON.")] = False,
 ) -> None:
-    """Give people and pipelines of a deployment identities of their own (`corral user` does it
-    for `corral up`), and print the deployment's identities in the chosen format: apply the new
-    auth.conf (the Secret corral-nats-auth) and the NATS servers re-read it, without a restart.
+    """Give people and pipelines of a deployment identities of their own, and print them.
+
+    `corral user` does it for `corral up`. The deployment's identities are printed in the chosen
+    format: apply the new auth.conf (the Secret corral-nats-auth) and the NATS servers re-read it,
+    without a restart.
     Each one's credentials file is `<dir>/credentials/<name>.json`; `corral credentials postgres`
     gives each a Postgres login too."""
     from corral.stack import deploy_credentials as deploy
@@ -139,9 +143,11 @@ def postgres(
     k8s_namespace: Annotated[str, typer.Option("--k8s-namespace", help="Namespace of the Secrets.")] = "corral",
     json_out: Annotated[bool, typer.Option("--json", help="With --format files: JSON.")] = False,
 ) -> None:
-    """Apply the migrations, then give each service its own Postgres login (in corral_service) and
-    the CLI a read-only one (corral_reader), as `corral up` does: no process of the deployment
-    logs in as the owner. Run it again to re-apply: existing passwords are kept."""
+    """Apply the migrations, then give each service and the CLI a Postgres login of its own.
+
+    Each service's is in corral_service, the CLI's is read-only (corral_reader), as `corral up`
+    does: no process of the deployment logs in as the owner. Run it again to re-apply: existing
+    passwords are kept."""
     from corral.stack import pglogins
     from corral.stack.people_admin import Installation
     from corral.stack.up import SERVICES

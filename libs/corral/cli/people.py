@@ -102,8 +102,9 @@ def add(
                       "and their own Postgres read login), mode 0600.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Give a person (or a pipeline, or an admin) an identity of their own. The bus is not
-    restarted; their requests are recorded under their name from now on."""
+    """Give a person (or a pipeline, or an admin) an identity of their own.
+
+    The bus is not restarted; their requests are recorded under their name from now on."""
     from corral.stack import people_admin
     from corral.stack.people import Kind, PeopleError
 
@@ -135,11 +136,13 @@ def list_(json_out: JsonOpt = False) -> None:
 
 @app.command("remove")
 def remove(
-    name: Annotated[str, typer.Argument(help="Who no longer may use the cluster.")],
+    name: Annotated[str, typer.Argument(help="Who may no longer use the cluster.")],
     json_out: JsonOpt = False,
 ) -> None:
-    """Take a user's access away at once: their NATS connections are closed and their credential
-    refused, their Postgres login dropped. Their jobs stay as they are (cancel them if need be)."""
+    """Take a user's access away at once.
+
+    Their NATS connections are closed and their credential refused, their Postgres login dropped.
+    Their jobs stay as they are (cancel them if need be)."""
     from corral.stack import people_admin
     from corral.stack.people import PeopleError
 
@@ -158,8 +161,9 @@ def rotate(
     out: Annotated[Path | None, typer.Option("--out", help="Write their new context file here (mode 0600).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """New secrets for a user (NATS and Postgres): the old ones are refused from now on, and
-    connections made with them are closed."""
+    """New secrets for a user (NATS and Postgres).
+
+    The old ones are refused from now on, and connections made with them are closed."""
     from corral.stack import people_admin
     from corral.stack.people import PeopleError
 
@@ -199,8 +203,9 @@ def identity_of(ctx: Context, context_file: Path | None) -> dict[str, Any]:
 
 
 def whoami(json_out: JsonOpt = False) -> None:
-    """The name this CLI's requests are recorded under, its kind, and where that comes from (a
-    credentials file, a person's context file, or the environment)."""
+    """The name this CLI's requests are recorded under, its kind, and where that comes from.
+
+    It comes from a credentials file, a person's context file, or the environment."""
     ctx = context(need_postgres=False)
     try:
         me = identity_of(ctx, locate(ConnectionOptions.context))
