@@ -1,7 +1,7 @@
 """A full disk on one folder, exactly: a small tmpfs mounted on it, filled with a file, freed.
 
 Root only (mount); `can_mount` says why not elsewhere. Used by `bench/chaos.py --disk-full`;
-`tests/e2e/test_disk_full.py` does the same for each folder of a stack.
+`tests/e2e/test_disk_full.py` uses it for each folder of a stack.
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,52 +23,22 @@ from corral.projection import JobState
 from corral.stack.up import Stack, StackOptions
 from tests.e2e.conftest import StackFactory, connect, dump_logs, with_queues
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-def _can_mount() -> str | None:
-    """Why a tmpfs cannot be mounted here (None: it can)."""
-    if os.geteuid() != 0:
-        return "mounting a tmpfs needs root"
-    probe = Path(f"/tmp/corral-tmpfs-probe-{os.getpid()}")
-    probe.mkdir(exist_ok=True)
-    try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            return f"mount -t tmpfs failed: {done.stderr.strip()}"
-        subprocess.run(["umount", str(probe)], check=False)
-        return None
-    finally:
-        with contextlib.suppress(OSError):
-            probe.rmdir()
+import disk_faults
 
-
-_NO_MOUNT = _can_mount()
+_NO_MOUNT = disk_faults.can_mount()
 pytestmark = pytest.mark.skipif(_NO_MOUNT is not None, reason=f"needs a tmpfs of its own: {_NO_MOUNT}")
 
 
 @contextlib.contextmanager
 def tmpfs(path: Path, size: str) -> Iterator[Path]:
     """`path` as a tmpfs of `size` (e.g. "2m") for the duration of the block."""
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], check=True)
+    disk_faults.mount(path, size)
     try:
         yield path
     finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def fill(folder: Path, name: str = "filler", byte: bytes = b"\0") -> Path:
-    """Append to `folder/name` until its filesystem has no space left; the file's path."""
-    filler = folder / name
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for size in (1 << 16, 1 << 12, 1):  # down to the last byte
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(fd, byte * size)
-    finally:
-        os.close(fd)
-    return filler
+        disk_faults.unmount(path)
 
 
 def job(name: str, seconds: float, gpus: int = 1) -> object:
@@ -84,7 +53,7 @@ QUEUES = [{"name": "team-a", "guaranteed_gpus": 8, "max_gpus": 8}]
 
 async def test_jobs_that_exit_0_while_the_agent_state_folder_is_full_are_completed(
         make_stack: StackFactory, tmp_path: Path) -> None:
-    """The issue's second recipe: the stepds cannot write their state while their ranks exit 0.
+    """The agent's state folder is full: the stepds cannot write their state while their ranks exit 0.
     Each exit is kept and written once space is back; every job is COMPLETED, none CRASHED."""
     run = tmp_path / "stack0" / "nodes" / "node-0" / "run"
     with tmpfs(run, "1m"):
@@ -95,7 +64,7 @@ async def test_jobs_that_exit_0_while_the_agent_state_folder_is_full_are_complet
             jobs = [await client.submit(job(f"full-{i}", 4.0)) for i in range(4)]  # type: ignore[arg-type]
             await client.wait_for(lambda v: all(v.jobs[j].state is JobState.RUNNING for j in jobs if j in v.jobs)
                                   and all(j in v.jobs for j in jobs), 60)
-            filler = fill(run)
+            filler = disk_faults.fill(run)
             logs = Path(stack.context.log_dir if stack.context else "") / "workers"
 
             def exited() -> bool:
@@ -139,8 +108,8 @@ async def test_a_full_rank_log_folder_drops_output_with_a_marker_and_the_job_com
             while b"step=2\n" not in (log.read_bytes() if log.exists() else b""):
                 assert time.monotonic() < deadline, dump_logs(stack)
                 await asyncio.sleep(0.1)
-            filler = fill(workers)
-            fill(log.parent, log.name, b"#")  # the rest of the log's last page: its next line finds no room
+            filler = disk_faults.fill(workers)
+            disk_faults.fill(log.parent, log.name, b"#")  # the rest of the log's last page: its next line finds no room
             await asyncio.sleep(1.5)  # ~15 lines printed into a full disk
             filler.unlink()
             view = await client.wait_for(lambda v: v.jobs[chatty].state.terminal, 60)
@@ -177,7 +146,7 @@ def supervised(stack: Stack) -> Iterator[Stack]:
 
 async def test_a_nats_store_that_was_full_takes_submissions_again_without_a_restart(
         tmp_path: Path, postgres_dsn: str, namespace: str) -> None:
-    """The issue's first recipe: JetStream fails to store while its disk is full and stays wedged
+    """The NATS store is full: JetStream fails to store while its disk is full and stays wedged
     after space is back (its process alive). Once the file is removed, a new submission is placed
     within 30 s, with no restart of `corral up`."""
     data = tmp_path / "stack"
@@ -191,7 +160,7 @@ async def test_a_nats_store_that_was_full_takes_submissions_again_without_a_rest
             await with_queues(client, QUEUES, nodes=1)
             first = await client.submit(job("before", 1.0))  # type: ignore[arg-type]
             await client.wait_for(lambda v: first in v.jobs and v.jobs[first].state is JobState.COMPLETED, 60)
-            filler = fill(store)
+            filler = disk_faults.fill(store)
             client.REQUEST_RETRY_SECONDS = 3.0  # type: ignore[misc]
             with contextlib.suppress(Exception):  # refused or unanswered while the store is full
                 await client.submit(job("while-full", 1.0))  # type: ignore[arg-type]
@@ -233,7 +202,7 @@ async def test_a_node_whose_disk_is_full_takes_no_new_work_until_its_condition_c
         client = await connect(stack)
         try:
             await with_queues(client, [{"name": "team-a", "guaranteed_gpus": 16, "max_gpus": 16}], nodes=2)
-            filler = fill(run)
+            filler = disk_faults.fill(run)
             await client.wait_for(lambda v: [c.type for c in v.nodes["node-0"].conditions] == ["DiskPressure"], 30)
             jobs = [await client.submit(job(f"whole-{i}", 120.0, gpus=8)) for i in range(2)]  # type: ignore[arg-type]
             view = await client.wait_for(lambda v: any(v.jobs[j].state is JobState.RUNNING for j in jobs
@@ -275,7 +244,7 @@ async def test_a_checkpoint_the_full_disk_refuses_fails_and_the_preemption_falls
             while b"step=12\n" not in (log.read_bytes() if log.exists() else b""):  # its step-10 checkpoint is written
                 assert time.monotonic() < deadline, dump_logs(stack)
                 await asyncio.sleep(0.1)
-            filler = fill(checkpoints)
+            filler = disk_faults.fill(checkpoints)
             await client.requeue(ckpt, message="a checkpoint onto a full disk")
             await client.wait_for(lambda v: v.jobs[ckpt].attempt >= 1, 60)
             filler.unlink()
