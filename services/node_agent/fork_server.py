@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 class ForkServer:
     """The agent's side: starts the server on first use (and again if it died) and asks it for
     stepds. When the server cannot be started or answer, a stepd is started as a fresh interpreter
-    as before (`spawn` then returns the Popen, whose owner waits for it)."""
+    (`spawn` then returns the Popen, whose owner waits for it)."""
 
     def __init__(self, python: str, env: Mapping[str, str]) -> None:
         self._python = python
