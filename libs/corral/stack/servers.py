@@ -522,10 +522,6 @@ class PostgresServer:
         """Still running (a dead one is reaped here, so it never lingers as a zombie)."""
         return self.proc is not None and self.proc.poll() is None
 
-    def reload(self, timeout: float = 10.0) -> bool:
-        """Re-read the configuration in place (`reload_nats`)."""
-        return reload_nats(self.data_dir, timeout)
-
     #: The liveness check's write: one row, in the `postgres` database (never the log's).
     LIVENESS_SQL = ("CREATE TABLE IF NOT EXISTS corral_liveness (id int PRIMARY KEY, at timestamptz);\n"
                     "INSERT INTO corral_liveness VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now();\n")
