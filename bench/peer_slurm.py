@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -373,10 +374,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     (work / "job.sh").chmod(0o755)
     print(f"machine: {machine_line()}", flush=True)
     results: dict[str, Any] = {}
-    if "slurm" in systems:
-        results["slurm"] = run_slurm(names, args, work)
-    if "corral" in systems:
-        results["corral"] = run_corral(names, args, work)
+    try:
+        if "slurm" in systems:
+            results["slurm"] = run_slurm(names, args, work)
+        if "corral" in systems:
+            results["corral"] = run_corral(names, args, work)
+    finally:
+        if args.work_dir is None:  # the job script and the jobs' times files: kept only when asked
+            shutil.rmtree(work, ignore_errors=True)
     command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "bench/peer_slurm.py", *sys.argv[1:]])
     return report({"command": command, "workloads": names, "smoke": args.smoke,
                    "slurm_defaults": args.slurm_defaults, "results": results, "ratios": ratios(results)},
