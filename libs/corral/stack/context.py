@@ -76,8 +76,18 @@ class Context:
 
     @classmethod
     def load(cls, path: Path) -> Context:
-        raw = json.loads(path.read_text())
-        return cls(**{k: raw[k] for k in raw if k in cls.__dataclass_fields__})
+        """The context in `path`; a NoClusterError naming the file when it cannot be read or is not one."""
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise NoClusterError(f"{path} cannot be read ({exc.strerror}): point --context (CORRAL_CONTEXT) at "
+                                 "a context file of your own, e.g. the one `corral user add --out` wrote") from None
+        try:
+            raw = json.loads(text)
+            return cls(**{k: raw[k] for k in raw if k in cls.__dataclass_fields__})
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise NoClusterError(f"{path} is not a Corral context ({exc}): use the file `corral up` or "
+                                 "`corral user add --out` wrote, or pass --nats and --postgres") from None
 
     def gone(self) -> bool:
         """True when the process that runs this cluster is known to have exited (same host only)."""

@@ -60,6 +60,23 @@ def test_an_explicit_context_that_does_not_exist_says_which_file(tmp_path: Path,
     assert resolve("nats://n:1", "postgresql://p/db", context_path=tmp_path / "nowhere.json").nats_url == "nats://n:1"
 
 
+@pytest.mark.parametrize("text", ["{bad", "[]", '{"nats_url": "nats://n:1"}'])
+def test_a_context_file_that_is_not_one_says_which_file_and_what_to_do(tmp_path: Path, text: str) -> None:
+    """A hand-edited or truncated context (a person's from `corral user add --out`) is one clear
+    error naming the file, never a traceback."""
+    (tmp_path / "ctx.json").write_text(text)
+    with pytest.raises(NoClusterError, match=r"ctx\.json is not a Corral context"):
+        resolve(context_path=tmp_path / "ctx.json")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file")
+def test_a_context_file_this_account_cannot_read_says_so(tmp_path: Path) -> None:
+    (tmp_path / "ctx.json").write_text("{}")
+    (tmp_path / "ctx.json").chmod(0)
+    with pytest.raises(NoClusterError, match=r"ctx\.json cannot be read"):
+        resolve(context_path=tmp_path / "ctx.json")
+
+
 def test_a_context_whose_cluster_is_gone_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     finished = subprocess.Popen(["true"])
     finished.wait()
