@@ -14,7 +14,7 @@ import msgspec
 
 from corral.contracts.problems import Problem, SpecError
 from corral.contracts.validation import convert_collecting, parse_document
-from corral.contracts.worker import CHECKPOINT_SIGNALS, RESERVED_ENV, CheckpointSignal
+from corral.contracts.worker import CHECKPOINT_SIGNALS, RESERVED_ENV, checkpoint_signal_problem
 
 __all__ = [
     "CONTAINER_RUNTIMES",
@@ -61,6 +61,10 @@ QueuePath = Annotated[str, msgspec.Meta(
 Seconds = Annotated[float, msgspec.Meta(ge=0, description="seconds")]
 EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 Signal = Annotated[str, msgspec.Meta(pattern=r"^SIG[A-Z0-9]+$", description="signal name, e.g. SIGUSR1")]
+#: A checkpoint signal: any signal name decodes (a recorded spec always does); the schema lists the
+#: ones a new submission may name (`JobSpec.start_problems` refuses the others).
+RecordedSignal = Annotated[str, msgspec.Meta(pattern=r"^SIG[A-Z0-9]+$", description="signal name, e.g. SIGUSR1",
+                                             extra_json_schema={"enum": sorted(CHECKPOINT_SIGNALS)})]
 AbsolutePath = Annotated[str, msgspec.Meta(pattern=r"^/[^\x00]*$", max_length=4096,
                                            description="an absolute path, e.g. /data/imagenet")]
 MountSource = Annotated[str, msgspec.Meta(
@@ -128,7 +132,7 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class Checkpoint(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How a preempted job is told to save its work (like Slurm's `--signal`), and how long it gets."""
 
-    signal: CheckpointSignal = "SIGUSR1"
+    signal: RecordedSignal = "SIGUSR1"
     grace_seconds: Seconds = 30.0
     #: Where the job's checkpoints go (`CORRAL_CHECKPOINT_DIR`, exactly this folder); None: the
     #: cluster's shared checkpoint folder (cluster file `checkpoint_dir`) or the agent's, `/<job id>`.
@@ -261,7 +265,6 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             found.append(Problem(path="mounts", message=f"runtime `{self.runtime}` cannot mount folders",
                                  hint="set runtime: sandbox (or podman, docker, apptainer), or remove mounts"))
         found.extend(self._mount_problems())
-        found.extend(self._start_problems())
         if self.time_limit is not None and self.time_limit <= 0:
             found.append(Problem(path="time_limit", message="must be longer than 0 seconds",
                                  hint="e.g. time_limit: 2h"))
@@ -284,19 +287,20 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             seen.setdefault(target, i)
         return found
 
-    def _start_problems(self) -> list[Problem]:
+    def start_problems(self) -> list[Problem]:
         """What the node agent would refuse to start (the agent checks the same sets, from
         `corral.contracts.worker`): an env name it sets itself, a signal the job cannot be told to
-        checkpoint with (the type of `Checkpoint.signal`), a NUL character no process can be given,
-        an empty program name. Every decode of a spec asks this (the services and the CLI decode thousands): a spec with
-        none of them is answered without building anything."""
-        env, command = self.env, self.command
-        if (not env or (RESERVED_ENV.isdisjoint(env) and not any("\x00" in v for v in env.values()))) \
-                and (not command or (not any("\x00" in arg for arg in command)
-                                     and (command[0].strip() or self.runtime == "sim"))) \
-                and not (self.mounts and self.runtime in MOUNT_SEPARATORS):
-            return []
+        checkpoint with, a NUL character no process can be given, a mount path a container runtime
+        splits, an empty program name.
+
+        Asked of a new submission (`validate_job_spec`, admission's verdict), never on decode: a
+        spec the log recorded before a rule existed must still decode, fold and replay."""
+        command = self.command
         found: list[Problem] = []
+        signal_problem = checkpoint_signal_problem(self.checkpoint.signal)
+        if signal_problem is not None:
+            found.append(Problem(path="checkpoint.signal", message=signal_problem,
+                                 hint=Checkpoint.FIELD_HINTS["signal"]))
         if command and not command[0].strip() and self.runtime != "sim":
             found.append(Problem(path="command[0]", message="the program to run is empty",
                                  hint="name the program first, e.g. command: [python, train.py]"))
@@ -329,11 +333,16 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
 
 def validate_job_spec(obj: Any) -> JobSpec:
-    """A JobSpec from parsed YAML/JSON, or SpecError listing every problem with path and hint."""
+    """A JobSpec for a new submission from parsed YAML/JSON, or SpecError listing every problem with
+    path and hint (the contract's, then what the node agent would refuse: `JobSpec.start_problems`)."""
     if not isinstance(obj, dict):
         raise SpecError([Problem(path="", message=f"a job spec is a mapping, got {type(obj).__name__}",
                                  hint="start the file with `name: ...` and `queue: ...`")])
-    return convert_collecting(obj, JobSpec)
+    spec = convert_collecting(obj, JobSpec)
+    problems = spec.start_problems()
+    if problems:
+        raise SpecError(problems)
+    return spec
 
 
 def load_job_spec(text: str, fmt: Literal["yaml", "json"] | None = None) -> JobSpec:

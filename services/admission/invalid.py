@@ -1,10 +1,11 @@
 """A submission whose spec breaks the JobSpec contract: refused with every problem, not dropped.
 
-The problem: `corral validate` and `corral submit` check a spec against the contract before
-sending it, but a pipeline that writes its own JSON does not; such a JobSubmitted did not decode,
-so it was dead-lettered and its sender never got a verdict. Its envelope usually names the job,
-so admission records a JobRejected on the job's stream naming each field and its fix (only the
-rejection: the submission itself cannot be recorded, it is not a JobSubmitted).
+`corral validate` and `corral submit` check a spec before sending it, but a pipeline that writes
+its own JSON does not. Two kinds reach admission: a JobSubmitted that does not decode (its spec
+breaks the schema), and one that decodes but asks for what the node agent would refuse to start
+(`JobSpec.start_problems`: decoding leaves those rules out so a recorded spec always decodes).
+Both are answered with a JobRejected (SPEC_INVALID) on the job's stream naming each field and its
+fix; only the rejection is recorded, never the submission.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ from typing import Any
 
 import msgspec
 
-from corral.contracts.jobspec import validate_job_spec
+from corral.contracts.jobspec import JobSpec, validate_job_spec
 from corral.contracts.problems import Problem, SpecError
 
-__all__ = ["invalid_submission"]
+__all__ = ["invalid_message", "invalid_submission", "start_problems"]
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _in_spec(problems: list[Problem]) -> list[Problem]:
+    return [Problem(path=f"spec.{p.path}" if p.path else "spec", message=p.message, hint=p.hint) for p in problems]
 
 
 def invalid_submission(data: bytes) -> tuple[str, list[Problem]] | None:
@@ -37,6 +42,16 @@ def invalid_submission(data: bytes) -> tuple[str, list[Problem]] | None:
     try:
         validate_job_spec(doc.get("spec"))
     except SpecError as exc:
-        return job_id, [Problem(path=f"spec.{p.path}" if p.path else "spec", message=p.message, hint=p.hint)
-                        for p in exc.problems]
+        return job_id, _in_spec(exc.problems)
     return None
+
+
+def start_problems(spec: JobSpec) -> list[Problem]:
+    """What the node agent would refuse in a decoded submission's spec, with `spec.` paths."""
+    return _in_spec(spec.start_problems())
+
+
+def invalid_message(problems: list[Problem]) -> str:
+    """The rejection's message: the first problems, each with its field."""
+    said = "; ".join(f"{p.path}: {p.message}" for p in problems[:5])
+    return f"the spec breaks the JobSpec contract: {said}"[:2000]

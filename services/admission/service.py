@@ -37,7 +37,7 @@ from corral.core.submit_limits import SubmitLedger
 from corral.eventstore import Tracking
 from corral.projection import JobState, submission_key
 from corral.services.admission.feasibility import ShapeVerdicts
-from corral.services.admission.invalid import invalid_submission
+from corral.services.admission.invalid import invalid_message, invalid_submission, start_problems
 from corral.services.admission.limits import UserLimitsFold
 from corral.services.base import Service
 from corral.services.dead_letter_replay import serve_replays
@@ -80,12 +80,10 @@ class Admission(Service):
         if self.view.versions.get(stream, 0) > 0:
             await self.append({}, tracking=tracking)  # the job exists: a duplicate
             return True
-        said = "; ".join(f"{p.path}: {p.message}" for p in problems[:5])
         rejected = self.new_event(ev.JobRejected, stream=stream, job_id=job_id, problems=problems,
-                                  reason=Reason(code=RejectionCode.SPEC_INVALID,
-                                                message=f"the spec breaks the JobSpec contract: {said}"[:2000],
+                                  reason=Reason(code=RejectionCode.SPEC_INVALID, message=invalid_message(problems),
                                                 details={"problems": len(problems)}))
-        log.warning("job %s: submission refused, its spec is invalid: %s", job_id, said)
+        log.warning("job %s: submission refused: %s", job_id, rejected.reason.message)
         await self.append({stream: [rejected]}, tracking=tracking, expected={stream: 0})
         return True
 
@@ -131,9 +129,9 @@ class Admission(Service):
                 continue  # its tracking row only
             if key is not None:
                 seen.add(key)
-            oversized = self.refuse_oversized(submitted)
-            if oversized:
-                batches[stream] = [oversized]
+            refused = self.refuse_oversized(submitted) or self.refuse_unstartable(submitted)
+            if refused:
+                batches[stream] = [refused]
                 continue
             verdict = await self._judge_caught_up(submitted, ledger)
             self.user_limits.judged(ledger, submitted, verdict)
@@ -158,9 +156,9 @@ class Admission(Service):
             log.info("job %s already submitted; duplicate ignored", submitted.job_id)
             await self.append({}, tracking=tracking)
             return
-        oversized = self.refuse_oversized(submitted)
-        if oversized is not None:
-            await self.append({stream: [oversized]}, tracking=tracking, expected={stream: 0})
+        refused = self.refuse_oversized(submitted) or self.refuse_unstartable(submitted)
+        if refused is not None:
+            await self.append({stream: [refused]}, tracking=tracking, expected={stream: 0})
             return
         await self._catch_up_queues([submitted])
         verdict = await self._judge_caught_up(submitted)
@@ -190,6 +188,20 @@ class Admission(Service):
             problems=[problem],
             reason=Reason(code=SPEC_TOO_LARGE, message=f"{problem.message}; {problem.hint}",
                           details={"bytes": size, "limit": limit}))
+
+    def refuse_unstartable(self, submitted: ev.JobSubmitted) -> ev.JobRejected | None:
+        """A JobRejected (SPEC_INVALID) if the spec asks for what the node agent would refuse to
+        start (`JobSpec.start_problems`, which decoding leaves out so the log always decodes); then
+        only the rejection is recorded, as for a spec that does not decode."""
+        problems = start_problems(submitted.spec)
+        if not problems:
+            return None
+        rejected = self.new_event(
+            ev.JobRejected, stream=submitted.stream, causation=submitted, job_id=submitted.job_id,
+            problems=problems, reason=Reason(code=RejectionCode.SPEC_INVALID, message=invalid_message(problems),
+                                             details={"problems": len(problems)}))
+        log.warning("job %s: submission refused: %s", submitted.job_id, rejected.reason.message)
+        return rejected
 
     async def _catch_up_queues(self, submissions: Iterable[ev.JobSubmitted]) -> None:
         """Read a queue we have not heard of from the log before judging by it: our view follows

@@ -55,7 +55,7 @@ def pressures(sample: Sample, thresholds: Thresholds) -> dict[Condition, str]:
     return held
 
 
-def node_state(*, lost: bool, draining: bool, conditions: Collection[str]) -> NodeState:
+def node_state(*, lost: bool, draining: bool, conditions: Collection[object]) -> NodeState:
     """How the cycle sees a node: lost; draining when drained or under any condition (no new work,
     what runs goes on); else ready."""
     if lost:
