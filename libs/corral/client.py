@@ -181,7 +181,11 @@ class Client:
         await self.bus.publish(subject, data, msg_id, headers, retry_for=self.REQUEST_RETRY_SECONDS)
 
     def submission(self, spec: JobSpec, *, job_id: str | None = None, user: str | None = None) -> ev.JobSubmitted:
-        """The JobSubmitted that `submit_request` publishes (checked for size; nothing sent)."""
+        """The JobSubmitted that `submit_request` publishes (checked for size and for what the node
+        agent would refuse, `JobSpec.start_problems`; nothing sent)."""
+        problems = spec.start_problems()
+        if problems:
+            raise SpecError(problems)
         job_id = job_id or new_job_id()
         user = user or self.identity or spec.user or _user()
         submitted = ev.JobSubmitted.new(stream=job_stream(job_id), actor=f"user/{user}", correlation_id=job_id,

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 from corral.audit import Entry, audit
+from corral.client import Client
 from corral.contracts import events as ev
 from corral.contracts.envelope import job_stream
 from corral.contracts.jobspec import validate_job_spec
@@ -25,6 +26,7 @@ from corral.contracts.registry import decode, encode, validated
 from corral.projection import ClusterView, JobState
 from corral.services.admission.invalid import start_problems
 from corral.services.node_agent.assignment import Assignment, RankAssignment
+from corral.stack.context import Context
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 SOUND = {"name": "old", "queue": "team-a", "runtime": "sim", "duration_seconds": 5}
@@ -81,3 +83,13 @@ def test_the_agent_still_refuses_a_recorded_spec_it_cannot_start() -> None:
 
 def test_a_sound_spec_has_no_start_problems() -> None:
     assert start_problems(validate_job_spec({**SOUND, "env": {"NCCL_DEBUG": "INFO"}})) == []
+
+
+@pytest.mark.parametrize("field", sorted(OLD_SPECS))
+def test_the_python_client_refuses_to_send_such_a_spec(field: str) -> None:
+    spec = decode(recorded_bytes(OLD_SPECS[field])).spec  # type: ignore[attr-defined]
+    store: Any = None
+    client = Client(Context(nats_url="nats://127.0.0.1:1", postgres_dsn="postgresql://x@127.0.0.1/corral"), store, None)
+    with pytest.raises(SpecError) as refused:
+        client.submission(spec)
+    assert field in {p.path for p in refused.value.problems}
