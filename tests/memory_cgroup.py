@@ -74,7 +74,12 @@ class MemoryCgroup:
         return 0
 
     def remove(self) -> None:
+        """Move what is left in it (a process the test did not see killed) back to the parent, and
+        remove it."""
         with contextlib.suppress(OSError):
+            for pid in (self.folder / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    (self.folder.parent / "cgroup.procs").write_text(pid)
             self.folder.rmdir()
 
 
