@@ -34,6 +34,7 @@ def _fail(message: str, code: ExitCode = ExitCode.FAILURE) -> None:
 def _installation() -> tuple[Any, Context]:
     """The installation whose people this CLI may manage: the data folder of its context, if this
     account can read its credentials (the operator of `corral up`)."""
+    from corral.stack.people import PeopleError
     from corral.stack.people_admin import Installation
 
     ctx = context()
@@ -49,6 +50,8 @@ def _installation() -> tuple[Any, Context]:
               "is not readable by this account")
     except FileNotFoundError:
         _fail(f"{inst.data_dir} has no credentials folder: start the cluster with `corral up` there first")
+    except PeopleError as exc:
+        _fail(str(exc))
     return inst, ctx
 
 

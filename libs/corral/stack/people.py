@@ -131,15 +131,23 @@ class Registry:
 
     @classmethod
     def from_json(cls, text: str) -> Registry:
-        raw = json.loads(text)
+        shape = "the people registry is not a version-1 registry ({\"version\": 1, \"people\": [...]})"
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise PeopleError(f"{shape}: {exc}") from None
         if not isinstance(raw, dict) or raw.get("version") != 1 or not isinstance(raw.get("people"), list):
-            raise PeopleError("the people registry is not a version-1 registry ({\"version\": 1, \"people\": [...]})")
+            raise PeopleError(shape)
         registry = cls()
         for entry in raw["people"]:
-            registry = registry.add(Person(name=str(entry["name"]), kind=Kind(entry["kind"]),
-                                           created=str(entry.get("created", "")),
-                                           added_by=str(entry.get("added_by", "")),
-                                           rotated=str(entry.get("rotated", ""))))
+            try:
+                person = Person(name=str(entry["name"]), kind=Kind(entry["kind"]),
+                                created=str(entry.get("created", "")), added_by=str(entry.get("added_by", "")),
+                                rotated=str(entry.get("rotated", "")))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise PeopleError(f"the people registry's entry {entry!r} is not a person "
+                                  f"(name, kind: {', '.join(k.value for k in Kind)}): {exc!r}") from None
+            registry = registry.add(person)
         return registry
 
 

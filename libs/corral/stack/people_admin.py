@@ -84,7 +84,10 @@ class Installation:
             text = self.registry_file.read_text()
         except FileNotFoundError:
             return Registry()
-        return Registry.from_json(text)
+        try:
+            return Registry.from_json(text)
+        except PeopleError as exc:
+            raise PeopleError(f"{self.registry_file}: {exc}") from None
 
     def save(self, registry: Registry) -> None:
         credentials.write_private(self.registry_file, registry.to_json())

@@ -53,6 +53,15 @@ def test_names_are_unix_like_and_never_the_installations_own() -> None:
         Registry().add(_person("svc-quota"))
 
 
+@pytest.mark.parametrize("text", ["{bad", "[]", '{"version": 1, "people": [{"kind": "person"}]}',
+                                  '{"version": 1, "people": [{"name": "ann", "kind": "wizard"}]}',
+                                  '{"version": 1, "people": ["ann"]}'])
+def test_a_registry_that_is_not_one_is_a_people_error(text: str) -> None:
+    """A hand-edited registry is a PeopleError (the CLI's one line), never a traceback."""
+    with pytest.raises(PeopleError, match="registry"):
+        Registry.from_json(text)
+
+
 def test_ensure_keeps_an_existing_entry_whatever_its_kind() -> None:
     registry = Registry().add(_person("bob", Kind.ADMIN))
     assert registry.ensure(_person("bob")) is registry
