@@ -1,10 +1,10 @@
 """Replaying dead letters on an admin's request: a service republishes, the admin only asks.
 
-The problem: `corral dlq replay` republished a dead letter to its original subject from the CLI,
-so the admin's NATS identity needed the right to publish every inbox subject (any user's, any
-node's): with it, the admin could submit as bob or report alice's job as exited. Now an admin
-asks on `<ns>.admin.<admin>.dlq-replay` (core NATS request/reply; only an admin identity may
-publish its own) and a service republishes. Only dead letters of the inbox stream are replayed:
+Why a service: republishing a dead letter to its original subject from the CLI would need the
+admin's NATS identity to publish every inbox subject (any user's, any node's), and with that the
+admin could submit as bob or report alice's job as exited. So an admin asks on
+`<ns>.admin.<admin>.dlq-replay` (core NATS request/reply; only an admin identity may publish its
+own) and a service republishes. Only dead letters of the inbox stream are replayed:
 only services publish those (`<ns>.dlq.<NS>_INBOX.<seq>`; a node agent may write dead letters of
 the events stream only), so what is republished is what a client once sent, unchanged, with its
 original subject (its sender) and message id. An event's dead letter is not republished: the

@@ -1,8 +1,8 @@
 """Submission limits per user: how many jobs one person may have waiting or running, and how fast
 they may submit (admission's verdict, Slurm's MaxSubmitJobsPerUser and its RPC rate limiting).
 
-The problem: nothing stopped one user: 20,000 submissions in 16 s were all accepted, and everyone's
-`corral jobs` and every scheduling round paid for them. The rules, for the queues file's
+Why: without them nothing stops one user: a burst of submissions is all accepted, and everyone's
+`corral jobs` and every scheduling round pays for it. The rules, for the queues file's
 `max_submitted_per_user` and `submit_rate_per_user`:
 - a limit set on a queue counts the user's jobs in that queue and every queue below it; a
   submission must be within the limits of its queue and of every queue above it;
