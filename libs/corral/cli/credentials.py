@@ -34,6 +34,10 @@ class Format(StrEnum):
     K8S_SECRET = "k8s-secret"
 
 
+EXPORT_HELP = ("Also write the files each process mounts, one directory each (docker-compose): nats/auth.conf, "
+               "services/credentials.json, agents/<node>/credentials.json; then make the NATS servers re-read "
+               "auth.conf (SIGHUP).")
+
 app = typer.Typer(no_args_is_help=True, help="NATS identities of a deployment not run by `corral up`.")
 
 
@@ -50,6 +54,7 @@ def agent(
         "--revoke", help="Remove this node's identity (repeatable); apply the new auth.conf.")] = None,
     k8s_namespace: Annotated[str, typer.Option("--k8s-namespace", help="Namespace of the Secrets.")] = "corral",
     json_out: Annotated[bool, typer.Option("--json", help="With --format files: JSON.")] = False,
+    export_dir: Annotated[Path | None, typer.Option("--export", help=EXPORT_HELP)] = None,
 ) -> None:
     """Give GPU nodes their agent identities, and print the deployment's in the chosen format.
 
@@ -63,7 +68,7 @@ def agent(
     except ValueError as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise SystemExit(EXIT_USAGE) from None
-    _show(ids, directory, fmt, k8s_namespace, json_out)
+    _show(ids, directory, fmt, k8s_namespace, json_out, export_dir)
 
 
 @app.command("person")
@@ -78,6 +83,7 @@ def person(
     fmt: Annotated[Format, typer.Option("--format", help="As for `corral credentials agent`.")] = Format.FILES,
     k8s_namespace: Annotated[str, typer.Option("--k8s-namespace", help="Namespace of the Secrets.")] = "corral",
     json_out: Annotated[bool, typer.Option("--json", help="With --format files: JSON.")] = False,
+    export_dir: Annotated[Path | None, typer.Option("--export", help=EXPORT_HELP)] = None,
 ) -> None:
     """Give people and pipelines of a deployment identities of their own, and print them.
 
@@ -100,11 +106,15 @@ def person(
     except (PeopleError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise SystemExit(ExitCode.FAILURE) from None
-    _show(ids, directory, fmt, k8s_namespace, json_out)
+    _show(ids, directory, fmt, k8s_namespace, json_out, export_dir)
 
 
-def _show(ids: DeployIdentities, directory: Path, fmt: Format, k8s_namespace: str, json_out: bool) -> None:
+def _show(ids: DeployIdentities, directory: Path, fmt: Format, k8s_namespace: str, json_out: bool,
+          export_dir: Path | None) -> None:
     from corral.stack import deploy_credentials as deploy
+
+    if export_dir is not None:
+        deploy.export(ids, export_dir)
 
     if fmt is Format.NATS_CONF:
         typer.echo(deploy.auth_conf(ids), nl=False)

@@ -15,7 +15,8 @@ nodes (or revokes them) and keeps every existing password, so its output can be 
 `authorization` block for the NATS servers (`auth_conf`) and the Kubernetes Secrets
 (`kubernetes_secrets`):
 `corral-nats-auth` (that block, for the NATS chart), `corral-nats-services` and
-`corral-nats-agents` (one `<node>.json` per node, what the agent DaemonSet mounts). People and
+`corral-nats-agents` (one `<node>.json` per node, what the agent DaemonSet mounts), or the same
+split as directories (`export`, what docker-compose mounts: each container sees only its own). People and
 pipelines (`corral credentials person`) are kept there as `corral up` keeps them
 (`corral.stack.people_admin`): `<dir>/people.json` and one identity each in the `auth_conf`.
 """
@@ -138,6 +139,31 @@ def auth_conf(ids: DeployIdentities) -> str:
               f"agent` from {ids.directory}.\n# Nodes: {', '.join(ids.nodes) or '(none)'}. It holds passwords: "
               "keep it as secret as the credentials files.\n")
     return header + ids.keyring.authorization()
+
+
+def export(ids: DeployIdentities, out: Path) -> list[Path]:
+    """Write the files each kind of process mounts, one directory each, as the Secrets split them:
+    `nats/auth.conf` (the NATS servers), `services/credentials.json`, `agents/<node>/credentials.json`
+    (only that node's agent). Each file is replaced whole (a reader never sees half of one), mode
+    0600; a revoked node's directory is emptied. Returns the files written."""
+    services = auth.service(ids.namespace, SERVICES, "x").user
+    files = {Path("nats", "auth.conf"): auth_conf(ids),
+             Path("services", "credentials.json"): ids.credentials_json(services),
+             **{Path("agents", n, "credentials.json"): ids.agent_file(n).read_text() for n in ids.nodes}}
+    for old in sorted((out / "agents").glob("*/credentials.json")):
+        if old.relative_to(out) not in files:
+            old.unlink()
+    written = []
+    for rel, text in files.items():
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.touch(mode=0o600)
+        tmp.chmod(0o600)
+        tmp.write_text(text)
+        tmp.replace(path)
+        written.append(path)
+    return written
 
 
 def _secret(name: str, k8s_namespace: str, data: dict[str, str]) -> dict[str, Any]:
