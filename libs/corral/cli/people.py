@@ -66,6 +66,12 @@ def _operator(ctx: Context) -> str:
     return admin_name()
 
 
+def _check_out(out: Path | None) -> None:
+    """`--out` names a file: a folder is refused before anything changes."""
+    if out is not None and out.is_dir():
+        _fail(f"--out {out} is a folder: name the file, e.g. --out {out / 'context.json'}", ExitCode.USAGE)
+
+
 def _write_context(out: Path, change: Any, ctx: Context) -> None:
     import json
 
@@ -75,8 +81,13 @@ def _write_context(out: Path, change: Any, ctx: Context) -> None:
     doc = person_context(nats_url=ctx.nats_url, namespace=ctx.namespace, ident=change.identity,
                          kind=change.person.kind, ca_file=ctx.nats_ca, postgres_dsn=ctx.postgres_dsn,
                          login=change.login)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_private(out, json.dumps(doc, indent=2) + "\n")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_private(out, json.dumps(doc, indent=2) + "\n")
+    except OSError as exc:
+        name = change.person.name
+        _fail(f"{name}'s identity is made, but their context could not be written to {out} ({exc.strerror}): "
+              f"`corral user rotate {name} --out FILE` writes one (with new secrets)")
 
 
 def _report(change: Any, inst: Any, out: Path | None, verb: str, json_out: bool) -> None:
@@ -114,6 +125,7 @@ def add(
     if admin and pipeline:
         _fail("--admin and --pipeline: a user is one of person, pipeline or admin", ExitCode.USAGE)
     kind = Kind.ADMIN if admin else Kind.PIPELINE if pipeline else Kind.PERSON
+    _check_out(out)
     inst, ctx = _installation()
     try:
         change = people_admin.add(inst, name, kind, by=_operator(ctx))
@@ -170,6 +182,7 @@ def rotate(
     from corral.stack import people_admin
     from corral.stack.people import PeopleError
 
+    _check_out(out)
     inst, ctx = _installation()
     try:
         change = people_admin.rotate(inst, name, by=_operator(ctx))
