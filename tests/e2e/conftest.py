@@ -7,10 +7,17 @@ it the way a pipeline or the CLI does.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import pytest
 
 from corral.client import Client
@@ -75,6 +82,38 @@ async def cluster(make_stack: StackFactory) -> AsyncIterator[Cluster]:
         yield Cluster(stack=stack, client=client, data_dir=stack.options.data_dir)
     finally:
         await client.close()
+
+
+def with_database(dsn: str, database: str) -> str:
+    return dsn.rpartition("/")[0] + "/" + database
+
+
+@contextlib.asynccontextmanager
+async def own_site(postgres_server_dsn: str, prefix: str, *, data_mode: int | None = None,
+                   **options: Any) -> AsyncIterator[Stack]:
+    """`corral up` as an operator runs it (its own NATS, with identities and TLS) on a database of
+    its own: 2 nodes x 8 GPUs, queue team-a (16 GPUs). `options` go to StackOptions; `data_mode`
+    is the data folder's mode (mkdtemp's 0700 keeps every other account out)."""
+    name = f"t_{secrets.token_hex(6)}"
+    owner = await asyncpg.connect(with_database(postgres_server_dsn, "postgres"))
+    try:
+        await owner.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await owner.close()
+    data = Path(tempfile.mkdtemp(prefix=prefix))
+    if data_mode is not None:
+        os.chmod(data, data_mode)
+    stack = Stack(StackOptions(data_dir=data, cluster="2x8:H100", postgres_dsn=with_database(postgres_server_dsn, name),
+                               namespace="corral", extra_env={"CORRAL_LOG_LEVEL": "INFO"}, **options))
+    stack.start()
+    try:
+        async with await Client.connect(stack.context) as client:  # type: ignore[arg-type]
+            await client.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 16}]}))
+            await client.wait_for(lambda v: "team-a" in v.queues and len(v.nodes) >= 2, 30)
+        yield stack
+    finally:
+        stack.stop()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def dump_logs(stack: Stack) -> str:

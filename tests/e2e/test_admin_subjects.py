@@ -12,12 +12,9 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,8 +29,9 @@ from corral.contracts.registry import encode
 from corral.contracts.subjects import Subjects
 from corral.stack.context import Context
 from corral.stack.credentials import NatsCredentials
-from corral.stack.up import Stack, StackOptions
-from tests.e2e.test_security import _refused, _spec, _with_database
+from corral.stack.up import Stack
+from tests.e2e.conftest import own_site
+from tests.e2e.test_security import _refused, _spec
 
 NS = "corral"
 
@@ -41,24 +39,9 @@ NS = "corral"
 @pytest.fixture(scope="module")
 async def people(postgres_server_dsn: str) -> AsyncIterator[Stack]:
     """`corral up` with its own (authenticated) NATS, 2 nodes x 8 GPUs, submitters alice and bob."""
-    name = f"t_{secrets.token_hex(6)}"
-    conn = await asyncpg.connect(_with_database(postgres_server_dsn, "postgres"))
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    data = Path(tempfile.mkdtemp(prefix="corral-adm-"))
-    dsn = _with_database(postgres_server_dsn, name)
-    stack = Stack(StackOptions(data_dir=data, cluster="2x8:H100", postgres_dsn=dsn,
-                               namespace=NS, write_user_context=False, submitters=("alice", "bob"),
-                               extra_env={"CORRAL_LOG_LEVEL": "INFO"}))
-    stack.start()
-    try:
-        async with await Client.connect(stack.context) as client:  # type: ignore[arg-type]
-            await client.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 16}]}))
-            await client.wait_for(lambda v: "team-a" in v.queues and len(v.nodes) >= 2, 30)
+    async with own_site(postgres_server_dsn, "corral-adm-", write_user_context=False,
+                        submitters=("alice", "bob")) as stack:
         yield stack
-    finally:
-        stack.stop()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 def _ctx(stack: Stack, user: str | None) -> Context:

@@ -22,12 +22,10 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import msgspec
 import nats
 import pytest
@@ -37,11 +35,11 @@ from corral.client import Client
 from corral.contracts import events as ev
 from corral.contracts.envelope import Reason, job_stream
 from corral.contracts.jobspec import JobSpec
-from corral.contracts.queues import validate_queues
 from corral.contracts.registry import encode
 from corral.contracts.subjects import Subjects
 from corral.gateway import protocol as p
-from corral.stack.up import Stack, StackOptions
+from corral.stack.up import Stack
+from tests.e2e.conftest import own_site
 
 NS = "corral"
 VENV_BIN = Path(sys.executable).parent
@@ -88,10 +86,6 @@ def _why_not() -> str | None:
 pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
 
 
-def _with_database(dsn: str, database: str) -> str:
-    return dsn.rpartition("/")[0] + "/" + database
-
-
 @pytest.fixture(scope="module")
 def accounts() -> Iterator[tuple[str, str]]:
     """Two fresh OS accounts (no home, no password), removed afterwards."""
@@ -112,24 +106,9 @@ def accounts() -> Iterator[tuple[str, str]]:
 @pytest.fixture(scope="module")
 async def gated(postgres_server_dsn: str) -> AsyncIterator[Stack]:
     """`corral up` with its own NATS (auth and TLS on) and so its gateway; 2 nodes x 8 GPUs."""
-    name = f"t_{secrets.token_hex(6)}"
-    admin = await asyncpg.connect(_with_database(postgres_server_dsn, "postgres"))
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    data = Path(tempfile.mkdtemp(prefix="corral-gw-"))
-    os.chmod(data, 0o755)  # mkdtemp's 0700 would keep every other account out, gateway folder included
-    dsn = _with_database(postgres_server_dsn, name)
-    stack = Stack(StackOptions(data_dir=data, cluster="2x8:H100", postgres_dsn=dsn, namespace=NS,
-                               runtime="sim", extra_env={"CORRAL_LOG_LEVEL": "INFO"}))
-    stack.start()
-    try:
-        async with await Client.connect(stack.context) as client:  # type: ignore[arg-type]
-            await client.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 16}]}))
-            await client.wait_for(lambda v: "team-a" in v.queues and len(v.nodes) >= 2, 30)
+    # 0755: mkdtemp's 0700 would keep every other account out, gateway folder included
+    async with own_site(postgres_server_dsn, "corral-gw-", runtime="sim", data_mode=0o755) as stack:
         yield stack
-    finally:
-        stack.stop()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 def _as(account: str, *argv: str, stdin: str | None = None, env: dict[str, str] | None = None,

@@ -13,12 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
-import shutil
 import ssl
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -29,39 +26,20 @@ import pytest
 
 from corral.client import Client
 from corral.contracts import events as ev
-from corral.contracts.queues import validate_queues
 from corral.contracts.registry import decode
 from corral.stack.context import Context
 from corral.stack.credentials import admin_name
-from corral.stack.up import Stack, StackOptions
+from corral.stack.up import Stack
+from tests.e2e.conftest import own_site
 
 NS = "corral"
-
-
-def _with_database(dsn: str, database: str) -> str:
-    return dsn.rpartition("/")[0] + "/" + database
 
 
 @pytest.fixture(scope="module")
 async def site(postgres_server_dsn: str) -> AsyncIterator[Stack]:
     """`corral up` with its own NATS (identities, TLS) and Postgres logins: 2 nodes x 8 GPUs."""
-    name = f"t_{secrets.token_hex(6)}"
-    owner = await asyncpg.connect(_with_database(postgres_server_dsn, "postgres"))
-    await owner.execute(f'CREATE DATABASE "{name}"')
-    await owner.close()
-    data = Path(tempfile.mkdtemp(prefix="corral-people-"))
-    dsn = _with_database(postgres_server_dsn, name)
-    stack = Stack(StackOptions(data_dir=data, cluster="2x8:H100", postgres_dsn=dsn, namespace=NS,
-                               write_user_context=False, extra_env={"CORRAL_LOG_LEVEL": "INFO"}))
-    stack.start()
-    try:
-        async with await Client.connect(stack.context) as client:  # type: ignore[arg-type]
-            await client.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 16}]}))
-            await client.wait_for(lambda v: "team-a" in v.queues and len(v.nodes) >= 2, 30)
+    async with own_site(postgres_server_dsn, "corral-people-", write_user_context=False) as stack:
         yield stack
-    finally:
-        stack.stop()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 def corral(*args: str, context: Path | str, user: str | None = None,

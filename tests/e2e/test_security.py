@@ -16,12 +16,9 @@ import asyncio
 import contextlib
 import json
 import secrets
-import shutil
 import ssl
-import tempfile
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -39,36 +36,17 @@ from corral.contracts.queues import validate_queues
 from corral.contracts.registry import encode
 from corral.contracts.subjects import Subjects
 from corral.stack.context import Context
-from corral.stack.up import Stack, StackOptions
+from corral.stack.up import Stack
+from tests.e2e.conftest import own_site
 
 NS = "corral"
-
-
-def _with_database(dsn: str, database: str) -> str:
-    return dsn.rpartition("/")[0] + "/" + database
 
 
 @pytest.fixture(scope="module")
 async def secured(postgres_server_dsn: str) -> AsyncIterator[Stack]:
     """`corral up` with its own (authenticated) NATS, 2 nodes x 8 GPUs, submitter `bob`."""
-    name = f"t_{secrets.token_hex(6)}"
-    admin = await asyncpg.connect(_with_database(postgres_server_dsn, "postgres"))
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    data = Path(tempfile.mkdtemp(prefix="corral-sec-"))
-    dsn = _with_database(postgres_server_dsn, name)
-    stack = Stack(StackOptions(data_dir=data, cluster="2x8:H100", postgres_dsn=dsn,
-                               namespace=NS, write_user_context=False, submitters=("bob",),
-                               extra_env={"CORRAL_LOG_LEVEL": "INFO"}))
-    stack.start()
-    try:
-        async with await Client.connect(stack.context) as client:  # type: ignore[arg-type]
-            await client.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 16}]}))
-            await client.wait_for(lambda v: "team-a" in v.queues and len(v.nodes) >= 2, 30)
+    async with own_site(postgres_server_dsn, "corral-sec-", write_user_context=False, submitters=("bob",)) as stack:
         yield stack
-    finally:
-        stack.stop()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 def _ctx(stack: Stack, user: str | None) -> Context:

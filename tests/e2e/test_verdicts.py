@@ -16,16 +16,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import asyncpg
 import msgspec
 import pytest
 
@@ -33,46 +28,27 @@ from corral.cli.exit_codes import ExitCode
 from corral.client import Client
 from corral.contracts.envelope import job_stream
 from corral.contracts.jobspec import JobSpec
-from corral.contracts.queues import validate_queues
 from corral.projection import JobState
 from corral.stack.context import Context
-from corral.stack.up import Stack, StackOptions
+from corral.stack.up import Stack
 from corral.verdicts import VerdictKind
+from tests.e2e.conftest import own_site
 
 NS = "corral"
 PEOPLE = ("alice", "bob")
 
 
-def _with_database(dsn: str, database: str) -> str:
-    return dsn.rpartition("/")[0] + "/" + database
-
-
 @pytest.fixture(scope="module")
 async def people(postgres_server_dsn: str) -> AsyncIterator[Stack]:
     """`corral up` with its own (authenticated) NATS, 2 nodes x 8 GPUs, submitters alice and bob."""
-    name = f"t_{secrets.token_hex(6)}"
-    admin = await asyncpg.connect(_with_database(postgres_server_dsn, "postgres"))
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    data = Path(tempfile.mkdtemp(prefix="corral-verdicts-"))
-    dsn = _with_database(postgres_server_dsn, name)
-    stack = Stack(StackOptions(data_dir=data, cluster="2x8:H100", postgres_dsn=dsn, namespace=NS,
-                               write_user_context=False, submitters=PEOPLE,
-                               extra_env={"CORRAL_LOG_LEVEL": "INFO"}))
-    stack.start()
-    try:
-        assert stack.context is not None
+    async with own_site(postgres_server_dsn, "corral-verdicts-", write_user_context=False,
+                        submitters=PEOPLE) as stack:
+        ctx, data = stack.context, stack.options.data_dir
+        assert ctx is not None
         for user in PEOPLE:
-            ctx = stack.context
             Context(nats_url=ctx.nats_url, postgres_dsn=ctx.postgres_dsn, namespace=NS, nats_ca=ctx.nats_ca,
                     credentials=str(data / "credentials" / f"{user}.json")).save(data / f"{user}.json")
-        async with await Client.connect(stack.context) as client:
-            await client.apply_queues(validate_queues({"queues": [{"name": "team-a", "guaranteed_gpus": 16}]}))
-            await client.wait_for(lambda v: "team-a" in v.queues and len(v.nodes) >= 2, 30)
         yield stack
-    finally:
-        stack.stop()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 def corral_as(stack: Stack, user: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
