@@ -210,7 +210,9 @@ def identity_of(ctx: Context, context_file: Path | None) -> dict[str, Any]:
         return {"user": user, "kind": None, "role": None, "source": "$USER (no identity: an open bus)",
                 "context": str(context_file) if context_file else None}
     raw = json.loads(Path(ctx.credentials).read_text())
-    raw = raw.get("nats_identity") or raw
+    raw = (raw.get("nats_identity") or raw) if isinstance(raw, dict) else raw
+    if not isinstance(raw, dict) or not isinstance(raw.get("user"), str):
+        raise ValueError('not a credentials file (a JSON object with "user" and "password")')
     env = os.environ.get("CORRAL_CREDENTIALS")
     source = f"CORRAL_CREDENTIALS={env}" if env else ctx.credentials
     role = raw.get("role")
