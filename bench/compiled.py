@@ -61,8 +61,13 @@ def _compile_core(into: Path) -> None:
     shutil.copytree(CORE, scratch / "corral" / "core", ignore=_IGNORE)
     print(f"compiling corral.core with mypyc -O{OPT_LEVEL} into {into} (about a minute at -O3) ...", file=sys.stderr,
           flush=True)
+    # Every module of the core but its `__init__`, which stays interpreted: it imports each
+    # re-exported name on first use (a module `__getattr__`), which a mypyc-compiled module
+    # cannot have (the extension crashes at import).
+    modules = sorted(p.relative_to(scratch).as_posix() for p in (scratch / "corral" / "core").rglob("*.py")
+                     if p.relative_to(scratch).as_posix() != "corral/core/__init__.py")
     done = subprocess.run(
-        [sys.executable, "-c", "import sys; from mypyc.__main__ import main; sys.exit(main())", "corral/core"],
+        [sys.executable, "-c", "import sys; from mypyc.__main__ import main; sys.exit(main())", *modules],
         cwd=scratch,
         capture_output=True,
         text=True,
