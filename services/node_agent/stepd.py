@@ -195,8 +195,7 @@ class Stepd:
                     pass
         self.state["phase"] = ENDED
         self.state["end"] = gang_end(self.state)
-        while not self.save():  # the ranks are gone; their exits leave only once written down
-            time.sleep(SAVE_RETRY)
+        self.save_final()
         log.info("%s attempt %d ended: %s", self.a.job_id, self.a.attempt, self.state["end"])
         return 0
 
@@ -240,6 +239,17 @@ class Stepd:
             log.info("%s written again", self.folder / STATE)
         self.unsaved = False
         self.dirty = False
+        return True
+
+    def save_final(self) -> bool:
+        """Write the ended state, trying until the disk takes it: the ranks are gone, and their
+        exits leave only once written down. A run folder that no longer exists (the node's state
+        removed) will never take it and no agent can adopt it: False, and the stepd ends."""
+        while not self.save():
+            if not self.folder.is_dir():
+                log.warning("%s is gone; the attempt's end cannot be written down", self.folder)
+                return False
+            time.sleep(SAVE_RETRY)
         return True
 
     def timeout(self, now: float) -> float:

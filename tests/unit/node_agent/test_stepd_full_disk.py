@@ -50,3 +50,26 @@ def test_a_failed_atomic_write_leaves_no_partial_file(tmp_path: Path, monkeypatc
     with pytest.raises(OSError):
         step_files.write_json(tmp_path / STATE, {"a": 1})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_final_state_waits_out_a_full_disk_but_not_a_removed_run_folder(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "attempt-0"
+    folder.mkdir()
+    s = _stepd(folder)
+    real = step_files.write_json
+    refusals = iter([True, True, False])
+
+    def write(path: Path, content: object) -> None:
+        if next(refusals):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, content)
+
+    monkeypatch.setattr(stepd, "SAVE_RETRY", 0.01)
+    monkeypatch.setattr(stepd, "write_json", write)
+    assert s.save_final() is True  # a full disk is waited out
+    assert (folder / STATE).exists()
+    (folder / STATE).unlink()
+    folder.rmdir()
+    monkeypatch.setattr(stepd, "write_json", real)
+    assert s.save_final() is False  # a removed folder is not: the stepd ends instead of retrying forever
