@@ -48,7 +48,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=int, default=20000, help="jobs on the stack (default 20000)")
     parser.add_argument("--runs", type=int, default=5, help="runs of each listing (default 5)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the test suite's size (200 jobs, one run each): checks the script, not the speed")
     args = parser.parse_args()
+    if args.smoke:
+        args.size, args.runs = 200, 1
     print(f"machine: {machine_line()}", flush=True)
     live = start_stack("4x8:H100", runtime="sim-timer")
     try:

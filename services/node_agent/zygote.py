@@ -1,9 +1,8 @@
 """`python -m corral.services.node_agent.zygote`: a warm fork server for stepds.
 
-The problem: a stepd per gang attempt started as a fresh interpreter (`python -m ...stepd`) costs
-an interpreter start and its imports, tens of milliseconds of CPU per job and more in latency on
-a busy machine; Slurm's slurmstepd is a C program. This process imports the stepd once and forks
-one per request: a fork of a small, already-imported process is a millisecond.
+A stepd started as a fresh interpreter (`python -m ...stepd`) would pay an interpreter start and
+its imports for every gang attempt, tens of milliseconds of CPU per job; this process imports the
+stepd once and forks one per request: a fork of a small, already-imported process is a millisecond.
 
 Its promises are the stepd's: each forked stepd runs `stepd.main` in its own session with its
 output in the attempt's `stepd.log`, exactly as a fresh one would, and outlives both this process

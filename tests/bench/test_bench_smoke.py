@@ -107,3 +107,9 @@ def test_memory_bench_runs() -> None:
     out = run("bench/memory.py", "--smoke", timeout=600)
     assert "steady MiB" in out and "postgres (PSS)" in out and "placement-standby" in out
     assert "probe:   python" in out  # the machine and its load, measured (bench/machine_probe.py)
+
+
+def test_jobs_page_bench_runs() -> None:
+    """`corral jobs` (a page) against `--limit 0` (every row) on a filled stack."""
+    out = run("bench/jobs_page.py", "--smoke")
+    assert "filled 200 jobs" in out and "corral jobs" in out and "CPU p50" in out
