@@ -120,21 +120,29 @@ def add(
 
     The bus is not restarted; their requests are recorded under their name from now on."""
     from corral.stack import people_admin
-    from corral.stack.people import Kind, PeopleError
+    from corral.stack.people import Kind
 
     if admin and pipeline:
         _fail("--admin and --pipeline: a user is one of person, pipeline or admin", ExitCode.USAGE)
     kind = Kind.ADMIN if admin else Kind.PIPELINE if pipeline else Kind.PERSON
+    _change(lambda inst, by: people_admin.add(inst, name, kind, by=by), out, "Added", json_out)
+
+
+def _change(apply: Any, out: Path | None, verb: str, json_out: bool) -> None:
+    """One change of the registry (`apply(installation, by)`), its context file and its report;
+    a refusal is one line and exit 1, with nothing changed."""
+    from corral.stack.people import PeopleError
+
     _check_out(out)
     inst, ctx = _installation()
     try:
-        change = people_admin.add(inst, name, kind, by=_operator(ctx))
+        change = apply(inst, _operator(ctx))
     except (PeopleError, RuntimeError, OSError) as exc:
         _fail(str(exc))
         return
     if out is not None:
         _write_context(out, change, ctx)
-    _report(change, inst, out, "Added", json_out)
+    _report(change, inst, out, verb, json_out)
 
 
 @app.command("list")
@@ -159,15 +167,8 @@ def remove(
     Their NATS connections are closed and their credential refused, their Postgres login dropped.
     Their jobs stay as they are (cancel them if need be)."""
     from corral.stack import people_admin
-    from corral.stack.people import PeopleError
 
-    inst, ctx = _installation()
-    try:
-        change = people_admin.remove(inst, name, by=_operator(ctx))
-    except (PeopleError, RuntimeError, OSError) as exc:
-        _fail(str(exc))
-        return
-    _report(change, inst, None, "Removed", json_out)
+    _change(lambda inst, by: people_admin.remove(inst, name, by=by), None, "Removed", json_out)
 
 
 @app.command("rotate")
@@ -180,18 +181,8 @@ def rotate(
 
     The old ones are refused from now on, and connections made with them are closed."""
     from corral.stack import people_admin
-    from corral.stack.people import PeopleError
 
-    _check_out(out)
-    inst, ctx = _installation()
-    try:
-        change = people_admin.rotate(inst, name, by=_operator(ctx))
-    except (PeopleError, RuntimeError, OSError) as exc:
-        _fail(str(exc))
-        return
-    if out is not None:
-        _write_context(out, change, ctx)
-    _report(change, inst, out, "Rotated the secrets of", json_out)
+    _change(lambda inst, by: people_admin.rotate(inst, name, by=by), out, "Rotated the secrets of", json_out)
 
 
 def identity_of(ctx: Context, context_file: Path | None) -> dict[str, Any]:
