@@ -13,7 +13,7 @@ STAMP := $(VENV)/.corral-installed
 TEST_STAMP := $(VENV)/.corral-test-installed
 export PIP_CACHE_DIR ?= $(HOME)/.cache/pip
 
-.PHONY: venv test-deps sandbox-tools demo up test lint typecheck clean
+.PHONY: venv test-deps test-tools sandbox-tools demo up test lint typecheck clean
 
 $(STAMP): pyproject.toml setup.py
 	@echo "[1/3] creating $(VENV) with $$($(PYTHON) --version)"
@@ -31,17 +31,26 @@ $(TEST_STAMP): $(STAMP)
 
 venv: $(STAMP)
 
-test-deps: $(TEST_STAMP) sandbox-tools
+test-deps: $(TEST_STAMP) test-tools
 
-# The `sandbox` runtime's tests need bubblewrap. Installed only where it is missing, apt-get exists
-# and we are root; elsewhere those tests skip, saying why (install it: `apt-get install bubblewrap`).
-sandbox-tools:
-	@if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-	  echo "[test] installing bubblewrap (the sandbox runtime)"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
-	    || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; } \
-	    || echo "[test] could not install bubblewrap: the sandbox tests will skip"; \
+# Machine tools the tests use, from Debian's packages: bubblewrap (the `sandbox` runtime), Slurm and
+# munge (bench/peer_slurm.py's smoke run beside Slurm), libfaketime (a node with its clock off).
+# Installed only where missing, apt-get exists and we are root; elsewhere the tests that need one
+# skip, naming the package to install.
+TEST_TOOLS := bwrap:bubblewrap slurmctld:slurm-wlm munged:munge faketime:faketime
+test-tools:
+	@missing=""; for pair in $(TEST_TOOLS); do \
+	  command -v "$${pair%%:*}" >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+	done; \
+	if [ -n "$$missing" ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "[test] installing$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null 2>&1 \
+	    || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null 2>&1; } \
+	    || echo "[test] could not install$$missing: the tests that need them will skip"; \
 	fi
+
+# The old name of test-tools.
+sandbox-tools: test-tools
 
 demo: $(STAMP)
 	@echo "[demo] starting Corral and running the examples"
@@ -50,7 +59,7 @@ demo: $(STAMP)
 up: $(STAMP)
 	$(VENV)/bin/corral up
 
-test: $(TEST_STAMP) sandbox-tools
+test: $(TEST_STAMP) test-tools
 	$(PY) -m pytest
 
 lint: $(TEST_STAMP)
