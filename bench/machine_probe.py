@@ -107,3 +107,7 @@ def probe(directory: Path | None = None) -> Probe:
 def probe_line(directory: Path | None = None) -> str:
     """The line every benchmark prints before its figures: compare runs across machines by it."""
     return f"probe:   {probe(directory).line()} (bench/machine_probe.py: compare runs across machines by it)"
+
+
+if __name__ == "__main__":
+    print(probe_line())
