@@ -14,7 +14,13 @@ import msgspec
 
 from corral.contracts.problems import Problem, SpecError
 from corral.contracts.validation import convert_collecting, parse_document
-from corral.contracts.worker import CHECKPOINT_SIGNALS, RESERVED_ENV, checkpoint_signal_problem
+from corral.contracts.worker import (
+    CHECKPOINT_SIGNALS,
+    MOUNT_TARGET_HINT,
+    RESERVED_ENV,
+    checkpoint_signal_problem,
+    mount_target_problem,
+)
 
 __all__ = [
     "CONTAINER_RUNTIMES",
@@ -291,7 +297,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         """What the node agent would refuse to start (the agent checks the same sets, from
         `corral.contracts.worker`): an env name it sets itself, a signal the job cannot be told to
         checkpoint with, a NUL character no process can be given, a mount path a container runtime
-        splits, an empty program name.
+        splits, a mount target that would hide a system folder, an empty program name.
 
         Asked of a new submission (`validate_job_spec`, admission's verdict), never on decode: a
         spec the log recorded before a rule existed must still decode, fold and replay."""
@@ -318,6 +324,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
                                      hint="a program's arguments cannot hold NUL (\\0); remove it"))
         bad = MOUNT_SEPARATORS.get(self.runtime, "")
         for i, mount in enumerate(self.mounts):
+            hides = mount_target_problem(mount.target)
+            if hides is not None:
+                found.append(Problem(path=f"mounts[{i}].target", message=hides, hint=MOUNT_TARGET_HINT))
             for part in ("source", "target"):
                 path = getattr(mount, part)
                 if any(c in path for c in bad):

@@ -34,12 +34,15 @@ __all__ = [
     "ENV_CONTROL",
     "ENV_JOB_ID",
     "ENV_RESUME_FROM",
+    "MOUNT_TARGET_HINT",
     "RESERVED_ENV",
+    "SYSTEM_FOLDERS",
     "TORCH_ENV",
     "CheckpointSignal",
     "ControlKind",
     "WorkerExit",
     "checkpoint_signal_problem",
+    "mount_target_problem",
     "signal_from_name",
 ]
 
@@ -101,6 +104,27 @@ def checkpoint_signal_problem(name: str) -> str | None:
     if name in ("SIGKILL", "SIGSTOP"):
         return f"{name} cannot be caught, so the job could never checkpoint on it"
     return f"`{name}` is not a signal a job can be told to checkpoint with"
+
+
+SYSTEM_FOLDERS = ("/proc", "/dev", "/sys", "/etc")
+"""Folders of the node a mount may not hide: every program needs them, and the runtime makes the
+first three for the job itself (so nothing may be mounted inside those either)."""
+_KERNEL_FOLDERS = SYSTEM_FOLDERS[:3]
+MOUNT_TARGET_HINT = ("mount somewhere else, e.g. /data, /mnt/<name> or /home/<you>/<name> (any folder but /, "
+                     "/proc, /dev, /sys, /etc and what lies in /proc, /dev or /sys)")
+
+
+def mount_target_problem(target: str) -> str | None:
+    """Why a mount may not be seen at `target` (it would hide a system folder), or None when it may."""
+    path = "/" + "/".join(p for p in target.split("/") if p and p != ".")
+    if path == "/":
+        return f"`{target}` would hide the whole system folder tree (/)"
+    if path in SYSTEM_FOLDERS:
+        return f"`{target}` would hide the node's system folder {path}, which every program needs"
+    inside = next((folder for folder in _KERNEL_FOLDERS if path.startswith(folder + "/")), None)
+    if inside is not None:
+        return f"`{target}` lies in the system folder {inside}, which the runtime makes for the job"
+    return None
 
 
 def signal_from_name(name: str) -> signal.Signals:

@@ -24,6 +24,7 @@ from corral.contracts.worker import (
     ENV_RESUME_FROM,
     RESERVED_ENV,
     checkpoint_signal_problem,
+    mount_target_problem,
 )
 
 from .run_as import WorkerUser
@@ -118,6 +119,10 @@ class Assignment:
         problem = checkpoint_signal_problem(self.checkpoint_signal)
         if problem is not None:
             raise ValueError(f"assignment {self.job_id}: checkpoint.signal: {problem}")
+        for mount in self.mounts:
+            hides = mount_target_problem(mount.target)
+            if hides is not None:
+                raise ValueError(f"assignment {self.job_id}: mount target: {hides}")
         if self.restarts < 0 or self.max_restarts < 0:
             raise ValueError(f"assignment {self.job_id}: restarts and max_restarts must be >= 0")
 

@@ -14,7 +14,9 @@ folder and control file at the same paths, the checkpoint signal and the exit-co
 - `process`: the command itself, in the spec's `workdir` (the submitter's uid when the agent runs
   as root, see `run_as`). No isolation.
 - `sandbox`: bubblewrap. The host's root folders bound read-only on a fresh root (read-only too),
-  each mount bound at its target (read-only unless `read_only: false`), the checkpoint folder and
+  each mount bound at its target (read-only unless `read_only: false`; a target below a read-only
+  host folder gets a read-only tmpfs over that folder with its host entries bound back,
+  `sandbox_layout`), the checkpoint folder and
   control file writable, a private /tmp, /proc and /dev, a PID namespace, and only the allocated
   GPUs' device nodes (`/dev/nvidia<N>`, plus the driver's control nodes). Inside, the GPUs are
   numbered from 0 (`CUDA_VISIBLE_DEVICES=0..n-1`, as Slurm does with ConstrainDevices and as
@@ -39,8 +41,7 @@ imports this.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -48,6 +49,7 @@ from typing import Protocol
 from corral.contracts.worker import RESERVED_ENV
 
 from .assignment import Assignment, RankAssignment
+from .sandbox_layout import Host, Layer, bind_args
 
 __all__ = [
     "CONTAINER_RUNTIMES",
@@ -74,15 +76,6 @@ USER_FLAG_RUNTIMES = ("podman", "docker")
 NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 #: Root folders the sandbox makes its own (private) instead of binding the host's.
 SANDBOX_PRIVATE = frozenset({"/proc", "/dev", "/tmp"})
-
-
-@dataclass(frozen=True)
-class Host:
-    """What the sandbox needs to know about the node's disk (a parameter, so tests choose it)."""
-
-    exists: Callable[[str], bool] = os.path.exists
-    root_entries: Callable[[], Sequence[str]] = lambda: sorted(f"/{e}" for e in os.listdir("/"))
-    readlink: Callable[[str], str | None] = lambda p: os.readlink(p) if os.path.islink(p) else None
 
 
 @dataclass(frozen=True)
@@ -138,23 +131,24 @@ class ProcessRuntime:
 @dataclass(frozen=True)
 class SandboxRuntime:
     bwrap: str = "bwrap"
-    host: Host = Host()
+    host: Host = field(default_factory=Host)
     name: str = "sandbox"
 
     def launch(self, a: Assignment, rank: RankAssignment, env: Mapping[str, str], control: Path) -> Launch:
-        argv = [self.bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        base: list[Layer] = []
         for entry in self.host.root_entries():
             if entry in SANDBOX_PRIVATE:
                 continue
             target = self.host.readlink(entry)
-            argv += ["--symlink", target, entry] if target is not None else ["--ro-bind", entry, entry]
-        argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+            base.append(Layer(entry, ("--symlink", target, entry)) if target is not None
+                        else Layer(entry, ("--ro-bind", entry, entry), "bind", entry))
+        base += [Layer("/dev", ("--dev", "/dev"), "tmpfs"), Layer("/proc", ("--proc", "/proc")),
+                 Layer("/tmp", ("--tmpfs", "/tmp"), "tmpfs")]
         for node in [*(f"/dev/nvidia{g}" for g in rank.gpus), *NVIDIA_CONTROL_NODES]:
             if self.host.exists(node):
-                argv += ["--dev-bind", node, node]
-        for host, target, read_only in _binds(a, control):
-            argv += ["--ro-bind" if read_only else "--bind", host, target]
-        argv += ["--remount-ro", "/"]
+                base.append(Layer(node, ("--dev-bind", node, node)))
+        argv = [self.bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                *bind_args(base, _binds(a, control), self.host), "--remount-ro", "/"]
         if a.workdir is not None:
             argv += ["--chdir", str(a.workdir)]
         argv += ["--", *_command(a)]

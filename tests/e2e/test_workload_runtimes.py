@@ -2,16 +2,14 @@
 shared checkpoint folder, agents running real processes): a job past its `time_limit` fails
 TIME_LIMIT within seconds and frees its GPUs; a job asking more host CPUs than any node's GPUs
 carry is rejected, naming the need; a job mounting a node-local dataset runs on the node holding
-it; a `sandbox` (bubblewrap) job reads a dataset at its mount target, cannot write outside its
-mounts, sees only its GPUs, is preempted, checkpoints into the shared folder, resumes there and
-completes.
+it; a `sandbox` (bubblewrap) job reads a dataset at its mount target (below the host's read-only
+/mnt), cannot write outside its mounts, sees only its GPUs, is preempted, checkpoints into the
+shared folder, resumes there and completes.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import TypeVar
@@ -22,25 +20,15 @@ from corral.contracts import events as ev
 from corral.contracts.jobspec import validate_job_spec
 from corral.contracts.lifecycle import LifecycleCode
 from corral.projection import JobState
+from tests.bwrap_probe import BWRAP_PROBLEM
 from tests.e2e.conftest import StackFactory, connect, dump_logs, with_queues
-
-
-def _bwrap_problem() -> str | None:
-    if shutil.which("bwrap") is None:
-        return "bubblewrap is not installed (`make test-deps` installs it as root: apt-get install bubblewrap)"
-    probe = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--unshare-pid", "--proc", "/proc", "--dev", "/dev",
-                            "true"], capture_output=True, text=True, check=False)
-    return None if probe.returncode == 0 else f"bwrap cannot run here: {probe.stderr.strip()}"
-
-
-BWRAP_PROBLEM = _bwrap_problem()
 
 JOB = """\
 import os, sys, time
 from corral import worker
 
 worker.install()
-print("dataset says", open("/data/hello.txt").read().strip(), flush=True)
+print("dataset says", open("/mnt/data/hello.txt").read().strip(), flush=True)
 try:
     open("/etc/corral-sandbox-probe", "w")
     print("write outside mounts: allowed", flush=True)
@@ -122,8 +110,8 @@ async def test_time_limit_then_a_sandboxed_job_with_a_dataset_preempted_and_resu
         # 3. a sandboxed job: dataset at its target, no writes outside mounts, its GPUs only
         job = await c.submit(validate_job_spec({
             "name": "boxed", "queue": "team-a", "gpus_per_replica": 2, "priority": "low", "runtime": "sandbox",
-            "command": [sys.executable, "/code/job.py"], "workdir": "/code",
-            "mounts": [{"source": "hello", "target": "/data"}, {"source": str(code), "target": "/code"},
+            "command": [sys.executable, "/workspace/a/code/job.py"], "workdir": "/workspace/a/code",
+            "mounts": [{"source": "hello", "target": "/mnt/data"}, {"source": str(code), "target": "/workspace/a/code"},
                        # this checkout (its venv's python and corral, which job.py imports), at its own path:
                        # the sandbox's /tmp is private, and a CI clone may live under /tmp
                        {"source": str(PROJECT), "target": str(PROJECT)}],
@@ -142,7 +130,7 @@ async def test_time_limit_then_a_sandboxed_job_with_a_dataset_preempted_and_resu
         trail = [e for _, e in await c.job_events(job)]
         gpus = [r.gpus for e in events_of(trail, ev.GangReserved) for r in e.ranks]
         assert f"gpus 0,1 host {','.join(map(str, gpus[0]))}" in text
-        assert "cwd /code" in text
+        assert "cwd /workspace/a/code" in text
         checkpoints = events_of(trail, ev.CheckpointDone)
         assert checkpoints and Path(checkpoints[0].path).parent == shared / job
         saved = int(Path(checkpoints[0].path).read_text())

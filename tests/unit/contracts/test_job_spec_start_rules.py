@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from corral.contracts import SpecError, validate_job_spec
 from corral.contracts.worker import CHECKPOINT_SIGNALS, RESERVED_ENV, signal_from_name
-from corral.services.node_agent.assignment import Assignment, RankAssignment
+from corral.services.node_agent.assignment import Assignment, MountBind, RankAssignment
 
 MINIMAL = {"name": "train", "queue": "research/nlp", "command": ["python", "train.py"]}
 
@@ -94,3 +94,37 @@ def test_a_mount_path_the_container_runtime_would_split_is_refused(runtime: str,
 def test_the_sandbox_binds_any_path() -> None:
     spec = validate_job_spec({**MINIMAL, "runtime": "sandbox", "mounts": [{"source": "/a:b,c", "target": "/d:e"}]})
     assert spec.mounts[0].source == "/a:b,c"
+
+
+def agent_refuses_mount(target: str) -> bool:
+    try:
+        Assignment(job_id="j1", attempt=0, world_size=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
+                   ranks=(RankAssignment(0, 0, (0,)),), command=("true",), checkpoint_dir=Path("/tmp/c"),
+                   log_dir=Path("/tmp/l"), mounts=(MountBind("/srv/data", target),), runtime="sandbox")
+    except ValueError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("runtime", ["sandbox", "docker"])
+@pytest.mark.parametrize("target", ["/proc", "/dev", "/sys", "/etc", "/etc/", "//dev", "/proc/1", "/dev/shm",
+                                    "/sys/fs/cgroup", "/dev/nvidia0"])
+def test_a_target_that_would_hide_a_system_folder_is_refused_naming_the_field(runtime: str, target: str) -> None:
+    spec: dict[str, object] = {**MINIMAL, "runtime": runtime, "mounts": [
+        {"source": "/srv/ok", "target": "/data"}, {"source": "/srv/data", "target": target}]}
+    if runtime == "docker":
+        spec["image"] = "img"
+    found = problems_of(spec)
+    assert list(found) == ["mounts[1].target"]
+    message, hint = found["mounts[1].target"]
+    assert target in message and "system folder" in message
+    assert "/mnt/" in hint and "/etc" in hint
+    assert agent_refuses_mount(target)
+
+
+@pytest.mark.parametrize("target", ["/data", "/mnt/data", "/home/alice/data", "/workspace/a/b", "/etc/myapp",
+                                    "/tmp/x", "/devices", "/system"])
+def test_any_other_target_is_accepted(target: str) -> None:
+    spec = validate_job_spec({**MINIMAL, "runtime": "sandbox", "mounts": [{"source": "/srv/data", "target": target}]})
+    assert spec.mounts[0].target == target
+    assert not agent_refuses_mount(target)
