@@ -89,6 +89,7 @@ from corral.telemetry.health import Phase
 from . import pressure
 from .adoption import LEDGER_TYPES, ReservationLedger, should_stop
 from .fork_server import ForkServer
+from .interfaces import with_gloo_interface
 from .log_shipper import LogShipper, ShippingEvents
 from .reports import START_FAILED, NodeReports, ReportPublisher
 from .reservation import AgentRuntime, build_assignment, local_ranks
@@ -620,7 +621,12 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
 
     shipper = LogShipper(publish_log, namespace) if options.runtime != "sim-timer" else None
     # One stepd fork server for the process's agents (their stepds start from the same environment).
-    launcher = ForkServer(options.python, os.environ) if options.runtime != "sim-timer" else None
+    # Gloo's sockets on the interface of the advertised address (see `interfaces`).
+    base_env, gloo = with_gloo_interface(os.environ, options.advertise_address)
+    if gloo is not None:
+        log.info("node agents: ranks' gloo sockets on %s, the interface of %s (GLOO_SOCKET_IFNAME)",
+                 gloo, options.advertise_address)
+    launcher = ForkServer(options.python, base_env) if options.runtime != "sim-timer" else None
     agents = [NodeAgent(inv, options, publisher, shipper, launcher) for inv in inventories]
     host = AgentHost(bus, agents, publisher)
     if shipper is not None:  # each rank's output goes to a subject naming its job's owner
