@@ -8,8 +8,11 @@ pressure, measured by the node's agent); GpusAllocated / GpusReleased are
 each node's allocation ledger. Queues: QueueTreeApplied (a numbered version of the whole tree),
 QueueConfigured (one queue), QueueChangeRefused (the evidence gate said no). Escalation:
 WaitExceeded (a job waited longer than its queue's `max_wait`). People: UserAdded, UserRemoved,
-UserCredentialsRotated (stream `people`, recorded by `corral user`). Which types arrive through
-the inbox is listed in `subjects.INBOX_TYPES`.
+UserCredentialsRotated (stream `people`, recorded by `corral user`).
+
+Each class declares its `flow` once (`corral.contracts.flow`): its writers, its stream, the
+senders that may send it to the inbox and the processes sent it; subjects, permissions and the
+services' consumers derive from it.
 
 Expected outcomes that are not successes carry a `Reason` (code, message with numbers, details).
 
@@ -22,12 +25,22 @@ a default that means what v1 meant (no image, no mounts, the agent's folder, no 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
 from corral.contracts.cluster import Datasets, GpuDevice, GpuIndex, Location, NodeName
 from corral.contracts.envelope import Event, Reason, UtcDatetime
+from corral.contracts.flow import (
+    ADMIN_CLI,
+    ADMISSION,
+    NODE_AGENT,
+    PLACEMENT,
+    PREEMPTION,
+    QUOTA,
+    RELAY,
+    Flow,
+)
 from corral.contracts.jobspec import JobSpec, QueuePath, Signal
 from corral.contracts.problems import Problem
 from corral.contracts.queues import QueueSpec
@@ -112,6 +125,10 @@ class RankPlacement(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 class JobSubmitted(Event, frozen=True, kw_only=True, tag="JobSubmitted"):
     """A user or pipeline asks for a job; published to the inbox, appended by admission."""
+    flow: ClassVar[Flow] = Flow(
+        writers=(ADMISSION,), stream="job", inbox=("user",),
+        consumers=(ADMISSION, QUOTA, PREEMPTION, PLACEMENT, NODE_AGENT))
+
 
     schema_version: int = 2
     job_id: JobId
@@ -122,6 +139,9 @@ class JobSubmitted(Event, frozen=True, kw_only=True, tag="JobSubmitted"):
 
 class JobCancelRequested(Event, frozen=True, kw_only=True):
     """A user asks to cancel a job; published to the inbox."""
+    flow: ClassVar[Flow] = Flow(
+        writers=(ADMISSION,), stream="job", inbox=("user", "admin"), consumers=(QUOTA, PREEMPTION, PLACEMENT))
+
 
     job_id: JobId
     user: str | None = None
@@ -132,6 +152,9 @@ class JobHeld(Event, frozen=True, kw_only=True):
     """A pending job kept from running until released (Slurm's `scontrol hold`); sent to the inbox
     by its owner or an admin, recorded by admission on the job's stream. Quota it held is given
     back. Only a waiting job can be held: a running one is requeued or cancelled instead."""
+    flow: ClassVar[Flow] = Flow(
+        writers=(ADMISSION,), stream="job", inbox=("user", "admin"), consumers=(QUOTA, PREEMPTION, PLACEMENT))
+
 
     job_id: JobId
     user: str | None = None
@@ -140,6 +163,9 @@ class JobHeld(Event, frozen=True, kw_only=True):
 
 class JobHoldReleased(Event, frozen=True, kw_only=True):
     """A held job waits again (`corral release`), recorded by admission like JobHeld."""
+    flow: ClassVar[Flow] = Flow(
+        writers=(ADMISSION,), stream="job", inbox=("user", "admin"), consumers=(QUOTA, PREEMPTION, PLACEMENT))
+
 
     job_id: JobId
     user: str | None = None
@@ -150,6 +176,9 @@ class JobRequeueRequested(Event, frozen=True, kw_only=True):
     """Stop a running job at a checkpoint and let it wait again (Slurm's `scontrol requeue`): sent
     by its owner or an admin, recorded by admission; preemption then asks it to checkpoint
     (PreemptRequested without `for_job_id`) and requeues it as for any preemption."""
+    flow: ClassVar[Flow] = Flow(
+        writers=(ADMISSION,), stream="job", inbox=("user", "admin"), consumers=(QUOTA, PREEMPTION, PLACEMENT))
+
 
     job_id: JobId
     user: str | None = None
@@ -158,6 +187,8 @@ class JobRequeueRequested(Event, frozen=True, kw_only=True):
 
 class JobAdmitted(Event, frozen=True, kw_only=True):
     """Admission accepted the spec; the denormalised numbers spare consumers a lookup."""
+    flow: ClassVar[Flow] = Flow(writers=(ADMISSION,), stream="job", consumers=(ADMISSION, QUOTA, PREEMPTION, PLACEMENT))
+
 
     job_id: JobId
     queue: QueuePath
@@ -168,6 +199,9 @@ class JobAdmitted(Event, frozen=True, kw_only=True):
 
 class JobRejected(Event, frozen=True, kw_only=True):
     """Admission refused the job; `problems` name the fields (empty for non-field reasons)."""
+    flow: ClassVar[Flow] = Flow(
+        writers=(ADMISSION,), stream="job", consumers=(ADMISSION, QUOTA, PREEMPTION, PLACEMENT, NODE_AGENT))
+
 
     job_id: JobId
     reason: Reason
@@ -176,6 +210,8 @@ class JobRejected(Event, frozen=True, kw_only=True):
 
 class QuotaReserved(Event, frozen=True, kw_only=True):
     """Quota set aside for a job; `borrowed` is how many of `gpus` come from siblings' guarantees."""
+    flow: ClassVar[Flow] = Flow(writers=(QUOTA,), stream="job", consumers=(PREEMPTION, PLACEMENT))
+
 
     job_id: JobId
     queue: QueuePath
@@ -184,6 +220,7 @@ class QuotaReserved(Event, frozen=True, kw_only=True):
 
 
 class QuotaReleased(Event, frozen=True, kw_only=True):
+    flow: ClassVar[Flow] = Flow(writers=(QUOTA,), stream="job", consumers=(PREEMPTION, PLACEMENT))
     job_id: JobId
     queue: QueuePath
     gpus: Gpus
@@ -195,6 +232,8 @@ class GangReserved(Event, frozen=True, kw_only=True):
 
     `master_addr` is the address rank 0's node registered; `master_port` a port of that node's
     rendezvous range no other live gang holds on that address (see `corral.core.rendezvous`)."""
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="job", consumers=(QUOTA, PREEMPTION, NODE_AGENT))
+
 
     job_id: JobId
     ranks: Annotated[list[RankPlacement], msgspec.Meta(min_length=1)]
@@ -207,6 +246,8 @@ class GangReserved(Event, frozen=True, kw_only=True):
 
 class PlacementPending(Event, frozen=True, kw_only=True):
     """The job waits; emitted only when the reason changes (codes: GANG_DOES_NOT_FIT, ...)."""
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT, QUOTA), stream="job", consumers=(QUOTA, PREEMPTION, PLACEMENT))
+
 
     job_id: JobId
     reason: Reason
@@ -218,6 +259,8 @@ class WaitExceeded(Event, frozen=True, kw_only=True):
     requeued, or released from a hold (`waiting_since`). Recorded by quota on the job's stream, once
     per wait (a requeued job waits anew). `blocker` is the reason it waits with at that moment (None:
     no reason recorded yet); `corral jobs --stuck` lists such jobs, `corral why` shows the step."""
+    flow: ClassVar[Flow] = Flow(writers=(QUOTA,), stream="job", consumers=(PREEMPTION, PLACEMENT))
+
 
     job_id: JobId
     queue: QueuePath
@@ -235,6 +278,9 @@ class PreemptRequested(Event, frozen=True, kw_only=True, tag="PreemptRequested")
     `corral drain --evict`; `reason` says which and who).
 
     v2: `for_job_id` may be None (v1 always named a job; `UPCASTERS`)."""
+    flow: ClassVar[Flow] = Flow(
+        writers=(PREEMPTION,), stream="job", consumers=(QUOTA, PREEMPTION, PLACEMENT, NODE_AGENT))
+
 
     schema_version: int = 2
     victim_job_id: JobId
@@ -246,6 +292,8 @@ class PreemptRequested(Event, frozen=True, kw_only=True, tag="PreemptRequested")
 
 class CheckpointDone(Event, frozen=True, kw_only=True):
     """A worker reported a checkpoint at `path` (what `CORRAL_RESUME_FROM` will point to)."""
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="job", inbox=("node",), consumers=(QUOTA, PREEMPTION))
+
 
     job_id: JobId
     path: str
@@ -256,6 +304,8 @@ class CheckpointDone(Event, frozen=True, kw_only=True):
 
 class GangReleased(Event, frozen=True, kw_only=True):
     """The job's GPUs are free again (preempted, finished, failed, node lost, start timeout)."""
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="job", consumers=(QUOTA, PREEMPTION, NODE_AGENT))
+
 
     job_id: JobId
     reason: Reason
@@ -264,6 +314,9 @@ class GangReleased(Event, frozen=True, kw_only=True):
 
 class JobRequeued(Event, frozen=True, kw_only=True):
     """The job waits again; its next attempt resumes from `resume_from` (None: start over)."""
+    flow: ClassVar[Flow] = Flow(
+        writers=(PLACEMENT, PREEMPTION), stream="job", consumers=(QUOTA, PREEMPTION, PLACEMENT, NODE_AGENT))
+
 
     job_id: JobId
     resume_from: str | None = None
@@ -272,6 +325,7 @@ class JobRequeued(Event, frozen=True, kw_only=True):
 
 
 class WorkerStarted(Event, frozen=True, kw_only=True):
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="job", inbox=("node",))
     job_id: JobId
     rank: Rank
     node: NodeName
@@ -281,6 +335,8 @@ class WorkerStarted(Event, frozen=True, kw_only=True):
 
 class WorkerExited(Event, frozen=True, kw_only=True):
     """`exit_code` None: killed by a signal (named in `reason.details["signal"]`)."""
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="job", inbox=("node",))
+
 
     job_id: JobId
     rank: Rank
@@ -292,23 +348,31 @@ class WorkerExited(Event, frozen=True, kw_only=True):
 
 class JobRunning(Event, frozen=True, kw_only=True):
     """Every rank of the attempt started (the gang start barrier passed)."""
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="job", consumers=(QUOTA, PREEMPTION))
+
 
     job_id: JobId
     attempt: Attempt = 0
 
 
 class JobCompleted(Event, frozen=True, kw_only=True):
+    flow: ClassVar[Flow] = Flow(
+        writers=(PLACEMENT,), stream="job", consumers=(ADMISSION, QUOTA, PREEMPTION, NODE_AGENT))
     job_id: JobId
     attempt: Attempt = 0
 
 
 class JobFailed(Event, frozen=True, kw_only=True):
+    flow: ClassVar[Flow] = Flow(
+        writers=(PLACEMENT,), stream="job", consumers=(ADMISSION, QUOTA, PREEMPTION, NODE_AGENT))
     job_id: JobId
     reason: Reason
     attempt: Attempt = 0
 
 
 class JobCancelled(Event, frozen=True, kw_only=True):
+    flow: ClassVar[Flow] = Flow(
+        writers=(ADMISSION,), stream="job", consumers=(ADMISSION, QUOTA, PREEMPTION, PLACEMENT, NODE_AGENT))
     job_id: JobId
     reason: Reason
 
@@ -323,6 +387,8 @@ class GpusAllocated(Event, frozen=True, kw_only=True):
     version, so a decision taken on a stale view of the node is refused; a database trigger
     mirrors it into the `allocations` table whose unique index refuses a GPU held twice.
     """
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="node")
+
 
     node: NodeName
     job_id: JobId
@@ -332,6 +398,8 @@ class GpusAllocated(Event, frozen=True, kw_only=True):
 
 class GpusReleased(Event, frozen=True, kw_only=True):
     """The node's share of a GangReleased, on stream `node-<name>`."""
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="node", consumers=(QUOTA, PREEMPTION))
+
 
     node: NodeName
     job_id: JobId
@@ -341,6 +409,9 @@ class GpusReleased(Event, frozen=True, kw_only=True):
 
 class NodeRegistered(Event, frozen=True, kw_only=True, tag="NodeRegistered"):
     """A node agent's inventory: every GPU, NVLink domains covering all GPUs, rack and zone."""
+    flow: ClassVar[Flow] = Flow(
+        writers=(PLACEMENT,), stream="node", inbox=("node",), consumers=(ADMISSION, QUOTA, PREEMPTION))
+
 
     schema_version: int = 2
     node: NodeName
@@ -365,6 +436,8 @@ class NodeHeartbeat(Event, frozen=True, kw_only=True):
     """`handled_position`: the log position up to which the node's agent has handled the events it
     consumes (None: an agent that does not say). What `running_job_ids` omits is gone only once the
     agent has handled the release: before, a reservation still in its backlog may yet start."""
+    flow: ClassVar[Flow] = Flow(writers=(NODE_AGENT,), stream="heartbeat")
+
 
     node: NodeName
     sequence: Annotated[int, msgspec.Meta(ge=0)] = 0
@@ -373,6 +446,8 @@ class NodeHeartbeat(Event, frozen=True, kw_only=True):
 
 
 class NodeLost(Event, frozen=True, kw_only=True):
+    flow: ClassVar[Flow] = Flow(
+        writers=(PLACEMENT,), stream="node", consumers=(ADMISSION, QUOTA, PREEMPTION, NODE_AGENT))
     node: NodeName
     last_heartbeat_at: UtcDatetime | None = None
     reason: Reason
@@ -391,6 +466,8 @@ class NodeConditionsChanged(Event, frozen=True, kw_only=True):
     (`corral.core.conditions`); what runs there goes on. It clears by itself: the agent reports the
     empty list once its measures are back above its thresholds. Recorded by placement on the
     node's stream."""
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="node", inbox=("node",), consumers=(QUOTA, PREEMPTION))
+
 
     node: NodeName
     conditions: list[NodeCondition] = msgspec.field(default_factory=list)
@@ -400,6 +477,8 @@ class NodeDrained(Event, frozen=True, kw_only=True):
     """No new work on `node` (Slurm's DRAIN): running jobs go on to their end, or with `evict` are
     asked to checkpoint and wait again elsewhere (preemption asks them). Sent to the inbox by an
     admin (`corral drain`), recorded by placement on the node's stream."""
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="node", inbox=("admin",), consumers=(QUOTA, PREEMPTION))
+
 
     node: NodeName
     user: str
@@ -409,6 +488,8 @@ class NodeDrained(Event, frozen=True, kw_only=True):
 
 class NodeUndrained(Event, frozen=True, kw_only=True):
     """`node` takes new work again (`corral undrain`)."""
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="node", inbox=("admin",), consumers=(QUOTA, PREEMPTION))
+
 
     node: NodeName
     user: str
@@ -420,6 +501,9 @@ class NodeUndrained(Event, frozen=True, kw_only=True):
 
 class QueueConfigured(Event, frozen=True, kw_only=True):
     """One queue of the tree set (or changed) by `corral apply`; stream `queue-<name>`."""
+    flow: ClassVar[Flow] = Flow(
+        writers=(QUOTA,), stream="queue", inbox=("admin",), consumers=(ADMISSION, PREEMPTION, PLACEMENT, NODE_AGENT))
+
 
     queue: QueueSpec
 
@@ -445,6 +529,8 @@ class QueueTreeApplied(Event, frozen=True, kw_only=True):
 
     `user` is who applied it, `message` why (`--message`), `rollback_of` the version it restores,
     `evidence` the evidence gate's checks it passed (empty when none were required)."""
+    flow: ClassVar[Flow] = Flow(writers=(QUOTA,), stream="queues", inbox=("admin",), consumers=(PREEMPTION, PLACEMENT))
+
 
     queues: list[QueueSpec]
     user: str
@@ -457,6 +543,8 @@ class QueueChangeRefused(Event, frozen=True, kw_only=True):
     """A proposed queue tree the evidence gate refused (stream `queue-gate`): the what-if replay
     missed at least one `--require` criterion, so nothing was applied. Recorded so that the log
     shows the checks that stopped a change, not only the changes that passed."""
+    flow: ClassVar[Flow] = Flow(writers=(QUOTA,), stream="queues-gate", inbox=("admin",))
+
 
     queues: list[QueueSpec]
     user: str
@@ -471,6 +559,8 @@ class EventNotRelayed(Event, frozen=True, kw_only=True):
     """An alert on stream `cluster`: the outbox relay could not publish the event at `position`
     (e.g. larger than the bus takes) and moved on. The event stays in the log; consumers that
     need it read it from there. `reason.code`: EVENT_TOO_LARGE."""
+    flow: ClassVar[Flow] = Flow(writers=(RELAY,), stream="cluster")
+
 
     position: Annotated[int, msgspec.Meta(ge=1)]
     event_id_skipped: str
@@ -487,6 +577,8 @@ class EventNotRelayed(Event, frozen=True, kw_only=True):
 class AccessDenied(Event, frozen=True, kw_only=True):
     """A request refused because its sender may not make it (e.g. cancelling another user's job);
     `reason.code` says which rule, `user` is the sender named by the request's subject."""
+    flow: ClassVar[Flow] = Flow(writers=(ADMISSION,), stream="job")
+
 
     user: str
     request: str  # the refused request's event type
@@ -503,6 +595,8 @@ UserName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$",
 class UserAdded(Event, frozen=True, kw_only=True):
     """A person, pipeline or admin given an identity of their own (`corral user add`), on stream
     `people`; `actor` is the admin who added them."""
+    flow: ClassVar[Flow] = Flow(writers=(ADMIN_CLI,), stream="people")
+
 
     user: UserName
     kind: Literal["person", "pipeline", "admin"]
@@ -511,6 +605,8 @@ class UserAdded(Event, frozen=True, kw_only=True):
 class UserRemoved(Event, frozen=True, kw_only=True):
     """A user's access taken away (`corral user remove`): their credentials are refused from now
     on; their jobs stay. On stream `people`; `actor` is the admin."""
+    flow: ClassVar[Flow] = Flow(writers=(ADMIN_CLI,), stream="people")
+
 
     user: UserName
 
@@ -518,6 +614,8 @@ class UserRemoved(Event, frozen=True, kw_only=True):
 class UserCredentialsRotated(Event, frozen=True, kw_only=True):
     """A user's secrets replaced (`corral user rotate`): the old ones are refused from now on. On
     stream `people`; `actor` is the admin."""
+    flow: ClassVar[Flow] = Flow(writers=(ADMIN_CLI,), stream="people")
+
 
     user: UserName
 

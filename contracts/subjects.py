@@ -31,6 +31,7 @@ import re
 import msgspec
 
 from corral.contracts.envelope import Event
+from corral.contracts.flow import SENDER_KINDS, inbox_types
 
 __all__ = [
     "ADMIN_REQUEST_TYPES",
@@ -50,24 +51,16 @@ __all__ = [
 
 DEFAULT_PREFIX = "corral"
 #: Requests from outside the event log: users and pipelines (jobs, queue configuration) and node
-#: agents (their reports; agents have no database, placement records what they say).
-INBOX_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested", "JobHeld", "JobHoldReleased",
-                                "JobRequeueRequested", "QueueConfigured", "QueueTreeApplied", "QueueChangeRefused",
-                                "NodeDrained", "NodeUndrained", "NodeRegistered", "WorkerStarted", "WorkerExited",
-                                "CheckpointDone", "NodeConditionsChanged")
+#: agents (their reports; agents have no database, placement records what they say). Each event
+#: class's `flow.inbox` declares who may send it (`corral.contracts.flow`).
+INBOX_TYPES: tuple[str, ...] = inbox_types()
 #: Reports a node agent publishes on `<prefix>.inbox.node.<node>.<Type>`.
-NODE_REPORT_TYPES: tuple[str, ...] = ("NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone",
-                                      "NodeConditionsChanged")
+NODE_REPORT_TYPES: tuple[str, ...] = inbox_types("node")
 #: Requests a submitter publishes on `<prefix>.inbox.user.<user>.<Type>`.
-USER_REQUEST_TYPES: tuple[str, ...] = ("JobSubmitted", "JobCancelRequested", "JobHeld", "JobHoldReleased",
-                                       "JobRequeueRequested")
+USER_REQUEST_TYPES: tuple[str, ...] = inbox_types("user")
 #: Requests an admin publishes on `<prefix>.inbox.admin.<admin>.<Type>`: configuring queues,
 #: draining nodes and acting on anyone's job.
-ADMIN_REQUEST_TYPES: tuple[str, ...] = ("JobCancelRequested", "JobHeld", "JobHoldReleased", "JobRequeueRequested",
-                                        "QueueConfigured", "QueueTreeApplied", "QueueChangeRefused", "NodeDrained",
-                                        "NodeUndrained")
-#: The kinds of sender an inbox subject may name (`Subjects.sender_of`).
-SENDER_KINDS: tuple[str, ...] = ("node", "user", "admin")
+ADMIN_REQUEST_TYPES: tuple[str, ...] = inbox_types("admin")
 _IDENTITY_TOKEN = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 

@@ -63,37 +63,18 @@ def to_new_event(event: Event) -> NewEvent:
                     occurred_at=event.occurred_at)
 
 
-#: What a rank's start and exit, and the per-node mirror of an allocation, are to a service that
-#: neither tracks ranks nor appends to node streams: nothing it folds for its decisions.
-RANK_AND_NODE_MIRROR = ("WorkerStarted", "WorkerExited", "GpusAllocated")
-
-
-def every_event_but(*skipped: str) -> tuple[str, ...]:
-    """`Service.consumes` for a service that folds every event type but `skipped`.
-
-    The problem: quota and preemption were sent every event, and a quarter of a Kueue-shaped
-    log is ranks starting and exiting and the per-node copy of each allocation (60,000 of
-    230,000 events for 15,000 jobs), none of which either of them decides on; each cost
-    nats-server a delivery and the service a decode and an ack. Naming what is skipped, not
-    what is sent, keeps an event type added to the contracts later sent by default: a service
-    sent too much only wastes time, one not sent what it decides on decides wrongly."""
-    known = {kind.__name__ for kind in ev.ALL_EVENTS}
-    unknown = sorted(set(skipped) - known)
-    if unknown:
-        raise ValueError(f"not event types: {', '.join(unknown)}")
-    return tuple(kind.__name__ for kind in ev.ALL_EVENTS if kind.__name__ not in skipped)
-
-
 class Service:
     """Base of the decision services. Subclasses set the class attributes and override hooks."""
 
     name: ClassVar[str] = "service"
-    #: Event types whose arrival may change this service's decisions (all are folded anyway).
-    events: ClassVar[tuple[str, ...]] = ()
-    #: The event types this service is sent (None: all of them). A service that needs only a few
-    #: folds those with gaps in its stream versions (see `ClusterView.apply`): fewer messages for
-    #: NATS to deliver and for the service to decode. Only for services that append to streams
-    #: they do not follow (new ones) or rarely (a lost race just re-reads the stream).
+    #: Event classes whose arrival may change this service's decisions (all are folded anyway;
+    #: empty: every event it folds).
+    events: ClassVar[frozenset[type[Event]]] = frozenset()
+    #: The event types this service is sent (None: all of them): the types whose `flow` names it
+    #: as a consumer (`corral.contracts.flow.consumed_by`). A service sent only some folds them
+    #: with gaps in its stream versions (see `ClusterView.apply`): fewer messages for NATS to
+    #: deliver and for the service to decode. Its appends are guarded by the versions it has seen,
+    #: so an event it was not sent makes the append lose the race and re-read the stream.
     consumes: ClassVar[tuple[str, ...] | None] = None
     #: Inbox subjects (after `<ns>.inbox.`) this service handles.
     inbox: ClassVar[tuple[str, ...]] = ()
@@ -175,7 +156,7 @@ class Service:
         return 0.0 if self.standby else self.relay_after
 
     def interested(self, event: Event) -> bool:
-        return not self.events or event.type in self.events
+        return not self.events or type(event) in self.events
 
     #: A waiting job's reason is recorded again when its code changes, but when only its numbers
     #: change ("uses 117 of max 120 GPUs" -> "119 of 120") at most this often (see

@@ -28,6 +28,7 @@ from enum import StrEnum
 
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event
+from corral.contracts.flow import names
 from corral.contracts.lifecycle import LifecycleCode
 
 PREEMPTION_CODES = frozenset({LifecycleCode.PREEMPTED.value, LifecycleCode.PREEMPT_OVERRUN.value})
@@ -36,8 +37,9 @@ FAILURE_CODES = frozenset({LifecycleCode.WORKER_FAILED.value, LifecycleCode.STAR
                            LifecycleCode.CLUSTER_RESTARTED.value})
 
 #: The event types the figures are computed from (a reader may fetch only these).
-EVENT_TYPES = ("JobSubmitted", "JobAdmitted", "JobRequeued", "GangReserved", "CheckpointDone", "GpusReleased",
-               "GangReleased", "JobCancelled", "JobFailed", "JobCompleted", "JobRejected")
+EVENT_TYPES = names((ev.JobSubmitted, ev.JobAdmitted, ev.JobRequeued, ev.GangReserved, ev.CheckpointDone,
+                     ev.GpusReleased, ev.GangReleased, ev.JobCancelled, ev.JobFailed, ev.JobCompleted,
+                     ev.JobRejected))
 
 
 class GroupBy(StrEnum):

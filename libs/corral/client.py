@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from corral.bus.limits import BusLimits
 from corral.contracts import events as ev
 from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, job_stream, new_event_id
+from corral.contracts.flow import names
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.problems import ContractError, SpecError
 from corral.contracts.queues import QueuesFile, QueueSpec
@@ -38,6 +39,9 @@ from corral.verdicts import Verdict, read_verdict
 
 if TYPE_CHECKING:
     from corral.bus import Bus
+
+#: The events that answer a submission.
+_SUBMISSION_VERDICTS = names((ev.JobAdmitted, ev.JobRejected))
 
 
 def _user() -> str:
@@ -239,7 +243,7 @@ class Client:
         while True:
             for stored in await self.store.read_stream(stream, after):
                 after = stored.version + 1
-                if stored.type not in ("JobAdmitted", "JobRejected"):
+                if stored.type not in _SUBMISSION_VERDICTS:
                     continue
                 try:
                     event = decode(stored.data)

@@ -601,7 +601,7 @@ def _fence(view: ClusterView, j: JobView, e: ev.GangReleased) -> None:
 def _gpus_allocated(view: ClusterView, e: ev.GpusAllocated) -> None:
     """The node's share of a GangReserved, folded to the same effect (the same transaction wrote
     both). A reader that re-reads only a node's stream after losing a race on it (placement is
-    not sent its own events: see `Placement.WRITES`) learns of the allocation from it."""
+    not sent its own events: see each event's `flow`) learns of the allocation from it."""
     node = view.nodes.get(e.node)
     if node is not None:
         for g in e.gpus:

@@ -29,6 +29,7 @@ from typing import Any
 
 from corral.contracts import events as ev
 from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, Reason, job_stream, node_stream
+from corral.contracts.flow import flow_of
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
 from corral.eventstore import EventStore, StoredEvent
@@ -46,10 +47,9 @@ class VerdictKind(StrEnum):
 #: The service that handles each request type: its name is the consumer of the tracking row that
 #: says the request was handled (tests/unit/test_verdicts.py checks it against each `inbox`).
 OWNERS: dict[str, str] = {
-    "JobSubmitted": "admission", "JobCancelRequested": "admission", "JobHeld": "admission",
-    "JobHoldReleased": "admission", "JobRequeueRequested": "admission",
-    "NodeDrained": "placement", "NodeUndrained": "placement",
-    "QueueTreeApplied": "quota",
+    cls.type_name(): flow_of(cls).writers[0]
+    for cls in (ev.JobSubmitted, ev.JobCancelRequested, ev.JobHeld, ev.JobHoldReleased, ev.JobRequeueRequested,
+                ev.NodeDrained, ev.NodeUndrained, ev.QueueTreeApplied)
 }
 
 #: Recorded events that answer a request with "no".

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from corral.contracts.events import JobSubmitted
 from corral.contracts.jobspec import JobSpec, validate_job_spec
 from corral.contracts.problems import Problem, SpecError
 
@@ -34,7 +35,7 @@ def invalid_submission(data: bytes) -> tuple[str, list[Problem]] | None:
         doc: Any = msgspec.json.decode(data)
     except msgspec.DecodeError:
         return None
-    if not isinstance(doc, dict) or doc.get("type") != "JobSubmitted":
+    if not isinstance(doc, dict) or doc.get("type") != JobSubmitted.type_name():
         return None
     job_id = doc.get("job_id")
     if not isinstance(job_id, str) or not _JOB_ID.match(job_id):

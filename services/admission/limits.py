@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from corral.contracts import events as ev
 from corral.contracts.admission import RejectionCode
 from corral.contracts.envelope import Event, Reason
+from corral.contracts.flow import names
 from corral.contracts.problems import Problem
 from corral.contracts.queues import QueueSpec
 from corral.core.submit_limits import OverCount, OverRate, SubmitLedger, UserLimits
@@ -21,7 +22,7 @@ from corral.projection import ClusterView
 __all__ = ["UserLimitsFold", "refusal_of"]
 
 #: The events that end a job's count (by name: admission writes only the first).
-_ENDS = frozenset({"JobRejected", "JobCompleted", "JobFailed", "JobCancelled"})
+_ENDS = frozenset(names((ev.JobRejected, ev.JobCompleted, ev.JobFailed, ev.JobCancelled)))
 
 
 class UserLimitsFold:

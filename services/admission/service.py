@@ -29,10 +29,11 @@ from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.admission import RejectionCode
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream, queue_stream
+from corral.contracts.flow import ADMISSION, consumed_by, inbox_of, names
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.problems import ContractError, Problem
 from corral.contracts.sizes import SPEC_TOO_LARGE, recorded_size, size_problem
-from corral.contracts.subjects import ADMIN_REQUEST_TYPES, USER_REQUEST_TYPES, Subjects
+from corral.contracts.subjects import Subjects
 from corral.core.submit_limits import SubmitLedger
 from corral.eventstore import Tracking
 from corral.projection import JobState, submission_key
@@ -50,12 +51,10 @@ class Admission(Service):
     name = "admission"
     #: `user.*.<Type>` and `admin.*.<Type>`: requests on a subject naming their sender (see
     #: `corral.bus.auth`); the bare subjects are writable only by a superuser (tests, open bus).
-    inbox = (*USER_REQUEST_TYPES, *(f"user.*.{t}" for t in USER_REQUEST_TYPES),
-             *(f"admin.*.{t}" for t in USER_REQUEST_TYPES if t in ADMIN_REQUEST_TYPES))
-    events = ("NodeRegistered", "QueueConfigured")
+    inbox = inbox_of(ADMISSION)
+    events = frozenset({ev.NodeRegistered, ev.QueueConfigured})
     #: What judging and cancelling need: nodes, queues, which jobs exist and which have ended.
-    consumes = ("NodeRegistered", "NodeLost", "QueueConfigured", "JobSubmitted", "JobAdmitted", "JobRejected",
-                "JobCompleted", "JobFailed", "JobCancelled")
+    consumes = names(consumed_by(ADMISSION))
     relay_after = 0.3  # the lightest deciding service: the relay's host unless a standby is idle
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -215,7 +214,7 @@ class Admission(Service):
         verdict = self.judge(submitted, ledger)
         if isinstance(verdict, ev.JobRejected) and not verdict.reason.code.startswith("QUEUE_") \
                 and verdict.reason.code not in _NOT_ABOUT_NODES:
-            registered = await self.store.read_all(0, limit=100_000, types=["NodeRegistered"])
+            registered = await self.store.read_all(0, limit=100_000, types=[ev.NodeRegistered.type_name()])
             unknown = {e.stream for e in registered} - {node_stream(n) for n in self.view.nodes}
             for stream in sorted(unknown):
                 await self.refresh_stream(stream)
@@ -316,7 +315,7 @@ class Admission(Service):
                      job.state.value if job else "unknown")
             await self.append({}, tracking=tracking)
             return
-        denied = cancel_denied(sender, job.user, request.type)
+        denied = cancel_denied(sender, job.user, type(request))
         if denied is not None:
             refusal = ev.AccessDenied.new(stream=stream, actor="admission", causation=request,
                                           correlation_id=request.job_id, user=request.user or "unknown",
@@ -378,13 +377,14 @@ def capacity_shortfall(job: core.Job, cluster: core.Cluster) -> tuple[Problem, R
                     hint=f"ask for at most {have} GPUs in all (replicas x gpus_per_replica; see `corral nodes`)"),
             Reason(code=RejectionCode.EXCEEDS_CLUSTER, message=f"can never be scheduled: {message}",
                    details={"needs_gpus": need, "cluster_gpus": have}))
-def cancel_denied(sender: Sender | None, owner: str | None, request: str = "JobCancelRequested") -> Reason | None:
+def cancel_denied(sender: Sender | None, owner: str | None,
+                  request: type[Event] = ev.JobCancelRequested) -> Reason | None:
     """Only the job's owner or an admin (a request on an admin subject) cancels (holds, releases,
     requeues) it; None when allowed (a sender-less request came on a subject only a superuser may
     publish to)."""
     if sender is None or sender.admin or sender.name == owner:
         return None
-    verb = {"JobHeld": "hold", "JobHoldReleased": "release", "JobRequeueRequested": "requeue"}.get(request, "cancel")
+    verb = {ev.JobHeld: "hold", ev.JobHoldReleased: "release", ev.JobRequeueRequested: "requeue"}.get(request, "cancel")
     return Reason(code=RejectionCode.NOT_OWNER, message=f"{sender.name} may not {verb} a job of "
                   f"{owner or 'another user'}: only its owner or an admin may",
                   details={"user": sender.name, "owner": owner or "unknown"})

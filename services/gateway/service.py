@@ -35,6 +35,7 @@ from corral.bus import Bus
 from corral.client import refuse_oversized
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event, job_stream
+from corral.contracts.flow import names
 from corral.contracts.problems import ContractError, SpecError
 from corral.contracts.registry import decode, encode
 from corral.contracts.subjects import Subjects
@@ -48,6 +49,9 @@ from corral.telemetry import tracing
 from corral.verdicts import read_verdict
 
 log = logging.getLogger("corral.gateway")
+#: The events that answer a submission, and the submission itself.
+_VERDICTS = names((ev.JobAdmitted, ev.JobRejected))
+_SUBMITTED = ev.JobSubmitted.type_name()
 
 #: What another person's job shows in place of each `env` value.
 HIDDEN = "(hidden)"
@@ -184,7 +188,7 @@ class Gateway:
                 after = stored.version + 1
                 if stored.version == 1:
                     owner = _owner([stored])
-                if stored.type in ("JobAdmitted", "JobRejected") and owner == account:
+                if stored.type in _VERDICTS and owner == account:
                     return _decoded(stored)
             if owner is not None and owner != account:
                 raise p.GatewayRefusal("NOT_OWNER", f"{job_id} is not a job of {account}")
@@ -218,7 +222,7 @@ def _decoded(stored: StoredEvent) -> Event | None:
 def _owner(stored: list[StoredEvent]) -> str | None:
     """Who submitted the job of this stream (its JobSubmitted's user)."""
     for s in stored:
-        if s.type == "JobSubmitted":
+        if s.type == _SUBMITTED:
             event = _decoded(s)
             return getattr(event, "user", None)
     return None
@@ -226,7 +230,7 @@ def _owner(stored: list[StoredEvent]) -> str | None:
 
 def _row(stored: StoredEvent, own: bool) -> p.StoredRow:
     data = stored.data
-    if not own and stored.type == "JobSubmitted":
+    if not own and stored.type == _SUBMITTED:
         event = _decoded(stored)
         if isinstance(event, ev.JobSubmitted) and event.spec.env:
             data = encode(msgspec.structs.replace(

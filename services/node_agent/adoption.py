@@ -25,9 +25,9 @@ from corral.contracts.events import (
     JobRequeued,
 )
 
-LEDGER_TYPES = ("GangReserved", "GangReleased", "JobRequeued", "JobCompleted", "JobFailed", "JobCancelled",
-                "JobRejected")
-"""The event types the ledger folds."""
+LEDGER_TYPES: tuple[type[Event], ...] = (GangReserved, GangReleased, JobRequeued, JobCompleted, JobFailed,
+                                         JobCancelled, JobRejected)
+"""The event classes the ledger folds."""
 
 
 class Verdict(enum.StrEnum):

@@ -76,6 +76,8 @@ from corral.contracts.events import (
     PreemptRequested,
     QueueConfigured,
 )
+from corral.contracts.flow import NODE_AGENT, consumed_by
+from corral.contracts.flow import names as flow_names
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.problems import ContractError
 from corral.contracts.queues import QueueSpec
@@ -99,13 +101,10 @@ from .timer_supervisor import TimerSupervisor
 
 log = logging.getLogger("corral.node_agent")
 
-CONSUMED_TYPES: tuple[str, ...] = (
-    "JobSubmitted", "GangReserved", "PreemptRequested", "GangReleased", "JobCancelled", "JobRequeued",
-    "JobCompleted", "JobFailed", "JobRejected", "NodeLost", "QueueConfigured",
-)
-"""Event types the agents' durable consumer reads from `<ns>.events.<Type>`."""
+CONSUMED_TYPES: tuple[str, ...] = flow_names(consumed_by(NODE_AGENT))
+"""Event types the agents' durable consumer reads from `<ns>.events.<Type>` (each event's `flow`)."""
 
-_HISTORY_TYPES = ("JobSubmitted", "QueueConfigured", *LEDGER_TYPES)
+_HISTORY_TYPES = flow_names((JobSubmitted, QueueConfigured, *LEDGER_TYPES))
 _TRUST_ABSENCE_AFTER = 3600.0  # seconds: see `AgentHost.reservations_known_since`
 _VERSIONS_KEPT = 100_000  # streams whose last handled version the agent remembers (the least recent go)
 _ENDED = (JobCompleted, JobFailed, JobCancelled, JobRejected)

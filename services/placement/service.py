@@ -34,13 +34,14 @@ from corral import core, lifecycle
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream
+from corral.contracts.flow import PLACEMENT, consumed_by, inbox_of, names
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
-from corral.contracts.subjects import NODE_REPORT_TYPES, Subjects
+from corral.contracts.subjects import Subjects
 from corral.core.steps import placement_step
 from corral.eventstore import Tracking
 from corral.projection import Fence, JobState, JobView, NodeView
-from corral.services.base import Service, every_event_but
+from corral.services.base import Service
 from corral.services.placement.rendezvous import choose_rendezvous
 from corral.services.placement.report_auth import request_refused
 from corral.services.senders import as_sent_by, sender_of
@@ -52,23 +53,17 @@ class Placement(Service):
     lease = "placement"
     #: `node.*.<Report>`: reports on a subject naming the node that sent them (a node identity may
     #: publish only its own, see `corral.bus.auth`); the bare subjects only a superuser may publish.
-    inbox = ("NodeRegistered", "WorkerStarted", "WorkerExited", "CheckpointDone", "NodeDrained", "NodeUndrained",
-             "NodeConditionsChanged", *(f"node.*.{t}" for t in NODE_REPORT_TYPES), "admin.*.NodeDrained",
-             "admin.*.NodeUndrained")
+    inbox = inbox_of(PLACEMENT)
     #: the cluster's policy; placement decides in its configuration of it (`corral.core.steps`)
     config = core.SchedulerConfig()
-    #: Placement is not sent back what it writes (`WRITES`): it folds each of its events when it
-    #: appends it, and the copy the bus brought back was skipped as a duplicate, after nats-server
-    #: delivered it and placement decoded and acknowledged it: 9 of the 13 events of a job, at up
-    #: to 190 jobs a second in the Kueue shape, on the one process that places them all. The log
-    #: stays the truth: a new leader folds the log before it decides, and an event it was not sent
-    #: (one a deposed leader appended after that) is behind a stream version its next decision on
-    #: that stream (the job's, or the node's for an allocation) is guarded by: that append loses
-    #: the race, the stream is re-read (GpusAllocated is folded for this), and it decides again.
-    WRITES = ("GangReserved", "GpusAllocated", "WorkerStarted", "JobRunning", "WorkerExited", "CheckpointDone",
-              "JobCompleted", "JobFailed", "GangReleased", "GpusReleased", "NodeRegistered", "NodeLost",
-              "NodeDrained", "NodeUndrained", "NodeConditionsChanged")
-    consumes = every_event_but(*WRITES)
+    #: Placement is not sent back what it alone writes (each event's `flow`): it folds each of its
+    #: events when it appends it, so the bus's copy would be a duplicate delivered, decoded and
+    #: acknowledged for nothing, on the one process that places every job. The log stays the
+    #: truth: a new leader folds the log before it decides, and an event it was not sent (one a
+    #: deposed leader appended after that) is behind a stream version its next decision on that
+    #: stream (the job's, or the node's for an allocation) is guarded by: that append loses the
+    #: race, the stream is re-read (GpusAllocated is folded for this), and it decides again.
+    consumes = names(consumed_by(PLACEMENT))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -97,22 +92,22 @@ class Placement(Service):
     #: waiting for GPUs, GPUs are freed (GpusReleased: a node's fence opened), nodes come or go.
     #: The cycle looks at every waiting job, so it is skipped while none of these happened (and
     #: rerun at least every tick regardless).
-    place_triggers = frozenset({
-        "QuotaReserved", "QuotaReleased", "JobRequeued", "GangReleased", "GpusReleased", "JobCancelled",
-        "JobCompleted", "JobFailed", "NodeRegistered", "NodeLost", "QueueConfigured", "PreemptRequested",
-        "NodeDrained", "NodeUndrained", "NodeConditionsChanged",
+    place_triggers: frozenset[type[Event]] = frozenset({
+        ev.QuotaReserved, ev.QuotaReleased, ev.JobRequeued, ev.GangReleased, ev.GpusReleased, ev.JobCancelled,
+        ev.JobCompleted, ev.JobFailed, ev.NodeRegistered, ev.NodeLost, ev.QueueConfigured, ev.PreemptRequested,
+        ev.NodeDrained, ev.NodeUndrained, ev.NodeConditionsChanged,
     })
 
     #: Events after which a gang may have a next step (see `_lifecycle`).
-    lifecycle_triggers = frozenset({
-        "GangReserved", "WorkerStarted", "WorkerExited", "JobRunning", "PreemptRequested", "JobCancelled",
-        "GangReleased",
+    lifecycle_triggers: frozenset[type[Event]] = frozenset({
+        ev.GangReserved, ev.WorkerStarted, ev.WorkerExited, ev.JobRunning, ev.PreemptRequested, ev.JobCancelled,
+        ev.GangReleased,
     })
 
     def folded(self, event: Event) -> None:
-        if event.type in self.place_triggers:
+        if type(event) in self.place_triggers:
             self._place_dirty = True
-        if event.type in self.lifecycle_triggers:
+        if type(event) in self.lifecycle_triggers:
             job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
             if job_id:
                 self._lifecycle_dirty.add(job_id)

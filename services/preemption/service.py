@@ -21,10 +21,11 @@ from typing import Any
 from corral import core
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event, Reason, job_stream
+from corral.contracts.flow import PREEMPTION, consumed_by, names
 from corral.contracts.lifecycle import LifecycleCode
 from corral.core.steps import preemption_step
 from corral.projection import ClusterView, JobState, JobView
-from corral.services.base import RANK_AND_NODE_MIRROR, Service, every_event_but
+from corral.services.base import Service
 from corral.translate import wire_reason
 
 log = logging.getLogger("corral.preemption")
@@ -34,8 +35,8 @@ class Preemption(Service):
     name = "preemption"
     forgets_ended_jobs = True
     config = core.SchedulerConfig()
-    #: Ranks and node mirrors are not preemption's business (`every_event_but`; see `Quota.consumes`).
-    consumes = every_event_but(*RANK_AND_NODE_MIRROR)
+    #: Every event it folds but ranks' reports and node mirrors (each event's `flow`).
+    consumes = names(consumed_by(PREEMPTION))
     #: At least this long between two victim searches. Each is a whole scheduling cycle over every
     #: waiting job; run after every event batch it starved the other services of CPU under a stream
     #: of submissions. Checkpoint graces are tens of seconds; requeues are not delayed.

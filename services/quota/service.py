@@ -28,12 +28,13 @@ from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, Reason, queue_stream
+from corral.contracts.flow import QUOTA, consumed_by, inbox_of, names
 from corral.contracts.queues import merged_tree, tree_problems
 from corral.contracts.subjects import Subjects
 from corral.core import escalation
 from corral.core.reservation import Reserve, Revoke, reserve_quota
 from corral.projection import JobView
-from corral.services.base import RANK_AND_NODE_MIRROR, Service, every_event_but
+from corral.services.base import Service
 from corral.services.quota.round_inputs import RoundInputs
 from corral.services.senders import as_sent_by, sender_of
 from corral.translate import wire_reason
@@ -46,24 +47,17 @@ class Quota(Service):
     forgets_ended_jobs = True
     #: An admin's requests on `admin.<admin>.<Type>` (only an admin identity publishes there; the
     #: admin is recorded as their actor and user); the bare subjects only a superuser may publish.
-    inbox = ("QueueConfigured", "QueueTreeApplied", "QueueChangeRefused",
-             *(f"admin.*.{t}" for t in ("QueueConfigured", "QueueTreeApplied", "QueueChangeRefused")))
-    events = ("JobAdmitted", "JobRequeued", "GangReleased", "JobCompleted", "JobFailed", "JobCancelled",
-              "QueueConfigured", "QueueTreeApplied", "QueueChangeRefused", "NodeRegistered", "NodeLost",
-              "QuotaReserved", "QuotaReleased", "GangReserved")
-    #: What quota alone writes. It folds each when it appends it (`Service.append`), so the copy
-    #: the bus brought back was a duplicate that nats-server delivered and quota decoded, skipped
-    #: and acknowledged: two of a job's events (30,000 of the 230,000 of a Kueue 15,000 run), on
-    #: the process that was the last to learn that a job ended (its quota given back 1.7 s after a
-    #: 0.2 s job's end, while placement saw the same jobs' reservations 0.6 s after they were made).
-    WRITES = ("QuotaReserved", "QuotaReleased", "WaitExceeded", "QueueTreeApplied", "QueueConfigured",
-              "QueueChangeRefused")
-    #: Ranks and node mirrors are not quota's business (`every_event_but`), nor what it writes. Its
-    #: appends are guarded by the versions it has seen: an unseen event after them loses the race,
-    #: re-reads the stream and decides again (a rank's report lands on a job's stream before its end
-    #: or requeue, which quota sees, so this is rare). Quota runs as one process: a second one
-    #: would not see the first's reservations until it appended to the same job's stream.
-    consumes = every_event_but(*RANK_AND_NODE_MIRROR, *WRITES)
+    inbox = inbox_of(QUOTA)
+    events = frozenset({ev.JobAdmitted, ev.JobRequeued, ev.GangReleased, ev.JobCompleted, ev.JobFailed,
+                        ev.JobCancelled, ev.QueueConfigured, ev.QueueTreeApplied, ev.QueueChangeRefused,
+                        ev.NodeRegistered, ev.NodeLost, ev.QuotaReserved, ev.QuotaReleased, ev.GangReserved})
+    #: What each event's `flow` sends quota: not ranks' reports nor node mirrors, nor what quota
+    #: alone writes (it folds each when it appends it). Its appends are guarded by the versions it
+    #: has seen: an unseen event after them loses the race, re-reads the stream and decides again
+    #: (a rank's report lands on a job's stream before its end or requeue, which quota sees, so
+    #: this is rare). Quota runs as one process: a second one would not see the first's
+    #: reservations until it appended to the same job's stream.
+    consumes = names(consumed_by(QUOTA))
     #: the cluster's policy: the quota step decides with it as it is (`corral.core.steps`)
     config = core.SchedulerConfig()
 

@@ -409,7 +409,7 @@ def print_rejection(result: dict[str, Any]) -> None:
 
 def _details(event: Any) -> dict[str, Any]:
     """The figures of a step that has no reason (a WaitExceeded: its limit, its wait, its blocker)."""
-    if type(event).__name__ != "WaitExceeded":
+    if not isinstance(event, ev.WaitExceeded):
         return {}
     blocker = event.blocker
     return {"queue": event.queue, "limit_queue": event.limit_queue, "max_wait_seconds": event.max_wait_seconds,
@@ -425,30 +425,34 @@ def _waited(event: Any) -> str:
             f"max_wait {seconds_text(event.max_wait_seconds)} of queue {where}")
 
 
+def _blocked(event: ev.WaitExceeded) -> str:
+    blocker = f"{event.blocker.code}: {event.blocker.message}" if event.blocker else "no reason recorded yet"
+    return f"{_waited(event)}; blocked by {blocker}"
+
+
+def _by(verb: str) -> Any:
+    return lambda e: f"{verb} by {e.user or e.actor}" + (f": {e.message}" if e.message else "")
+
+
+#: A step of a job's trail that has no reason, in words (`corral why`), by event class.
+_SUMMARIES: dict[type[Any], Any] = {
+    ev.GangReserved: lambda e: "; ".join(f"rank {r.rank} -> {r.node} GPUs {','.join(map(str, r.gpus))}"
+                                         for r in e.ranks),
+    ev.QuotaReserved: lambda e: f"{e.gpus} GPUs of queue {e.queue}" + (f" ({e.borrowed} borrowed)" if e.borrowed
+                                                                         else ""),
+    ev.WorkerStarted: lambda e: f"rank {e.rank} on {e.node} (pid {e.pid}, attempt {e.attempt})",
+    ev.WorkerExited: lambda e: f"rank {e.rank} on {e.node} exited {e.exit_code}",
+    ev.CheckpointDone: lambda e: f"checkpoint {e.path}" + (f" at step {e.step}" if e.step is not None else ""),
+    ev.JobSubmitted: lambda e: f"{e.spec.replicas}x{e.spec.gpus_per_replica} GPUs in queue {e.spec.queue} by {e.user}",
+    ev.JobAdmitted: lambda e: f"queue {e.queue}, priority {e.priority}",
+    ev.JobRunning: lambda e: f"every rank started (attempt {e.attempt})",
+    ev.JobCompleted: lambda e: "every rank exited 0",
+    ev.WaitExceeded: _blocked,
+    ev.JobHeld: _by("held"),
+    ev.JobHoldReleased: _by("released"),
+}
+
+
 def _summary(event: Any) -> str:
-    name = type(event).__name__
-    if name == "GangReserved":
-        return "; ".join(f"rank {r.rank} -> {r.node} GPUs {','.join(map(str, r.gpus))}" for r in event.ranks)
-    if name == "QuotaReserved":
-        return f"{event.gpus} GPUs of queue {event.queue}" + (f" ({event.borrowed} borrowed)" if event.borrowed else "")
-    if name in ("WorkerStarted",):
-        return f"rank {event.rank} on {event.node} (pid {event.pid}, attempt {event.attempt})"
-    if name == "WorkerExited":
-        return f"rank {event.rank} on {event.node} exited {event.exit_code}"
-    if name == "CheckpointDone":
-        return f"checkpoint {event.path}" + (f" at step {event.step}" if event.step is not None else "")
-    if name == "JobSubmitted":
-        return f"{event.spec.replicas}x{event.spec.gpus_per_replica} GPUs in queue {event.spec.queue} by {event.user}"
-    if name == "JobAdmitted":
-        return f"queue {event.queue}, priority {event.priority}"
-    if name == "JobRunning":
-        return f"every rank started (attempt {event.attempt})"
-    if name == "JobCompleted":
-        return "every rank exited 0"
-    if name == "WaitExceeded":
-        blocker = f"{event.blocker.code}: {event.blocker.message}" if event.blocker else "no reason recorded yet"
-        return f"{_waited(event)}; blocked by {blocker}"
-    if name in ("JobHeld", "JobHoldReleased"):
-        verb = "held" if name == "JobHeld" else "released"
-        return f"{verb} by {event.user or event.actor}" + (f": {event.message}" if event.message else "")
-    return ""
+    summary = _SUMMARIES.get(type(event))
+    return summary(event) if summary is not None else ""

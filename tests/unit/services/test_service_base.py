@@ -96,56 +96,6 @@ def test_pending_event_is_throttled_on_the_injected_monotonic_clock() -> None:
     assert svc.pending_event(job, core.Reason(core.ReasonCode.QUOTA_EXCEEDED, "uses 6 of 8")) is not None
 
 
-def test_quota_and_preemption_are_sent_every_event_but_ranks_and_node_mirrors() -> None:
-    """A quarter of a Kueue-shaped log is ranks' reports and per-node allocation mirrors, which
-    neither quota nor preemption decides on; any other type, one added later included, is sent,
-    but to quota what it writes itself (`test_quota_is_not_sent_what_it_writes`)."""
-    from corral.contracts import events as ev
-    from corral.services.base import RANK_AND_NODE_MIRROR, every_event_but
-    from corral.services.preemption.service import Preemption
-    from corral.services.quota.service import Quota
-
-    everything = {kind.__name__ for kind in ev.ALL_EVENTS}
-    assert Preemption.consumes is not None and Quota.consumes is not None
-    assert set(Preemption.consumes) == everything - set(RANK_AND_NODE_MIRROR)
-    assert set(Quota.consumes) == everything - set(RANK_AND_NODE_MIRROR) - set(Quota.WRITES)
-    with pytest.raises(ValueError, match="not event types: WorkerStartd"):
-        every_event_but("WorkerStartd")
-
-
-def test_placement_is_sent_every_event_but_its_own() -> None:
-    """Placement folds what it writes when it appends it; the bus's copy was a duplicate (9 of a
-    job's 13 events). Each of its types is written by placement alone, so nothing another service
-    writes is held back from it."""
-    import pathlib
-    import re
-
-    from corral.contracts import events as ev
-    from corral.services.placement.service import Placement
-
-    everything = {kind.__name__ for kind in ev.ALL_EVENTS}
-    assert Placement.consumes is not None
-    assert set(Placement.consumes) == everything - set(Placement.WRITES)
-    services = pathlib.Path(__file__).parents[3] / "services"
-    for other in ("admission", "quota", "preemption"):  # node agents append nothing (they report)
-        written = {m for f in (services / other).glob("*.py") for m in re.findall(r"ev\.([A-Z]\w+)", f.read_text())}
-        assert not written & set(Placement.WRITES) - {"NodeHeartbeat"}, (other, written & set(Placement.WRITES))
-
-
-def test_quota_is_not_sent_what_it_writes() -> None:
-    """Quota folds what it writes when it appends it; the bus's copy was a duplicate. Each of its
-    types is written by quota alone, so nothing another service writes is held back from it."""
-    import pathlib
-    import re
-
-    from corral.services.quota.service import Quota
-
-    services = pathlib.Path(__file__).parents[3] / "services"
-    for other in ("admission", "placement", "preemption", "node_agent"):
-        written = {m for f in (services / other).rglob("*.py") for m in re.findall(r"ev\.([A-Z]\w+)", f.read_text())}
-        assert not written & set(Quota.WRITES), (other, written & set(Quota.WRITES))
-
-
 def test_a_reason_said_word_for_word_is_never_news_and_costs_no_clock_read() -> None:
     """Quota's round asks this of every waiting job (thousands in a backlog): a reason the log
     already holds, code and message, is answered before the throttle and its clock."""

@@ -1,0 +1,121 @@
+"""Where each event type flows: who writes it, on which stream, through which inbox, who is sent it.
+
+Each event class declares its `Flow` once (`flow: ClassVar[Flow]` in `corral.contracts.events`);
+the inbox subjects and NATS permissions (`corral.contracts.subjects`), each service's durable
+consumer filter (`consumed_by`), its inbox subjects (`inbox_of`) and the events it folds when it
+appends them (`written_by`) derive from those declarations. tests/unit/contracts/test_flow.py
+checks that every event has a writer, that every consumer folds what it is sent, and that
+services name event types by class, never by a bare string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+import msgspec
+
+from corral.contracts.envelope import Event
+
+__all__ = [
+    "ADMIN_CLI",
+    "ADMISSION",
+    "CONSUMERS",
+    "NODE_AGENT",
+    "PLACEMENT",
+    "PREEMPTION",
+    "QUOTA",
+    "RELAY",
+    "SENDER_KINDS",
+    "Flow",
+    "Sender",
+    "StreamKind",
+    "consumed_by",
+    "flow_of",
+    "inbox_of",
+    "inbox_types",
+    "names",
+    "written_by",
+]
+
+#: The services that decide and append (their `Service.name`), the node agents, the outbox relay
+#: and the admin's CLI (`corral user` records people changes itself).
+ADMISSION = "admission"
+QUOTA = "quota"
+PLACEMENT = "placement"
+PREEMPTION = "preemption"
+NODE_AGENT = "node_agent"
+RELAY = "relay"
+ADMIN_CLI = "admin_cli"
+#: Who may be sent events from `<ns>.events.<Type>` (durable consumers).
+CONSUMERS: tuple[str, ...] = (ADMISSION, QUOTA, PLACEMENT, PREEMPTION, NODE_AGENT)
+
+Sender = Literal["node", "user", "admin"]
+#: The kinds of sender an inbox subject may name (`Subjects.sender_of`).
+SENDER_KINDS: tuple[Sender, ...] = ("node", "user", "admin")
+#: `job-<id>`, `node-<name>`, `queue-<name>`, `queues` (tree versions), `queues-gate` (refused
+#: changes), `cluster`, `people`; `heartbeat` is core NATS only, never the log.
+StreamKind = Literal["job", "node", "queue", "queues", "queues-gate", "cluster", "people", "heartbeat"]
+
+
+class Flow(msgspec.Struct, frozen=True, kw_only=True):
+    """One event type's wiring. `writers`: who appends it to the log (the first is its owner, which
+    records it when it arrives through the inbox); `inbox`: the senders that may send it to
+    `<ns>.inbox.<kind>.<name>.<Type>` (empty: never sent, only appended); `consumers`: the processes
+    sent it from `<ns>.events.<Type>`, each of which folds it."""
+
+    writers: tuple[str, ...]
+    stream: StreamKind
+    inbox: tuple[Sender, ...] = ()
+    consumers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.writers:
+            raise ValueError("an event's flow names at least one writer")
+        unknown = set(self.consumers) - set(CONSUMERS)
+        if unknown:
+            raise ValueError(f"consumers {sorted(unknown)}: not one of {', '.join(CONSUMERS)}")
+        if set(self.inbox) - set(SENDER_KINDS):
+            raise ValueError(f"inbox {self.inbox}: sender kinds are {', '.join(SENDER_KINDS)}")
+
+
+def _all() -> tuple[type[Event], ...]:
+    from corral.contracts.events import ALL_EVENTS
+
+    return ALL_EVENTS
+
+
+def flow_of(cls: type[Event]) -> Flow:
+    flow = getattr(cls, "flow", None)
+    if not isinstance(flow, Flow):
+        raise TypeError(f"{cls.__name__} declares no `flow: ClassVar[Flow]`")
+    return flow
+
+
+def names(classes: Iterable[type[Event]]) -> tuple[str, ...]:
+    """The wire type names of `classes`, in their order."""
+    return tuple(cls.type_name() for cls in classes)
+
+
+def consumed_by(consumer: str) -> tuple[type[Event], ...]:
+    """The event classes `consumer`'s durable consumer is sent."""
+    return tuple(cls for cls in _all() if consumer in flow_of(cls).consumers)
+
+
+def written_by(writer: str) -> tuple[type[Event], ...]:
+    """The event classes `writer` appends."""
+    return tuple(cls for cls in _all() if writer in flow_of(cls).writers)
+
+
+def inbox_types(kind: Sender | None = None) -> tuple[str, ...]:
+    """The type names sent to the inbox (by senders of `kind`; None: by anyone)."""
+    return tuple(cls.type_name() for cls in _all()
+                 if flow_of(cls).inbox and (kind is None or kind in flow_of(cls).inbox))
+
+
+def inbox_of(owner: str) -> tuple[str, ...]:
+    """A service's inbox subjects after `<ns>.inbox.`: each request or report it owns, bare (only a
+    superuser may publish those) and on `<kind>.*.<Type>` for each kind of sender it accepts."""
+    owned = [cls for cls in _all() if flow_of(cls).inbox and flow_of(cls).writers[0] == owner]
+    return (*(cls.type_name() for cls in owned),
+            *(f"{kind}.*.{cls.type_name()}" for kind in SENDER_KINDS for cls in owned if kind in flow_of(cls).inbox))
