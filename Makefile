@@ -34,10 +34,11 @@ venv: $(STAMP)
 test-deps: $(TEST_STAMP) test-tools
 
 # Machine tools the tests use, from Debian's packages: bubblewrap (the `sandbox` runtime), Slurm and
-# munge (bench/peer_slurm.py's smoke run beside Slurm), libfaketime (a node with its clock off).
+# munge (bench/peer_slurm.py's smoke run beside Slurm), libfaketime (a node with its clock off),
+# iproute2 (`ip netns`: hosts as network namespaces, tests/netns.py).
 # Installed only where missing, apt-get exists and we are root; elsewhere the tests that need one
 # skip, naming the package to install.
-TEST_TOOLS := bwrap:bubblewrap slurmctld:slurm-wlm munged:munge faketime:faketime
+TEST_TOOLS := bwrap:bubblewrap slurmctld:slurm-wlm munged:munge faketime:faketime ip:iproute2
 test-tools:
 	@missing=""; for pair in $(TEST_TOOLS); do \
 	  command -v "$${pair%%:*}" >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \

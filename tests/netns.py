@@ -51,7 +51,7 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def unavailable_reason() -> str | None:
     """Why namespaces cannot be made here, or None when they can."""
     if shutil.which("ip") is None:
-        return "no `ip` command (iproute2) to make network namespaces"
+        return "no `ip` command to make network namespaces (apt-get install iproute2; `make test` does as root)"
     if os.geteuid() != 0:
         return "making network namespaces needs root"
     return None

@@ -1,5 +1,6 @@
 """A cluster of hosts that are network namespaces (tests/netns.py): `corral server --listen` on
-one, `corral agent` on each of the others, started with the join line the server printed.
+one, `corral agent` on three others, started with the join line the server printed, and a login
+host where the test's client (the admin's context) runs, as a CLI on another machine would.
 
 Nothing is given that a real operator would not have: the agents get the join line's URL,
 CA and credentials (copied to the host's own folder), a declared inventory, a state folder and a
@@ -27,18 +28,19 @@ from corral.stack.context import Context, with_password
 from tests.netns import NamespaceLoop, Network
 
 SERVER = "server"
+LOGIN = "login"
 AGENT_HOSTS = ("host-a", "host-b", "host-c")
 GPUS_PER_HOST = 2
 #: placement declares a silent host lost after this long (the default 10 s, shortened for the test)
 NODE_LOST_SECONDS = 6
 
 
-def _clean_env(home: Path) -> dict[str, str]:
+def clean_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     return {**env, "HOME": str(home), "PYTHONUNBUFFERED": "1", "CORRAL_LOG_LEVEL": "INFO", "COLUMNS": "200"}
 
 
-def _corral() -> str:
+def corral() -> str:
     """The `corral` command of the venv running the tests (what the join line's `corral` is)."""
     return shutil.which("corral", path=str(Path(sys.executable).parent)) or "corral"
 
@@ -88,8 +90,8 @@ class NetnsCluster:
 
     def start_server(self) -> None:
         """`corral server` on its host, listening on that host's address only."""
-        env = {**_clean_env(self.root), "CORRAL_NODE_LOST_SECONDS": str(NODE_LOST_SECONDS)}
-        argv = [_corral(), "server", "--data-dir", str(self.data), "--listen", self.address(SERVER), "--json",
+        env = {**clean_env(self.root), "CORRAL_NODE_LOST_SECONDS": str(NODE_LOST_SECONDS)}
+        argv = [corral(), "server", "--data-dir", str(self.data), "--listen", self.address(SERVER), "--json",
                 *(a for h in AGENT_HOSTS for a in ("--agent-node", h))]
         with (self.root / "server.err").open("wb") as err:
             self.server = subprocess.Popen(self.net.command(SERVER, argv), stdout=subprocess.PIPE, stderr=err,
@@ -120,10 +122,10 @@ class NetnsCluster:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(item["from"], target)
                 moved[item["to"]] = str(target)
-            env = _clean_env(root) | {k: moved.get(v, v) for k, v in join["env"].items()}
+            env = clean_env(root) | {k: moved.get(v, v) for k, v in join["env"].items()}
             env |= {"CORRAL_AGENT_RUN_AS": "agent", "CORRAL_AGENT_STOP_WORKERS_ON_EXIT": "1"}
             assert join["argv"][0] == "corral", join
-            argv = [_corral(), *join["argv"][1:], "--inventory", str(inventory), "--state-dir", str(root / "state"),
+            argv = [corral(), *join["argv"][1:], "--inventory", str(inventory), "--state-dir", str(root / "state"),
                     "--checkpoint-dir", str(self.checkpoints)]
             self.agents[host] = Agent(host, root, argv, env)
 
@@ -147,7 +149,7 @@ class NetnsCluster:
         return with_password(ctx.postgres_dsn, ctx.postgres_password) if ctx.postgres_password else ctx.postgres_dsn
 
     def connect(self) -> Client:
-        self.loop = NamespaceLoop(self.net.hosts[SERVER].netns)
+        self.loop = NamespaceLoop(self.net.hosts[LOGIN].netns)
         self.client = self.loop.run(Client.connect(Context.load(self.data / "context.json")))
         return self.client
 

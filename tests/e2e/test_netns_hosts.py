@@ -1,7 +1,8 @@
 """Multi-host acceptance on hosts that are network namespaces (tests/netns.py): the control plane
 (`corral server --listen`) on one host, `corral agent` on three others joined with the line the
-server printed. Each host has its own network stack, so an address advertised wrong, a server on
-the wrong interface or a host cut off from the others shows as it would on real machines.
+server printed, the test's client and CLI on a fifth (a login host). Each host has its own network
+stack, so an address advertised wrong, a server on the wrong interface or a host cut off from the
+others shows as it would on real machines.
 
 One cluster serves the module; each test leaves every GPU free and every host up. Skipped, with
 the reason, where namespaces cannot be made (not root, no `ip`)."""
@@ -12,6 +13,7 @@ import asyncio
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,8 +31,8 @@ from corral.core.rendezvous import AGENT_PORT_RANGE
 from corral.log_stream import LogQuery, read_chunks
 from corral.projection import ClusterView, JobState, JobView
 from tests.e2e import netns_cluster
-from tests.e2e.netns_cluster import AGENT_HOSTS, SERVER, NetnsCluster
-from tests.netns import NamespacesUnavailable, Network, unavailable_reason
+from tests.e2e.netns_cluster import AGENT_HOSTS, LOGIN, SERVER, NetnsCluster
+from tests.netns import NamespaceLoop, NamespacesUnavailable, Network, unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +45,7 @@ needs_torch = pytest.mark.skipif(not any(Path(p, "torch").exists() for p in sys.
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[NetnsCluster]:
-    net = Network(["server", *AGENT_HOSTS])
+    net = Network([SERVER, LOGIN, *AGENT_HOSTS])
     # Not under pytest's basetemp: a concurrent pytest session resets its root to 0700, which
     # shuts out the Postgres system account `corral server` runs Postgres as.
     root = Path(tempfile.mkdtemp(prefix="corral-netns-"))
@@ -79,8 +81,12 @@ def test_the_server_listens_on_its_hosts_address_and_agents_join_with_the_printe
     nats, pg = urlsplit(status["nats"]), urlsplit(status["postgres"])
     assert (nats.scheme, nats.hostname, pg.hostname, status["listen"]) == ("tls", server, server, server), status
     assert nats.port and pg.port
-    assert hosts.run(_refused("127.0.0.1", nats.port)) and hosts.run(_refused("127.0.0.1", pg.port)), \
-        "the servers listen on the given address only"
+    on_server = NamespaceLoop(hosts.net.hosts[SERVER].netns)
+    try:
+        assert on_server.run(_refused("127.0.0.1", nats.port)) and on_server.run(_refused("127.0.0.1", pg.port)), \
+            "the servers listen on the given address only"
+    finally:
+        on_server.close()
     for join in status["join"]:
         assert join["env"]["CORRAL_NATS_URL"] == status["nats"], join
         assert join["argv"] == ["corral", "agent", "--node", join["node"]], join
@@ -90,6 +96,11 @@ def test_the_server_listens_on_its_hosts_address_and_agents_join_with_the_printe
     view = hosts.run(hosts.client.view())
     assert {n: v.address for n, v in view.nodes.items()} == {h: hosts.address(h) for h in AGENT_HOSTS}, \
         "each agent advertises its own host's address, found towards NATS"
+    cli = subprocess.run(hosts.net.command(LOGIN, [netns_cluster.corral(), "--context", str(hosts.data), "nodes",
+                                                   "--json"]),
+                         capture_output=True, text=True, timeout=60, env=netns_cluster.clean_env(hosts.root))
+    assert cli.returncode == 0, cli.stderr
+    assert all(h in cli.stdout for h in AGENT_HOSTS), "the CLI on another host reads the log over the network"
 
 
 @needs_torch
