@@ -156,12 +156,12 @@ class Placement(Service):
     def _report_as_recorded(self, report: ev.WorkerStarted | ev.WorkerExited | ev.CheckpointDone) -> Event:
         """A worker's report on its job's stream, its time kept within what can be true.
 
-        The problem: the agent's `occurred_at` was recorded as sent, and it feeds the job's
-        running time (attained service, which orders LAS) and its last checkpoint (the work a
-        preemption would lose, which orders victims): a checkpoint dated an hour ahead made a job
-        look cheap to stop, one dated before its run made it look expensive. The agent's clock is
-        kept (it is when the rank started or saved), but never later than now, nor before this
-        attempt was placed (a checkpoint: before it ran)."""
+        A report's time feeds the job's running time (attained service, which orders LAS) and
+        its last checkpoint (the work a preemption would lose, which orders victims), and the
+        node's clock may be minutes off: a checkpoint dated ahead would make a job look cheap to
+        stop, one dated before its run expensive. The agent's time is kept (it is when the rank
+        started or saved), but never later than now, nor before this attempt was placed (a
+        checkpoint: before it ran)."""
         job = self.view.jobs[report.job_id]
         now = datetime.fromtimestamp(self.clock(), UTC)
         floor = job.submitted_at
