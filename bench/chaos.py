@@ -7,7 +7,12 @@ jobs (1-8 GPU jobs, 2-node gangs, crashing jobs, preemptible jobs that checkpoin
 stream that preempts them), and meanwhile, from a seeded schedule:
   - kill -9 a random service (or the node agents) every few seconds (restarted, as `corral up` does);
   - SIGSTOP a service for 5-30 s, then SIGCONT;
-  - restart nats-server twice and Postgres once (same port and data; Postgres kept down 60 s).
+  - restart nats-server twice and Postgres once (same port and data; Postgres kept down 60 s);
+  - machine faults: `--disk-full` fills (and frees) the NATS store, Postgres' data and a node's
+    state folder, each on a tmpfs of its own (root only); `--clock-offset` runs the last node's
+    agent in a process of its own under libfaketime (`clock_faults.py`), its clock (and its
+    stepds' and ranks') minutes ahead of the control plane's, then as far behind, then ahead
+    again (each step a kill -9 and a restart with the new offset).
 A sampler reads /proc/*/environ of the workers every 0.25 s (CORRAL_JOB_ID, CUDA_VISIBLE_DEVICES
 and the node, from CORRAL_NODE or the CORRAL_CONTROL path) and records any GPU on which two jobs'
 processes live at once. At the end the faults stop, the run waits for quiescence (no job
@@ -18,6 +23,7 @@ processes; zero nodes still lost. It prints the seed, the faults injected and th
 exits 1 when any of them is not zero.
 
 Run: .venv/bin/python bench/chaos.py [--minutes 20] [--seed N] [--jobs-per-submitter 250] [--json FILE]
+                                     [--disk-full] [--clock-offset [SECONDS]]
      .venv/bin/python bench/chaos.py --smoke   (about 2 minutes; what tests/chaos runs)
 """
 
@@ -49,16 +55,20 @@ from corral.projection import ClusterView, JobState
 from corral.stack.context import Context
 from corral.stack.server_watch import ServerWatch
 from corral.stack.servers import NatsServer, PostgresServer, ServerStartError
-from corral.stack.up import Stack, StackOptions
+from corral.stack.up import ManagedProcess, Stack, StackOptions
+from corral.telemetry.endpoint import METRICS_ADDR_ENV
 
 # beside this script (also when it is loaded by path, as tests/chaos/test_sampler.py does)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import clock_faults
 import disk_faults
 from machine_probe import probe_line
 
 STUCK_GRACE_SECONDS = 15.0  # a job holding GPUs without processes for this long is stuck
 
 SERVICE_TARGETS = ("admission", "quota", "placement", "placement-standby", "preemption", "node-agents")
+#: The process of the node agent whose clock is off (`--clock-offset`).
+SKEWED = "node-agent-skewed"
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,9 @@ class Plan:
     #: folder each on a tmpfs of its own, each filled once for `disk_full_seconds`, then freed.
     disk_faults: bool = False
     disk_full_seconds: float = 30.0
+    #: Machine fault (`--clock-offset`): the last node's agent runs on its own with its clock this
+    #: many seconds off (0: no such agent), ahead from the start, behind from 40%, ahead from 75%.
+    clock_offset: float = 0.0
 
     @classmethod
     def smoke(cls, seed: int) -> Plan:
@@ -101,6 +114,7 @@ class Plan:
 class Fault:
     at: float
     kind: str  # kill9 | sigstop | nats_restart | postgres_restart | disk_full (target: nats, postgres, agent)
+    #          | clock_offset (target: the skewed agent; `seconds` is the new offset)
     target: str
     seconds: float = 0.0
 
@@ -127,6 +141,9 @@ def fault_schedule(plan: Plan, rng: random.Random) -> list[Fault]:
     if plan.disk_faults:  # apart from each other and from the Postgres outage
         for at, target in ((0.2, "nats"), (0.7, "postgres"), (0.85, "agent")):
             faults.append(Fault(plan.fault_seconds * at, "disk_full", target, plan.disk_full_seconds))
+    if plan.clock_offset:  # it starts ahead (`Chaos.start`): a step behind, then ahead again
+        for at, sign in ((0.4, -1), (0.75, +1)):
+            faults.append(Fault(plan.fault_seconds * at, "clock_offset", SKEWED, sign * plan.clock_offset))
     return sorted(faults, key=lambda f: f.at)
 
 
@@ -250,6 +267,7 @@ class Chaos:
         self.servers_down: set[str] = set()
         self._supervising = True
         self.mounts: list[Path] = []
+        self.clock_offsets: list[dict[str, Any]] = []  # each offset the skewed node ran with, from when
         self.watches = [ServerWatch("nats", self.nats, say=lambda m: self.note(m)),
                         ServerWatch("postgres", self.postgres, say=lambda m: self.note(m))]
 
@@ -273,13 +291,43 @@ class Chaos:
                            disk_faults.mount(self.folder("agent"), "16m")]
         self.nats.start()
         self.postgres.start()
+        skewed = 1 if self.plan.clock_offset else 0  # the last node runs apart, its clock off
         self.stack = Stack(StackOptions(
-            data_dir=self.root / "stack", cluster=f"{self.plan.nodes}x{self.plan.gpus}:H100",
+            data_dir=self.root / "stack", cluster=f"{self.plan.nodes - skewed}x{self.plan.gpus}:H100",
             nats_url=self.nats.url, postgres_dsn=self.postgres.dsn, namespace="chaos", runtime="sim",
             write_user_context=False, extra_env={"CORRAL_NODE_LOST_SECONDS": "10", "CORRAL_LOG_LEVEL": "INFO"}))
         ctx = self.stack.start()
+        if skewed:
+            self.stack.processes.append(self._skewed_agent(self.plan.clock_offset))
+            self.stack.process(SKEWED).start()
         threading.Thread(target=self._supervise, daemon=True).start()
         return ctx
+
+    def _skewed_agent(self, offset: float) -> ManagedProcess:
+        """node-<nodes-1>'s agent, apart from the others, with its clock `offset` seconds off."""
+        assert self.stack is not None
+        agents = self.stack.process("node-agents")
+        cluster = self.root / "skewed-cluster"
+        cluster.write_text(f"{self.plan.nodes}x{self.plan.gpus}:H100\n")
+        node = f"node-{self.plan.nodes - 1}"
+        argv = [sys.executable, "-m", "corral.services.node_agent", "--cluster-file", str(cluster), "--node", node,
+                "--runtime", "sim", "--work-dir", str(self.root / "stack" / "nodes")]
+        env = {k: v for k, v in agents.env.items() if k != METRICS_ADDR_ENV}
+        self.clock_offsets.append({"t": round(time.monotonic() - self.t0, 1), "node": node, "offset": offset})
+        return ManagedProcess(SKEWED, argv, {**env, **clock_faults.env(offset)}, agents.log_path.with_name(
+            f"{SKEWED}.log"))
+
+    async def _clock_step(self, offset: float) -> None:
+        """The skewed node's clock steps to `offset`: its agent is killed and started with it (its
+        stepds, adopted, keep the clock they started with)."""
+        assert self.stack is not None
+        p = self.stack.process(SKEWED)
+        env = {**p.env, **clock_faults.env(offset)}
+        self.clock_offsets.append({"t": round(time.monotonic() - self.t0, 1), "node": self.clock_offsets[0]["node"],
+                                   "offset": offset})
+        self.note("clock offset", target=SKEWED, offset_seconds=offset, pid=p.pid)
+        p.env = env
+        p.kill(signal.SIGKILL)  # the supervision starts it again, with the new clock
 
     def _supervise(self) -> None:
         """What `corral up` does today: restart a service that exited (not one we SIGSTOPped)."""
@@ -314,6 +362,8 @@ class Chaos:
                 stops.append(asyncio.create_task(self._restart_server(self.postgres, "postgres", f.seconds)))
             elif f.kind == "disk_full":
                 stops.append(asyncio.create_task(self._disk_full(f.target, f.seconds)))
+            elif f.kind == "clock_offset":
+                await self._clock_step(f.seconds)
         await asyncio.gather(*stops)
 
     async def _disk_full(self, target: str, seconds: float) -> None:
@@ -525,6 +575,7 @@ async def run(chaos: Chaos) -> dict[str, Any]:
             "seed": plan.seed, "plan": {k: v for k, v in plan.__dict__.items()},
             "seconds": round(time.monotonic() - started, 1), "phase_seconds": phases,
             "faults_injected": dict(chaos.injected), "service_restarts": dict(chaos.restarts),
+            "machine_faults": machine_faults(chaos),
             "accepted_jobs": len(chaos.accepted), "publish_retries": chaos.publish_retries,
             "final_states": dict(states),
             "lost": len(lost), "lost_jobs": lost[:30],
@@ -548,6 +599,15 @@ async def run(chaos: Chaos) -> dict[str, Any]:
         chaos.stop()
 
 
+def machine_faults(chaos: Chaos) -> dict[str, Any]:
+    """The faults of the machine the run injected: each folder filled (and freed), and the offsets
+    the skewed node's clock ran with."""
+    disks = [e for e in chaos.log if e["what"] in ("disk full", "disk freed")]
+    return {"disk_full": [e["target"] for e in disks if e["what"] == "disk full"],
+            "disk_freed": [e["target"] for e in disks if e["what"] == "disk freed"],
+            "clock_offsets": chaos.clock_offsets}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=20.0, help="minutes of faults (default 20)")
@@ -559,14 +619,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--disk-full", action="store_true", help="also fill (and free) the NATS store, Postgres' data "
                    "and a node's state folder, each on a tmpfs of its own (root only)")
     p.add_argument("--disk-full-seconds", type=float, default=30.0, help="how long each disk stays full")
+    p.add_argument("--clock-offset", type=float, nargs="?", const=300.0, default=0.0, metavar="SECONDS",
+                   help="run the last node's agent with its clock this far off (default 300: ahead, then "
+                   "behind, then ahead; needs libfaketime)")
     args = p.parse_args(argv)
     print(probe_line(), flush=True)
     if args.disk_full and (why := disk_faults.can_mount()) is not None:
         p.error(f"--disk-full: {why}")
+    if args.clock_offset and (why := clock_faults.why_not()) is not None:
+        p.error(f"--clock-offset: {why}")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     plan = Plan.smoke(seed) if args.smoke else Plan(seed=seed, fault_seconds=args.minutes * 60,
                                                      jobs_per_submitter=args.jobs_per_submitter)
-    plan = dataclasses.replace(plan, disk_faults=args.disk_full, disk_full_seconds=args.disk_full_seconds)
+    plan = dataclasses.replace(plan, disk_faults=args.disk_full, disk_full_seconds=args.disk_full_seconds,
+                               clock_offset=abs(args.clock_offset))
     root = Path(tempfile.mkdtemp(prefix="corral-chaos-"))
     # A stop (SIGTERM: `timeout`, a CI runner) interrupts the run as Ctrl-C does: by default it
     # ended the process at once and left the stack it started running. The stack is stopped here,
@@ -583,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
-    summary = {k: result[k] for k in ("seed", "seconds", "phase_seconds", "faults_injected", "service_restarts",
+    summary = {k: result[k] for k in ("seed", "seconds", "phase_seconds", "faults_injected", "machine_faults",
+                                      "service_restarts",
                                       "accepted_jobs", "final_states", "lost", "stuck", "failed_not_by_plan",
                                       "gpu_double_use",
                                       "nodes_lost_at_end",

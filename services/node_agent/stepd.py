@@ -129,6 +129,15 @@ def open_log_fd(path: Path, user: WorkerUser | None) -> int:
     return fd
 
 
+def command_grace(command: dict[str, Any]) -> float:
+    """The seconds a preempt command gives the gang from when it is read: its `grace` (the agent
+    names it, and it holds whatever the clocks do), else (an agent of an older version) its
+    `deadline` less this node's wall clock."""
+    if "grace" in command:
+        return float(command["grace"])
+    return float(command["deadline"]) - time.time()
+
+
 class Stepd:
     def __init__(self, folder: Path, launch: LaunchFile) -> None:
         self.folder = folder
@@ -436,7 +445,7 @@ class Stepd:
                 if op == "stop":
                     self.stop(float(command.get("grace", self.launch.kill_grace)), command.get("cause"), now)
                 elif op == "preempt":
-                    self.preempt(command.get("signal"), float(command["deadline"]), command.get("cause"), now)
+                    self.preempt(command.get("signal"), command_grace(command), command.get("cause"), now)
                 else:
                     log.warning("ignoring unknown command %r", command)
             except (KeyError, TypeError, ValueError) as exc:
@@ -453,14 +462,14 @@ class Stepd:
         self.dirty = True
         self.terminate(grace, now)
 
-    def preempt(self, signal_name: str | None, deadline_wall: float, cause: str | None, now: float) -> None:
+    def preempt(self, signal_name: str | None, grace: float, cause: str | None, now: float) -> None:
         if self.state["mode"] != M_RUNNING:
             return  # already going down (crash, stop, an earlier preemption)
         self.state["mode"] = M_PREEMPTING
         if cause:
             self.state["cause"] = cause
         self.dirty = True
-        grace = max(0.0, deadline_wall - time.time())
+        grace = max(0.0, grace)
         deadline = now + grace
         self.preempting = {"deadline": deadline, "term_at": deadline - min(5.0, 0.2 * grace),
                            "reported_at": None, "termed": False, "killed": False}

@@ -521,8 +521,8 @@ class Supervisor:
         gang = self._gangs.get(job_id)
         if gang is None:
             return False
-        self._command(gang, {"op": "preempt", "signal": signal, "deadline": time.time() + grace_seconds,
-                             "cause": cause})
+        self._command(gang, {"op": "preempt", "signal": signal, "grace": grace_seconds,
+                             "deadline": time.time() + grace_seconds, "cause": cause})
         return True
 
     def send_stop(self, job_id: str, grace_seconds: float, *, cause: str | None = None) -> bool:

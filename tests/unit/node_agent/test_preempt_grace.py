@@ -29,3 +29,17 @@ def test_the_grace_is_the_deciders_whatever_this_nodes_clock_says(grace: float, 
 
 def test_a_deadline_before_the_decision_is_no_grace() -> None:
     assert preempt_grace(_preempt(-5.0, datetime.now(UTC))) == 0.0
+
+
+@given(st.floats(0, 3600), st.floats(-1800, 1800))
+def test_a_stepd_gives_the_grace_the_agent_names_whatever_its_own_clock_says(grace: float, off: float) -> None:
+    """The agent and a stepd it adopted may read different clocks (one started before a step of
+    the node's clock): the command's grace holds; its wall deadline is only for an older agent's."""
+    from unittest import mock
+
+    from corral.services.node_agent.stepd import command_grace
+
+    sent = {"op": "preempt", "grace": grace, "deadline": 1_000_000.0 + grace}
+    with mock.patch("time.time", return_value=1_000_000.0 + off):
+        assert command_grace(sent) == grace
+        assert abs(command_grace({"op": "preempt", "deadline": 1_000_000.0 + grace}) - (grace - off)) < 1e-6
