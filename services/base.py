@@ -21,6 +21,7 @@ Clocks are injected: `clock` (wall seconds, event times and the core's `now`) an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -214,6 +215,18 @@ class Service:
         """Catch up one stream from the log (after a lost race or a gap in delivery)."""
         for stored in await self.store.read_stream(stream, self.view.versions.get(stream, 0) + 1):
             self._fold_stored(stored)
+
+    async def forgotten_job(self, job_id: str) -> JobView | None:
+        """A job this fold forgot (`forgets_ended_jobs`: over and holding nothing), as its stream
+        in the log says it ended; None for a job it never forgot. What a question about an ended
+        job (a late report of it) reads, so the fold keeps active jobs only."""
+        if job_id not in self.view.forgotten:
+            return None
+        scratch = ClusterView()
+        for stored in await self.store.read_stream(job_stream(job_id)):
+            with contextlib.suppress(ContractError):
+                scratch.apply(decode(stored.data), stored.version, stored.position)
+        return scratch.jobs.get(job_id)
 
     async def on_event(self, delivery: Delivery) -> None:
         try:

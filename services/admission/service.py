@@ -18,7 +18,7 @@ submission whose spec breaks the contract is rejected with every problem (SPEC_I
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,6 +56,8 @@ class Admission(Service):
     #: What judging and cancelling need: nodes, queues, which jobs exist and which have ended.
     consumes = names(consumed_by(ADMISSION))
     relay_after = 0.3  # the lightest deciding service: the relay's host unless a standby is idle
+    #: A submission repeating an ended job's submission id is found in the log (`_recorded`).
+    forgets_ended_jobs = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -115,6 +117,7 @@ class Admission(Service):
         batches: dict[str, list[Event]] = {}
         trackings: list[Tracking] = []
         seen: set[tuple[str, str]] = set()
+        recorded = await self._recorded([e for e, _ in items if isinstance(e, ev.JobSubmitted)])
         ledger = self.user_limits.ledger.scratch()  # the batch's verdicts count for the ones after them
         for i in submits:
             submitted, delivery = items[i]
@@ -123,7 +126,7 @@ class Admission(Service):
             stream = job_stream(submitted.job_id)
             submitted = self._as_received(submitted, stream)
             key = submission_key(submitted)
-            if stream in batches or self._duplicate(submitted) or key in seen:
+            if stream in batches or self._duplicate(submitted, recorded) or key in seen:
                 log.info("job %s already submitted; duplicate ignored", submitted.job_id)
                 continue  # its tracking row only
             if key is not None:
@@ -151,7 +154,7 @@ class Admission(Service):
     async def _admit(self, submitted: ev.JobSubmitted, tracking: Tracking) -> None:
         stream = job_stream(submitted.job_id)
         submitted = self._as_received(submitted, stream)
-        if self._duplicate(submitted):
+        if self._duplicate(submitted, await self._recorded([submitted])):
             log.info("job %s already submitted; duplicate ignored", submitted.job_id)
             await self.append({}, tracking=tracking)
             return
@@ -165,12 +168,20 @@ class Admission(Service):
         if not appended:
             log.info("job %s: submitted concurrently; duplicate ignored", submitted.job_id)
 
-    def _duplicate(self, submitted: ev.JobSubmitted) -> bool:
+    def _duplicate(self, submitted: ev.JobSubmitted, recorded: Collection[tuple[str, str]]) -> bool:
         """The job exists already, or its user has submitted under this submission id before
-        (`submission_key`: another user's equal id is another job). Recorded as handled, nothing
-        more: the sender finds the first job by its id (`Client.job_of_submission`)."""
+        (`submission_key`: another user's equal id is another job; `recorded`: the keys found in
+        the log). Recorded as handled, nothing more: the sender finds the first job by its id
+        (`Client.job_of_submission`)."""
         key = submission_key(submitted)
-        return self.view.versions.get(submitted.stream, 0) > 0 or (key is not None and key in self.view.submissions)
+        return self.view.versions.get(submitted.stream, 0) > 0 or (
+            key is not None and (key in self.view.submissions or key in recorded))
+
+    async def _recorded(self, submissions: Iterable[ev.JobSubmitted]) -> Collection[tuple[str, str]]:
+        """The submission keys of `submissions` that the log holds and the fold does not: those of
+        jobs it forgot (over: `forgets_ended_jobs`). One indexed lookup for them all."""
+        keys = {k for s in submissions if (k := submission_key(s)) is not None and k not in self.view.submissions}
+        return (await self.store.jobs_of_submissions(sorted(keys))).keys() if keys else ()
 
     def refuse_oversized(self, submitted: ev.JobSubmitted) -> ev.JobRejected | None:
         """A JobRejected if the submission, as the log and the bus would record it, is over the

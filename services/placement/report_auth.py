@@ -12,22 +12,24 @@ from __future__ import annotations
 
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event
-from corral.projection import ClusterView
+from corral.projection import ClusterView, JobView
 
 
-def request_refused(event: Event, principal: tuple[str, str] | None, view: ClusterView) -> str | None:
+def request_refused(event: Event, principal: tuple[str, str] | None, view: ClusterView,
+                    ended: JobView | None = None) -> str | None:
     """Why `event`, received on a subject naming `principal` (kind, name; `Subjects.principal_of`),
     must be ignored; None: record it. A node's subject carries its reports (`report_refused`), an
-    admin's a drain or an undrain; a user's nothing placement takes."""
+    admin's a drain or an undrain; a user's nothing placement takes. `ended`: the job a report
+    names, read from the log when the view has forgotten it."""
     if principal is None or principal[0] == "node":
-        return report_refused(event, principal[1] if principal else None, view)
+        return report_refused(event, principal[1] if principal else None, view, ended)
     kind, name = principal
     if kind == "admin" and isinstance(event, ev.NodeDrained | ev.NodeUndrained):
         return None
     return f"{event.type} is not a request placement takes from {kind} {name}"
 
 
-def report_refused(event: Event, sender: str | None, view: ClusterView) -> str | None:
+def report_refused(event: Event, sender: str | None, view: ClusterView, ended: JobView | None = None) -> str | None:
     """Why `event`, received on a subject naming node `sender`, must be ignored; None: record it.
 
     `sender` None: a bare `<ns>.inbox.<Type>` subject, which only a superuser may publish to."""
@@ -42,7 +44,7 @@ def report_refused(event: Event, sender: str | None, view: ClusterView) -> str |
             return f"node {sender} reported for node {event.node}"
     elif not isinstance(event, ev.CheckpointDone):
         return f"{event.type} is not a node report"
-    job = view.jobs.get(event.job_id)
+    job = view.jobs.get(event.job_id) or ended
     if job is None:
         return None  # an unknown job: placement records nothing for it anyway
     # The attempt's own ranks: the current gang's, or a released attempt's still fenced (its ranks

@@ -48,6 +48,10 @@ from corral.services.senders import as_sent_by, sender_of
 
 log = logging.getLogger("corral.placement")
 
+#: A node's reports about a job's ranks, recorded on the job's stream.
+REPORTS = ev.WorkerStarted | ev.WorkerExited | ev.CheckpointDone
+
+
 class Placement(Service):
     name = "placement"
     lease = "placement"
@@ -64,6 +68,9 @@ class Placement(Service):
     #: stream (the job's, or the node's for an allocation) is guarded by: that append loses the
     #: race, the stream is re-read (GpusAllocated is folded for this), and it decides again.
     consumes = names(consumed_by(PLACEMENT))
+    #: A late report of an ended job (a rank's exit after its job was decided) is checked and
+    #: recorded against the job as its stream in the log says (`forgotten_job`).
+    forgets_ended_jobs = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -136,24 +143,26 @@ class Placement(Service):
         """The workers' reports of a fetched batch recorded in ONE commit (a commit per report was
         the lifecycle's limit under load: each job sends at least a start and an exit). Node
         registrations, rare, make the batch go one by one, in order, as before."""
-        reports = ev.WorkerStarted | ev.WorkerExited | ev.CheckpointDone
-        if any(self._report_refused(event, delivery) for event, delivery in items):
-            return await super().handle_inbox_batch(items)  # one by one: each refusal on its own
-        if len(items) < 2 or not all(isinstance(event, reports) for event, _ in items):
+        if any(self._report_refused(event, delivery) for event, delivery in items) or any(
+                getattr(event, "job_id", None) in self.view.forgotten for event, _ in items):
+            return await super().handle_inbox_batch(items)  # one by one: a refusal, an ended job's report
+        if len(items) < 2 or not all(isinstance(event, REPORTS) for event, _ in items):
             return await super().handle_inbox_batch(items)
         batches: dict[str, list[Event]] = {}
         trackings: list[Tracking] = []
         for event, delivery in items:
-            assert isinstance(event, reports)
+            assert isinstance(event, REPORTS)
             trackings.append(self.tracking(delivery))
             if event.job_id not in self.view.jobs:
                 continue  # its tracking row only
-            batches.setdefault(job_stream(event.job_id), []).append(self._report_as_recorded(event))
+            batches.setdefault(job_stream(event.job_id), []).append(
+                self._report_as_recorded(event, self.view.jobs[event.job_id]))
         if await self.append_handled(batches, trackings):
             return [None] * len(items)
         return await super().handle_inbox_batch(items)
 
-    def _report_as_recorded(self, report: ev.WorkerStarted | ev.WorkerExited | ev.CheckpointDone) -> Event:
+    def _report_as_recorded(self, report: ev.WorkerStarted | ev.WorkerExited | ev.CheckpointDone,
+                            job: JobView) -> Event:
         """A worker's report on its job's stream, its time kept within what can be true.
 
         A report's time feeds the job's running time (attained service, which orders LAS) and
@@ -162,7 +171,6 @@ class Placement(Service):
         stop, one dated before its run expensive. The agent's time is kept (it is when the rank
         started or saved), but never later than now, nor before this attempt was placed (a
         checkpoint: before it ran)."""
-        job = self.view.jobs[report.job_id]
         now = datetime.fromtimestamp(self.clock(), UTC)
         floor = job.submitted_at
         if report.attempt == job.attempt:
@@ -174,12 +182,14 @@ class Placement(Service):
             at = min(floor, now)
         return msgspec.structs.replace(report, stream=job_stream(report.job_id), occurred_at=at)
 
-    def _report_refused(self, event: Event, delivery: Delivery) -> str | None:
-        return request_refused(event, Subjects(self.bus.namespace).principal_of(delivery.subject), self.view)
+    def _report_refused(self, event: Event, delivery: Delivery, ended: JobView | None = None) -> str | None:
+        return request_refused(event, Subjects(self.bus.namespace).principal_of(delivery.subject), self.view, ended)
 
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
         tracking = self.tracking(delivery)
-        refused = self._report_refused(event, delivery)
+        # A report of a job the fold forgot (it ended, holding nothing): the job as the log says.
+        ended = await self.forgotten_job(event.job_id) if isinstance(event, REPORTS) else None
+        refused = self._report_refused(event, delivery, ended)
         if refused is not None:
             log.warning("report %s %s on %s ignored: %s", event.type, event.event_id, delivery.subject, refused)
             await self.append({}, tracking=tracking)  # its tracking row only: nothing changes
@@ -192,11 +202,12 @@ class Placement(Service):
                 await self.append({}, tracking=tracking)
                 return
             event = msgspec.structs.replace(event, stream=stream)
-        elif isinstance(event, ev.WorkerStarted | ev.WorkerExited | ev.CheckpointDone):
-            if event.job_id not in self.view.jobs:
+        elif isinstance(event, REPORTS):
+            job = self.view.jobs.get(event.job_id) or ended
+            if job is None:
                 await self.append({}, tracking=tracking)
                 return
-            event = self._report_as_recorded(event)
+            event = self._report_as_recorded(event, job)
         elif isinstance(event, ev.NodeConditionsChanged):
             node = self.view.nodes.get(event.node)
             if node is None or tuple(event.conditions) == node.conditions:
