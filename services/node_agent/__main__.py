@@ -168,6 +168,10 @@ def parser() -> argparse.ArgumentParser:
                    default=float(os.environ.get("CORRAL_AGENT_MEMORY_PRESSURE_BELOW_MIB", "256")),
                    help="report MemoryPressure while less memory is available (default 256; env "
                    "CORRAL_AGENT_MEMORY_PRESSURE_BELOW_MIB)")
+    p.add_argument("--pressure-hold-seconds", type=float,
+                   default=float(os.environ.get("CORRAL_AGENT_PRESSURE_HOLD_SECONDS", "10")),
+                   help="a pressure clears only once its measure has been back above its clear threshold "
+                   "(the entry one plus half) this long (default 10; env CORRAL_AGENT_PRESSURE_HOLD_SECONDS)")
     p.add_argument("--conditions-seconds", type=float,
                    default=float(os.environ.get("CORRAL_AGENT_CONDITIONS_SECONDS", "5")),
                    help="how often the node's conditions are measured (default 5; env "
@@ -194,6 +198,7 @@ def options(args: argparse.Namespace, environ: os._Environ[str] | dict[str, str]
                             disk_pressure_below=args.disk_pressure_below,
                             memory_pressure_below_mib=args.memory_pressure_below_mib,
                             conditions_seconds=args.conditions_seconds,
+                            pressure_hold_seconds=args.pressure_hold_seconds,
                             # every node here shares this host's ports (`ephemeral_ports`)
                             rendezvous_ports=local_rendezvous_ports())
     except ValueError as exc:

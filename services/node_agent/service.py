@@ -44,6 +44,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ from corral.contracts.problems import ContractError
 from corral.contracts.queues import QueueSpec
 from corral.contracts.registry import decode, encode
 from corral.contracts.subjects import Subjects
-from corral.core.conditions import Thresholds, pressures
+from corral.core.conditions import Condition, Held, Thresholds, transition
 from corral.health import start_beat
 from corral.telemetry.agent import AgentTelemetry
 from corral.telemetry.health import Phase
@@ -172,6 +173,9 @@ class AgentOptions:
     disk_pressure_below: float = 0.10
     memory_pressure_below_mib: float = 256.0
     conditions_seconds: float = 5.0
+    #: A held condition clears only at or above its clear threshold (`Thresholds`) and once its
+    #: measure has not been below the entry one for this long: a node at a threshold does not flap.
+    pressure_hold_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         if self.runtime not in ("sim", "sim-timer", "process"):
@@ -184,8 +188,9 @@ class AgentOptions:
             raise ValueError(f"spec_wait_seconds must be > 0, got {self.spec_wait_seconds}")
         if not 0 <= self.disk_pressure_below < 1:
             raise ValueError(f"disk_pressure_below is a share of the disk, 0 <= it < 1: got {self.disk_pressure_below}")
-        if self.memory_pressure_below_mib < 0 or self.conditions_seconds <= 0:
-            raise ValueError("memory_pressure_below_mib must be >= 0 and conditions_seconds > 0")
+        if self.memory_pressure_below_mib < 0 or self.conditions_seconds <= 0 or self.pressure_hold_seconds < 0:
+            raise ValueError("memory_pressure_below_mib and pressure_hold_seconds must be >= 0, "
+                             "conditions_seconds > 0")
         if self.rendezvous_ports is not None:
             PortRange(low=self.rendezvous_ports[0], high=self.rendezvous_ports[1])  # raises a clear error
         if not isinstance(self.run_as, RunAs):
@@ -222,6 +227,8 @@ class NodeAgent:
         self._heartbeats = 0
         #: the conditions last reported (None: none since the last registration)
         self.reported_conditions: tuple[NodeCondition, ...] | None = None
+        #: the conditions in force, each with when its measure was last below its threshold
+        self.held_conditions: dict[Condition, Held] = {}
 
     # --- what the node says about itself --------------------------------------------------------
 
@@ -229,9 +236,12 @@ class NodeAgent:
         """The node's conditions as measured now, when they differ from the last reported (or none
         was reported since the node registered); None: nothing to say."""
         folders = [self.options.work_dir / self.node / "run", self.options.logs, self.options.checkpoints]
-        thresholds = Thresholds(self.options.disk_pressure_below, self.options.memory_pressure_below_mib)
-        held = pressures(pressure.sample(folders), thresholds)
-        now = tuple(NodeCondition(type=kind.value, message=words) for kind, words in sorted(held.items()))
+        thresholds = Thresholds(self.options.disk_pressure_below, self.options.memory_pressure_below_mib,
+                                hold_seconds=self.options.pressure_hold_seconds)
+        self.held_conditions = transition(self.held_conditions, pressure.sample(folders), thresholds,
+                                          time.monotonic())
+        now = tuple(NodeCondition(type=kind.value, message=held.message)
+                    for kind, held in sorted(self.held_conditions.items()))
         if self.reported_conditions is not None and \
                 [c.type for c in now] == [c.type for c in self.reported_conditions]:
             return None

@@ -6,6 +6,11 @@ the thresholds of its options). A node under a condition is, to the cycle, a nod
 draining (`node_state`): what runs there goes on, nothing new is placed there. When the agent
 measures the pressure gone, it reports no condition and the node takes work again: nobody has
 to clear it.
+
+A condition enters below its threshold and clears only at or above a higher one, and only once
+its measure has not been below the entry threshold for a hold time (`transition`; the kubelet's
+`eviction-pressure-transition-period`): a node whose measure wavers at the threshold stays under
+the condition instead of taking work, filling up and refusing it again at every measurement.
 """
 
 from __future__ import annotations
@@ -24,10 +29,35 @@ class Condition(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    """Below these, a condition holds (the kubelet's `nodefs.available<10%`, `memory.available<100Mi`)."""
+    """Below these, a condition holds (the kubelet's `nodefs.available<10%`, `memory.available<100Mi`);
+    a held one clears at or above the clear thresholds (None: the entry one plus half of it, at most
+    the entry one plus 10% of the disk) once `hold_seconds` have passed since it was last below."""
 
     disk_free_fraction: float = 0.10
     memory_available_mib: float = 256.0
+    disk_clear_fraction: float | None = None
+    memory_clear_mib: float | None = None
+    hold_seconds: float = 0.0
+
+    @property
+    def disk_clear(self) -> float:
+        if self.disk_clear_fraction is not None:
+            return max(self.disk_clear_fraction, self.disk_free_fraction)
+        return min(self.disk_free_fraction * 1.5, self.disk_free_fraction + 0.10)
+
+    @property
+    def memory_clear(self) -> float:
+        if self.memory_clear_mib is not None:
+            return max(self.memory_clear_mib, self.memory_available_mib)
+        return self.memory_available_mib * 1.5
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A condition in force: its words, and when its measure was last below the entry threshold."""
+
+    message: str
+    below_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,3 +93,28 @@ def node_state(*, lost: bool, draining: bool, conditions: Collection[object]) ->
     if draining or conditions:
         return NodeState.DRAINING
     return NodeState.READY
+
+
+def _above_clear(kind: Condition, sample: Sample, thresholds: Thresholds) -> bool:
+    """Whether the measure of `kind` is at or above its clear threshold (an unknown one is: nothing
+    says pressure, as `pressures` says)."""
+    if kind is Condition.DISK_PRESSURE:
+        return all(total <= 0 or free / total >= thresholds.disk_clear for free, total in sample.disks.values())
+    memory = sample.memory_available_mib
+    return memory is None or memory >= thresholds.memory_clear
+
+
+def transition(held: Mapping[Condition, Held], sample: Sample, thresholds: Thresholds,
+               now: float) -> dict[Condition, Held]:
+    """The conditions in force after measuring `sample` at `now` (seconds), given those `held`
+    before: each whose measure is below its entry threshold (`pressures`), and each held one whose
+    measure is not yet at or above its clear threshold, or was below the entry one less than
+    `hold_seconds` ago (it keeps its words)."""
+    entered = pressures(sample, thresholds)
+    after = {kind: Held(words, now) for kind, words in entered.items()}
+    for kind, was in held.items():
+        if kind in after:
+            continue
+        if not _above_clear(kind, sample, thresholds) or now - was.below_at < thresholds.hold_seconds:
+            after[kind] = was
+    return after

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from corral.core import NodeState, Place, QueueConfig, SchedulerConfig, schedule
-from corral.core.conditions import Condition, Sample, Thresholds, node_state, pressures
+from corral.core.conditions import Condition, Held, Sample, Thresholds, node_state, pressures, transition
 from tests.unit.core.builders import job, snapshot
 from tests.unit.core.test_core_properties import SETTINGS, clusters
 
@@ -56,3 +56,73 @@ def test_the_words_name_the_fullest_folder_and_the_threshold() -> None:
         Condition.DISK_PRESSURE: "/data/logs has 1.0% free (10 MiB), below 10% (and 1 more folder)",
         Condition.MEMORY_PRESSURE: "100 MiB of memory available, below 256 MiB",
     }
+
+
+# --- hysteresis: enter below the threshold, clear at or above a higher one, after a hold ----------
+
+MEMORY = Thresholds(memory_available_mib=256.0, memory_clear_mib=384.0, hold_seconds=10.0)
+
+
+def run(measures: list[tuple[float, float]], thresholds: Thresholds = MEMORY) -> list[bool]:
+    """Memory pressure after each (seconds since the last, MiB available) measurement."""
+    held: dict[Condition, Held] = {}
+    now, out = 0.0, []
+    for gap, mib in measures:
+        now += gap
+        held = transition(held, Sample({}, mib), thresholds, now)
+        out.append(Condition.MEMORY_PRESSURE in held)
+    return out
+
+
+MEASURES = st.lists(st.tuples(st.floats(0.1, 20), st.floats(0, 1024)), min_size=1, max_size=60)
+
+
+@given(MEASURES)
+def test_a_condition_enters_below_its_threshold_and_clears_only_above_the_clear_one_after_the_hold(
+        measures: list[tuple[float, float]]) -> None:
+    held = run(measures)
+    now, last_below = 0.0, None
+    for (gap, mib), now_held, before in zip(measures, held, [False, *held], strict=False):
+        now += gap
+        if mib < 256:
+            last_below = now
+            assert now_held  # enters at once, as the kubelet's
+        elif before and not now_held:  # it cleared: above the clear threshold, held long enough
+            assert mib >= 384 and last_below is not None and now - last_below >= 10.0
+        elif before:
+            assert mib < 384 or now - (last_below or 0) < 10.0
+        else:
+            assert not now_held  # never held without a measure below the threshold
+
+
+@given(st.lists(st.tuples(st.floats(0.1, 20), st.floats(200, 383.9)), min_size=1, max_size=60))
+def test_a_node_wavering_at_the_threshold_does_not_flap(measures: list[tuple[float, float]]) -> None:
+    """Measures between the entry threshold's neighbourhood and the clear one: once it entered, the
+    condition holds to the end, whatever the wavering (a single threshold flipped at every crossing)."""
+    held = run(measures)
+    if True in held:
+        first = held.index(True)
+        assert all(held[first:]), held
+    flips = sum(1 for a, b in zip([False, *held], held, strict=False) if a != b)
+    assert flips <= 1
+
+
+@given(st.floats(0.0, 0.5), st.floats(0, 1 << 30))
+def test_a_disk_condition_clears_at_the_higher_share_after_the_hold(enter: float, total_extra: int) -> None:
+    t = Thresholds(disk_free_fraction=enter, hold_seconds=5.0)
+    assert enter <= t.disk_clear <= enter + 0.10
+    total = (1 << 30) + int(total_extra)
+    full = Sample({"/run": (0, total)})
+    held = transition({}, full, t, 0.0)
+    assert (Condition.DISK_PRESSURE in held) == (enter > 0)
+    clear = Sample({"/run": (min(total, int(t.disk_clear * total) + 1), total)})
+    assert (Condition.DISK_PRESSURE in transition(held, clear, t, 4.9)) == (enter > 0)  # inside the hold
+    assert Condition.DISK_PRESSURE not in transition(held, clear, t, 5.0)
+
+
+def test_a_held_condition_keeps_its_words_and_an_unknown_measure_clears_after_the_hold() -> None:
+    held = transition({}, Sample({}, 100.0), MEMORY, 0.0)
+    assert held == {Condition.MEMORY_PRESSURE: Held("100 MiB of memory available, below 256 MiB", 0.0)}
+    assert transition(held, Sample({}, 300.0), MEMORY, 20.0) == held
+    assert transition(held, Sample({}, None), MEMORY, 5.0) == held
+    assert transition(held, Sample({}, None), MEMORY, 10.0) == {}
