@@ -96,9 +96,9 @@ class Service:
     #: the whole backlog) paces the costly part itself and sets this.
     paces_itself: ClassVar[bool] = False
     #: The fold drops a job once it is over and holds nothing (`ClusterView.forget_ended`): memory
-    #: O(active jobs + nodes), not O(log). A service that answers about ended jobs from its fold
-    #: (admission: a submission repeating an ended job's id; placement: a late report of an ended
-    #: job, recorded on its stream) keeps them.
+    #: O(active jobs + nodes), not O(log). A question about an ended job is answered from the log
+    #: (admission: a submission repeating an ended job's id, `EventStore.jobs_of_submissions`;
+    #: placement: a late report of an ended job, `forgotten_job`).
     forgets_ended_jobs: ClassVar[bool] = False
 
     def __init__(self, store: EventStore, bus: Bus, *, clock: Callable[[], float] = time.time,
