@@ -574,7 +574,12 @@ def _moved(state: GangState | None, event: GangEvent) -> GangState | None:
 
 
 def _checkpoint_done(view: ClusterView, e: ev.CheckpointDone) -> None:
+    """The job's resume point is the current attempt's newest checkpoint. One of an attempt the
+    job was requeued past (its host was cut off, kept running, and reported once back) is kept in
+    the log but moves nothing: that run diverged from the one the job resumed."""
     j = view.job(e.job_id)
+    if e.attempt != j.attempt:
+        return
     j.checkpoint, j.checkpoint_at = e.path, e.occurred_at
 
 

@@ -240,6 +240,10 @@ def test_a_host_cut_off_is_lost_its_gang_resumes_elsewhere_and_its_gpus_wait_for
     assert not _alive(old.pid)
     view = hosts.run(c.view())
     assert view.jobs[job].attempt == 1 and view.jobs[job].state is JobState.RUNNING, "the late reports moved nothing"
+    requeued_at = next(p for p, e in trail if isinstance(e, ev.JobRequeued))
+    late = [e.path for p, e in trail if isinstance(e, ev.CheckpointDone) and e.attempt == 0 and p > requeued_at]
+    print(f"checkpoints of attempt 0 reported by {cut} once back: {len(late)}")
+    assert "attempt1" in (view.jobs[job].checkpoint or ""), "the resume point is the current attempt's"
     report, undecodable = hosts.run(read_log(hosts.dsn(), 60.0))
     assert undecodable == 0 and not report.violations, report.violations
     hosts.run(c.cancel(job))

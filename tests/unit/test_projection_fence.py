@@ -127,3 +127,26 @@ def test_a_node_streams_allocation_is_folded_without_its_gang() -> None:
     assert view.free_gpus() == 4 and view.nodes["node-0"].allocations == dict.fromkeys(range(4), JOB)
     fold(view, *running[1:])  # then its gang, from the job's stream: the same allocation
     assert view.free_gpus() == 0
+
+
+def test_a_checkpoint_reported_late_by_a_requeued_attempt_is_never_the_jobs_resume_point() -> None:
+    """A host cut off from the cluster keeps running its ranks; once back, its agent reports the
+    checkpoints they wrote meanwhile. The job was requeued past that attempt and resumed from an
+    earlier checkpoint: the old attempt's later ones belong to a run that diverged, and the next
+    requeue must resume from the current attempt's (or the one it resumed from)."""
+    running, _ = gang_events()
+    view = ClusterView()
+    fold(view, *running, job_event(ev.CheckpointDone, path="/c/attempt0-step5", step=5, rank=0),
+         job_event(ev.GangReleased, reason=Reason(code="NODE_LOST", message="node-0 lost")),
+         job_event(ev.JobRequeued, attempt=1, resume_from="/c/attempt0-step5",
+                   reason=Reason(code="NODE_LOST", message="node-0 lost")))
+    assert view.jobs[JOB].checkpoint == "/c/attempt0-step5"
+    fold(view, job_event(ev.CheckpointDone, path="/c/attempt0-step90", step=90, rank=0, attempt=0))
+    assert view.jobs[JOB].checkpoint == "/c/attempt0-step5", "the requeued attempt's late report moves nothing"
+    fold(view, job_event(ev.GangReserved, ranks=[ev.RankPlacement(rank=0, node="node-0", gpus=[0, 1, 2, 3]),
+                                                 ev.RankPlacement(rank=1, node="node-0", gpus=[4, 5, 6, 7])],
+                         world_size=2, master_addr="127.0.0.1", master_port=29500, attempt=1,
+                         resume_from="/c/attempt0-step5"),
+         job_event(ev.CheckpointDone, path="/c/attempt1-step8", step=8, rank=0, attempt=1),
+         job_event(ev.CheckpointDone, path="/c/attempt0-step95", step=95, rank=0, attempt=0))
+    assert view.jobs[JOB].checkpoint == "/c/attempt1-step8"

@@ -116,8 +116,8 @@ class LogStatistics:
             self._running[event.job_id] = _Running(since=event.occurred_at.timestamp(), gpus=job.gpus)
 
     def _checkpoint(self, view: ClusterView, event: ev.CheckpointDone) -> None:
-        running = self._running.get(event.job_id)
-        if running is not None:
+        running, job = self._running.get(event.job_id), view.jobs.get(event.job_id)
+        if running is not None and job is not None and job.attempt == event.attempt:  # as the projection
             running.checkpoint = event.occurred_at.timestamp()
 
     def _preempt(self, view: ClusterView, event: ev.PreemptRequested) -> None:
