@@ -41,6 +41,7 @@ imports this.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ from .sandbox_layout import Host, Layer, bind_args
 
 __all__ = [
     "CONTAINER_RUNTIMES",
+    "GPU_DEVICES_ENV",
     "RUNTIMES",
     "USER_FLAG_RUNTIMES",
     "ApptainerRuntime",
@@ -72,8 +74,14 @@ CONTAINER_RUNTIMES = ("podman", "docker", "apptainer")
 #: as the submitter like a process (it was started as the agent, root: a submitter's
 #: `runtime: apptainer` ran as root on the node).
 USER_FLAG_RUNTIMES = ("podman", "docker")
-#: The driver's device nodes every GPU job needs besides its own `/dev/nvidia<N>`.
-NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+#: The driver's device nodes every GPU job needs besides its own `nvidia<N>`.
+NVIDIA_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+GPU_DEVICES_ENV = "CORRAL_GPU_DEVICES"
+"""The agent's setting (an environment variable its stepds inherit): the folder holding the node's
+GPU device files (`nvidia<N>`, `nvidiactl`, ...), given to sandboxes and, as `--device`, to
+podman and docker containers in place of the NVIDIA Container Toolkit (CDI, `--gpus`): for
+images that carry their own driver libraries, and for tests with fake device files. Unset: /dev
+for the sandbox, the toolkit for containers."""
 #: Root folders the sandbox makes its own (private) instead of binding the host's.
 SANDBOX_PRIVATE = frozenset({"/proc", "/dev", "/tmp"})
 
@@ -133,6 +141,7 @@ class SandboxRuntime:
     bwrap: str = "bwrap"
     host: Host = field(default_factory=Host)
     name: str = "sandbox"
+    devices: str = "/dev"  # where the node's GPU device files are
 
     def launch(self, a: Assignment, rank: RankAssignment, env: Mapping[str, str], control: Path) -> Launch:
         base: list[Layer] = []
@@ -144,9 +153,9 @@ class SandboxRuntime:
                         else Layer(entry, ("--ro-bind", entry, entry), "bind", entry))
         base += [Layer("/dev", ("--dev", "/dev"), "tmpfs"), Layer("/proc", ("--proc", "/proc")),
                  Layer("/tmp", ("--tmpfs", "/tmp"), "tmpfs")]
-        for node in [*(f"/dev/nvidia{g}" for g in rank.gpus), *NVIDIA_CONTROL_NODES]:
-            if self.host.exists(node):
-                base.append(Layer(node, ("--dev-bind", node, node)))
+        for node in _gpu_nodes(rank):
+            if self.host.exists(f"{self.devices}/{node}"):
+                base.append(Layer(f"/dev/{node}", ("--dev-bind", f"{self.devices}/{node}", f"/dev/{node}")))
         argv = [self.bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 *bind_args(base, _binds(a, control), self.host), "--remount-ro", "/"]
         if a.workdir is not None:
@@ -154,6 +163,11 @@ class SandboxRuntime:
         argv += ["--", *_command(a)]
         return Launch(argv=argv, env=_gpu_env(env, rank), spare_leader=True,
                       needs=tuple(Path(m.host) for m in a.mounts))
+
+
+def _gpu_nodes(rank: RankAssignment) -> list[str]:
+    """The device file names a rank's GPUs need: its own `nvidia<N>`, then the driver's."""
+    return [*(f"nvidia{g}" for g in rank.gpus), *NVIDIA_CONTROL_NODES]
 
 
 def _container_name(a: Assignment, rank: RankAssignment) -> str:
@@ -166,9 +180,18 @@ class _OciRuntime:
 
     program: str
     name: str
+    devices: str | None = None  # GPUs as these device files (`--device`), not through the toolkit
+    exists: Callable[[str], bool] = os.path.exists
 
     def gpu_args(self, gpus: tuple[int, ...]) -> list[str]:
         raise NotImplementedError
+
+    def device_args(self, rank: RankAssignment) -> list[str]:
+        if self.devices is None:
+            return self.gpu_args(rank.gpus)
+        nodes = [*(f"nvidia{g}" for g in rank.gpus),  # the driver's nodes where the node has them
+                 *(n for n in NVIDIA_CONTROL_NODES if self.exists(f"{self.devices}/{n}"))]
+        return [arg for n in nodes for arg in ("--device", f"{self.devices}/{n}:/dev/{n}")]
 
     def launch(self, a: Assignment, rank: RankAssignment, env: Mapping[str, str], control: Path) -> Launch:
         if a.image is None:
@@ -178,7 +201,7 @@ class _OciRuntime:
                 # an image's setuid binary or file capabilities must not make its user root (under a
                 # rootful engine, root on every bind-mounted host path)
                 "--security-opt", "no-new-privileges", "--cap-drop", "ALL"]
-        argv += self.gpu_args(rank.gpus) if rank.gpus else []
+        argv += self.device_args(rank) if rank.gpus else []
         for host, target, read_only in _binds(a, control):
             argv += ["--volume", f"{host}:{target}" + (":ro" if read_only else "")]
         if a.workdir is not None:
@@ -208,13 +231,16 @@ def _container_env(a: Assignment, env: Mapping[str, str], rank: RankAssignment) 
 def _client_env(env: Mapping[str, str]) -> dict[str, str]:
     """What the container client itself needs from the agent's environment."""
     return {k: v for k, v in env.items() if k in ("PATH", "HOME", "USER", "LOGNAME", "XDG_RUNTIME_DIR",
-                                                    "CONTAINER_HOST", "DOCKER_HOST", "DOCKER_CONFIG")}
+                                                    "CONTAINER_HOST", "DOCKER_HOST", "DOCKER_CONFIG",
+                                                    "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF",
+                                                    "CONTAINERS_REGISTRIES_CONF")}
 
 
 @dataclass(frozen=True)
 class PodmanRuntime(_OciRuntime):
     program: str = "podman"
     name: str = "podman"
+    devices: str | None = None
 
     def gpu_args(self, gpus: tuple[int, ...]) -> list[str]:
         return [arg for g in gpus for arg in ("--device", f"nvidia.com/gpu={g}")]
@@ -224,6 +250,7 @@ class PodmanRuntime(_OciRuntime):
 class DockerRuntime(_OciRuntime):
     program: str = "docker"
     name: str = "docker"
+    devices: str | None = None
 
     def gpu_args(self, gpus: tuple[int, ...]) -> list[str]:
         return ["--gpus", '"device=' + ",".join(str(g) for g in gpus) + '"']
@@ -248,15 +275,20 @@ class ApptainerRuntime:
         return Launch(argv=argv, env={**_client_env(env), **inner}, needs=tuple(Path(m.host) for m in a.mounts))
 
 
-RUNTIMES: dict[str, Callable[[], WorkerRuntime]] = {
-    "process": ProcessRuntime, "sandbox": SandboxRuntime, "podman": PodmanRuntime, "docker": DockerRuntime,
-    "apptainer": ApptainerRuntime,
+RUNTIMES: dict[str, Callable[[str | None], WorkerRuntime]] = {
+    "process": lambda devices: ProcessRuntime(),
+    "sandbox": lambda devices: SandboxRuntime(devices=devices or "/dev"),
+    "podman": lambda devices: PodmanRuntime(devices=devices),
+    "docker": lambda devices: DockerRuntime(devices=devices),
+    "apptainer": lambda devices: ApptainerRuntime(),
 }
 
 
-def runtime_for(name: str) -> WorkerRuntime:
-    """The runtime of an Assignment's `runtime` (ValueError naming the known ones)."""
+def runtime_for(name: str, gpu_devices: str | None = None) -> WorkerRuntime:
+    """The runtime of an Assignment's `runtime` (ValueError naming the known ones); `gpu_devices`:
+    the node's GPU device folder (`GPU_DEVICES_ENV`), None for the default."""
     try:
-        return RUNTIMES[name]()
+        factory = RUNTIMES[name]
     except KeyError:
         raise ValueError(f"unknown worker runtime {name!r}: use one of {', '.join(RUNTIMES)}") from None
+    return factory(gpu_devices)

@@ -55,7 +55,7 @@ from .assignment import build_rank_env, rank_log_path
 from .control import ControlChannel
 from .rank_output import RankOutput
 from .run_as import WorkerUser, make_dir_as, own_dir, own_file, reach_problem, user_base_env
-from .runtimes import USER_FLAG_RUNTIMES, Launch, runtime_for
+from .runtimes import GPU_DEVICES_ENV, USER_FLAG_RUNTIMES, Launch, runtime_for
 from .step_files import (
     ENDED,
     RUNNING,
@@ -329,8 +329,8 @@ class Stepd:
             elif self.a.runtime != "process":  # a bind's source must exist
                 self.a.checkpoint_dir.mkdir(parents=True, exist_ok=True)
                 os.close(os.open(control, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-            launch = runtime_for(self.a.runtime).launch(self.a, spec, build_rank_env(self.a, spec, control, base),
-                                                         control)
+            runtime = runtime_for(self.a.runtime, os.environ.get(GPU_DEVICES_ENV))
+            launch = runtime.launch(self.a, spec, build_rank_env(self.a, spec, control, base), control)
             missing = [str(p) for p in launch.needs if not p.exists()]
             if missing:
                 raise FileNotFoundError(f"mount source {', '.join(missing)} does not exist on this node")

@@ -90,10 +90,11 @@ def with_database(dsn: str, database: str) -> str:
 
 @contextlib.asynccontextmanager
 async def own_site(postgres_server_dsn: str, prefix: str, *, data_mode: int | None = None,
-                   **options: Any) -> AsyncIterator[Stack]:
+                   env: dict[str, str] | None = None, **options: Any) -> AsyncIterator[Stack]:
     """`corral up` as an operator runs it (its own NATS, with identities and TLS) on a database of
-    its own: 2 nodes x 8 GPUs, queue team-a (16 GPUs). `options` go to StackOptions; `data_mode`
-    is the data folder's mode (mkdtemp's 0700 keeps every other account out)."""
+    its own: 2 nodes x 8 GPUs, queue team-a (16 GPUs). `options` go to StackOptions, `env` to every
+    process it starts; `data_mode` is the data folder's mode (mkdtemp's 0700 keeps every other
+    account out)."""
     name = f"t_{secrets.token_hex(6)}"
     owner = await asyncpg.connect(with_database(postgres_server_dsn, "postgres"))
     try:
@@ -104,7 +105,7 @@ async def own_site(postgres_server_dsn: str, prefix: str, *, data_mode: int | No
     if data_mode is not None:
         os.chmod(data, data_mode)
     stack = Stack(StackOptions(data_dir=data, cluster="2x8:H100", postgres_dsn=with_database(postgres_server_dsn, name),
-                               namespace="corral", extra_env={"CORRAL_LOG_LEVEL": "INFO"}, **options))
+                               namespace="corral", extra_env={"CORRAL_LOG_LEVEL": "INFO", **(env or {})}, **options))
     stack.start()
     try:
         async with await Client.connect(stack.context) as client:  # type: ignore[arg-type]

@@ -170,3 +170,25 @@ def test_the_specs_checkpoint_dir_wins_and_a_simulating_agent_runs_a_plain_proce
     assert a is not None and a.checkpoint_dir == Path("/shared/run1")
     sim = build_assignment(gang(), "a", spec, runtime="sim", python="py", checkpoint_root=tmp_path, log_dir=tmp_path)
     assert sim is not None and (sim.runtime, sim.mounts, sim.image) == ("process", (), None)
+
+
+@pytest.mark.parametrize("name", ["podman", "docker", "sandbox"])
+def test_gpus_from_a_device_folder_are_its_device_files(name: str) -> None:
+    """`CORRAL_GPU_DEVICES`: the rank's own GPU files, and the driver's the folder has, at /dev."""
+    a = assignment(runtime=name, image=None if name == "sandbox" else "img")
+    have = {"/fake/dev/nvidia4", "/fake/dev/nvidia5", "/fake/dev/nvidia0", "/fake/dev/nvidiactl"}
+    if name == "sandbox":
+        runtime = SandboxRuntime(host=Host(exists=have.__contains__, root_entries=lambda: ["/usr"]),
+                                 devices="/fake/dev")
+        argv = runtime.launch(a, RANK, env_of(a), CONTROL).argv
+        pairs = [(argv[i + 1], argv[i + 2]) for i, arg in enumerate(argv) if arg == "--dev-bind"]
+    else:
+        runtime = (PodmanRuntime if name == "podman" else DockerRuntime)(devices="/fake/dev",
+                                                                        exists=have.__contains__)
+        argv = runtime.launch(a, RANK, env_of(a), CONTROL).argv
+        pairs = [(argv[i + 1].split(":")[0], argv[i + 1].split(":")[1]) for i, arg in enumerate(argv)
+                 if arg == "--device"]
+        assert "--gpus" not in argv
+    assert pairs == [("/fake/dev/nvidia4", "/dev/nvidia4"), ("/fake/dev/nvidia5", "/dev/nvidia5"),
+                     ("/fake/dev/nvidiactl", "/dev/nvidiactl")]
+    assert type(runtime_for(name, "/fake/dev")) is type(runtime)
