@@ -123,7 +123,7 @@ class NetnsCluster:
                 shutil.copy(item["from"], target)
                 moved[item["to"]] = str(target)
             env = clean_env(root) | {k: moved.get(v, v) for k, v in join["env"].items()}
-            env |= {"CORRAL_AGENT_RUN_AS": "agent", "CORRAL_AGENT_STOP_WORKERS_ON_EXIT": "1"}
+            env |= {"CORRAL_AGENT_RUN_AS": "agent"}
             assert join["argv"][0] == "corral", join
             argv = [corral(), *join["argv"][1:], "--inventory", str(inventory), "--state-dir", str(root / "state"),
                     "--checkpoint-dir", str(self.checkpoints)]
@@ -174,11 +174,11 @@ class NetnsCluster:
                 pass
         if self.loop is not None:
             self.loop.close()
-        for agent in self.agents.values():
+        for agent in self.agents.values():  # their stepds and ranks die with the namespaces
             if agent.proc is not None and agent.proc.poll() is None:
-                agent.proc.terminate()
+                agent.proc.kill()
         for agent in self.agents.values():
-            _wait(agent.proc, 20)
+            _wait(agent.proc, 10)
         if self.server is not None and self.server.poll() is None:
             self.server.send_signal(signal.SIGINT)  # the ordered stop: placement first
             _wait(self.server, 60)
