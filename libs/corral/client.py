@@ -29,8 +29,9 @@ from corral.contracts.registry import decode, encode
 from corral.contracts.sizes import recorded_size, size_problem
 from corral.contracts.subjects import ADMIN_REQUEST_TYPES, USER_REQUEST_TYPES, Subjects
 from corral.eventstore import EventStore, StoredEvent
-from corral.projection import ClusterView
-from corral.readmodel.snapshots import read_view
+from corral.projection import ClusterView, JobView
+from corral.readmodel.pages import JobFilter
+from corral.readmodel.snapshots import read_job, read_page, read_view
 from corral.stack.context import Context
 from corral.stack.credentials import NatsCredentials
 from corral.submission_ids import submission_msg_id
@@ -397,6 +398,16 @@ class Client:
         those named in `job_ids` or in one of `states` (`FINISHED`: all of them). O(answer + the
         events since the last snapshot); without a stored view of this code, the whole log."""
         return await read_view(self.store, job_ids=job_ids, states=states)
+
+    async def job(self, job_id: str) -> JobView | None:
+        """One job as it is now (None: no such job), from the read model: its row and the log
+        after it, whatever the backlog (`corral.readmodel.snapshots.read_job`)."""
+        return await read_job(self.store, job_id)
+
+    async def jobs_page(self, where: JobFilter, limit: int | None) -> tuple[list[JobView], int]:
+        """The first `limit` jobs (None: all) that `where` matches, oldest submission first, and how
+        many match: one page of rows of the read model (`corral.readmodel.snapshots.read_page`)."""
+        return await read_page(self.store, where, limit)
 
     async def wait_for(self, predicate: Callable[[ClusterView], bool], timeout: float,
                        interval: float = 0.2, *, job_ids: Collection[str] | None = None) -> ClusterView:

@@ -1,6 +1,6 @@
-"""The read model on real Postgres (issue 18): the projector's stored view plus the log's tail says
-what the whole log says; a view of other code, or past the log's head, is never read; only the
-services' role may write it."""
+"""The read model on real Postgres: the projector's stored view plus the log's tail says what the
+whole log says, for the whole cluster, one job or one page of a listing; a view of other code, or
+past the log's head, is never read; only the services' role may write it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,17 @@ from corral.contracts.envelope import Event
 from corral.contracts.registry import encode
 from corral.eventstore import ANY, EventStore, NewEvent
 from corral.projection import ClusterView
+from corral.readmodel import codec, snapshots
+from corral.readmodel.pages import JobFilter, page_of
 from corral.readmodel.projector import Projector
-from corral.readmodel.snapshots import FINISHED, StoredViewChanged, forget_other_schemas, read_view
+from corral.readmodel.snapshots import (
+    FINISHED,
+    StoredViewChanged,
+    forget_other_schemas,
+    read_job,
+    read_page,
+    read_view,
+)
 from tests.unit.readmodel_logs import varied_log
 
 
@@ -80,6 +89,50 @@ async def test_stored_view_plus_tail_answers_as_the_whole_log(postgres_dsn: str)
         assert (await read_view(store, states=FINISHED)).jobs.keys() == truth.jobs.keys()
         async with store.connection() as conn:
             assert await conn.fetchval("SELECT position FROM view_snapshots") == len(log)
+    finally:
+        await store.close()
+
+
+PAGES = (JobFilter(), JobFilter(all_jobs=True), JobFilter(states={"COMPLETED", "PENDING"}),
+         JobFilter(queue="q", user="alice"), JobFilter(queue="q/x"), JobFilter(user="bob", all_jobs=True))
+
+
+async def test_one_job_and_one_page_read_their_rows_and_say_what_the_whole_log_says(
+        postgres_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = varied_log(40, seed=11)
+    store = await EventStore.open(postgres_dsn)
+    try:
+        cut = len(log) // 2
+        await append(store, log[:cut])
+        truth = whole(log[:cut])
+        for where in PAGES:  # no stored view yet: the log is folded
+            assert await read_page(store, where, 5) == page_of(truth.jobs.values(), where, 5)
+        projector = Projector(store, every_events=40, batch=40, every_seconds=3600)
+        await projector.resume()
+        await projector.catch_up()
+        await append(store, log[cut:])  # a tail that moves jobs into and out of every page
+        truth = whole(log)
+        touched = {j for e in log[cut:] for j in codec.touched_jobs(e)}
+
+        decoded: list[bytes] = []
+
+        def counted(data: bytes) -> object:
+            decoded.append(data)
+            return codec.decode_job(data)
+
+        monkeypatch.setattr(snapshots, "decode_job", counted)
+        for job_id in sorted(truth.jobs)[::2]:
+            decoded.clear()
+            assert await read_job(store, job_id) == truth.jobs[job_id], job_id
+            assert len(decoded) <= 1 + len(touched)  # its row and the tail's jobs, not every active one
+        assert await read_job(store, "no-such-job") is None
+        for where in PAGES:
+            for limit in (None, 0, 1, 3, 10):
+                decoded.clear()
+                expected = page_of(truth.jobs.values(), where, limit)
+                assert await read_page(store, where, limit) == expected, (where, limit)
+                if limit is not None:
+                    assert len(decoded) <= 2 * (limit + len(touched))
     finally:
         await store.close()
 

@@ -1,5 +1,5 @@
-"""The read model's split, in memory: a view stored at any position (its active part in one blob,
-each finished job on its own), decoded, given the finished jobs the tail is about, and folded
+"""The read model's split, in memory: a view stored at any position (nodes, queues and ports in one
+blob, each job on its own), decoded, given the finished jobs the tail is about, and folded
 with the tail, says exactly what folding the whole log says (`corral.readmodel`)."""
 
 from __future__ import annotations
@@ -28,14 +28,16 @@ def test_stored_view_and_tail_fold_as_the_whole_log(seed: int, data: st.DataObje
     log = LOGS[seed]
     split = data.draw(st.integers(0, len(log)))
     before = folded(log[:split])
-    hot = codec.encode_hot(before)
-    rows = {j: codec.encode_job(v) for j, v in before.jobs.items() if j not in before.active}
+    base = codec.encode_base(before)
+    rows = {j: codec.encode_job(v) for j, v in before.jobs.items()}  # every job a row, active or over
 
-    view = codec.decode_hot(hot)
+    view, held = codec.decode_base(base)
+    assert set(held) | {j for j, v in before.jobs.items() if not v.state.terminal} == before.active.keys()
     tail = log[split:]
-    for touched in {j for e in tail for j in codec.touched_jobs(e)} - view.jobs.keys():
-        if touched in rows:
-            view.jobs[touched] = codec.decode_job(rows[touched])
+    for wanted in (before.active.keys() | {j for e in tail for j in codec.touched_jobs(e)}) & rows.keys():
+        job = view.jobs[wanted] = codec.decode_job(rows[wanted])
+        if job.active:
+            view.active[wanted] = job
     for position, event in enumerate(tail, split + 1):
         view.apply(event, None, position)
 
@@ -51,3 +53,14 @@ def test_stored_view_and_tail_fold_as_the_whole_log(seed: int, data: st.DataObje
 
 def test_the_schema_names_the_folding_code() -> None:
     assert len(codec.SCHEMA) == 32 and codec._schema() == codec.SCHEMA
+
+
+def test_the_gateway_blob_holds_the_active_jobs() -> None:
+    view = folded(LOGS[0])
+    back = codec.decode_hot(codec.encode_hot(view))
+    assert back.active.keys() == view.active.keys() and back.nodes == view.nodes
+
+
+def test_a_row_is_filtered_on_its_state_submission_queue_and_user() -> None:
+    job = next(j for j in folded(LOGS[0]).jobs.values() if j.spec is not None)
+    assert codec.job_columns(job) == (job.state.value, job.submitted_at, job.queue, job.user)

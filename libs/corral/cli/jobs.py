@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import heapq
 import os
 import sys
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,8 +33,8 @@ from corral.contracts import events as ev
 from corral.contracts.jobspec import JobSpec, validate_job_spec
 from corral.contracts.problems import SpecError
 from corral.contracts.validation import parse_document, utf8_text
-from corral.projection import JobState, JobView
-from corral.readmodel.snapshots import FINISHED
+from corral.projection import JobState
+from corral.readmodel.pages import JobFilter
 from corral.verdicts import Verdict
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -170,13 +169,10 @@ def register(app: typer.Typer) -> None:
         shown = limit if limit is not None else (0 if json_out else JOBS_PAGE)
 
         async def go(c: Client) -> tuple[list[dict[str, Any]], int]:
-            # Jobs that are over are read only when asked for (the read model keeps them apart).
-            over = [s for s in FINISHED if (s in states if states is not None else all_jobs)]
-            view = await c.live_view(states=over)
-            matching = selected(view.jobs.values(), queue=queue, user=user, states=states, all_jobs=all_jobs)
-            page = first_by_submission(matching, shown or len(matching))
+            page, matched = await c.jobs_page(JobFilter(queue=queue, user=user, states=states, all_jobs=all_jobs),
+                                              shown or None)
             now = datetime.now(UTC)
-            return [job_row(j, now) for j in page], len(matching)
+            return [job_row(j, now) for j in page], matched
 
         rows, matched = with_client(go, bus=False)
         if json_out:
@@ -193,8 +189,7 @@ def register(app: typer.Typer) -> None:
         """Everything about one job: spec, state, placement (rank -> node, GPUs), checkpoint."""
 
         async def go(c: Client) -> dict[str, Any] | None:
-            view = await c.live_view(job_ids=[job])
-            j = view.jobs.get(job)
+            j = await c.job(job)
             if j is None or j.spec is None:
                 return None
             # The spec as submitted: the read model keeps no env values (whose they are is the
@@ -229,7 +224,7 @@ def register(app: typer.Typer) -> None:
         admission's verdict: a refusal (not your job) exits 4 with its reason."""
 
         async def go(c: Client) -> tuple[Verdict, str] | None:
-            if job not in (await c.live_view(job_ids=[job])).jobs:
+            if await c.job(job) is None:
                 return None
             verdict = await c.await_verdict(await c.cancel(job), waited)
             return verdict, await job_now(c, job)
@@ -328,37 +323,6 @@ def _stuck(queue: str | None, user: str | None, json_out: bool) -> None:
 #: Jobs a `corral jobs` table shows unless `--limit` says otherwise: a screenful or two; a backlog of
 #: 20,000 printed whole took seconds to render and nobody reads it (squeue users filter instead).
 JOBS_PAGE = 100
-
-
-def selected(jobs: Iterable[JobView], *, queue: str | None, user: str | None, states: Collection[str] | None,
-             all_jobs: bool) -> list[JobView]:
-    """The jobs `corral jobs` lists: of `queue` (and its children), of `user`, in `states` (else the
-    active ones, or every one with `all_jobs`)."""
-    out = []
-    for j in jobs:
-        if queue and not (j.queue == queue or j.queue.startswith(queue + "/")):
-            continue
-        if user and j.user != user:
-            continue
-        if states is not None:
-            if j.state.value not in states:
-                continue
-        elif not all_jobs and j.state.terminal:
-            continue
-        out.append(j)
-    return out
-
-
-def _submission_key(j: JobView) -> tuple[datetime, str]:
-    return (j.submitted_at or _NEVER, j.job_id)
-
-
-_NEVER = datetime.max.replace(tzinfo=UTC)  # a job whose submission is not folded yet comes last
-
-
-def first_by_submission(jobs: Sequence[JobView], n: int) -> list[JobView]:
-    """The `n` oldest of `jobs` by submission (then id), in that order: only those are sorted."""
-    return heapq.nsmallest(n, jobs, key=_submission_key) if n < len(jobs) else sorted(jobs, key=_submission_key)
 
 
 def more_hint(shown: int, matched: int) -> str | None:

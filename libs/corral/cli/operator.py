@@ -34,7 +34,7 @@ def _fail(message: str) -> None:
 
 async def _job(c: Client, job: str) -> tuple[JobView | None, str | None]:
     """The job as the read model has it, or why not."""
-    j = (await c.live_view(job_ids=[job])).jobs.get(job)
+    j = await c.job(job)
     return (j, None) if j is not None else (None, f"no job {job!r}")
 
 

@@ -23,7 +23,7 @@ VERDICT_WAIT = 15.0
 
 async def job_now(c: Client, job: str) -> str:
     """What a job is now, in words: what a request that changed nothing found."""
-    j = (await c.live_view(job_ids=[job])).jobs.get(job)
+    j = await c.job(job)
     return f"the job is {j.state.value}" if j is not None else f"no job {job!r}"
 
 

@@ -26,8 +26,10 @@ from corral.contracts.registry import decode, encode
 from corral.eventstore import StoredEvent
 from corral.gateway import protocol as p
 from corral.gateway.paths import bindable
-from corral.projection import ClusterView
+from corral.projection import ClusterView, JobView
 from corral.readmodel.codec import decode_hot, decode_job
+from corral.readmodel.pages import JobFilter, page_of
+from corral.readmodel.snapshots import FINISHED
 from corral.stack.context import Context
 from corral.verdicts import Verdict, VerdictKind
 
@@ -156,6 +158,14 @@ class GatewayClient(Client):
             job = decode_job(data)
             view.jobs[job.job_id] = job
         return view
+
+    async def job(self, job_id: str) -> JobView | None:
+        return (await self.live_view(job_ids=[job_id])).jobs.get(job_id)
+
+    async def jobs_page(self, where: JobFilter, limit: int | None) -> tuple[list[JobView], int]:
+        """The page from the gateway's view (every active job, and the finished ones `where` may match)."""
+        over = [s for s in FINISHED if (s in where.states if where.states is not None else where.all_jobs)]
+        return page_of((await self.live_view(states=over)).jobs.values(), where, limit)
 
     async def job_events(self, job_id: str) -> list[tuple[StoredEvent, Event]]:
         out = []

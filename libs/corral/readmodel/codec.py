@@ -8,11 +8,14 @@ module its content depends on (the projection, the lifecycle, the contracts, thi
 process reads only views stored by the same code, and new code simply starts a new one (until
 the projector has written it, the CLI folds the log from the start, as before).
 
-What is encoded (msgpack, typed by msgspec, so a decode validates): the *active* part of a
-`ClusterView` (`HotView`: the jobs still active, every node, queue and held rendezvous port, and
-the queue tree's versions, the position folded) in one blob, and each finished job (`JobView`) on its own, so a question
-about live jobs never decodes the history. Stream versions and submission ids are not kept: a
-reader folds the log from the stored position in log order, where neither is needed.
+What is encoded (msgpack, typed by msgspec, so a decode validates): the cluster without its jobs
+(`BaseView`: every node, queue and held rendezvous port, the queue tree's versions, the position
+folded, and which jobs over still hold GPUs or quota) in one small blob, and each job (`JobView`),
+active or over, in a row of its own with the columns a listing filters and sorts on (`job_columns`):
+a question about one job or one page of jobs reads those rows only, never the whole backlog. Stream
+versions and submission ids are not kept: a reader folds the log from the stored position in log
+order, where neither is needed. `HotView` (the base with every active job) is what the local
+gateway sends a person for a view.
 """
 
 from __future__ import annotations
@@ -48,25 +51,28 @@ def _schema() -> str:
 SCHEMA = _schema()
 
 
-class HotView(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """What a question about the cluster now needs: everything but the jobs that are over."""
+class BaseView(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The stored view without its jobs (each job is a row: `encode_job`). `held`: the jobs that are
+    over but still hold GPUs or quota (active all the same; the other active jobs are those whose
+    state is not terminal)."""
 
     position: int
     last_event_at: datetime | None
-    jobs: list[JobView]
     nodes: list[NodeView]
     queues: list[QueueSpec]
     ports: dict[str, dict[int, tuple[str, int]]]
     tree_versions: list[ev.QueueTreeApplied] = msgspec.field(default_factory=list)
+    held: list[str] = msgspec.field(default_factory=list)
 
 
-class _HotOut(HotView, kw_only=True):
-    """`HotView` as written: each job already encoded (unchanged jobs are not encoded again)."""
+class HotView(BaseView, kw_only=True):
+    """What a question about the cluster now needs: everything but the jobs that are over."""
 
-    jobs: list[msgspec.Raw]  # type: ignore[assignment]
+    jobs: list[JobView] = msgspec.field(default_factory=list)
 
 
 _ENCODER = msgspec.msgpack.Encoder()
+_BASE = msgspec.msgpack.Decoder(BaseView)
 _HOT = msgspec.msgpack.Decoder(HotView)
 _JOB = msgspec.msgpack.Decoder(JobView)
 
@@ -79,21 +85,32 @@ def _without_caches(job: JobView) -> JobView:
     return job
 
 
-def encode_hot(view: ClusterView, encoded: dict[str, msgspec.Raw] | None = None) -> bytes:
-    """The active part of `view` (see `HotView`). `encoded`: job id -> that job encoded, taken as
-    it is and filled in for the jobs it lacks (the caller drops the jobs that changed since)."""
+def _fields(view: ClusterView) -> dict[str, object]:
     for node in view.nodes.values():
         node._core_node = None
-    cache = {} if encoded is None else encoded
-    jobs = []
-    for job_id, job in view.active.items():
-        raw = cache.get(job_id)
-        if raw is None:
-            raw = cache[job_id] = msgspec.Raw(encode_job(job))
-        jobs.append(raw)
-    return _ENCODER.encode(_HotOut(position=view.position, last_event_at=view.last_event_at, jobs=jobs,
-                                   nodes=list(view.nodes.values()), queues=list(view.queues.values()),
-                                   ports=view.ports, tree_versions=view.tree_versions))
+    return {"position": view.position, "last_event_at": view.last_event_at, "nodes": list(view.nodes.values()),
+            "queues": list(view.queues.values()), "ports": view.ports, "tree_versions": view.tree_versions,
+            "held": sorted(j for j, job in view.active.items() if job.state.terminal)}
+
+
+def encode_base(view: ClusterView) -> bytes:
+    """`view` without its jobs (see `BaseView`)."""
+    return _ENCODER.encode(BaseView(**_fields(view)))  # type: ignore[arg-type]
+
+
+def decode_base(data: bytes) -> tuple[ClusterView, list[str]]:
+    """A `ClusterView` with no jobs, and the ids of `BaseView.held`; msgspec.ValidationError if it
+    does not parse."""
+    base = _BASE.decode(data)
+    return (ClusterView(nodes={n.name: n for n in base.nodes}, queues={q.name: q for q in base.queues},
+                        ports=base.ports, position=base.position, last_event_at=base.last_event_at,
+                        tree_versions=base.tree_versions), base.held)
+
+
+def encode_hot(view: ClusterView) -> bytes:
+    """The active part of `view` in one blob (see `HotView`): what the gateway sends."""
+    jobs = [_hidden(_without_caches(j)) for j in view.active.values()]
+    return _ENCODER.encode(HotView(**_fields(view), jobs=jobs))  # type: ignore[arg-type]
 
 
 def decode_hot(data: bytes) -> ClusterView:
@@ -105,20 +122,30 @@ def decode_hot(data: bytes) -> ClusterView:
                        tree_versions=hot.tree_versions)
 
 
+def job_columns(job: JobView) -> tuple[str, datetime | None, str | None, str | None]:
+    """What a job's row is filtered and ordered on: (state, submitted_at, queue, user); a job
+    whose submission is not folded has no queue (`JobView.queue` says "?")."""
+    return job.state.value, job.submitted_at, job.spec.queue if job.spec is not None else None, job.user
+
+
 #: What a stored view holds in place of each env value of a job's spec.
 ENV_HIDDEN = "(hidden)"
+
+
+def _hidden(job: JobView) -> JobView:
+    """`job` with its spec's env values hidden (a copy when there are any)."""
+    if job.spec is not None and job.spec.env and any(v != ENV_HIDDEN for v in job.spec.env.values()):
+        hidden = msgspec.structs.replace(job.spec, env=dict.fromkeys(job.spec.env, ENV_HIDDEN))
+        job = copy.copy(job)
+        job.spec = hidden
+    return job
 
 
 def encode_job(job: JobView) -> bytes:
     """`job` as stored, its spec's env values hidden: people read the read model with their own
     logins, and a job's env values are its owner's, the admins' and its nodes' only (the names
     stay; `corral show` takes the owner's values from the job's JobSubmitted)."""
-    job = _without_caches(job)
-    if job.spec is not None and job.spec.env and any(v != ENV_HIDDEN for v in job.spec.env.values()):
-        hidden = msgspec.structs.replace(job.spec, env=dict.fromkeys(job.spec.env, ENV_HIDDEN))
-        job = copy.copy(job)
-        job.spec = hidden
-    return _ENCODER.encode(job)
+    return _ENCODER.encode(_hidden(_without_caches(job)))
 
 
 def decode_job(data: bytes) -> JobView:

@@ -4,9 +4,9 @@ The problem: a stored view helps only while it is recent (a reader folds every e
 The projector follows the log in position order (the same safe high-water mark as the relay:
 positions are commit-ordered), folds each event once, and stores the view after enough events
 or time: by default every 1,000 events or 1 s, whichever comes first, and never more often than
-ten times the last write took, up to 10 s (a backlog of 10,000 waiting jobs makes each write larger: the
-projector then writes less often rather than taking a core). A write encodes only the jobs that
-changed since the last one (`codec.encode_hot`).
+ten times the last write took, up to 10 s (a slow database must not take a core). A write stores
+the nodes, queues and ports (`codec.encode_base`) and the rows of the jobs that changed since the
+last one: its cost follows what changed, not the backlog.
 
 It keeps only active jobs in memory: a job that is over is stored in `view_jobs` with the next
 snapshot and dropped, and loaded back if a later event is about it. It resumes from its own
@@ -21,8 +21,6 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-
-import msgspec
 
 from corral.contracts.envelope import Event
 from corral.contracts.problems import ContractError
@@ -54,16 +52,13 @@ class Projector:
     batch: int = 1000
     schema: str = SCHEMA
     view: ClusterView = field(default_factory=ClusterView)
-    #: Jobs changed since the last write (their rows are written if they are over by then).
+    #: Jobs changed since the last write (their rows are written with it).
     dirty: set[str] = field(default_factory=set)
     unwritten: int = 0
     written_at: float = 0.0
     write_seconds: float = 0.0
     #: The position of the stored view this projector wrote last, or resumed from (None: none).
     stored: int | None = None
-    #: Active jobs as encoded at the last write, while they have not changed: a write encodes
-    #: only what changed since (the stored view holds every active job).
-    encoded: dict[str, msgspec.Raw] = field(default_factory=dict)
 
     async def resume(self) -> None:
         """Start from the stored view of this schema (and its tail), forgetting other schemas' old
@@ -78,7 +73,6 @@ class Projector:
             self.stored = None
         self.view = ClusterView() if self.stored is None else await read_view(self.store, schema=self.schema)
         self.dirty = set(self.view.jobs)
-        self.encoded = {}
         self.unwritten = 1  # write once at start: the tail just folded becomes the snapshot
         self.written_at = 0.0
 
@@ -95,8 +89,6 @@ class Projector:
         for position, event in events:
             self.view.apply(event, None, position)
         self.dirty |= touched
-        for job_id in touched:
-            self.encoded.pop(job_id, None)
         self.unwritten += len(batch)
         if batch:
             self.view.position = max(self.view.position, batch[-1].position)
@@ -107,11 +99,12 @@ class Projector:
         return self.unwritten >= self.every_events or now - self.written_at >= self.every_seconds
 
     async def write(self) -> None:
-        """Store the view and every job that is over since the last write, then forget those jobs."""
+        """Store the view and every job changed since the last write, then forget the jobs that are over."""
         started = time.monotonic()
         view = self.view
-        finished = [view.jobs[j] for j in self.dirty if j in view.jobs and j not in view.active]
-        await write_view(self.store, view, finished, expected=self.stored, schema=self.schema, encoded=self.encoded)
+        changed = [view.jobs[j] for j in self.dirty if j in view.jobs]
+        finished = [j for j in changed if j.job_id not in view.active]
+        await write_view(self.store, view, changed, expected=self.stored, schema=self.schema)
         self.stored = view.position
         for job in finished:
             del view.jobs[job.job_id]

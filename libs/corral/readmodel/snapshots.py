@@ -1,8 +1,11 @@
-"""Reading and writing the stored view (migration 061_read_models): a snapshot plus the log's tail.
+"""Reading and writing the stored view (migrations 061_read_models, 077_view_job_rows): a snapshot
+plus the log's tail.
 
-The problem: `corral jobs` folded the whole log on every call, ~20 s at a million events. Here a
-question reads the snapshot of its schema (`codec.SCHEMA`: the active jobs, nodes, queues and
-the position P folded), the finished jobs it asks about, and folds only the events after P.
+The problem: `corral jobs` folded the whole log on every call, ~20 s at a million events; and with
+every active job in the snapshot, `corral show JOB` decoded 20,000 waiting jobs to show one. Here
+a question reads the snapshot of its schema (`codec.SCHEMA`: the nodes, queues and ports, and the
+position P folded), the rows of the jobs it asks about (one job, one page of a listing, or every
+active job for a view of the whole cluster), and folds only the events after P.
 
 Why this is never wrong, only slower:
 - The log is the truth and the snapshot only a shortcut: the events after P are always folded,
@@ -11,11 +14,16 @@ Why this is never wrong, only slower:
   no event committed later at a lower position. This is the relay's high-water mark too.
 - A snapshot past the log's head (a log restored from an older backup) is ignored; so is one of
   another schema (other code), or one that does not decode: the log is then folded from 0.
-- Snapshot, finished jobs and tail are read in one REPEATABLE READ transaction: all as of one
-  moment, so a finished job's row (written with a snapshot, at its position) is never newer than
-  the snapshot whose tail is folded into it.
-- A finished job touched by a tail event is loaded before that event is folded (a late report
-  about a job that is over must change that job, not create an empty one).
+- Snapshot, job rows and tail are read in one REPEATABLE READ transaction: all as of one moment,
+  and every row is written with the snapshot at its position, so no row is newer than the
+  snapshot whose tail is folded into it.
+- A job touched by a tail event is loaded before that event is folded (a late report about a job
+  that is over must change that job, not create an empty one). A job's events change only that
+  job, the nodes and the ports (`ClusterView.apply`), so a view holding the nodes and some of the
+  jobs folds those jobs exactly as the whole view would.
+- A page of a listing is the first N matching rows as of P, ordered as the listing is; a job the
+  tail touches may have moved in or out of it, so N plus the number of touched jobs are read, the
+  touched ones are judged as they are after the tail, and the count is corrected by both.
 """
 
 from __future__ import annotations
@@ -32,12 +40,15 @@ from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
 from corral.eventstore import EventStore
 from corral.projection import ClusterView, JobState, JobView
-from corral.readmodel.codec import SCHEMA, decode_hot, decode_job, encode_hot, encode_job, touched_jobs
+from corral.readmodel.codec import SCHEMA, decode_base, decode_job, encode_base, encode_job, job_columns, touched_jobs
+from corral.readmodel.pages import JobFilter, first_by_submission, page_of
 
 log = logging.getLogger(__name__)
 
 #: States a finished job can be stored in (`jobs --all` asks for all of them).
 FINISHED = tuple(s.value for s in JobState if s.terminal)
+#: States of a job that is not over (every such job is active).
+UNFINISHED = tuple(s.value for s in JobState if not s.terminal)
 _TAIL_BATCH = 5000
 
 
@@ -50,35 +61,111 @@ class StoredPastLog(StoredViewChanged):
 
 
 async def read_view(store: EventStore, *, job_ids: Collection[str] = (), states: Collection[str] = (),
-                    schema: str = SCHEMA) -> ClusterView:
-    """The cluster now: every active job, node and queue, plus the finished jobs named in
-    `job_ids` or in one of `states` (not the other finished jobs: ask for them)."""
+                    schema: str = SCHEMA, every_active: bool = True) -> ClusterView:
+    """The cluster now: every node and queue, every active job, plus the finished jobs named in
+    `job_ids` or in one of `states` (not the other finished jobs: ask for them). With
+    `every_active=False`, of the jobs only those named (and those the log's tail is about)."""
     async with store.connection() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         try:
-            return await _read(conn, set(job_ids), list(states), schema)
+            return await _read(conn, set(job_ids), list(states), schema, every_active)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             log.warning("the stored view (schema %s) does not decode (%s); folding the log from the start",
                         schema, exc)
-            return await _read(conn, set(job_ids), list(states), schema="")
+            return await _read(conn, set(job_ids), list(states), "", every_active)
 
 
-async def _read(conn: Any, job_ids: set[str], states: list[str], schema: str) -> ClusterView:
+async def read_job(store: EventStore, job_id: str, schema: str = SCHEMA) -> JobView | None:
+    """One job as it is now (None: the log knows no such job): its row and the log after it."""
+    return (await read_view(store, job_ids=[job_id], schema=schema, every_active=False)).jobs.get(job_id)
+
+
+async def read_page(store: EventStore, where: JobFilter, limit: int | None,
+                    schema: str = SCHEMA) -> tuple[list[JobView], int]:
+    """The first `limit` jobs (None: every one) that match `where`, oldest submission first, as
+    they are now, and how many match in all."""
+    async with store.connection() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        try:
+            return await _page(conn, where, limit, schema)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            log.warning("the stored view (schema %s) does not decode (%s); folding the log from the start",
+                        schema, exc)
+            return await _page(conn, where, limit, "")
+
+
+async def _based(conn: Any, schema: str) -> tuple[int, tuple[ClusterView, list[str]] | None]:
+    """The log's head, and the stored view without its jobs with `BaseView.held` (None: none usable)."""
     head = int(await conn.fetchval("SELECT position FROM event_log_head WHERE id"))
     row = await conn.fetchrow("SELECT position, data FROM view_snapshots WHERE schema = $1", schema)
     if row is None or row["position"] > head:
-        view = ClusterView()
-        async for batch in _tail(conn, 0, head):  # no snapshot: fold as we read, as before
-            for position, event in batch:
-                view.apply(event, None, position)
-        return view
-    view = decode_hot(bytes(row["data"]))
-    tail = [item async for batch in _tail(conn, view.position, head) for item in batch]
-    wanted = job_ids | {j for _, event in tail for j in touched_jobs(event)}
-    await _load_jobs(conn, view, schema, wanted - view.jobs.keys(), states)
+        return head, None
+    return head, decode_base(bytes(row["data"]))
+
+
+async def _whole_log(conn: Any, head: int) -> ClusterView:
+    view = ClusterView()
+    async for batch in _tail(conn, 0, head):  # no snapshot: fold as we read
+        for position, event in batch:
+            view.apply(event, None, position)
+    return view
+
+
+def _fold(view: ClusterView, tail: list[tuple[int, Event]]) -> None:
     for position, event in tail:
         view.apply(event, None, position)
     view.position = max(view.position, tail[-1][0] if tail else 0)
+
+
+async def _read(conn: Any, job_ids: set[str], states: list[str], schema: str, every_active: bool) -> ClusterView:
+    head, based = await _based(conn, schema)
+    if based is None:
+        return await _whole_log(conn, head)
+    view, held = based
+    tail = [item async for batch in _tail(conn, view.position, head) for item in batch]
+    if every_active:
+        await _load_jobs(conn, view, schema, held, list(UNFINISHED))
+    wanted = job_ids | {j for _, event in tail for j in touched_jobs(event)}
+    await _load_jobs(conn, view, schema, wanted - view.jobs.keys(), states)
+    _fold(view, tail)
     return view
+
+
+def _where(where: JobFilter, schema: str) -> tuple[str, list[Any]]:
+    """The SQL condition on view_jobs' columns that says `where` of a row (`JobFilter.matches`)."""
+    conditions: list[str] = ["schema = $1"]
+    args: list[Any] = [schema]
+    if where.states is not None:
+        args.append(sorted(where.states))
+        conditions.append(f"state = ANY(${len(args)}::text[])")
+    elif not where.all_jobs:
+        args.append(list(UNFINISHED))
+        conditions.append(f"state = ANY(${len(args)}::text[])")
+    if where.queue:
+        args.append(where.queue)
+        conditions.append(f"(queue = ${len(args)} OR left(queue, length(${len(args)}) + 1) = ${len(args)} || '/')")
+    if where.user:
+        args.append(where.user)
+        conditions.append(f"user_name = ${len(args)}")
+    return " AND ".join(conditions), args
+
+
+async def _page(conn: Any, where: JobFilter, limit: int | None, schema: str) -> tuple[list[JobView], int]:
+    head, based = await _based(conn, schema)
+    if based is None:
+        return page_of((await _whole_log(conn, head)).jobs.values(), where, limit)
+    view, _ = based
+    tail = [item async for batch in _tail(conn, view.position, head) for item in batch]
+    touched = {j for _, event in tail for j in touched_jobs(event)}
+    condition, args = _where(where, schema)
+    more = "" if limit is None else f" LIMIT {int(limit) + len(touched)}"
+    rows = await conn.fetch(f"SELECT job_id, data FROM view_jobs WHERE {condition}"
+                            f" ORDER BY submitted_at, job_id COLLATE \"C\"{more}", *args)
+    matched = int(await conn.fetchval(f"SELECT count(*) FROM view_jobs WHERE {condition}", *args))
+    await _load_jobs(conn, view, schema, touched, [])
+    matched -= sum(1 for j in touched if j in view.jobs and where.matches(view.jobs[j]))  # as of the snapshot
+    _fold(view, tail)
+    now = [view.jobs[j] for j in touched if j in view.jobs and where.matches(view.jobs[j])]
+    untouched = [decode_job(bytes(r["data"])) for r in rows if r["job_id"] not in touched]
+    return first_by_submission(untouched + now, limit), matched + len(now)
 
 
 async def _tail(conn: Any, after: int, head: int) -> Any:
@@ -101,9 +188,8 @@ async def _tail(conn: Any, after: int, head: int) -> Any:
 
 async def _load_jobs(conn: Any, view: ClusterView, schema: str, job_ids: Iterable[str],
                      states: list[str], newest: int | None = None) -> None:
-    """Add the stored finished jobs named, or in `states`, that `view` does not hold (an active
-    job in the snapshot is newer than any row of it). With `newest`: StoredPastLog for a row
-    written after that position."""
+    """Add the stored jobs named, or in `states`, that `view` does not hold (a job in the view is
+    newer than any row of it). With `newest`: StoredPastLog for a row written after that position."""
     ids = list(job_ids)
     rows = []
     # Two statements, each on its index (one `job_id = ANY OR state = ANY` scanned the whole table).
@@ -118,7 +204,9 @@ async def _load_jobs(conn: Any, view: ClusterView, schema: str, job_ids: Iterabl
             continue
         if newest is not None and r["position"] > newest:
             raise StoredPastLog(f"job {r['job_id']} is stored as of position {r['position']}, past {newest}")
-        view.jobs[r["job_id"]] = decode_job(bytes(r["data"]))
+        job = view.jobs[r["job_id"]] = decode_job(bytes(r["data"]))
+        if job.active:
+            view.active[job.job_id] = job
 
 
 async def load_jobs(store: EventStore, view: ClusterView, job_ids: Iterable[str], schema: str = SCHEMA) -> None:
@@ -133,35 +221,34 @@ async def stored_position(store: EventStore, schema: str = SCHEMA) -> int | None
         return await conn.fetchval("SELECT position FROM view_snapshots WHERE schema = $1", schema)
 
 
-async def write_view(store: EventStore, view: ClusterView, finished: Iterable[JobView], *,
-                     expected: int | None, schema: str = SCHEMA, encoded: dict[str, msgspec.Raw] | None = None
-                     ) -> None:
-    """Store `view` (its active part) and the `finished` jobs, as of `view.position`, in one
+async def write_view(store: EventStore, view: ClusterView, changed: Iterable[JobView], *,
+                     expected: int | None, schema: str = SCHEMA) -> None:
+    """Store `view` (without its jobs) and the `changed` jobs' rows, as of `view.position`, in one
     transaction, if the stored view is still the one at `expected` (None: none) that this
-    writer's jobs were stored with; StoredViewChanged otherwise, writing nothing (another
-    projector wrote meanwhile, or the view was deleted with the finished jobs it had dropped:
-    the writer must start again from what is stored). `encoded`: see `codec.encode_hot`."""
-    rows = [(schema, j.job_id, view.position, j.state.value, j.submitted_at, encode_job(j)) for j in finished]
-    hot = encode_hot(view, encoded)
+    writer's rows were stored with; StoredViewChanged otherwise, writing nothing (another
+    projector wrote meanwhile, or the view was deleted with the rows of the jobs it had dropped:
+    the writer must start again from what is stored)."""
+    rows = [(schema, j.job_id, view.position, *job_columns(j), encode_job(j)) for j in changed]
+    base = encode_base(view)
     async with store.connection() as conn, conn.transaction():
         # The view first, conditionally (a concurrent writer waits for this row and then finds it
         # moved); the jobs only if it went through: raising rolls the transaction back.
         if expected is None:
             written = await conn.fetchval(
                 "INSERT INTO view_snapshots (schema, position, data) VALUES ($1, $2, $3)"
-                " ON CONFLICT (schema) DO NOTHING RETURNING true", schema, view.position, hot)
+                " ON CONFLICT (schema) DO NOTHING RETURNING true", schema, view.position, base)
         else:
             written = await conn.fetchval(
                 "UPDATE view_snapshots SET position = $2, data = $3, written_at = now()"
-                " WHERE schema = $1 AND position = $4 RETURNING true", schema, view.position, hot, expected)
+                " WHERE schema = $1 AND position = $4 RETURNING true", schema, view.position, base, expected)
         if not written:
             raise StoredViewChanged(f"the stored view is no longer the one at {expected} this projector wrote")
         if rows:
             await conn.executemany(
-                "INSERT INTO view_jobs (schema, job_id, position, state, submitted_at, data)"
-                " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (schema, job_id) DO UPDATE SET"
+                "INSERT INTO view_jobs (schema, job_id, position, state, submitted_at, queue, user_name, data)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (schema, job_id) DO UPDATE SET"
                 " position = EXCLUDED.position, state = EXCLUDED.state, submitted_at = EXCLUDED.submitted_at,"
-                " data = EXCLUDED.data", rows)
+                " queue = EXCLUDED.queue, user_name = EXCLUDED.user_name, data = EXCLUDED.data", rows)
 
 
 async def forget_view(store: EventStore, schema: str = SCHEMA) -> None:

@@ -11,8 +11,9 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.cli.jobs import first_by_submission, more_hint, selected
+from corral.cli.jobs import more_hint
 from corral.projection import JobState, JobView
+from corral.readmodel.pages import JobFilter, first_by_submission, selected
 
 T0 = datetime(2026, 12, 7, tzinfo=UTC)
 
@@ -38,8 +39,8 @@ def test_the_more_line_says_how_many_and_how_to_see_them() -> None:
 
 def test_selection_by_state_user_and_queue() -> None:
     jobs = [view(1, 1), view(2, 2, JobState.COMPLETED), view(3, 3, user="bob"), view(4, 4, JobState.RUNNING)]
-    assert [j.job_id for j in selected(jobs, queue=None, user=None, states=None, all_jobs=False)] == ["j001", "j003",
+    assert [j.job_id for j in selected(jobs, JobFilter())] == ["j001", "j003",
                                                                                                        "j004"]
-    assert [j.job_id for j in selected(jobs, queue=None, user="bob", states=None, all_jobs=True)] == ["j003"]
-    assert [j.job_id for j in selected(jobs, queue=None, user=None, states={"COMPLETED"}, all_jobs=False)] == ["j002"]
-    assert selected(jobs, queue="team-a", user=None, states=None, all_jobs=True) == []
+    assert [j.job_id for j in selected(jobs, JobFilter(user="bob", all_jobs=True))] == ["j003"]
+    assert [j.job_id for j in selected(jobs, JobFilter(states={"COMPLETED"}))] == ["j002"]
+    assert selected(jobs, JobFilter(queue="team-a", all_jobs=True)) == []
