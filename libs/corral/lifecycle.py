@@ -40,9 +40,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from corral.contracts.lifecycle import LifecycleCode, WorkerExit
-from corral.core import Placement
+
+if TYPE_CHECKING:
+    from corral.core import Placement
 
 __all__ = [
     "TRANSITIONS",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum, StrEnum
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral import core
 from corral.contracts import events as ev
@@ -23,10 +23,10 @@ from corral.contracts.envelope import Event, Reason
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.lifecycle import LifecycleCode
 from corral.contracts.queues import QueueSpec
-from corral.core import escalation
-from corral.core.conditions import node_state
 from corral.lifecycle import GangEvent, GangState, transition
-from corral.translate import job_from_spec, node_from_inventory, queue_from_spec
+
+if TYPE_CHECKING:  # the scheduling core's types: loaded when a view is first translated for it
+    from corral.core import escalation
 
 _JOB_ID = attrgetter("job_id")
 
@@ -170,6 +170,8 @@ class JobView:
         cached = self._core_job
         if cached is not None and cached[0] is self.spec and cached[1] is self.submitted_at:
             return cached[2]
+        from corral.translate import job_from_spec
+
         job = job_from_spec(self.job_id, self.spec, self.submitted_at.timestamp(), self.user)
         self._core_job = (self.spec, self.submitted_at, job)
         return job
@@ -225,6 +227,9 @@ class NodeView:
         return len(self.inventory.gpus)
 
     def core_node(self) -> core.Node:
+        from corral.core.conditions import node_state
+        from corral.translate import node_from_inventory
+
         state = node_state(lost=self.lost, draining=self.draining, conditions=self.conditions)
         cached = self._core_node
         if cached is not None and cached[0] is self.inventory and cached[1] is state:
@@ -360,6 +365,8 @@ class ClusterView:
         return cluster
 
     def core_queues(self) -> tuple[core.QueueConfig, ...]:
+        from corral.translate import queue_from_spec
+
         return tuple(queue_from_spec(self.queues[q])
                      for q in sorted(self.queues, key=lambda n: (n.count("/"), n)))
 
@@ -369,6 +376,8 @@ class ClusterView:
 
     def waits(self) -> list[escalation.Wait]:
         """The current wait of every job waiting for quota or GPUs (held jobs do not wait)."""
+        from corral.core import escalation
+
         out = []
         for j in self.active.values():
             if j.state is JobState.PENDING and j.waiting_since is not None:

@@ -204,14 +204,13 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print_json(detail)
             return
-        for key in ("id", "name", "queue", "user", "prio", "state", "gpus", "attempt", "restarts", "quota_gpus",
-                    "borrowed", "checkpoint", "resume_from", "submitted_at", "running_since", "ended_at"):
-            if detail[key] is None:  # e.g. running_since of a job that has ended: nothing to say
-                continue
-            console.print(f"[bold]{key:>13}[/bold]  {detail[key]}", highlight=False)
+        # e.g. running_since of a job that has ended: nothing to say (one print: each costs ~1 ms)
+        lines = [f"[bold]{key:>13}[/bold]  {detail[key]}" for key in (
+            "id", "name", "queue", "user", "prio", "state", "gpus", "attempt", "restarts", "quota_gpus", "borrowed",
+            "checkpoint", "resume_from", "submitted_at", "running_since", "ended_at") if detail[key] is not None]
         if detail["reason_code"]:
-            console.print(f"[bold]{'reason':>13}[/bold]  {detail['reason_code']}: {detail['reason_message']}",
-                          highlight=False)
+            lines.append(f"[bold]{'reason':>13}[/bold]  {detail['reason_code']}: {detail['reason_message']}")
+        console.print("\n".join(lines), highlight=False)
         if detail["ranks"]:
             print_table("placement", ["RANK", "NODE", "GPUS"],
                         [(r["rank"], r["node"], ",".join(map(str, r["gpus"]))) for r in detail["ranks"]])

@@ -10,15 +10,7 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from corral.core import escalation
 from corral.projection import ClusterView, JobState, JobView
-
-# The rows of `corral nodes` and `corral queues` live in corral.summary (the services' metrics report the same
-# figures); re-exported here for the commands.
-from corral.summary import allocated_gpus as allocated_gpus
-from corral.summary import natural_key as natural_key
-from corral.summary import node_rows as node_rows
-from corral.summary import queue_rows as queue_rows
 
 if TYPE_CHECKING:
     from corral.core import hints
@@ -75,6 +67,8 @@ def stuck_rows(view: ClusterView, now: float) -> list[dict[str, Any]]:
     longest wait first, with how long past it and what blocks them now; `escalated_at` is their
     WaitExceeded's time (None: quota has not recorded it yet, e.g. it is down)."""
     rows = []
+    from corral.core import escalation
+
     for due in escalation.stuck(view.waits(), view.max_waits(), now):
         j = view.jobs[due.job_id]
         exceeded = j.wait_exceeded
@@ -187,3 +181,17 @@ def _hint(view: ClusterView, job: JobView, now: float) -> hints.Hint | None:
     if all(p.job.id != job.job_id for p in snapshot.pending):
         return None
     return hints.unblock(snapshot, job.job_id)
+
+
+#: The rows of `corral nodes` and `corral queues` live in corral.summary (the services' metrics
+#: report the same figures), re-exported here for the commands; loaded when first asked for (it
+#: loads the core's fair share and quota tree), so `corral jobs` and `show` do not.
+_SUMMARY = ("allocated_gpus", "natural_key", "node_rows", "queue_rows")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUMMARY:
+        import corral.summary
+
+        return getattr(corral.summary, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

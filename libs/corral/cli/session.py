@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from corral.bus.auth import Role
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import err_console
 from corral.client import Client
@@ -94,6 +93,8 @@ def admin_problem(ctx: Context, action: str) -> str | None:
         creds = NatsCredentials.load(ctx.credentials)
     except (OSError, ValueError, KeyError):
         return None  # unreadable: connecting will say so
+    from corral.bus.auth import Role
+
     if creds.role in ("", Role.ADMIN.value, Role.SUPERUSER.value):
         return None
     return (f"{action} needs the admin's login; {ctx.credentials} is the login of {creds.role} `{creds.user}`: "

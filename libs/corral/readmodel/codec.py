@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 from datetime import datetime
 from importlib.util import find_spec
-from pathlib import Path
 
 import msgspec
 
@@ -39,11 +39,13 @@ _SOURCES = ("corral.projection", "corral.lifecycle", "corral.readmodel.codec")
 
 def _schema() -> str:
     digest = hashlib.sha256()
-    files = [Path(find_spec(name).origin) for name in _SOURCES]  # type: ignore[union-attr,arg-type]
-    contracts = Path(ev.__file__).parent
-    files += sorted(p for p in contracts.rglob("*") if p.suffix in (".py", ".so", ".json"))
-    for path in files:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    files = [find_spec(name).origin for name in _SOURCES]  # type: ignore[union-attr]
+    contracts = os.path.dirname(ev.__file__)
+    files += sorted(os.path.join(folder, name) for folder, _, names in os.walk(contracts)
+                    for name in names if name.endswith((".py", ".so", ".json")))
+    for path in files:  # (strings, not Paths: this runs at every CLI call's import)
+        with open(path, "rb") as f:  # type: ignore[arg-type]
+            digest.update(os.path.basename(path).encode() + b"\0" + f.read() + b"\0")  # type: ignore[arg-type]
     return digest.hexdigest()[:32]
 
 

@@ -20,8 +20,10 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from corral.bus import auth
+if TYPE_CHECKING:
+    from corral.bus import auth
 
 #: Environment variable naming the credentials file a service or agent process connects with.
 CREDENTIALS_ENV = "CORRAL_NATS_CREDENTIALS"
@@ -40,6 +42,8 @@ class NatsCredentials:
     def load(cls, path: str | Path) -> NatsCredentials:
         raw = json.loads(Path(path).read_text())
         raw = raw.get("nats_identity") or raw  # a person's context file carries it (`corral user add --out`)
+        if not raw.get("inbox_prefix"):
+            from corral.bus import auth  # the permissions' module: a command connecting needs none of it
         return cls(user=raw["user"], password=raw["password"], role=raw.get("role", ""),
                    inbox_prefix=raw.get("inbox_prefix") or auth.inbox_prefix(raw["user"]))
 
@@ -99,6 +103,8 @@ class Keyring:
         return self.directory / f"{user}.json"
 
     def authorization(self) -> str:
+        from corral.bus import auth
+
         return auth.nats_authorization(self.identities)
 
 
@@ -109,6 +115,8 @@ def generate(data_dir: Path, namespace: str, *, services: Sequence[str], agents:
     `agents`: one (nodes, durable) per node-agent process. `admin` None: no admin or submitters
     here (`corral up` keeps its people in `corral.stack.people_admin`). `gateway`: the local
     gateway's identity too (`corral.services.gateway`)."""
+    from corral.bus import auth
+
     directory = data_dir / "credentials"
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
@@ -150,6 +158,8 @@ def save_identities(path: Path, identities: Sequence[auth.Identity]) -> None:
 
 
 def load_identities(path: Path) -> list[auth.Identity]:
+    from corral.bus import auth
+
     return [auth.Identity(user=r["user"], password=r["password"], role=auth.Role(r["role"]),
                           publish=tuple(r["publish"]), subscribe=tuple(r["subscribe"]))
             for r in json.loads(path.read_text())]
