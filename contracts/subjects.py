@@ -4,6 +4,11 @@ Why a prefix: tests share one nats-server, and two clusters may share one NATS a
 unique prefix (e.g. `t3f9a`) isolates them completely. The default prefix is `corral`.
 
 - `<prefix>.events.<Type>`: every appended event, published by the outbox relay.
+- `<prefix>.events.node.<node>.<Kind>` (`NODE_WORK_TYPES`): what one node's agent acts on, published
+  by the relay from the log in the log's order, only to the nodes a job touches (its gangs' nodes):
+  `NodeAssignment` (a GangReserved with the job's JobSubmitted and its queue's QueueConfigured,
+  `corral.contracts.node_work`), and the log's own PreemptRequested, GangReleased, JobCancelled,
+  JobRequeued, NodeLost. An agent's NATS identity reads only its own node's (`corral.bus.auth`).
 - `<prefix>.inbox.<Type>` (bare, `INBOX_TYPES`): a request or node report naming no sender. No generated
   configuration lets any identity publish there; only a superuser (the test suite's session NATS,
   an open bus) can, and services take it as the superuser's.
@@ -42,6 +47,7 @@ __all__ = [
     "INBOX_TYPES",
     "INBOX_WILDCARD",
     "NODE_REPORT_TYPES",
+    "NODE_WORK_TYPES",
     "SENDER_KINDS",
     "USER_REQUEST_TYPES",
     "Subjects",
@@ -56,6 +62,10 @@ DEFAULT_PREFIX = "corral"
 INBOX_TYPES: tuple[str, ...] = inbox_types()
 #: Reports a node agent publishes on `<prefix>.inbox.node.<node>.<Type>`.
 NODE_REPORT_TYPES: tuple[str, ...] = inbox_types("node")
+#: What the relay publishes on `<prefix>.events.node.<node>.<Kind>` for the agent of each node a
+#: job touches: the assignment (a `NodeAssignment`), then the log's events that stop or signal it.
+NODE_WORK_TYPES: tuple[str, ...] = ("NodeAssignment", "PreemptRequested", "GangReleased", "JobCancelled",
+                                    "JobRequeued", "NodeLost")
 #: Requests a submitter publishes on `<prefix>.inbox.user.<user>.<Type>`.
 USER_REQUEST_TYPES: tuple[str, ...] = inbox_types("user")
 #: Requests an admin publishes on `<prefix>.inbox.admin.<admin>.<Type>`: configuring queues,
@@ -76,6 +86,21 @@ class Subjects(msgspec.Struct, frozen=True):
 
     def event(self, type_name: str) -> str:
         return f"{self.prefix}.events.{type_name}"
+
+    def node_work(self, node: str, kind: str) -> str:
+        """`<prefix>.events.node.<node>.<Kind>`: work for one node's agent (`NODE_WORK_TYPES`)."""
+        if kind not in NODE_WORK_TYPES:
+            raise ValueError(f"{kind} is not node work; node work: {', '.join(NODE_WORK_TYPES)}")
+        return f"{self.prefix}.events.node.{_identity_token('node', node)}.{kind}"
+
+    def node_work_wildcard(self, node: str) -> str:
+        """`<prefix>.events.node.<node>.>`: everything one node's agent consumes."""
+        return f"{self.prefix}.events.node.{_identity_token('node', node)}.>"
+
+    @property
+    def broadcast_events(self) -> str:
+        """`<prefix>.events.*`: the log's events, without the per-node copies (`node_work`)."""
+        return f"{self.prefix}.events.*"
 
     def inbox(self, type_name: str) -> str:
         if type_name not in INBOX_TYPES:

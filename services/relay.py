@@ -15,6 +15,9 @@ loop is `corral.services.leased_task`'s, shared with the CLI's projector.
 from __future__ import annotations
 
 from corral.bus import Bus, OutboxRelay
+from corral.bus.node_work import NodeWorkRouter
+from corral.bus.relay import event_headers
+from corral.contracts.subjects import Subjects
 from corral.eventstore import EventStore
 from corral.services.base import Service
 from corral.services.lease import Lease, dependency_failure
@@ -25,8 +28,9 @@ from corral.services.settings import Settings
 async def relay_forever(store: EventStore, bus: Bus, settings: Settings, service: Service) -> None:
     """Run the outbox relay whenever this process holds the relay lease (see the module docstring).
     A failure other than an unavailable NATS or Postgres ends the process (a bug must be seen)."""
+    router = NodeWorkRouter(store, Subjects(settings.namespace), event_headers)
     relay = OutboxRelay(store, bus, lambda e: f"{settings.namespace}.events.{e.type}", name="relay",
-                        linger=0.005)
+                        linger=0.005, node_work=router.work)
     await run_while_leased(Lease(settings.postgres_dsn, f"corral:{settings.namespace}:relay"), service, relay,
                            name="relay lease", doing="relaying the log",
                            fatal=lambda exc: not dependency_failure(exc))

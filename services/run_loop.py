@@ -172,7 +172,7 @@ async def _consume(service: Service, bus: Bus, ns: str) -> list[RunningConsumer]
     delivery = DeliveryLimits.from_env()
     consumers = [await bus.consume(
         f"{cls.name}-events",
-        [f"{ns}.events.{t}" for t in cls.consumes] if cls.consumes is not None else [f"{ns}.events.>"],
+        [f"{ns}.events.{t}" for t in cls.consumes] if cls.consumes is not None else [f"{ns}.events.*"],
         service.on_event, batch=256, max_deliver=delivery.events_max_deliver, backoff=delivery.backoff,
         linger=cls.events_linger)]
     if cls.inbox:

@@ -180,6 +180,11 @@ def parser() -> argparse.ArgumentParser:
                    help="submitter: run each job as its submitting user's OS account when this agent is root "
                    "(default); agent: run every job as this agent's user (a single-user box; `corral up`). "
                    f"Env {RUN_AS_ENV}")
+    p.add_argument("--work-subjects", choices=("node", "broadcast"),
+                   default=os.environ.get("CORRAL_AGENT_WORK_SUBJECTS", "node"),
+                   help="node: consume only this node's work, <ns>.events.node.<node>.> (default); broadcast: "
+                   "every job's events, for a control plane whose relay does not send node work yet "
+                   "(docs/operations.md; env CORRAL_AGENT_WORK_SUBJECTS)")
     return p
 
 
@@ -198,7 +203,7 @@ def options(args: argparse.Namespace, environ: os._Environ[str] | dict[str, str]
                             disk_pressure_below=args.disk_pressure_below,
                             memory_pressure_below_mib=args.memory_pressure_below_mib,
                             conditions_seconds=args.conditions_seconds,
-                            pressure_hold_seconds=args.pressure_hold_seconds,
+                            pressure_hold_seconds=args.pressure_hold_seconds, work_subjects=args.work_subjects,
                             # every node here shares this host's ports (`ephemeral_ports`)
                             rendezvous_ports=local_rendezvous_ports())
     except ValueError as exc:

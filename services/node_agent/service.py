@@ -7,19 +7,24 @@ real machine would. On a real cluster run one process per machine (`corral agent
 What an agent does:
 - at start: publish NodeRegistered (its inventory) to `<ns>.inbox.NodeRegistered`;
 - every `heartbeat_seconds`: a NodeHeartbeat on core NATS `<ns>.heartbeat.<node>` (not the log);
-- consume events with ONE durable consumer per process (`durable_name(nodes)`):
-  JobSubmitted (spec cache), GangReserved (start this node's ranks), PreemptRequested (checkpoint
-  signal, then SIGTERM/SIGKILL at the deadline), GangReleased / JobCancelled / JobRequeued (stop
-  an attempt still running here), JobCompleted / JobFailed / JobRejected (forget the spec),
-  NodeLost of one of its nodes (register again: the node is alive, placement may use it again),
-  QueueConfigured (whether a queue's jobs may run as root, see `run_as`);
+- consume its nodes' work with ONE durable consumer per process (`durable_name(nodes)`) on
+  `<ns>.events.node.<node>.>` (`Subjects.node_work`; the relay sends each node only what is
+  for it, `corral.bus.node_work`): NodeAssignment (start this node's ranks of a GangReserved,
+  with the job's JobSubmitted and its queue's QueueConfigured: whether it may run as root, see
+  `run_as`), PreemptRequested (checkpoint signal, then SIGTERM/SIGKILL at the deadline),
+  GangReleased / JobCancelled / JobRequeued (stop an attempt still running here), NodeLost of one
+  of its nodes (register again: the node is alive, placement may use it again). With
+  `work_subjects="broadcast"` it consumes the broadcast `<ns>.events.<Type>` of `CONSUMED_TYPES`
+  instead (every job's events: for a control plane whose relay does not send node work yet);
 - report WorkerStarted / WorkerExited / CheckpointDone to the inbox (see `reports`);
 - publish each rank's output to `<ns>.logs.user.<owner>.<job>.<attempt>.<node>.<rank>` (see `log_shipper`).
 
 The durable delivers only events published after it was first created (DeliverPolicy.NEW), and a
 restarted process resumes from its acknowledged position: an agent never replays history and
-relaunches long-finished gangs. The job specs it needs from before that point are read once at
-start from the events stream (JobSubmitted minus ended jobs), before any event is handled.
+relaunches long-finished gangs. What it needs from before that point (reservations for adoption;
+with broadcast subjects also the specs of jobs not ended) is read once at start from its own
+subjects of the events stream, before any event is handled. Changing `work_subjects` keeps the
+durable (its filter is updated): it goes on after the last message it acknowledged.
 
 Workers outlive the agent: each gang attempt runs under its own stepd (see `stepd`,
 `supervisor`), which records every start and exit in the node's run dir. At start, before any
@@ -80,6 +85,8 @@ from corral.contracts.events import (
 from corral.contracts.flow import NODE_AGENT, consumed_by
 from corral.contracts.flow import names as flow_names
 from corral.contracts.jobspec import JobSpec
+from corral.contracts.node_work import KIND as ASSIGNMENT
+from corral.contracts.node_work import decode_assignment
 from corral.contracts.problems import ContractError
 from corral.contracts.queues import QueueSpec
 from corral.contracts.registry import decode, encode
@@ -103,7 +110,9 @@ from .timer_supervisor import TimerSupervisor
 log = logging.getLogger("corral.node_agent")
 
 CONSUMED_TYPES: tuple[str, ...] = flow_names(consumed_by(NODE_AGENT))
-"""Event types the agents' durable consumer reads from `<ns>.events.<Type>` (each event's `flow`)."""
+"""Event types the agents' durable consumer reads from `<ns>.events.<Type>` with broadcast
+subjects (each event's `flow`)."""
+WORK_SUBJECTS = ("node", "broadcast")
 
 _HISTORY_TYPES = flow_names((JobSubmitted, QueueConfigured, *LEDGER_TYPES))
 _TRUST_ABSENCE_AFTER = 3600.0  # seconds: see `AgentHost.reservations_known_since`
@@ -112,6 +121,7 @@ _ENDED = (JobCompleted, JobFailed, JobCancelled, JobRejected)
 EVENTS_MAX_DELIVER = 5  # deliveries of an event to the agents' durable (see `AgentHost._await_submission`)
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 _HISTORY_FETCH = 512
+_SPECS_KEPT = 100_000  # job specs kept (node work carries each assignment's own: a bound, not a need)
 
 
 #: The server deletes an agent durable no process has used for this long (seconds): durables are
@@ -176,8 +186,13 @@ class AgentOptions:
     #: A held condition clears only at or above its clear threshold (`Thresholds`) and once its
     #: measure has not been below the entry one for this long: a node at a threshold does not flap.
     pressure_hold_seconds: float = 10.0
+    #: "node": consume `<ns>.events.node.<node>.>` (only this node's work); "broadcast": every job's
+    #: events on `<ns>.events.<Type>` (a control plane whose relay does not send node work yet).
+    work_subjects: str = "node"
 
     def __post_init__(self) -> None:
+        if self.work_subjects not in WORK_SUBJECTS:
+            raise ValueError(f"work_subjects must be one of {', '.join(WORK_SUBJECTS)}, got {self.work_subjects!r}")
         if self.runtime not in ("sim", "sim-timer", "process"):
             raise ValueError(f"runtime must be sim, sim-timer or process, got {self.runtime!r}")
         if self.heartbeat_seconds <= 0:
@@ -367,8 +382,10 @@ class NodeAgent:
 class AgentHost:
     """The process: its agents, the job-spec cache, and the dispatch of consumed events."""
 
-    def __init__(self, bus: Bus, agents: Sequence[NodeAgent], publisher: ReportPublisher) -> None:
+    def __init__(self, bus: Bus, agents: Sequence[NodeAgent], publisher: ReportPublisher,
+                 work_subjects: str = "node") -> None:
         self.bus = bus
+        self.work_subjects = work_subjects
         self.agents = {agent.node: agent for agent in agents}
         self.publisher = publisher
         self.specs: dict[str, JobSpec] = {}
@@ -401,6 +418,9 @@ class AgentHost:
         if isinstance(event, JobSubmitted):
             self.specs[event.job_id] = event.spec
             self.submitters[event.job_id] = event.user
+            while len(self.specs) > _SPECS_KEPT:
+                self.submitters.pop(next(iter(self.specs)), None)
+                del self.specs[next(iter(self.specs))]
         elif isinstance(event, QueueConfigured):
             self.queues[event.queue.name] = event.queue
         elif isinstance(event, _ENDED):
@@ -427,10 +447,14 @@ class AgentHost:
         of every gang launched after its oldest message is in what was read; if it did (max age),
         only those launched well after its oldest message (an hour) are sure to be."""
         names = self.bus.names
-        subjects = [names.events_subject(t) for t in _HISTORY_TYPES]
+        subjects = self.subjects(_HISTORY_TYPES)
         name = history_consumer(durable)
-        config = ConsumerConfig(name=name, filter_subjects=subjects, deliver_policy=DeliverPolicy.ALL,
+        config = ConsumerConfig(name=name, deliver_policy=DeliverPolicy.ALL,
                                 ack_policy=AckPolicy.NONE, inactive_threshold=60.0, mem_storage=True)
+        if len(subjects) == 1:  # in the create call's subject, where the identity's permission checks it
+            config.filter_subject = subjects[0]
+        else:
+            config.filter_subjects = subjects
         stream = names.stream(EVENTS)
         info = await self.bus.js.stream_info(stream)
         complete = info.state.first_seq <= 1
@@ -449,7 +473,9 @@ class AgentHost:
                         oldest = msg.metadata.timestamp.timestamp()
                     remaining = int(msg.metadata.num_pending)
                     with contextlib.suppress(ContractError):
-                        self.remember(decode(msg.data))
+                        event, carried = _decoded(msg.subject, msg.data)
+                        for known in (*carried, event):
+                            self.remember(known)
                     if msg.metadata.sequence.stream <= acked_through:
                         with contextlib.suppress(TypeError, ValueError):
                             self._handled_up_to(int((msg.headers or {}).get(POSITION, "")))
@@ -465,6 +491,13 @@ class AgentHost:
             # its oldest message is newer than the launch, and absence proves nothing.
             self.reservations_known_since = oldest if complete else oldest + _TRUST_ABSENCE_AFTER
         return read
+
+    def subjects(self, broadcast_types: Sequence[str] = CONSUMED_TYPES) -> list[str]:
+        """What the agents consume: each node's work subjects, or the broadcast `broadcast_types`."""
+        if self.work_subjects == "broadcast":
+            return [self.bus.names.events_subject(t) for t in broadcast_types]
+        subjects = Subjects(self.bus.names.name)
+        return [subjects.node_work_wildcard(node) for node in sorted(self.agents)]
 
     async def on_event(self, delivery: Delivery) -> None:
         await self.ready.wait()  # specs from before the consumer existed are loaded first
@@ -511,9 +544,11 @@ class AgentHost:
 
     async def _on_event(self, delivery: Delivery) -> None:
         try:
-            event = decode(delivery.data)
+            event, carried = _decoded(delivery.subject, delivery.data)
         except ContractError as exc:
             raise Poison(f"undecodable event on {delivery.subject}: {exc}") from exc
+        for known in carried:  # the spec and queue an assignment brings: knowledge, in any order
+            self.remember(known)
         if not self._in_log_order(event, delivery):
             if isinstance(event, JobSubmitted) and event.job_id not in self.specs:
                 # Knowledge, not an action: a submission redelivered after later events of its
@@ -521,7 +556,7 @@ class AgentHost:
                 # needs. (The spec of a job that has ended meanwhile stays until the process ends.)
                 self.remember(event)
             return
-        if isinstance(event, GangReserved) and event.job_id not in self.specs:
+        if isinstance(event, GangReserved) and event.job_id not in self.specs and not carried:
             self._await_submission(event, delivery)
         await self._dispatch(event)
         self._handled_version(event, delivery)
@@ -567,6 +602,16 @@ class AgentHost:
             log.warning("%s: marked lost (%s); registering again", event.node, event.reason.message)
             self.publisher.send(self.agents[event.node].registration())
             self.agents[event.node].reported_conditions = None  # said again after the registration
+
+
+def _decoded(subject: str, data: bytes) -> tuple[Event, tuple[Event, ...]]:
+    """The event a message is about, and what it carries besides (a NodeAssignment's submission and
+    queue); ContractError for anything else."""
+    if subject.endswith("." + ASSIGNMENT):
+        assignment = decode_assignment(data)
+        carried = tuple(e for e in (assignment.submission, assignment.queue) if e is not None)
+        return assignment.reservation, carried
+    return decode(data), ()
 
 
 def preempt_grace(event: PreemptRequested) -> float:
@@ -637,7 +682,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
                  gloo, options.advertise_address)
     launcher = ForkServer(options.python, base_env) if options.runtime != "sim-timer" else None
     agents = [NodeAgent(inv, options, publisher, shipper, launcher) for inv in inventories]
-    host = AgentHost(bus, agents, publisher)
+    host = AgentHost(bus, agents, publisher, options.work_subjects)
     if shipper is not None:  # each rank's output goes to a subject naming its job's owner
         shipper.owner_of = host.submitters.get
     if options.runtime != "sim-timer":
@@ -659,7 +704,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
         await bus.ensure_streams()
         publisher.start()
         durable = durable_name(names)
-        consumer = await bus.consume(durable, [subjects.event(t) for t in CONSUMED_TYPES], host.on_event,
+        consumer = await bus.consume(durable, host.subjects(), host.on_event,
                                      deliver_new_only=True, batch=64, max_deliver=EVENTS_MAX_DELIVER,
                                      inactive_threshold=IDLE_EXPIRY)
         telemetry.phase(Phase.REBUILDING)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -231,3 +232,35 @@ async def test_an_adopted_gang_the_log_released_is_killed_before_the_node_regist
     beats = len(seen.of(NodeHeartbeat))
     await wait_for(lambda: len(beats_after(seen, beats)) >= 2)
     assert all("job-x" not in h.running_job_ids for h in beats_after(seen, beats))
+
+
+async def test_an_agent_upgraded_from_broadcast_to_node_subjects_keeps_its_running_job_to_the_end(
+        env: tuple[Cluster, Agents]) -> None:
+    """The agent upgrade path (docs/operations.md): a job started by an agent consuming every job's
+    events (`work_subjects="broadcast"`) keeps running when the agent restarts on its node's
+    subjects with the same durable (its filter updated), and completes; the restarted agent then
+    stops on a node-scoped GangReleased and starts new work from a NodeAssignment."""
+    c, agents = env
+    seen = c.seen
+    agents.options = dataclasses.replace(c.options, work_subjects="broadcast")
+    await agents.start()
+    await c.publish(submitted("job-up", duration_seconds=4.0))
+    await c.publish(reserved("job-up", [(0, "node-0", [0])]))
+    await wait_for(lambda: len(seen.of(WorkerStarted, "job-up")) == 1)
+    [started] = seen.of(WorkerStarted, "job-up")
+    await agents.stop()  # the upgrade: SIGTERM of the old agent, workers left running
+    assert alive(started.pid) and seen.of(WorkerExited, "job-up") == []
+
+    agents.options = dataclasses.replace(c.options, work_subjects="node")
+    host = await agents.start()
+    consumer = await c.bus.js.consumer_info(c.bus.names.stream(EVENTS), durable_name(["node-0"]))
+    assert consumer.config.filter_subject == f"{c.bus.namespace}.events.node.node-0.>"
+    assert alive(started.pid)
+    await wait_for(lambda: [e.exit_code for e in seen.of(WorkerExited, "job-up")] == [0], timeout=30)
+    assert len({e.event_id for e in seen.of(WorkerStarted, "job-up")}) == 1  # adopted, never started twice
+    await c.publish(GangReleased.new(stream=job_stream("job-up"), actor="placement", correlation_id="job-up",
+                                     job_id="job-up", attempt=0, reason=Reason(code="COMPLETED", message="done")))
+    await c.publish(submitted("job-after", duration_seconds=0.2))
+    await c.publish(reserved("job-after", [(0, "node-0", [1])]))
+    await wait_for(lambda: [e.exit_code for e in seen.of(WorkerExited, "job-after")] == [0])
+    assert "job-after" in host.specs

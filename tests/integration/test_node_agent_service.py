@@ -1,8 +1,9 @@
 """The node-agent service against a real nats-server: registration, heartbeats, gangs across two
 fake nodes, preemption with checkpoint and resume, the rank environment, stop and start failures.
 
-Events are published as the outbox relay would publish them; the agents' reports are read from
-the inbox subjects with a plain NATS subscription.
+Events are published as the outbox relay would publish them (each node's work first, through the
+relay's own `NodeWorkRouter`, then the event itself); the agents' reports are read from the inbox
+subjects with a plain NATS subscription.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from typing import Any, TypeVar
 import pytest
 
 from corral.bus import Bus
+from corral.bus.bus import Outgoing
+from corral.bus.node_work import NodeWorkRouter
+from corral.bus.relay import event_headers
 from corral.contracts.cluster import parse_cluster_shorthand
 from corral.contracts.envelope import Event, Reason, job_stream
 from corral.contracts.events import (
@@ -40,7 +44,10 @@ from corral.contracts.events import (
     WorkerStarted,
 )
 from corral.contracts.jobspec import JobSpec
+from corral.contracts.node_work import encode_assignment
 from corral.contracts.registry import decode, encode
+from corral.contracts.subjects import Subjects
+from corral.eventstore import StoredEvent
 from corral.services.node_agent.service import AgentHost, AgentOptions, durable_name, run_agents
 from corral.worker import CHECKPOINTED_EXIT_CODE
 
@@ -72,6 +79,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class MemoryLog:
+    """The part of `EventStore` the relay's router reads: a log kept in memory."""
+
+    def __init__(self) -> None:
+        self.events: list[StoredEvent] = []
+
+    def append(self, event: Event, version: int) -> StoredEvent:
+        stored = StoredEvent(event_id=event.event_id, stream=event.stream, type=event.type,
+                             schema_version=event.schema_version, data=encode(event),
+                             correlation_id=event.correlation_id, causation_id=event.causation_id,
+                             occurred_at=event.occurred_at, version=version, position=len(self.events) + 1,
+                             recorded_at=event.occurred_at)
+        self.events.append(stored)
+        return stored
+
+    async def read_stream(self, stream: str, from_version: int = 1) -> list[StoredEvent]:
+        return [e for e in self.events if e.stream == stream and e.version >= from_version]
+
+
 @dataclass
 class Cluster:
     bus: Bus
@@ -79,12 +105,19 @@ class Cluster:
     options: AgentOptions
     host: AgentHost | None = None
     version: int = 0
+    log: MemoryLog = field(default_factory=MemoryLog)
+    router: NodeWorkRouter | None = None
 
     async def publish(self, event: Event) -> None:
-        """As the outbox relay does: `<ns>.events.<Type>`, msg id = event id, stream version header."""
+        """As the outbox relay does: each node's work (`corral.bus.node_work`), then
+        `<ns>.events.<Type>`; msg id = event id, the relay's headers (stream version, position)."""
         self.version += 1
-        await self.bus.publish(f"{self.bus.namespace}.events.{event.type}", encode(event), event.event_id,
-                               headers={"Corral-Stream-Version": str(self.version)})
+        if self.router is None:
+            self.router = NodeWorkRouter(self.log, Subjects(self.bus.namespace), event_headers)  # type: ignore[arg-type]
+        stored = self.log.append(event, self.version)
+        copies = await self.router.work(stored, self.bus.max_message_bytes)
+        await self.bus.publish_many([*copies, Outgoing(f"{self.bus.namespace}.events.{event.type}", stored.data,
+                                                       event.event_id, event_headers(stored))])
 
 
 async def _subscribe(bus: Bus, seen: Seen) -> None:
@@ -98,14 +131,17 @@ async def _subscribe(bus: Bus, seen: Seen) -> None:
 
 
 @pytest.fixture
-async def cluster(nats_url: str, namespace: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    """Two fake nodes (node-0, node-1; 4 GPUs each) in one agent process."""
+async def cluster(nats_url: str, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
+                  ) -> AsyncIterator[Cluster]:
+    """Two fake nodes (node-0, node-1; 4 GPUs each) in one agent process; consuming node work, or
+    (`indirect` parameter "broadcast") every job's events."""
     bus = await Bus.connect(nats_url, namespace)
     await bus.ensure_streams()
     seen = Seen()
     await _subscribe(bus, seen)
     options = AgentOptions(work_dir=tmp_path / "nodes", heartbeat_seconds=0.2, stop_grace_seconds=3.0,
-                           stop_workers_on_exit=True, spec_wait_seconds=2.0)
+                           stop_workers_on_exit=True, spec_wait_seconds=2.0,
+                           work_subjects=getattr(request, "param", "node"))
     c = Cluster(bus, seen, options)
     ready = asyncio.Event()
 
@@ -273,12 +309,16 @@ async def test_an_event_out_of_the_logs_order_starts_nothing(cluster: Cluster) -
     await cluster.publish(GangReleased.new(stream=job_stream("job-o"), actor="placement", correlation_id="job-o",
                                            job_id="job-o", reason=Reason(code="START_TIMEOUT", message="x")))
     await wait_for(lambda: len(seen.of(WorkerExited, "job-o")) == 1)
-    subject = f"{cluster.bus.namespace}.events.GangReserved"
-    await cluster.bus.publish(subject, encode(gang), "replay-1",
+    subjects = Subjects(cluster.bus.namespace)
+    await cluster.bus.publish(subjects.node_work("node-0", "NodeAssignment"),
+                              encode_assignment(encode(gang), None, None), "replay-1",
                               headers={"Corral-Stream-Version": str(reserved_version)})
-    await cluster.publish(submitted("job-forged", duration_seconds=60.0))
+    forged_spec = submitted("job-forged", duration_seconds=60.0)
+    await cluster.publish(forged_spec)
     forged = reserved("job-forged", [(0, "node-1", [2])])
-    await cluster.bus.publish(subject, encode(forged), "unrelayed-1")  # as a service credential could, past the log
+    # as a service credential could, past the log
+    await cluster.bus.publish(subjects.node_work("node-1", "NodeAssignment"),
+                              encode_assignment(encode(forged), encode(forged_spec), None), "unrelayed-1")
     await cluster.publish(submitted("job-marker2", duration_seconds=0.1))  # consumed after them
     await cluster.publish(reserved("job-marker2", [(0, "node-0", [3])]))
     await wait_for(lambda: len(seen.of(WorkerExited, "job-marker2")) == 1)
@@ -295,6 +335,7 @@ async def test_node_marked_lost_while_alive_registers_again(cluster: Cluster) ->
     assert [e.node for e in seen.of(NodeRegistered)].count("node-0") == 1
 
 
+@pytest.mark.parametrize("cluster", ["broadcast"], indirect=True)
 async def test_reservation_delivered_before_its_jobs_submission_waits_for_it(cluster: Cluster) -> None:
     """After a NATS server failover the durable may redeliver a job's JobSubmitted (its first
     delivery lost with the old leader) after the job's GangReserved, with an older stream version
@@ -325,13 +366,14 @@ async def test_reservation_of_an_unknown_job_reports_every_local_rank_as_not_sta
     assert seen.of(WorkerStarted, "job-ghost") == []
 
 
-async def test_agent_started_after_the_submission_knows_the_spec_from_the_stream(
+async def test_agent_on_broadcast_subjects_started_after_the_submission_knows_the_spec_from_the_stream(
         nats_url: str, namespace: str, tmp_path: Path) -> None:
     bus = await Bus.connect(nats_url, namespace)
     await bus.ensure_streams()
     seen = Seen()
     await _subscribe(bus, seen)
-    early = Cluster(bus, seen, AgentOptions(work_dir=tmp_path / "nodes", stop_workers_on_exit=True))
+    early = Cluster(bus, seen, AgentOptions(work_dir=tmp_path / "nodes", stop_workers_on_exit=True,
+                                            work_subjects="broadcast"))
     await early.publish(submitted("job-early", duration_seconds=0.2))
     await early.publish(submitted("job-over", duration_seconds=0.2))
     await early.publish(JobCompleted.new(stream=job_stream("job-over"), actor="placement", job_id="job-over"))

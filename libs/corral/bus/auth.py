@@ -13,7 +13,8 @@ permissions the nats-server enforces before a message reaches any stream:
   power, since the service could append the request's effect itself) and the JetStream API, and
   it answers requests (`allow_responses`). Nobody else may publish an event: node agents obey only
   what the relay published.
-- a **node agent** process hosting nodes N: publishes only `<ns>.inbox.node.<n>.<Report>`,
+- a **node agent** process hosting nodes N: reads only its nodes' work (`<ns>.events.node.<n>.>`,
+  through its own consumers, see `agent`); publishes only `<ns>.inbox.node.<n>.<Report>`,
   `<ns>.heartbeat.<n>` and its ranks' output `<ns>.logs.<job>.<attempt>.<n>.<rank>` for n in N
   (so no node can forge another's log lines), its own DLQ subject, and the JetStream calls of exactly two
   consumers named after its durable: the durable (create, info, pull, ack) and its one-shot history
@@ -147,18 +148,25 @@ def agent(namespace: str, nodes: Sequence[str], durable: str, password: str, *, 
     ]
     # Its durable, and its one-shot history consumer (`history_consumer`), by exact name only: the
     # name is a token of each API subject, and the server refuses a create whose body names another
-    # consumer than the subject does. No wildcard and no nameless (legacy) create: a legacy create
-    # whose body names an existing durable redefines it (tested: tests/e2e/test_security.py).
+    # consumer than the subject does. No wildcard and no nameless or legacy (DURABLE.CREATE) create:
+    # a legacy create whose body names an existing durable redefines it (tested:
+    # tests/e2e/test_security.py). One node: the create call's subject also carries the consumer's
+    # one filter, which the server checks against the body, and only that node's work subjects
+    # (`Subjects.node_work_wildcard`) are allowed there: the agent reads no other node's work, no
+    # other job's spec. Several nodes in one process (simulated nodes) need several filters, which
+    # the call's subject cannot carry: such an identity may name any filter of its two consumers.
     history = history_consumer(durable)
+    subjects = Subjects(ns.name)
     for consumer in (durable, history):
+        if len(nodes) == 1:
+            publish.append(f"$JS.API.CONSUMER.CREATE.{events}.{consumer}.{subjects.node_work_wildcard(nodes[0])}")
+        else:
+            publish.append(f"$JS.API.CONSUMER.CREATE.{events}.{consumer}")
         publish += [
-            f"$JS.API.CONSUMER.CREATE.{events}.{consumer}",
-            f"$JS.API.CONSUMER.CREATE.{events}.{consumer}.>",
             f"$JS.API.CONSUMER.INFO.{events}.{consumer}",
             f"$JS.API.CONSUMER.MSG.NEXT.{events}.{consumer}",
         ]
-    publish += [f"$JS.API.CONSUMER.DURABLE.CREATE.{events}.{durable}",
-                f"$JS.API.CONSUMER.DELETE.{events}.{history}"]
+    publish.append(f"$JS.API.CONSUMER.DELETE.{events}.{history}")
     return Identity(user, password, Role.AGENT, publish=tuple(publish),
                     subscribe=(f"{inbox_prefix(user)}.>",))
 

@@ -546,6 +546,9 @@ class Bus:
             raise ValueError(f"backoff delays must be >= 0 seconds, got {list(backoff)}")
         stream = self.names.stream_for(subjects)
         config = ConsumerConfig(
+            # named: the create call's subject then names the consumer and its one filter, which an
+            # identity's permissions can allow exactly (`corral.bus.auth.agent`)
+            name=durable,
             durable_name=durable,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.NEW if deliver_new_only else DeliverPolicy.ALL,

@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
@@ -51,6 +51,10 @@ from corral.eventstore import ANY, DuplicateEvent, EventStore, NewEvent, StoredE
 from corral.telemetry import tracing
 
 log = logging.getLogger(__name__)
+
+NodeWork = Callable[[StoredEvent, int], Awaitable[list[Outgoing]]]
+"""The node agents' copies of an event (`corral.bus.node_work.NodeWorkRouter.work`), given the
+bus's message limit; called for every event in the log's order."""
 
 Fault = Callable[[str, StoredEvent], None]
 """Test hook called at named points of the relay loop; raising there simulates a crash.
@@ -139,7 +143,7 @@ class OutboxRelay:
 
     def __init__(self, store: EventStore, bus: Bus, subject_for: Callable[[StoredEvent], str],
                  name: str = "relay", *, fault: Fault | None = None, batch: int = 256,
-                 linger: float = 0.0) -> None:
+                 linger: float = 0.0, node_work: NodeWork | None = None) -> None:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         self.store = store
@@ -150,6 +154,8 @@ class OutboxRelay:
         self._batch = batch
         self._linger = linger
         self._task: asyncio.Task[None] | None = None
+        #: what each node agent is sent of an event, before the event itself (`corral.bus.node_work`)
+        self.node_work = node_work
 
     async def resume_position(self) -> int:
         """Where to publish from: the saved position, or the position of the newest event the bus
@@ -215,9 +221,16 @@ class OutboxRelay:
     async def _publish_batch(self, events: list[StoredEvent]) -> int:
         limit = self.bus.max_message_bytes
         messages: list[Outgoing] = []
-        publishable: list[StoredEvent] = []
+        publishable: list[tuple[StoredEvent, bool]] = []  # (event, whether the message is the event itself)
         for event in events:
             self._hook("before_publish", event)
+            if self.node_work is not None:
+                # Each node's copy goes first: the batch's last message is always an event itself,
+                # whose position `newest_position_on_bus` reads.
+                for copy in await self.node_work(event, limit):
+                    if message_size(copy) <= limit:
+                        messages.append(copy)
+                        publishable.append((event, False))
             subject = self.subject_for(event)
             headers = event_headers(event)
             traceparent = tracing.relayed(event.trace_context, event.type, subject, event.position)
@@ -230,7 +243,7 @@ class OutboxRelay:
                                                      f"{limit:,} (CORRAL_MAX_EVENT_BYTES / NATS max_payload)")
                 continue
             messages.append(message)
-            publishable.append(event)
+            publishable.append((event, True))
         if messages:
             try:
                 await self.bus.publish_many(messages)
@@ -245,16 +258,21 @@ class OutboxRelay:
         self._hook("after_save", last)
         return last.position
 
-    async def _publish_one_by_one(self, events: list[StoredEvent], messages: list[Outgoing], limit: int) -> None:
+    async def _publish_one_by_one(self, events: list[tuple[StoredEvent, bool]], messages: list[Outgoing],
+                                  limit: int) -> None:
         """The bus refused the batch for a message's size (a limit this relay did not know):
-        find which, skip it with an alert, publish the rest in order."""
-        for event, message in zip(events, messages, strict=True):
+        find which, skip it with an alert (a node's copy: with an error line), publish the rest in order."""
+        for (event, itself), message in zip(events, messages, strict=True):
             try:
                 await self.bus.publish_many([message])
             except Exception as exc:
                 if not _too_large(exc):
                     raise
-                await self._skip(event, message_size(message), limit, f"the bus refused it: {exc}")
+                if itself:
+                    await self._skip(event, message_size(message), limit, f"the bus refused it: {exc}")
+                else:
+                    log.error("relay %s: %s of %s not sent to %s: the bus refused it: %s", self.name,
+                              event.type, event.stream, message.subject, exc)
 
     async def _skip(self, event: StoredEvent, size: int, limit: int, why: str) -> None:
         """Record in the log that `event` is not on the bus, then move on: one event must never
