@@ -113,3 +113,12 @@ def test_jobs_page_bench_runs() -> None:
     """`corral jobs` (a page) against `--limit 0` (every row) on a filled stack."""
     out = run("bench/jobs_page.py", "--smoke")
     assert "filled 200 jobs" in out and "corral jobs" in out and "CPU p50" in out
+
+
+def test_scale_bench_runs() -> None:
+    """bench/scale.py --smoke: 10 and 20 nodes, each its own connection, identity and durable."""
+    out = run("bench/scale.py", "--smoke", timeout=480)
+    assert "deliveries per job" in out and "submit->placed" in out and "nats-server RSS" in out
+    assert "probe:   python" in out
+    bound = next(line for line in out.splitlines() if line.startswith("deliveries <= 3 x touched"))
+    assert bound.split()[-2:] == ["True", "True"], out
