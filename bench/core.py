@@ -6,6 +6,10 @@ Prints decisions per second, placements per second, the p50/p99 time to decide o
 machine it ran on. Targets (issue 3): >= 2,000 placement decisions/s on one core, cycle < 5 s.
 
     .venv/bin/python bench/core.py [--jobs 5000] [--nodes 1000] [--seed 7] [--repeat 3] [--profile]
+
+`--scaling`: the same cycle (5,000 waiting) at 512, 4,096 and 16,384 GPUs (64, 512, 2,048 nodes;
+racks of 64 nodes, 512 GPUs: an InfiniBand pod) side by side, with the time to decide one gang of
+64 x 8 GPUs that must fit in one rack, each size's cluster empty and its 5,000 jobs waiting.
 """
 
 from __future__ import annotations
@@ -169,6 +173,49 @@ def run_once(snapshot: Snapshot, config: SchedulerConfig) -> tuple[float, list[f
     return time.perf_counter() - t0, per_job, placed, preempted, place_time, time.process_time() - c0
 
 
+SCALING_GPUS = (512, 4096, 16384)
+SCALING_RACK_NODES = 64
+
+
+def gang_decision_ms(cluster: Cluster, queues: tuple[QueueConfig, ...], pending: tuple[PendingJob, ...],
+                     config: SchedulerConfig, repeat: int) -> float:
+    """Median time to decide one 64 x 8 gang that must sit in one rack, the waiting jobs behind it."""
+    gang = PendingJob(Job("gang-64x8", "prod", 64, 8, submit_time=-1.0, priority=1000,
+                          topology=Topology(gang=TopologyLevel.RACK)))
+    snapshot = Snapshot(now=float(len(pending)), cluster=cluster, queues=queues, pending=(gang, *pending), running=())
+    times = []
+    for _ in range(repeat):
+        cycle = Cycle.of(snapshot, config)
+        start = time.perf_counter()
+        cycle.decide(gang, None)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def scaling(args: argparse.Namespace) -> None:
+    """Decisions/s and the 64 x 8 rack gang's decision time at each size (see the module doc)."""
+    sizes = (64, 128) if args.smoke else SCALING_GPUS
+    config = SchedulerConfig.named(args.policy)
+    queues, pending = workload(args.jobs, args.seed)
+    rows = []
+    for gpus in sizes:
+        cluster = Cluster.uniform(gpus // 8, 8, "H100", nodes_per_rack=min(SCALING_RACK_NODES, gpus // 8))
+        snapshot = Snapshot(now=float(args.jobs), cluster=cluster, queues=queues, pending=pending, running=())
+        best = min((run_once(snapshot, config) for _ in range(args.repeat)), key=lambda r: r[0])
+        total, per_job, placed = best[0], sorted(best[1]), best[2]
+        gang_ms = gang_decision_ms(cluster, queues, pending, config, max(3, args.repeat)) \
+            if gpus >= 512 else float("nan")
+        rows.append((gpus, len(cluster.nodes), len(cluster.racks()), len(pending) / total,
+                     statistics.median(per_job) * 1e3, per_job[int(0.99 * (len(per_job) - 1))] * 1e3, placed,
+                     gang_ms))
+    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f} (other work shares the CPUs)")
+    print(f"{len(pending)} waiting jobs (1-64 GPUs), policy {args.policy}, best of {args.repeat}")
+    print(f"{'GPUs':>8} {'nodes':>6} {'racks':>6} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'placed':>7} "
+          f"{'64x8 rack gang ms':>18}")
+    for gpus, nodes, racks, rate, p50, p99, placed, gang_ms in rows:
+        print(f"{gpus:>8,} {nodes:>6,} {racks:>6} {rate:>12,.0f} {p50:>8.3f} {p99:>8.3f} {placed:>7,} {gang_ms:>18.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=5000)
@@ -180,10 +227,15 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--smoke", action="store_true",
                     help="a tiny run (seconds) checking the script end to end (the test suite)")
+    ap.add_argument("--scaling", action="store_true",
+                    help="decisions/s at 512, 4,096 and 16,384 GPUs side by side, and a 64x8 rack gang's decision")
     args = ap.parse_args()
     print(probe_line(), flush=True)
     if args.smoke:  # the test suite's size: runs end to end in seconds
         args.jobs, args.nodes, args.repeat = 50, 8, 1
+    if args.scaling:
+        scaling(args)
+        return
     cluster = Cluster.uniform(args.nodes, 8, "H100", nodes_per_rack=8)
     queues, pending = workload(args.jobs, args.seed)
     running = fragmented(cluster, args.seed, args.busy) if args.busy > 0 else ()

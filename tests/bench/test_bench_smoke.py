@@ -32,6 +32,7 @@ def run(script: str, *args: str, timeout: float = 300, env: dict[str, str] | Non
 
 def test_core_cycle_bench_runs() -> None:
     assert "decisions/s" in run("bench/core.py", "--smoke")
+    assert "64x8 rack gang ms" in run("bench/core.py", "--smoke", "--scaling")
 
 
 @pytest.mark.skipif(not all(p.is_file() for p in OPENB), reason=f"the OpenB traces are not under {TRACES}")
