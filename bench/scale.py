@@ -48,8 +48,10 @@ from corral.client import Client
 from corral.contracts.cluster import GpuDevice
 from corral.contracts.envelope import job_stream, node_stream
 from corral.contracts.events import NodeHeartbeat, NodeRegistered, WorkerExited, WorkerStarted
+from corral.contracts.flow import names
 from corral.contracts.jobspec import JobSpec
-from corral.contracts.node_work import decode_assignment
+from corral.contracts.node_work import JOB_WORK, decode_assignment
+from corral.contracts.node_work import KIND as ASSIGNMENT
 from corral.contracts.queues import validate_queues
 from corral.contracts.registry import encode
 from corral.contracts.subjects import Subjects
@@ -61,6 +63,7 @@ NAMESPACE = "bench"
 GPUS_PER_NODE = 8
 NODES_PER_RACK = 16
 #: (GPUs, weight): mixed sizes, the larger ones gangs over 2 and 4 nodes
+STOPS = names(JOB_WORK)  # a running job stops here on any of them (a preemption too: no checkpoint)
 SIZES = ((1, 40), (2, 20), (4, 15), (8, 15), (16, 7), (32, 3))
 
 
@@ -104,7 +107,7 @@ class SimAgent:
     async def on_delivery(self, delivery: Delivery) -> None:
         kind = delivery.subject.rpartition(".")[2]
         self.deliveries[kind] += 1
-        if kind == "NodeAssignment":
+        if kind == ASSIGNMENT:
             assignment = decode_assignment(delivery.data)
             gang, submitted = assignment.reservation, assignment.submission
             ranks = [r.rank for r in gang.ranks if r.node == self.node]
@@ -118,7 +121,7 @@ class SimAgent:
                 await self.report(WorkerStarted.new(stream=job_stream(gang.job_id), actor=self.actor,
                                                     correlation_id=gang.job_id, job_id=gang.job_id, rank=rank,
                                                     node=self.node, pid=100000 + rank, attempt=gang.attempt))
-        elif kind in ("GangReleased", "JobCancelled", "JobRequeued", "PreemptRequested"):
+        elif kind in STOPS:
             job = delivery.headers.get("Corral-Stream", "")[4:]
             if job in self.running:
                 await self.exit(job, "STOPPED", -15)

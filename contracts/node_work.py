@@ -22,14 +22,30 @@ from typing import Any
 import msgspec
 
 from corral.contracts.envelope import Event
-from corral.contracts.events import GangReserved, JobSubmitted, QueueConfigured
+from corral.contracts.events import (
+    GangReleased,
+    GangReserved,
+    JobCancelled,
+    JobRequeued,
+    JobSubmitted,
+    NodeLost,
+    PreemptRequested,
+    QueueConfigured,
+)
+from corral.contracts.flow import names
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
 
-__all__ = ["KIND", "SCHEMA_VERSION", "UPCASTERS", "Assignment", "NodeAssignment", "decode_assignment",
-           "encode_assignment"]
+__all__ = ["JOB_WORK", "KIND", "NODE_EVENTS", "NODE_WORK_TYPES", "SCHEMA_VERSION", "UPCASTERS", "Assignment",
+           "NodeAssignment", "decode_assignment", "encode_assignment"]
 
 KIND = "NodeAssignment"
+#: Log events sent as they are to every node a gang of the job they name was reserved on.
+JOB_WORK: tuple[type[Event], ...] = (PreemptRequested, GangReleased, JobCancelled, JobRequeued)
+#: Log events sent to the node they name.
+NODE_EVENTS: tuple[type[Event], ...] = (NodeLost,)
+#: The kinds (last subject token) of `<prefix>.events.node.<node>.<Kind>`.
+NODE_WORK_TYPES: tuple[str, ...] = (KIND, *names(JOB_WORK), *names(NODE_EVENTS))
 _NULL = msgspec.Raw(b"null")
 SCHEMA_VERSION = 1
 

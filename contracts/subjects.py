@@ -37,6 +37,7 @@ import msgspec
 
 from corral.contracts.envelope import Event
 from corral.contracts.flow import SENDER_KINDS, inbox_types
+from corral.contracts.node_work import NODE_WORK_TYPES as node_work_kinds
 
 __all__ = [
     "ADMIN_REQUEST_TYPES",
@@ -64,8 +65,7 @@ INBOX_TYPES: tuple[str, ...] = inbox_types()
 NODE_REPORT_TYPES: tuple[str, ...] = inbox_types("node")
 #: What the relay publishes on `<prefix>.events.node.<node>.<Kind>` for the agent of each node a
 #: job touches: the assignment (a `NodeAssignment`), then the log's events that stop or signal it.
-NODE_WORK_TYPES: tuple[str, ...] = ("NodeAssignment", "PreemptRequested", "GangReleased", "JobCancelled",
-                                    "JobRequeued", "NodeLost")
+NODE_WORK_TYPES: tuple[str, ...] = node_work_kinds
 #: Requests a submitter publishes on `<prefix>.inbox.user.<user>.<Type>`.
 USER_REQUEST_TYPES: tuple[str, ...] = inbox_types("user")
 #: Requests an admin publishes on `<prefix>.inbox.admin.<admin>.<Type>`: configuring queues,

@@ -29,7 +29,10 @@ from typing import TypeVar
 import msgspec
 
 from corral.bus.bus import Outgoing
+from corral.contracts import events as ev
 from corral.contracts.envelope import job_stream, queue_stream
+from corral.contracts.flow import names
+from corral.contracts.node_work import JOB_WORK as JOB_WORK_EVENTS
 from corral.contracts.node_work import KIND, encode_assignment
 from corral.contracts.subjects import Subjects
 from corral.eventstore import EventStore, StoredEvent
@@ -38,8 +41,10 @@ log = logging.getLogger(__name__)
 S = TypeVar("S", bound=msgspec.Struct)
 
 #: Log events sent to the nodes of the job they name.
-JOB_WORK = ("PreemptRequested", "GangReleased", "JobCancelled", "JobRequeued")
-_ENDED = ("JobCompleted", "JobFailed", "JobRejected")
+JOB_WORK = names(JOB_WORK_EVENTS)
+_ENDED = names((ev.JobCompleted, ev.JobFailed, ev.JobRejected))
+_SUBMITTED, _QUEUE, _GANG = ev.JobSubmitted.type_name(), ev.QueueConfigured.type_name(), ev.GangReserved.type_name()
+_LOST, _PREEMPT = ev.NodeLost.type_name(), ev.PreemptRequested.type_name()
 _JOBS_KEPT = 20_000
 _QUEUES_KEPT = 10_000
 
@@ -100,12 +105,12 @@ class NodeWorkRouter:
         """The messages for the node agents `event` is work for (none for most events). Folds
         `event` too: call it for every event, in the log's order."""
         kind = event.type
-        if kind == "JobSubmitted":
+        if kind == _SUBMITTED:
             job = self._job(event.stream[4:])
             job.submission = event
             job.queue = _queue_of(event.data)
             return []
-        if kind == "QueueConfigured":
+        if kind == _QUEUE:
             name = _decode(event.data, _Queue)
             if name is not None:
                 self._queues[name.queue.name] = event
@@ -113,9 +118,9 @@ class NodeWorkRouter:
                 while len(self._queues) > _QUEUES_KEPT:
                     self._queues.popitem(last=False)
             return []
-        if kind == "NodeLost" and event.stream.startswith("node-"):
+        if kind == _LOST and event.stream.startswith("node-"):
             return [self._message(event, event.stream[5:], kind, event.data)]
-        if kind == "GangReserved":
+        if kind == _GANG:
             gang = _decode(event.data, _Gang)
             if gang is None:
                 return []
@@ -125,7 +130,7 @@ class NodeWorkRouter:
             data = await self._assignment(event, job, max_bytes)
             return [self._message(event, node, KIND, data) for node in nodes]
         if kind in JOB_WORK:
-            if kind == "PreemptRequested":
+            if kind == _PREEMPT:
                 victim = _decode(event.data, _Victim)
                 job_id = victim.victim_job_id if victim is not None else ""
             else:
@@ -172,10 +177,10 @@ class NodeWorkRouter:
         for stored in await self.store.read_stream(job_stream(job_id)):
             if stored.position >= position:
                 break
-            if stored.type == "JobSubmitted":
+            if stored.type == _SUBMITTED:
                 job.submission = stored
                 job.queue = _queue_of(stored.data)
-            elif stored.type == "GangReserved":
+            elif stored.type == _GANG:
                 gang = _decode(stored.data, _Gang)
                 if gang is not None:
                     job.nodes.update(r.node for r in gang.ranks)
@@ -189,7 +194,7 @@ class NodeWorkRouter:
         for stored in await self.store.read_stream(queue_stream(name)):
             if stored.position >= position:
                 break
-            if stored.type == "QueueConfigured":
+            if stored.type == _QUEUE:
                 newest = stored
         if newest is not None:
             self._queues[name] = newest
