@@ -54,7 +54,10 @@ def _anyone_asked_to_checkpoint() -> bool:
 
 
 def _save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> Path:
-    path = worker.checkpoint_dir() / f"ddp-step{step}.pt"
+    # The attempt in the name: an earlier attempt on a host cut off from the cluster may still be
+    # writing into the same (shared) folder, and must never overwrite this one's files.
+    attempt = os.environ.get(worker.ENV_ATTEMPT, "0")
+    path = worker.checkpoint_dir() / f"ddp-attempt{attempt}-step{step}.pt"
     tmp = path.with_name(f".{path.name}.tmp")
     torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
     os.replace(tmp, path)  # atomic: a kill mid-save never leaves a torn checkpoint
