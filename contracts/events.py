@@ -17,9 +17,10 @@ services' consumers derive from it.
 Expected outcomes that are not successes carry a `Reason` (code, message with numbers, details).
 
 Versions: every event is v1 but JobSubmitted v2 (its spec gained image, mounts, workdir, time_limit,
-cpus/memory per replica, checkpoint.dir and more runtimes) and NodeRegistered v2 (cpus, host
-memory, datasets). `UPCASTERS` lift the v1 documents still in the log: every field they add has
-a default that means what v1 meant (no image, no mounts, the agent's folder, no limit).
+cpus/memory per replica, checkpoint.dir and more runtimes), NodeRegistered v2 (cpus, host
+memory, datasets), PreemptRequested v2 (no `for_job_id`) and QueueTreeApplied v2 (gates).
+`UPCASTERS` lift the v1 documents still in the log: every field they add has a default that means
+what v1 meant (no image, no mounts, the agent's folder, no limit, no gate).
 """
 
 from __future__ import annotations
@@ -522,13 +523,22 @@ class GateCheck(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     passed: bool
 
 
-class QueueTreeApplied(Event, frozen=True, kw_only=True):
+class QueueTreeApplied(Event, frozen=True, kw_only=True, tag="QueueTreeApplied"):
     """One version of the whole queue tree, stream `queue-tree`: the stream's version N is config
     version N. Sent to the inbox by `corral apply` (or `--rollback`); quota records it together with
     a QueueConfigured for every queue it changes, in one transaction.
 
-    `user` is who applied it, `message` why (`--message`), `rollback_of` the version it restores,
-    `evidence` the evidence gate's checks it passed (empty when none were required)."""
+    `user` is who applied it, `message` why (`--message`), `rollback_of` the version it restores.
+    The evidence gate is quota's: `gates` are the standing gates the change declares (None: those in
+    force stay; recorded: the gates in force from this version on), `require` the criteria this
+    change alone must also pass, `what_if_since` where the replayed workload starts (None: the whole
+    log). Quota replays the recorded workload under the current and the proposed tree and records
+    `evidence`, the checks of every gate in force, of the declared ones and of `require` (what a
+    request carries there is ignored); a miss records a QueueChangeRefused instead.
+
+    v2: `gates`, `require` and `what_if_since` (a v1 declared no gate; `UPCASTERS`)."""
+
+    schema_version: int = 2
     flow: ClassVar[Flow] = Flow(writers=(QUOTA,), stream="queues", inbox=("admin",), consumers=(PREEMPTION, PLACEMENT))
 
 
@@ -537,13 +547,17 @@ class QueueTreeApplied(Event, frozen=True, kw_only=True):
     message: str = ""
     rollback_of: Annotated[int, msgspec.Meta(ge=1)] | None = None
     evidence: list[GateCheck] = msgspec.field(default_factory=list)
+    gates: list[str] | None = None
+    require: list[str] = msgspec.field(default_factory=list)
+    what_if_since: UtcDatetime | None = None
 
 
 class QueueChangeRefused(Event, frozen=True, kw_only=True):
-    """A proposed queue tree the evidence gate refused (stream `queue-gate`): the what-if replay
-    missed at least one `--require` criterion, so nothing was applied. Recorded so that the log
-    shows the checks that stopped a change, not only the changes that passed."""
-    flow: ClassVar[Flow] = Flow(writers=(QUOTA,), stream="queues-gate", inbox=("admin",))
+    """A proposed queue tree quota refused (stream `queue-gate`): its what-if replay missed at least
+    one gate (standing, declared or `--require`), or the tree would be inconsistent, so nothing was
+    applied. Recorded by quota alone, so that the log shows the checks that stopped a change, not
+    only the changes that passed."""
+    flow: ClassVar[Flow] = Flow(writers=(QUOTA,), stream="queues-gate")
 
 
     queues: list[QueueSpec]
@@ -632,7 +646,8 @@ ALL_EVENTS: tuple[type[Event], ...] = (
 
 
 def _same_document_v2(doc: dict[str, Any]) -> dict[str, Any]:
-    """v1 -> v2 of JobSubmitted, NodeRegistered (v2 only added fields whose defaults mean v1) and
+    """v1 -> v2 of JobSubmitted, NodeRegistered, QueueTreeApplied (v2 only added fields whose
+    defaults mean v1) and
     PreemptRequested (v2 only lets `for_job_id` be None; a v1 always names a job)."""
     return {**doc, "schema_version": 2}
 
@@ -642,4 +657,5 @@ UPCASTERS: tuple[tuple[str, int, Callable[[dict[str, Any]], dict[str, Any]]], ..
     ("JobSubmitted", 1, _same_document_v2),
     ("NodeRegistered", 1, _same_document_v2),
     ("PreemptRequested", 1, _same_document_v2),
+    ("QueueTreeApplied", 1, _same_document_v2),
 )

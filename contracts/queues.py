@@ -18,8 +18,8 @@ from corral.contracts.jobspec import PRIORITY_CLASSES, PRIORITY_HINT, Priority, 
 from corral.contracts.problems import Problem, SpecError
 from corral.contracts.validation import convert_collecting, parse_document, utf8_text
 
-__all__ = ["QueueSpec", "QueuesFile", "SubmitRate", "duration_seconds", "load_queues_file", "load_queues_text",
-           "merged_tree", "parent_of", "validate_queues"]
+__all__ = ["GATE_METRICS", "Gate", "QueueSpec", "QueuesFile", "SubmitRate", "duration_seconds", "gate_criteria",
+           "load_queues_file", "load_queues_text", "merged_tree", "parent_of", "parse_gate", "validate_queues"]
 
 Gpus = Annotated[int, msgspec.Meta(ge=0)]
 #: A duration written with units: `90s`, `30m`, `4h`, `2d`, `1h30m` (`s`, `m`, `h`, `d`).
@@ -32,6 +32,48 @@ _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 def duration_seconds(text: str) -> float:
     """`1h30m` -> 5400.0 (the text already matched `DurationText`)."""
     return sum(float(n) * _UNIT_SECONDS[unit] for n, unit in re.findall(r"([0-9.]+)([smhd])", text))
+
+
+#: What a gate may bound, per queue, over the what-if replay (`corral.sim.whatif`).
+GATE_METRICS = ("avg_wait", "p95_wait", "gpu_hours", "fair_share", "preemptions")
+GATE_OPS = ("<=", ">=", "==", "<", ">")
+_GATE = re.compile(r"^\s*queue\s+(?P<queue>\S+)\s+(?P<metric>[a-z_0-9]+)\s*(?P<op><=|>=|==|<|>)\s*"
+                   r"(?P<value>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[smhd]?)\s*$")
+
+
+class Gate(msgspec.Struct, frozen=True, kw_only=True):
+    """`queue Q METRIC OP VALUE[s|m|h|d]`: a bound the proposed tree's what-if must meet (a standing
+    gate of the queues file, or `corral apply --require`)."""
+
+    text: str
+    queue: str
+    metric: str
+    op: str
+    threshold: float
+
+
+def parse_gate(text: str, where: str = "--require") -> Gate:
+    """A gate from its text; ValueError names what is wrong and how to write it."""
+    match = _GATE.match(text)
+    if match is None:
+        raise ValueError(f"{where} {text!r}: write it as 'queue NAME METRIC OP VALUE', e.g. "
+                         f"'queue team-a p95_wait <= 2h' (METRIC one of {', '.join(GATE_METRICS)}; OP one of "
+                         f"{', '.join(GATE_OPS)}; waits take s, m, h or d)")
+    metric = match["metric"]
+    if metric not in GATE_METRICS:
+        raise ValueError(f"{where} {text!r}: unknown metric {metric!r}; use one of {', '.join(GATE_METRICS)}")
+    unit = match["unit"]
+    if unit and not metric.endswith("_wait"):
+        raise ValueError(f"{where} {text!r}: only waits take a unit ({unit!r} given for {metric})")
+    threshold = float(match["value"]) * _UNIT_SECONDS.get(unit or "s", 1.0)
+    return Gate(text=text.strip(), queue=match["queue"], metric=metric, op=match["op"], threshold=threshold)
+
+
+def gate_criteria(standing: Iterable[str], declared: Iterable[str] | None, require: Iterable[str]) -> list[str]:
+    """What a change of the tree must pass: the gates in force, the ones it declares (which stand
+    after it) and its own `require`, each once. Nothing a change says removes a gate in force from
+    its own check."""
+    return list(dict.fromkeys(text.strip() for text in (*standing, *(declared or ()), *require)))
 
 
 def parent_of(name: str) -> str | None:
@@ -129,12 +171,24 @@ class QueueSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 
 class QueuesFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    queues: list[QueueSpec]
+    """The queue tree and, in `gates`, the standing evidence gates: criteria every later change of
+    the tree must pass (quota replays the recorded workload under the proposed tree and refuses a
+    change that misses one). Without `gates`, the gates in force stay as they are."""
 
-    FIELD_HINTS: ClassVar[dict[str, str]] = {"queues": "a list of {name, guaranteed_gpus, ...}"}
+    queues: list[QueueSpec]
+    gates: list[str] | None = None
+
+    FIELD_HINTS: ClassVar[dict[str, str]] = {"queues": "a list of {name, guaranteed_gpus, ...}",
+                                             "gates": "a list of 'queue NAME METRIC OP VALUE'"}
 
     def __post_init__(self) -> None:
         problems = tree_problems(self.queues)
+        for i, text in enumerate(self.gates or ()):
+            try:
+                parse_gate(text, where="gate")
+            except ValueError as exc:
+                problems.append(Problem(path=f"gates[{i}]", message=str(exc),
+                                        hint="e.g. 'queue team-a p95_wait <= 2h'"))
         if problems:
             raise SpecError(problems)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from corral.bus.limits import BusLimits
 from corral.contracts import events as ev
-from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, job_stream, new_event_id
+from corral.contracts.envelope import QUEUE_TREE_STREAM, Event, job_stream, new_event_id
 from corral.contracts.flow import names
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.problems import ContractError, SpecError
@@ -310,35 +310,30 @@ class Client:
         return await self.store.job_of_submission(user, submission_id)
 
     async def apply_queues(self, queues: QueuesFile | Sequence[QueueSpec], *, user: str | None = None,
-                           message: str = "", rollback_of: int | None = None,
-                           evidence: Sequence[ev.GateCheck] = ()) -> list[str]:
+                           message: str = "", rollback_of: int | None = None) -> list[str]:
         """Ask quota to record a new version of the queue tree: `queues` over the current tree."""
-        request = await self.request_queue_tree(queues, user=user, message=message, rollback_of=rollback_of,
-                                                evidence=evidence)
+        request = await self.request_queue_tree(queues, user=user, message=message, rollback_of=rollback_of)
         return [spec.name for spec in request.queues]
 
     async def request_queue_tree(self, queues: QueuesFile | Sequence[QueueSpec], *, user: str | None = None,
-                                 message: str = "", rollback_of: int | None = None,
-                                 evidence: Sequence[ev.GateCheck] = ()) -> ev.QueueTreeApplied:
-        """`apply_queues`, returning the request sent (for `await_verdict`)."""
+                                 message: str = "", rollback_of: int | None = None, gates: Sequence[str] | None = None,
+                                 require: Sequence[str] = (), what_if_since: datetime | None = None,
+                                 ) -> ev.QueueTreeApplied:
+        """`apply_queues`, returning the request sent (for `await_verdict`). Quota decides the
+        evidence gate: the standing gates, `gates` (a file's; None: its `gates`, if a QueuesFile)
+        and `require`, over the workload recorded since `what_if_since`."""
         user = user or self.identity or _user()
         if isinstance(queues, QueuesFile):  # over the current tree: its parents are not implied anew
             specs = queues.resolved(existing=(await self.live_view(job_ids=[])).queues)
+            gates = queues.gates if gates is None else gates
         else:
             specs = list(queues)
         request = ev.QueueTreeApplied.new(stream=QUEUE_TREE_STREAM, actor=f"user/{user}", correlation_id="queues",
                                           queues=specs, user=user, message=message, rollback_of=rollback_of,
-                                          evidence=list(evidence))
+                                          gates=None if gates is None else list(gates), require=list(require),
+                                          what_if_since=what_if_since)
         await self.publish_request(request)
         return request
-
-    async def refuse_queues(self, queues: Sequence[QueueSpec], evidence: Sequence[ev.GateCheck], *,
-                            user: str | None = None, message: str = "") -> None:
-        """Record in the log that the evidence gate refused this change (nothing is applied)."""
-        user = user or self.identity or _user()
-        refused = ev.QueueChangeRefused.new(stream=QUEUE_GATE_STREAM, actor=f"user/{user}", correlation_id="queues",
-                                            queues=list(queues), user=user, message=message, evidence=list(evidence))
-        await self.publish_request(refused)
 
     async def replay_dead_letters(self, seq: int | None, timeout: float = 30.0) -> list[dict[str, object]]:
         """Ask a service to republish dead letter `seq` (None: every one) to its original subject;

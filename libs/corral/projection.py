@@ -345,6 +345,10 @@ class ClusterView:
     def capacity(self) -> int:
         return sum(n.gpu_count for n in self.nodes.values() if not n.lost)
 
+    def standing_gates(self) -> list[str]:
+        """The evidence gates in force: those recorded with the last version of the queue tree."""
+        return list(self.tree_versions[-1].gates or []) if self.tree_versions else []
+
     def queue_usage(self) -> dict[str, int]:
         """GPUs each queue holds by quota reservation (leaf queues)."""
         usage: dict[str, int] = {}

@@ -35,6 +35,7 @@ from corral.core import escalation
 from corral.core.reservation import Reserve, Revoke, reserve_quota
 from corral.projection import JobView
 from corral.services.base import Service
+from corral.services.quota import gate
 from corral.services.quota.round_inputs import RoundInputs
 from corral.services.senders import as_sent_by, sender_of
 from corral.translate import wire_reason
@@ -66,11 +67,6 @@ class Quota(Service):
         if isinstance(event, ev.QueueTreeApplied):
             await self._apply_tree(event, delivery)
             return
-        if isinstance(event, ev.QueueChangeRefused):
-            refused = msgspec.structs.replace(event, stream=QUEUE_GATE_STREAM)
-            if not await self.append({QUEUE_GATE_STREAM: [refused]}, tracking=self.tracking(delivery)):
-                raise Retry("queue gate stream moved on; retrying", delay=0.05)
-            return
         if not isinstance(event, ev.QueueConfigured):
             return
         tracking = self.tracking(delivery)
@@ -78,6 +74,11 @@ class Quota(Service):
         current = self.view.queues.get(event.queue.name)
         if current == event.queue:
             await self.append({}, tracking=tracking)  # unchanged: nothing to record
+            return
+        if self.view.standing_gates():  # one queue changed is a change of the tree: the gates hold
+            await self._apply_tree(ev.QueueTreeApplied.new(
+                stream=QUEUE_TREE_STREAM, actor=event.actor, correlation_id="queues", causation=event,
+                queues=[event.queue], user=event.actor, now=event.occurred_at), delivery)
             return
         event = msgspec.structs.replace(event, stream=stream)
         if not await self.append({stream: [event]}, tracking=tracking):
@@ -95,14 +96,15 @@ class Quota(Service):
             # inconsistent tree (children promised more than their parent has) is never recorded.
             said = "; ".join(f"{whole[int(p.path.split(']')[0].removeprefix('queues['))].name}: {p.message}"
                              for p in problems)
-            log.warning("queue tree change by %s refused: %s", event.user, said)
-            refused = self.new_event(ev.QueueChangeRefused, stream=QUEUE_GATE_STREAM, causation=event,
-                                     correlation_id="queues", queues=list(event.queues), user=event.user,
-                                     message=f"the tree would be inconsistent: {said}"[:2000], evidence=[])
-            if not await self.append({QUEUE_GATE_STREAM: [refused]}, tracking=self.tracking(delivery)):
-                raise Retry("queue gate stream moved on; retrying", delay=0.05)
+            await self._refuse(event, delivery, f"the tree would be inconsistent: {said}", [])
             return
-        version = msgspec.structs.replace(event, stream=QUEUE_TREE_STREAM, queues=whole)
+        verdict = await gate.judge(self.store, self.view, event, whole)
+        if verdict.refused is not None:
+            await self._refuse(event, delivery, verdict.refused, verdict.checks)
+            return
+        gates = event.gates if event.gates is not None else self.view.standing_gates()
+        version = msgspec.structs.replace(event, stream=QUEUE_TREE_STREAM, queues=whole, evidence=verdict.checks,
+                                          gates=list(gates) or None)
         batches: dict[str, list[Event]] = {QUEUE_TREE_STREAM: [version]}
         for queue in changed:
             batches[queue_stream(queue.name)] = [ev.QueueConfigured.new(
@@ -110,6 +112,16 @@ class Quota(Service):
                 causation=event, queue=queue, now=event.occurred_at)]
         if not await self.append(batches, tracking=self.tracking(delivery)):
             raise Retry("queue streams moved on; retrying", delay=0.05)
+
+    async def _refuse(self, event: ev.QueueTreeApplied, delivery: Delivery, why: str,
+                      checks: list[ev.GateCheck]) -> None:
+        """Record that the change is refused (nothing applied), with the checks that refused it."""
+        log.warning("queue tree change by %s refused: %s", event.user, why)
+        refused = self.new_event(ev.QueueChangeRefused, stream=QUEUE_GATE_STREAM, causation=event,
+                                 correlation_id="queues", queues=list(event.queues), user=event.user,
+                                 message=why[:2000], evidence=checks)
+        if not await self.append({QUEUE_GATE_STREAM: [refused]}, tracking=self.tracking(delivery)):
+            raise Retry("queue gate stream moved on; retrying", delay=0.05)
 
     #: A reservation round over the whole backlog runs beside the loop and is paced here. The
     #: problem (bench/kueue_baseline.py, 15,000 jobs): a round over thousands of waiting jobs took

@@ -1,5 +1,6 @@
-"""Issue 19: every apply is a numbered version; --what-if shows the effect, --require gates it,
---rollback restores an earlier version; the log (events, replay) shows each step.
+"""Every apply is a numbered version; --what-if shows the effect; quota gates it on the queues
+file's standing gates and --require; --rollback restores an earlier version; the log (events,
+replay) shows each step.
 
 One stack: a recorded workload first (the what-if replays it), then the whole story of a change.
 """
@@ -9,9 +10,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from corral.cli import queue_config as qc
-from corral.contracts.envelope import QUEUE_GATE_STREAM
+from corral.contracts import events as ev
+from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM
 from corral.contracts.jobspec import validate_job_spec
+from corral.contracts.queues import QueueSpec
 from corral.projection import JobState
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_cli import as_json, corral, write
@@ -64,7 +69,7 @@ async def test_what_if_gate_versions_and_rollback(cluster: Cluster, tmp_path: Pa
     back = as_json(corral(stack, "apply", "--rollback", "--json"))
     assert {k: back[k] for k in ("applied", "version", "rollback_of", "verdict")} == {
         "applied": ["team-a", "team-b"], "version": 3, "rollback_of": 1, "verdict": "done"}, back
-    assert applied["what_if"]["checks"][0]["passed"] is True
+    assert applied["evidence"][0]["passed"] is True
     now = {q["queue"]: q for q in as_json(corral(stack, "queues", "--json"))}
     assert now["team-a"]["guaranteed"] == 16 and now["team-b"]["max"] == 32
     history = qc.history_rows(await c.view())  # what `corral queues --history --json` prints
@@ -93,3 +98,33 @@ async def test_what_if_gate_versions_and_rollback(cluster: Cluster, tmp_path: Pa
     greedy = write(tmp_path, "greedy.yaml", "queues:\n  - {name: lab/b, guaranteed_gpus: 6}\n")
     bad = corral(stack, "apply", greedy, check=False)
     assert bad.returncode != 0 and "queue lab guaranteed_gpus" in bad.stderr and "10 GPUs" in bad.stderr, bad.stderr
+
+    # Standing gates: the queues file declares them, quota checks every later change against them.
+    gated = write(tmp_path, "gated.yaml", "gates: ['queue team-a gpu_hours > 0']\n"
+                                          "queues:\n  - {name: team-a, guaranteed_gpus: 16, max_gpus: 32}\n")
+    kept = as_json(corral(stack, "apply", gated, "-m", "team-a must keep working", "--json"))
+    assert kept["evidence"][0]["criterion"] == "queue team-a gpu_hours > 0" and kept["evidence"][0]["passed"]
+    starve = write(tmp_path, "starve.yaml", "queues:\n  - {name: team-a, guaranteed_gpus: 0, max_gpus: 0}\n")
+    refused = corral(stack, "apply", starve, "-m", "no --require", check=False)  # the gate stands without it
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    assert "MISS  queue team-a gpu_hours > 0" in refused.stdout and "refused by quota" in refused.stderr
+    dropped = write(tmp_path, "dropped.yaml", "gates: []\n"
+                                              "queues:\n  - {name: team-a, guaranteed_gpus: 0, max_gpus: 0}\n")
+    assert corral(stack, "apply", dropped, check=False).returncode == 4  # dropping a gate is itself gated
+    assert (await c.view()).queues["team-a"].max_gpus == 32
+
+    # A client records neither a refusal nor a pass: no inbox takes a QueueChangeRefused, and the
+    # evidence a request carries is never read (quota replays and records its own).
+    lie = ev.QueueTreeApplied.new(
+        stream=QUEUE_TREE_STREAM, actor="user/liar", correlation_id="queues", user="liar",
+        queues=[QueueSpec(name="team-a", guaranteed_gpus=0, max_gpus=0)],
+        evidence=[ev.GateCheck(criterion="queue team-a gpu_hours > 0", queue="team-a", metric="gpu_hours", op=">",
+                               threshold=0.0, before=1.0, after=1.0, passed=True)])
+    await c.publish_request(lie)
+    verdict = await c.await_verdict(lie, 30)
+    assert verdict.refused and verdict.event is not None
+    assert [e.passed for e in verdict.event.evidence] == [False]  # type: ignore[attr-defined]
+    forged = ev.QueueChangeRefused.new(stream=QUEUE_GATE_STREAM, actor="user/liar", correlation_id="queues",
+                                       user="liar", queues=[], evidence=[])
+    with pytest.raises(ValueError, match="not an inbox type"):
+        await c.publish_request(forged)

@@ -10,11 +10,12 @@ from typing import Annotated, Any
 import typer
 
 from corral.cli import queue_config as qc
-from corral.cli.output import console, err_console, print_json, print_table
+from corral.cli.output import console, print_json, print_table
 from corral.cli.present import JOB_COLUMNS, job_row, node_rows, queue_rows
 from corral.cli.session import context, require_admin, with_client
 from corral.cli.verdict_report import report
 from corral.client import Client
+from corral.contracts.queues import parse_gate
 from corral.projection import ClusterView
 from corral.verdicts import Verdict
 
@@ -118,12 +119,12 @@ def register(app: typer.Typer) -> None:
                                  ] = APPLY_WAIT,
               json_out: JsonOpt = False) -> None:
         """Create or change queues (the tree, quotas, weights, borrowing limits): each apply is a
-        numbered version (corral queues --history); --what-if shows its effect first, --require
-        refuses it when the effect misses, --rollback goes back."""
-        from corral.sim.whatif import parse_criterion
-
+        numbered version (corral queues --history); --what-if shows its effect first; quota refuses
+        a change whose effect misses the queues file's standing gates or a --require; --rollback
+        goes back."""
         try:
-            criteria = [parse_criterion(text) for text in require or []]
+            for text in require or []:
+                parse_gate(text)
         except ValueError as exc:
             qc._fail(str(exc))
         if not what_if:
@@ -131,39 +132,34 @@ def register(app: typer.Typer) -> None:
         view, events = with_client(qc.read_log, bus=False)
         change = qc.load_change(file, rollback, message, view)
         proposed = qc.merged(view, change)
-        checks: list[Any] = []
-        evidence: dict[str, Any] = {}
-        if what_if or criteria:
-            start = parse_time(f"-{since}" if since[:1].isdigit() and since[-1:] in "smhd" else since)
-            result = qc.what_if_for(events, list(view.queues.values()), proposed, start)
-            checks = [c.check(result) for c in criteria]
-            evidence = {"what_if": qc.what_if_json(result, checks)}
-            if not json_out:
+        start = parse_time(f"-{since}" if since[:1].isdigit() and since[-1:] in "smhd" else since)
+        if what_if:  # a preview only: quota checks the gates of a change itself
+            texts = qc.gate_texts(view, change, require or [])
+            result, checks = qc.what_if_for(events, list(view.queues.values()), proposed, start, texts)
+            if json_out:
+                print_json({"what_if": qc.what_if_json(result, checks), "applied": False,
+                            "refused": not all(c.passed for c in checks)})
+            else:
                 qc.print_what_if(result, checks)
-            passed = all(c.passed for c in checks)
-            if (what_if or not passed) and json_out:
-                print_json(evidence | {"applied": False, "refused": not passed})
-            if what_if:
-                return
-            if not passed:
-                with_client(lambda c: c.refuse_queues(proposed, checks, message=change.message))
-                err_console.print("[red]refused:[/red] the what-if misses "
-                                  f"{sum(not c.passed for c in checks)} of {len(checks)} criteria; nothing applied "
-                                  "(the refusal is recorded: corral events)", highlight=False)
-                raise SystemExit(qc.EXIT_REFUSED)
+            return
         before = len(view.tree_versions)
 
         names = [q.name for q in change.queues]
 
         async def go(c: Client) -> Verdict | None:
             request = await c.request_queue_tree(change.queues, message=change.message,
-                                                 rollback_of=change.rollback_of, evidence=checks)
+                                                 rollback_of=change.rollback_of, gates=change.gates,
+                                                 require=require or [], what_if_since=start)
             return await c.await_verdict(request, timeout) if wait else None
 
         verdict = with_client(go)
+        evidence = qc.recorded_evidence(verdict)
+        if verdict is not None and verdict.refused and not json_out:
+            qc.print_checks(evidence)
         version = before + 1 if verdict is None else verdict.version
         what = f"Rolled back to v{change.rollback_of}" if change.rollback_of else f"Applied {len(names)} queues"
-        fields = {"applied": names, "version": version, "rollback_of": change.rollback_of} | evidence
+        fields = {"applied": names, "version": version, "rollback_of": change.rollback_of,
+                  "evidence": qc.evidence_json(evidence)}
         if verdict is None:  # --no-wait: the version it will be, unless another apply comes first
             if json_out:
                 print_json(fields)

@@ -1,11 +1,11 @@
 """`corral apply` with evidence and rollback; `corral queues --history | --diff`.
 
-Why: a queue tree decides who waits and who works, and `corral apply` used to change it blind
-and without a record anyone could go back to. Every apply is now a numbered version of the whole
-tree in the log (who, when, why); `--what-if` replays the recorded workload under the current and
-the proposed tree and prints each queue's waits, GPU-hours, fair share and preemptions side by
-side; `--require` turns that into an evidence gate that refuses a change missing its criteria (and
-records the refusal); `--rollback [V]` restores an earlier version as a new one.
+A queue tree decides who waits and who works: every apply is a numbered version of the whole tree
+in the log (who, when, why); `--what-if` replays the recorded workload under the current and the
+proposed tree and prints each queue's waits, GPU-hours, fair share and preemptions side by side.
+The evidence gate is quota's (`corral.services.quota.gate`): it checks the queues file's standing
+gates and `--require`'s criteria and records the verdict; this module only asks and shows the
+checks quota recorded. `--rollback [V]` restores an earlier version as a new one.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from corral.client import Client
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event
 from corral.contracts.problems import SpecError
-from corral.contracts.queues import QueueSpec, load_queues_file, merged_tree, tree_problems
+from corral.contracts.queues import QueueSpec, gate_criteria, load_queues_file, merged_tree, tree_problems
 from corral.projection import ClusterView
+from corral.verdicts import Verdict
 
 #: Exit code when the evidence gate refuses a change (the what-if missed a `--require`): 4, not
 #: 3, which means no cluster reachable (`corral.cli.exit_codes`).
@@ -38,6 +39,8 @@ class Change:
     queues: list[QueueSpec]
     message: str
     rollback_of: int | None = None
+    #: the standing gates the file declares (None: those in force stay)
+    gates: list[str] | None = None
 
 
 def load_change(file: str | None, rollback: bool, message: str, view: ClusterView) -> Change:
@@ -46,7 +49,8 @@ def load_change(file: str | None, rollback: bool, message: str, view: ClusterVie
         if file is None:
             _fail("give a queues file (corral apply queues.yaml), or --rollback [VERSION]")
         try:
-            change = Change(load_queues_file(Path(str(file))).resolved(existing=view.queues), message)
+            loaded = load_queues_file(Path(str(file)))
+            change = Change(loaded.resolved(existing=view.queues), message, gates=loaded.gates)
         except SpecError as exc:
             err_console.print(f"[red]error:[/red] {file} is not a valid queues file:", highlight=False)
             for p in exc.problems:
@@ -126,17 +130,18 @@ def print_diff(first: int, second: int, rows: list[dict[str, Any]]) -> None:
 
 
 def what_if_for(events: list[Event], current: list[QueueSpec], proposed: list[QueueSpec],
-                since: datetime | None) -> Any:
-    """Replay the recorded workload under both trees (corral.sim.whatif); SystemExit when the log
-    holds nothing to replay."""
+                since: datetime | None, criteria: list[str]) -> tuple[Any, list[ev.GateCheck]]:
+    """Replay the recorded workload under both trees (corral.sim.whatif) and check `criteria`;
+    SystemExit when the log holds nothing to replay."""
     from corral.sim.from_log import export_inputs
-    from corral.sim.whatif import what_if
+    from corral.sim.whatif import parse_criterion, what_if
 
     with tempfile.TemporaryDirectory(prefix="corral-what-if-") as tmp:
         exported = export_inputs(events, Path(tmp), since=since)
         if exported.cluster is None:
             _fail("the log holds no registered nodes: nothing to replay the workload on")
-        return what_if(exported.trace, exported.cluster, current, proposed)
+        result = what_if(exported.trace, exported.cluster, current, proposed)
+    return result, [parse_criterion(text).check(result) for text in criteria]
 
 
 def print_what_if(whatif: Any, checks: list[ev.GateCheck]) -> None:
@@ -152,9 +157,28 @@ def print_what_if(whatif: Any, checks: list[ev.GateCheck]) -> None:
                   pair(r, "gpu_hours", lambda v: "-" if v is None else f"{v:.1f}"),
                   pair(r, "fair_share", lambda v: "-" if v is None else f"{v:.2f}"),
                   pair(r, "preemptions", lambda v: "-" if v is None else str(int(v)))) for r in whatif.rows()])
+    print_checks(checks)
+
+
+def print_checks(checks: list[ev.GateCheck]) -> None:
     for c in checks:
         mark = "[green]pass[/green]" if c.passed else "[red]MISS[/red]"
         console.print(f"  {mark}  {c.criterion}: measured {_measured(c)}", highlight=False)
+
+
+def gate_texts(view: ClusterView, change: Change, require: list[str]) -> list[str]:
+    """The criteria quota will check this change against (`gate_criteria`)."""
+    return gate_criteria(view.standing_gates(), change.gates, require)
+
+
+def recorded_evidence(verdict: Verdict | None) -> list[ev.GateCheck]:
+    """The checks quota recorded with its verdict (a version applied or a change refused)."""
+    event = verdict.event if verdict is not None else None
+    return list(event.evidence) if isinstance(event, ev.QueueTreeApplied | ev.QueueChangeRefused) else []
+
+
+def evidence_json(checks: list[ev.GateCheck]) -> list[dict[str, Any]]:
+    return [_check_json(c) for c in checks]
 
 
 async def read_log(c: Client) -> tuple[ClusterView, list[Event]]:
@@ -226,5 +250,7 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(EXIT_FAILURE)
 
 
-__all__ = ["EXIT_REFUSED", "Change", "diff_rows", "history_rows", "load_change", "merged", "print_diff",
-           "print_history", "print_json", "print_what_if", "read_log", "what_if_for", "what_if_json"]
+__all__ = ["EXIT_REFUSED", "Change", "diff_rows", "evidence_json", "gate_texts", "history_rows", "load_change",
+           "merged",
+           "print_checks", "print_diff", "print_history", "print_json", "print_what_if", "read_log",
+           "recorded_evidence", "what_if_for", "what_if_json"]

@@ -21,26 +21,22 @@ from __future__ import annotations
 
 import math
 import operator
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from corral.contracts.events import GateCheck
-from corral.contracts.queues import QueueSpec
+from corral.contracts.queues import GATE_METRICS, Gate, QueueSpec, parse_gate
 from corral.core import Cluster, QueueConfig
 from corral.sim.api import SimResult, run_simulation
 from corral.sim.metrics import percentile
 from corral.sim.workload import Workload
 from corral.translate import queue_from_spec
 
-METRICS = ("avg_wait", "p95_wait", "gpu_hours", "fair_share", "preemptions")
+METRICS = GATE_METRICS
 _OPS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq,
 }
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_CRITERION = re.compile(r"^\s*queue\s+(?P<queue>\S+)\s+(?P<metric>[a-z_0-9]+)\s*(?P<op><=|>=|==|<|>)\s*"
-                        r"(?P<value>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[smhd]?)\s*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,20 +99,12 @@ class Criterion:
 
 
 def parse_criterion(text: str) -> Criterion:
-    """A criterion from `--require`; ValueError names what is wrong and how to write it."""
-    match = _CRITERION.match(text)
-    if match is None:
-        raise ValueError(f"--require {text!r}: write it as 'queue NAME METRIC OP VALUE', e.g. "
-                         f"'queue team-a p95_wait <= 2h' (METRIC one of {', '.join(METRICS)}; OP one of "
-                         f"{', '.join(_OPS)}; waits take s, m, h or d)")
-    metric = match["metric"]
-    if metric not in METRICS:
-        raise ValueError(f"--require {text!r}: unknown metric {metric!r}; use one of {', '.join(METRICS)}")
-    unit = match["unit"]
-    if unit and not metric.endswith("_wait"):
-        raise ValueError(f"--require {text!r}: only waits take a unit ({unit!r} given for {metric})")
-    threshold = float(match["value"]) * _UNITS.get(unit or "s", 1.0)
-    return Criterion(text.strip(), match["queue"], metric, match["op"], threshold)
+    """A criterion from `--require` or a queues file's `gates`; ValueError names what is wrong."""
+    return criterion_of(parse_gate(text))
+
+
+def criterion_of(gate: Gate) -> Criterion:
+    return Criterion(gate.text, gate.queue, gate.metric, gate.op, gate.threshold)
 
 
 def queue_configs(specs: Sequence[QueueSpec]) -> tuple[QueueConfig, ...]:
