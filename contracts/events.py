@@ -4,7 +4,8 @@ Flow (see docs/architecture.md): JobSubmitted -> JobAdmitted | JobRejected -> Qu
 GangReserved | PlacementPending -> WorkerStarted x N -> JobRunning -> WorkerExited ->
 JobCompleted | JobFailed. Preemption: PreemptRequested -> CheckpointDone -> GangReleased ->
 JobRequeued. Nodes: NodeRegistered, NodeHeartbeat, NodeLost, NodeConditionsChanged (disk or memory
-pressure, measured by the node's agent); GpusAllocated / GpusReleased are
+pressure, measured by the node's agent), GpuHealthChanged (GPUs its agent finds unhealthy through
+NVML), GpuDrained / GpuUndrained (an admin's); GpusAllocated / GpusReleased are
 each node's allocation ledger. Queues: QueueTreeApplied (a numbered version of the whole tree),
 QueueConfigured (one queue), QueueChangeRefused (the evidence gate said no). Escalation:
 WaitExceeded (a job waited longer than its queue's `max_wait`). People: UserAdded, UserRemoved,
@@ -53,6 +54,10 @@ __all__ = [
     "GangReleased",
     "GangReserved",
     "GateCheck",
+    "GpuDrained",
+    "GpuHealthChanged",
+    "GpuProblem",
+    "GpuUndrained",
     "GpusAllocated",
     "GpusReleased",
     "JobAdmitted",
@@ -474,6 +479,49 @@ class NodeConditionsChanged(Event, frozen=True, kw_only=True):
     conditions: list[NodeCondition] = msgspec.field(default_factory=list)
 
 
+class GpuProblem(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Why one GPU is unhealthy, as its node's agent saw it through NVML (what the Kubernetes device
+    plugin and DCGM watch): a critical XID event (`xid`), volatile double-bit ECC errors, or a GPU
+    that fell off the bus (NVML_ERROR_GPU_IS_LOST)."""
+
+    gpu: GpuIndex
+    code: Literal["XID", "ECC_DOUBLE_BIT", "GPU_LOST"]
+    message: str
+    xid: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class GpuHealthChanged(Event, frozen=True, kw_only=True):
+    """The GPUs of a node that its agent finds unhealthy now (an empty list: every GPU is healthy),
+    sent when that changes and after each registration. An unhealthy GPU takes no new work, and a
+    gang holding it is released and requeued from its checkpoint (`GPU_UNHEALTHY`), as for a lost
+    node. Recorded by placement on the node's stream."""
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="node", inbox=("node",), consumers=(QUOTA, PREEMPTION))
+
+    node: NodeName
+    unhealthy: list[GpuProblem] = msgspec.field(default_factory=list)
+
+
+class GpuDrained(Event, frozen=True, kw_only=True):
+    """No new work on GPU `gpu` of `node` (`corral gpu drain NODE:INDEX`); a gang running on it goes
+    on to its end. Sent to the inbox by an admin, recorded by placement on the node's stream."""
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="node", inbox=("admin",), consumers=(QUOTA, PREEMPTION))
+
+    node: NodeName
+    gpu: GpuIndex
+    user: str
+    message: str = ""
+
+
+class GpuUndrained(Event, frozen=True, kw_only=True):
+    """GPU `gpu` of `node` takes new work again (`corral gpu undrain NODE:INDEX`)."""
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="node", inbox=("admin",), consumers=(QUOTA, PREEMPTION))
+
+    node: NodeName
+    gpu: GpuIndex
+    user: str
+    message: str = ""
+
+
 class NodeDrained(Event, frozen=True, kw_only=True):
     """No new work on `node` (Slurm's DRAIN): running jobs go on to their end, or with `evict` are
     asked to checkpoint and wait again elsewhere (preemption asks them). Sent to the inbox by an
@@ -641,7 +689,7 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     NodeRegistered, NodeHeartbeat, NodeLost, NodeConditionsChanged, NodeDrained, NodeUndrained, JobHeld,
     JobHoldReleased,
     JobRequeueRequested, QueueConfigured, QueueTreeApplied, QueueChangeRefused, EventNotRelayed, AccessDenied,
-    UserAdded, UserRemoved, UserCredentialsRotated,
+    UserAdded, UserRemoved, UserCredentialsRotated, GpuHealthChanged, GpuDrained, GpuUndrained,
 )
 
 

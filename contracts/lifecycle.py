@@ -39,6 +39,7 @@ class LifecycleCode(StrEnum):
     HELD = "HELD"                      # a pending job held by its owner or an admin (corral hold)
     REQUEUE_REQUESTED = "REQUEUE_REQUESTED"  # asked to checkpoint and wait again (corral requeue)
     NODE_DRAINED = "NODE_DRAINED"      # asked to checkpoint and move: its node is drained with --evict
+    GPU_UNHEALTHY = "GPU_UNHEALTHY"    # a GPU of the gang went unhealthy (XID, ECC, fell off the bus)
 
     @property
     def uses_a_restart(self) -> bool:

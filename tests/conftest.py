@@ -128,3 +128,29 @@ def namespace() -> str:
 @pytest.fixture
 def infra(nats_url: str, postgres_dsn: str, namespace: str) -> Infra:
     return Infra(nats_url=nats_url, postgres_dsn=postgres_dsn, namespace=namespace)
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake `libnvidia-ml.so.1` (tests/fakenvml), compiled once per session with the machine's C
+    compiler; skipped, with the reason, where there is none."""
+    import subprocess
+
+    from tests import fakenvml
+
+    if fakenvml.compiler() is None:
+        pytest.skip("no C compiler (cc, gcc or $CC) to build the fake NVML library")
+    try:
+        return fakenvml.build(tmp_path_factory.mktemp("fakenvml"))
+    except subprocess.CalledProcessError as exc:
+        pytest.fail(f"the fake NVML library did not compile:\n{exc.stderr}")
+
+
+@pytest.fixture
+def fake_nvml(fake_nvml_lib: Path, tmp_path: Path) -> Iterator[object]:
+    """A fake NVML of eight GPUs in two NVLink domains (0-3, 4-7), its file in this test's folder."""
+    from tests import fakenvml
+
+    fake = fakenvml.FakeNvml(fake_nvml_lib, tmp_path / "fake-nvml.conf")
+    fake.write(fakenvml.eight_gpus_two_domains())
+    yield fake

@@ -296,6 +296,17 @@ class Client:
         await self.publish_request(request)
         return request
 
+    async def drain_gpu(self, node: str, gpu: int, *, undrain: bool = False, message: str = "") -> Event:
+        """No new work on GPU `gpu` of `node` (what runs there goes on), or, with `undrain=True`,
+        new work again: an admin's request. Returns the request (see `hold`)."""
+        user = self.identity or _user()
+        stream, actor = f"node-{node}", f"user/{user}"
+        kind = ev.GpuUndrained if undrain else ev.GpuDrained
+        request: Event = kind.new(stream=stream, actor=actor, correlation_id=f"{node}:{gpu}", node=node, gpu=gpu,
+                                  user=user, message=message)
+        await self.publish_request(request)
+        return request
+
     async def await_verdict(self, request: Event, timeout: float) -> Verdict:
         """The owning service's verdict on `request` (`corral.verdicts.read_verdict`): DONE,
         REFUSED (with the reason), UNCHANGED, or NO_VERDICT when none within `timeout` seconds (the

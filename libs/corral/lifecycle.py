@@ -148,6 +148,8 @@ class Gang:
     preemptor: str | None = None
     preempt_deadline: float | None = None
     lost_nodes: frozenset[str] = frozenset()
+    #: (node, GPU) -> why it is unhealthy, for the gang's GPUs its agents find unhealthy now
+    unhealthy_gpus: Mapping[tuple[str, int], str] = field(default_factory=dict)
     seen: Mapping[str, NodeSeen] = field(default_factory=dict)
     released_position: int | None = None  # the GangReleased's log position, once known
     time_limit: float | None = None  # the spec's `time_limit`: seconds this attempt may run
@@ -258,6 +260,11 @@ def _release(gang: Gang, state: GangState, now: float, limits: Limits) -> Releas
     lost = sorted({r.node for r in gang.placement.ranks} & gang.lost_nodes)
     if lost:
         return _requeue(LifecycleCode.NODE_LOST, f"node {', '.join(lost)} was lost ({attempt})")
+    if gang.unhealthy_gpus:
+        bad = sorted((r.node, g) for r in gang.placement.ranks for g in r.gpus if (r.node, g) in gang.unhealthy_gpus)
+        if bad:
+            words = "; ".join(f"GPU {n}:{g} is unhealthy ({gang.unhealthy_gpus[(n, g)]})" for n, g in bad)
+            return _requeue(LifecycleCode.GPU_UNHEALTHY, f"{words} ({attempt}); requeued from its checkpoint")
     ranks, exits = gang.ranks, gang.exits
     if state is GangState.STARTING and now - gang.placed_at > limits.start_timeout:
         missing = sorted(ranks - gang.started)

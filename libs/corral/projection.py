@@ -214,28 +214,39 @@ class NodeView:
     drain: ev.NodeDrained | None = None  # the drain in force (`evict`: its jobs are asked to move)
     #: what its agent measures now (disk or memory pressure): no new work while any holds
     conditions: tuple[ev.NodeCondition, ...] = ()
+    #: GPUs its agent finds unhealthy now (NVML: XID, ECC, fallen off the bus), and GPUs an admin
+    #: drained (`corral gpu drain`): neither takes new work (`out_of_service`)
+    unhealthy: dict[int, ev.GpuProblem] = field(default_factory=dict)
+    drained_gpus: dict[int, ev.GpuDrained] = field(default_factory=dict)
     allocations: dict[int, str] = field(default_factory=dict)  # GPU index -> job id
     registered_at: datetime | None = None
     address: str | None = None  # where other hosts reach it (None: not advertised)
     rendezvous_ports: tuple[int, int] | None = None  # MASTER_PORT range (None: the default)
     version: int = 0
-    _core_node: tuple[NodeInventory, core.NodeState, core.Node] | None = field(default=None, repr=False,
-                                                                                compare=False)
+    _core_node: tuple[NodeInventory, core.NodeState, frozenset[int], core.Node] | None = field(
+        default=None, repr=False, compare=False)
 
     @property
     def gpu_count(self) -> int:
         return len(self.inventory.gpus)
+
+    @property
+    def out_of_service(self) -> frozenset[int]:
+        """Its GPUs that take no new work: unhealthy or drained (those it has)."""
+        have = {g.index for g in self.inventory.gpus}
+        return frozenset(i for i in (*self.unhealthy, *self.drained_gpus) if i in have)
 
     def core_node(self) -> core.Node:
         from corral.core.conditions import node_state
         from corral.translate import node_from_inventory
 
         state = node_state(lost=self.lost, draining=self.draining, conditions=self.conditions)
+        out = self.out_of_service
         cached = self._core_node
-        if cached is not None and cached[0] is self.inventory and cached[1] is state:
-            return cached[2]
-        node = node_from_inventory(self.inventory, state)
-        self._core_node = (self.inventory, state, node)
+        if cached is not None and cached[0] is self.inventory and cached[1] is state and cached[2] == out:
+            return cached[3]
+        node = node_from_inventory(self.inventory, state, out)
+        self._core_node = (self.inventory, state, out, node)
         return node
 
 
@@ -340,7 +351,9 @@ class ClusterView:
 
     # ---- questions ---------------------------------------------------------------------------
     def free_gpus(self) -> int:
-        return sum(n.gpu_count - len(n.allocations) for n in self.nodes.values() if not n.lost)
+        """GPUs of nodes not lost that are neither allocated nor out of service."""
+        return sum(n.gpu_count - len(n.allocations) - len(n.out_of_service - n.allocations.keys())
+                   for n in self.nodes.values() if not n.lost)
 
     def capacity(self) -> int:
         return sum(n.gpu_count for n in self.nodes.values() if not n.lost)
@@ -749,6 +762,22 @@ def _node_conditions(view: ClusterView, e: ev.NodeConditionsChanged) -> None:
         node.conditions = tuple(e.conditions)
 
 
+def _gpu_health(view: ClusterView, e: ev.GpuHealthChanged) -> None:
+    node = view.nodes.get(e.node)
+    if node is not None:
+        node.unhealthy = {p.gpu: p for p in e.unhealthy}
+
+
+def _gpu_drained(view: ClusterView, e: ev.GpuDrained | ev.GpuUndrained) -> None:
+    node = view.nodes.get(e.node)
+    if node is None:
+        return
+    if isinstance(e, ev.GpuDrained):
+        node.drained_gpus[e.gpu] = e
+    else:
+        node.drained_gpus.pop(e.gpu, None)
+
+
 def _held(view: ClusterView, e: ev.JobHeld) -> None:
     j = view.job(e.job_id)
     if j.state is JobState.PENDING:
@@ -807,6 +836,9 @@ _HANDLERS: dict[type[Event], Callable[[ClusterView, Any], None]] = {
     ev.NodeDrained: _node_drained,
     ev.NodeConditionsChanged: _node_conditions,
     ev.NodeUndrained: _node_drained,
+    ev.GpuHealthChanged: _gpu_health,
+    ev.GpuDrained: _gpu_drained,
+    ev.GpuUndrained: _gpu_drained,
     ev.JobHeld: _held,
     ev.JobHoldReleased: _hold_released,
     ev.JobRequeueRequested: _requeue_requested,

@@ -24,18 +24,24 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
 
 def node_rows(view: ClusterView) -> list[dict[str, Any]]:
     """One row per node. `releasing`: GPUs of released gangs whose processes are not confirmed gone
-    yet (still allocated, marked `~` in the map: no job is placed on them until they are)."""
+    yet (still allocated, marked `~` in the map: no job is placed on them until they are).
+    `unhealthy` (its agent's word through NVML) and `drained_gpus` (an admin's): GPUs out of
+    service, never free; in the map `X` (unhealthy) or `D` (drained), or a holder's job with `!`."""
     rows = []
     releasing = view.releasing_gpus()
     for n in sorted(view.nodes.values(), key=lambda n: natural_key(n.name)):
         domains = n.inventory.nvlink_domains
         held = releasing.get(n.name, {})
+        out = n.out_of_service
         gpu_map = []
         for d in domains:
             cells = []
             for g in d:
                 holder = n.allocations.get(g)
-                cells.append("." if not holder else holder[-5:] + "~" if g in held else holder[-6:])
+                if not holder:
+                    cells.append(("X" if g in n.unhealthy else "D") if g in out else ".")
+                else:
+                    cells.append(holder[-5:] + "~" if g in held else holder[-5:] + "!" if g in out else holder[-6:])
             gpu_map.append(cells)
         rows.append({
             "node": n.name,
@@ -45,7 +51,11 @@ def node_rows(view: ClusterView) -> list[dict[str, Any]]:
             "rack": n.inventory.rack, "zone": n.inventory.zone,
             "address": n.address, "rendezvous_ports": list(n.rendezvous_ports) if n.rendezvous_ports else None,
             "model": n.inventory.gpus[0].model if n.inventory.gpus else "", "gpus": n.gpu_count,
-            "used": len(n.allocations), "free": n.gpu_count - len(n.allocations) if not n.lost else 0,
+            "used": len(n.allocations),
+            "free": n.gpu_count - len(n.allocations) - len(out - n.allocations.keys()) if not n.lost else 0,
+            "unhealthy": {str(g): {"code": p.code, "message": p.message, "xid": p.xid}
+                          for g, p in sorted(n.unhealthy.items())},
+            "drained_gpus": {str(g): {"user": d.user, "message": d.message} for g, d in sorted(n.drained_gpus.items())},
             "nvlink_domains": [list(d) for d in domains],
             "allocations": {str(g): job for g, job in sorted(n.allocations.items())},
             "releasing": {str(g): job for g, job in sorted(held.items())},

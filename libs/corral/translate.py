@@ -116,7 +116,8 @@ def whole_seconds_at_least(seconds: float) -> int:
     return math.ceil(seconds)
 
 
-def node_from_inventory(inv: NodeInventory, state: core.NodeState = core.NodeState.READY) -> core.Node:
+def node_from_inventory(inv: NodeInventory, state: core.NodeState = core.NodeState.READY,
+                        out_of_service: frozenset[int] = frozenset()) -> core.Node:
     domain_of = {gpu: d for d, members in enumerate(inv.nvlink_domains) for gpu in members}
     gpus = tuple(
         core.Gpu(index=g.index, model=g.model or "unknown", memory_gib=int(g.memory_gib or 0),
@@ -124,7 +125,8 @@ def node_from_inventory(inv: NodeInventory, state: core.NodeState = core.NodeSta
         for g in sorted(inv.gpus, key=lambda g: g.index)
     )
     return core.Node(name=inv.node, gpus=gpus, rack=inv.rack, zone=inv.zone, state=state, cpus=inv.cpus,
-                     memory_gib=inv.host_memory_gib, datasets=frozenset(inv.datasets))
+                     memory_gib=inv.host_memory_gib, datasets=frozenset(inv.datasets),
+                     out_of_service=out_of_service)
 
 
 def cluster_from_spec(spec: ClusterSpec) -> core.Cluster:

@@ -49,7 +49,7 @@ class VerdictKind(StrEnum):
 OWNERS: dict[str, str] = {
     cls.type_name(): flow_of(cls).writers[0]
     for cls in (ev.JobSubmitted, ev.JobCancelRequested, ev.JobHeld, ev.JobHoldReleased, ev.JobRequeueRequested,
-                ev.NodeDrained, ev.NodeUndrained, ev.QueueTreeApplied)
+                ev.NodeDrained, ev.NodeUndrained, ev.GpuDrained, ev.GpuUndrained, ev.QueueTreeApplied)
 }
 
 #: Recorded events that answer a request with "no".
@@ -94,7 +94,7 @@ class Verdict:
 def verdict_streams(request: Event) -> tuple[str, ...]:
     """The streams where the owner of `request` records its verdict."""
     job_id = getattr(request, "job_id", None)
-    if isinstance(request, ev.NodeDrained | ev.NodeUndrained):
+    if isinstance(request, ev.NodeDrained | ev.NodeUndrained | ev.GpuDrained | ev.GpuUndrained):
         return (node_stream(request.node),)
     if isinstance(request, ev.QueueTreeApplied):
         return (QUEUE_TREE_STREAM, QUEUE_GATE_STREAM)

@@ -204,6 +204,8 @@ def options(args: argparse.Namespace, environ: os._Environ[str] | dict[str, str]
                             memory_pressure_below_mib=args.memory_pressure_below_mib,
                             conditions_seconds=args.conditions_seconds,
                             pressure_hold_seconds=args.pressure_hold_seconds, work_subjects=args.work_subjects,
+                            gpu_health=args.inventory == "nvml",
+                            gpu_health_seconds=min(1.0, args.heartbeat_seconds),
                             # every node here shares this host's ports (`ephemeral_ports`)
                             rendezvous_ports=local_rendezvous_ports())
     except ValueError as exc:

@@ -67,6 +67,8 @@ from corral.contracts.envelope import Event, node_stream
 from corral.contracts.events import (
     GangReleased,
     GangReserved,
+    GpuHealthChanged,
+    GpuProblem,
     JobCancelled,
     JobCompleted,
     JobFailed,
@@ -99,6 +101,7 @@ from corral.telemetry.health import Phase
 from . import pressure
 from .adoption import LEDGER_TYPES, ReservationLedger, should_stop
 from .fork_server import ForkServer
+from .gpu_health import NvmlWatcher, Problem
 from .interfaces import with_gloo_interface
 from .log_shipper import LogShipper, ShippingEvents
 from .reports import START_FAILED, NodeReports, ReportPublisher
@@ -189,6 +192,10 @@ class AgentOptions:
     #: "node": consume `<ns>.events.node.<node>.>` (only this node's work); "broadcast": every job's
     #: events on `<ns>.events.<Type>` (a control plane whose relay does not send node work yet).
     work_subjects: str = "node"
+    #: Watch the GPUs' health through NVML (`gpu_health`; an agent of one NVML node), reading them
+    #: every `gpu_health_seconds`: a GPU gone bad is reported within a heartbeat.
+    gpu_health: bool = False
+    gpu_health_seconds: float = 1.0
 
     def __post_init__(self) -> None:
         if self.work_subjects not in WORK_SUBJECTS:
@@ -203,6 +210,8 @@ class AgentOptions:
             raise ValueError(f"spec_wait_seconds must be > 0, got {self.spec_wait_seconds}")
         if not 0 <= self.disk_pressure_below < 1:
             raise ValueError(f"disk_pressure_below is a share of the disk, 0 <= it < 1: got {self.disk_pressure_below}")
+        if self.gpu_health_seconds <= 0:
+            raise ValueError(f"gpu_health_seconds must be > 0, got {self.gpu_health_seconds}")
         if self.memory_pressure_below_mib < 0 or self.conditions_seconds <= 0 or self.pressure_hold_seconds < 0:
             raise ValueError("memory_pressure_below_mib and pressure_hold_seconds must be >= 0, "
                              "conditions_seconds > 0")
@@ -244,6 +253,10 @@ class NodeAgent:
         self.reported_conditions: tuple[NodeCondition, ...] | None = None
         #: the conditions in force, each with when its measure was last below its threshold
         self.held_conditions: dict[Condition, Held] = {}
+        #: the unhealthy GPUs as the NVML watcher sees them (None: not watched), and as last
+        #: reported (None: not since the last registration)
+        self.gpu_problems: tuple[GpuProblem, ...] | None = None
+        self.reported_health: tuple[GpuProblem, ...] | None = None
 
     # --- what the node says about itself --------------------------------------------------------
 
@@ -263,6 +276,16 @@ class NodeAgent:
         self.reported_conditions = now
         return NodeConditionsChanged.new(stream=node_stream(self.node), actor=self.actor, correlation_id=self.node,
                                          node=self.node, conditions=list(now))
+
+    def gpu_health(self) -> GpuHealthChanged | None:
+        """The GPUs found unhealthy now, when that differs from the last report (or none was made
+        since the node registered); None: nothing to say, or the GPUs are not watched."""
+        now = self.gpu_problems
+        if now is None or now == self.reported_health:
+            return None
+        self.reported_health = now
+        return GpuHealthChanged.new(stream=node_stream(self.node), actor=self.actor, correlation_id=self.node,
+                                    node=self.node, unhealthy=list(now))
 
     def registration(self) -> NodeRegistered:
         inv = self.inventory
@@ -602,6 +625,19 @@ class AgentHost:
             log.warning("%s: marked lost (%s); registering again", event.node, event.reason.message)
             self.publisher.send(self.agents[event.node].registration())
             self.agents[event.node].reported_conditions = None  # said again after the registration
+            self.agents[event.node].reported_health = None
+            self.report_gpu_health(self.agents[event.node])
+
+    def report_gpu_health(self, agent: NodeAgent) -> None:
+        """Send the agent's GPU health if it is news (see `NodeAgent.gpu_health`)."""
+        report = agent.gpu_health()
+        if report is None:
+            return
+        for p in report.unhealthy:
+            log.warning("%s: GPU %d unhealthy: %s", agent.node, p.gpu, p.message)
+        if not report.unhealthy:
+            log.info("%s: every GPU is healthy", agent.node)
+        self.publisher.send(report)
 
 
 def _decoded(subject: str, data: bytes) -> tuple[Event, tuple[Event, ...]]:
@@ -650,6 +686,32 @@ async def _conditions(host: AgentHost, every: float) -> None:
         await asyncio.sleep(every)
 
 
+def watch_gpus(host: AgentHost, agent: NodeAgent, every: float) -> NvmlWatcher | None:
+    """Watch the agent's GPUs through NVML (`gpu_health`) and report each change of the unhealthy
+    ones; None (logged) where NVML cannot be watched."""
+    loop = asyncio.get_running_loop()
+    agent.gpu_problems = ()
+
+    def changed(problems: tuple[Problem, ...]) -> None:
+        said = tuple(GpuProblem(gpu=p.gpu, code=p.code, message=p.message, xid=p.xid)  # type: ignore[arg-type]
+                     for p in problems)
+
+        def report() -> None:
+            agent.gpu_problems = said
+            host.report_gpu_health(agent)
+
+        loop.call_soon_threadsafe(report)
+
+    watcher = NvmlWatcher(changed, poll_seconds=every)
+    try:
+        watcher.start()
+    except Exception as exc:  # pynvml raises NVMLError subclasses; a broken driver may raise others
+        log.error("%s: GPU health is not watched: NVML did not start (%s)", agent.node, exc)
+        return None
+    host.report_gpu_health(agent)  # every GPU healthy until the watcher says otherwise
+    return watcher
+
+
 async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeInventory],
                      options: AgentOptions, stop: asyncio.Event, *,
                      on_ready: Callable[[AgentHost], None] | None = None, credentials: str | None = None,
@@ -695,6 +757,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
             log.warning("node agents: every job runs as root (--run-as agent); use --run-as submitter on a "
                         "node shared by several users")
     consumer = None
+    watcher: NvmlWatcher | None = None
     beats: asyncio.Task[None] | None = None
     measures: asyncio.Task[None] | None = None
     health = start_beat(lambda: bool(bus.nc.is_connected))
@@ -723,6 +786,8 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
             host.ready.set()
         for agent in agents:
             publisher.send(agent.registration())
+        if options.gpu_health:
+            watcher = watch_gpus(host, agents[0], options.gpu_health_seconds)
         beats = asyncio.create_task(_heartbeats(bus, subjects, host, options.heartbeat_seconds),
                                     name="node-agent-heartbeats")
         measures = asyncio.create_task(_conditions(host, options.conditions_seconds), name="node-agent-conditions")
@@ -731,6 +796,8 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
             on_ready(host)
         await stop.wait()
     finally:
+        if watcher is not None:
+            await asyncio.to_thread(watcher.stop)
         await telemetry.stop()
         host.ready.set()
         if consumer is not None:

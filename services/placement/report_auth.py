@@ -19,12 +19,12 @@ def request_refused(event: Event, principal: tuple[str, str] | None, view: Clust
                     ended: JobView | None = None) -> str | None:
     """Why `event`, received on a subject naming `principal` (kind, name; `Subjects.principal_of`),
     must be ignored; None: record it. A node's subject carries its reports (`report_refused`), an
-    admin's a drain or an undrain; a user's nothing placement takes. `ended`: the job a report
-    names, read from the log when the view has forgotten it."""
+    admin's a drain or an undrain (of a node or a GPU); a user's nothing placement takes. `ended`:
+    the job a report names, read from the log when the view has forgotten it."""
     if principal is None or principal[0] == "node":
         return report_refused(event, principal[1] if principal else None, view, ended)
     kind, name = principal
-    if kind == "admin" and isinstance(event, ev.NodeDrained | ev.NodeUndrained):
+    if kind == "admin" and isinstance(event, ev.NodeDrained | ev.NodeUndrained | ev.GpuDrained | ev.GpuUndrained):
         return None
     return f"{event.type} is not a request placement takes from {kind} {name}"
 
@@ -39,6 +39,8 @@ def report_refused(event: Event, sender: str | None, view: ClusterView, ended: J
         return None if event.node == sender else f"node {sender} registered as {event.node}"
     if isinstance(event, ev.NodeConditionsChanged):
         return None if event.node == sender else f"node {sender} reported conditions of node {event.node}"
+    if isinstance(event, ev.GpuHealthChanged):
+        return None if event.node == sender else f"node {sender} reported the GPU health of node {event.node}"
     if isinstance(event, ev.WorkerStarted | ev.WorkerExited):
         if event.node != sender:
             return f"node {sender} reported for node {event.node}"

@@ -102,7 +102,8 @@ class Placement(Service):
     place_triggers: frozenset[type[Event]] = frozenset({
         ev.QuotaReserved, ev.QuotaReleased, ev.JobRequeued, ev.GangReleased, ev.GpusReleased, ev.JobCancelled,
         ev.JobCompleted, ev.JobFailed, ev.NodeRegistered, ev.NodeLost, ev.QueueConfigured, ev.PreemptRequested,
-        ev.NodeDrained, ev.NodeUndrained, ev.NodeConditionsChanged,
+        ev.NodeDrained, ev.NodeUndrained, ev.NodeConditionsChanged, ev.GpuHealthChanged, ev.GpuDrained,
+        ev.GpuUndrained,
     })
 
     #: Events after which a gang may have a next step (see `_lifecycle`).
@@ -114,6 +115,8 @@ class Placement(Service):
     def folded(self, event: Event) -> None:
         if type(event) in self.place_triggers:
             self._place_dirty = True
+        if isinstance(event, ev.GpuHealthChanged):
+            self._lifecycles_full_at = float("-inf")  # the gangs on a GPU gone bad are released now
         if type(event) in self.lifecycle_triggers:
             job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
             if job_id:
@@ -217,6 +220,29 @@ class Placement(Service):
                 log.warning("node %s: %s: %s; no new work there until it clears", event.node, c.type, c.message)
             if not event.conditions:
                 log.info("node %s: its conditions cleared; it takes work again", event.node)
+            event = msgspec.structs.replace(event, stream=node_stream(event.node))
+        elif isinstance(event, ev.GpuHealthChanged):
+            node = self.view.nodes.get(event.node)
+            if node is None or {p.gpu: p for p in event.unhealthy} == node.unhealthy:
+                await self.append({}, tracking=tracking)  # an unknown node, or nothing new
+                return
+            for p in event.unhealthy:
+                log.warning("node %s GPU %d unhealthy: %s: %s; no new work on it", event.node, p.gpu, p.code,
+                            p.message)
+            healed = sorted(set(node.unhealthy) - {p.gpu for p in event.unhealthy})
+            if healed:
+                log.info("node %s GPUs %s healthy again", event.node, healed)
+            event = msgspec.structs.replace(event, stream=node_stream(event.node))
+        elif isinstance(event, ev.GpuDrained | ev.GpuUndrained):
+            event = as_sent_by(event, sender_of(Subjects(self.bus.namespace), delivery.subject))
+            assert isinstance(event, ev.GpuDrained | ev.GpuUndrained)
+            node = self.view.nodes.get(event.node)
+            if node is None or event.gpu >= node.gpu_count or \
+                    isinstance(event, ev.GpuDrained) == (event.gpu in node.drained_gpus):
+                log.info("%s of %s:%d changes nothing (%s)", event.type, event.node, event.gpu,
+                         "no such GPU" if node is None or event.gpu >= node.gpu_count else "already so")
+                await self.append({}, tracking=tracking)
+                return
             event = msgspec.structs.replace(event, stream=node_stream(event.node))
         elif isinstance(event, ev.NodeDrained | ev.NodeUndrained):
             event = as_sent_by(event, sender_of(Subjects(self.bus.namespace), delivery.subject))
@@ -363,7 +389,8 @@ class Placement(Service):
             restarts=job.restarts, max_restarts=job.spec.restart.max_restarts if job.spec else 0,
             preemptor=job.preempt.for_job_id if job.preempt else None,
             preempt_deadline=job.preempt.deadline.timestamp() if job.preempt else None,
-            lost_nodes=self._lost(placement), seen=self.beats.about(placement.nodes(), job.job_id),
+            lost_nodes=self._lost(placement), unhealthy_gpus=self._unhealthy(placement),
+            seen=self.beats.about(placement.nodes(), job.job_id),
             time_limit=job.spec.time_limit if job.spec else None)
 
     def _fenced_gang(self, job: JobView, fence: Fence) -> lifecycle.Gang:
@@ -375,6 +402,15 @@ class Placement(Service):
             released_at=fence.released_at.timestamp(), freed=frozenset(placement.nodes()) - set(fence.open),
             lost_nodes=self._lost(placement), seen=self.beats.about(placement.nodes(), job.job_id),
             released_position=fence.released_position)
+
+    def _unhealthy(self, placement: core.Placement) -> dict[tuple[str, int], str]:
+        """The placement's GPUs that their agents find unhealthy now, with why."""
+        out: dict[tuple[str, int], str] = {}
+        for node in placement.nodes():
+            view = self.view.nodes.get(node)
+            if view is not None and view.unhealthy:
+                out.update(((node, gpu), p.message) for gpu, p in view.unhealthy.items())
+        return out
 
     def _lost(self, placement: core.Placement) -> frozenset[str]:
         return frozenset(n for n in placement.nodes() if (v := self.view.nodes.get(n)) is not None and v.lost)

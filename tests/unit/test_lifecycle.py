@@ -103,6 +103,12 @@ CASES: list[tuple[str, Gang, float, tuple[LifecycleCode | None, Then | None, lis
      (LifecycleCode.PREEMPT_OVERRUN, Then.REQUEUE, [])),
     ("cancelled", gang(S.CANCELLING), 150, (LifecycleCode.CANCELLED, Then.NOTHING, [])),
     ("node b lost", gang(lost_nodes=frozenset({"b"})), 150, (LifecycleCode.NODE_LOST, Then.REQUEUE, [])),
+    ("GPU b:3 unhealthy", gang(unhealthy_gpus={("b", 3): "XID 79"}), 150,
+     (LifecycleCode.GPU_UNHEALTHY, Then.REQUEUE, [])),
+    ("GPU b:3 unhealthy while preempting", gang(S.PREEMPTING, unhealthy_gpus={("b", 3): "XID 79"}), 150,
+     (LifecycleCode.GPU_UNHEALTHY, Then.REQUEUE, [])),
+    ("an unhealthy GPU the gang does not hold", gang(unhealthy_gpus={("b", 0): "XID 79", ("c", 3): "lost"}), 150,
+     (None, None, [])),
     ("node b alive, not listing the job for 12 s", gang(seen={"b": NodeSeen(last_at=150, absent_since=138)}), 150,
      (LifecycleCode.WORKERS_LOST, Then.REQUEUE, ["b"])),
     ("node b not listing the job for 8 s", gang(seen={"b": NodeSeen(last_at=150, absent_since=142)}), 150,
@@ -126,6 +132,14 @@ def test_next_steps(name: str, g: Gang, now: float,
         assert release.requeue_code is not None
         assert release.requeue_code.uses_a_restart == (release.code is LifecycleCode.WORKER_FAILED)
     assert freed(steps) == nodes
+
+
+def test_an_unhealthy_gpu_says_which_gpu_and_why() -> None:
+    release = release_of(next_steps(gang(unhealthy_gpus={("a", 1): "XID 79 (a critical error)"}), 150, LIMITS))
+    assert release is not None and release.requeue_code is LifecycleCode.GPU_UNHEALTHY
+    assert release.message == ("GPU a:1 is unhealthy (XID 79 (a critical error)) (attempt 0); requeued from its "
+                               "checkpoint")
+    assert not LifecycleCode.GPU_UNHEALTHY.uses_a_restart
 
 
 def test_a_gang_whose_ranks_all_started_is_marked_running_once() -> None:

@@ -240,6 +240,27 @@ def test_a_drained_node_takes_no_new_work_and_undrained_takes_it_again() -> None
     assert script.view.cluster().nodes[0].state is NodeState.READY
 
 
+def test_unhealthy_and_drained_gpus_are_out_of_service_until_healthy_and_undrained() -> None:
+    from corral.summary import node_rows
+
+    script = Script()
+    script.run([])
+    view = script.view
+    lost = ev.GpuProblem(gpu=3, code="GPU_LOST", message="fell off the bus")
+    view.apply(ev.GpuHealthChanged.new(stream=node_stream(NODE), actor="agent", node=NODE, unhealthy=[lost], now=T0))
+    view.apply(ev.GpuDrained.new(stream=node_stream(NODE), actor="user/op", node=NODE, gpu=5, user="op",
+                                 message="flaky", now=T0))
+    assert view.cluster().nodes[0].out_of_service == {3, 5}
+    assert view.free_gpus() == 6
+    (row,) = node_rows(view)
+    assert (row["free"], row["map"]) == (6, ". . . X . D . .")
+    assert row["unhealthy"] == {"3": {"code": "GPU_LOST", "message": "fell off the bus", "xid": None}}
+    assert row["drained_gpus"] == {"5": {"user": "op", "message": "flaky"}}
+    view.apply(ev.GpuHealthChanged.new(stream=node_stream(NODE), actor="agent", node=NODE, unhealthy=[], now=T0))
+    view.apply(ev.GpuUndrained.new(stream=node_stream(NODE), actor="user/op", node=NODE, gpu=5, user="op", now=T0))
+    assert view.cluster().nodes[0].out_of_service == frozenset() and view.free_gpus() == 8
+
+
 def test_the_node_map_follows_the_fence() -> None:
     script = Script()
     script.run([*RUN, f"release:{C}", "complete"])

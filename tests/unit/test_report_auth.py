@@ -39,3 +39,16 @@ def test_the_current_attempt_is_reported_by_its_own_nodes_only() -> None:
     assert report_refused(exited("node-a", 0, 1), "node-a", view) is not None  # node-a holds attempt 0 only
     assert report_refused(exited("node-b", 0, 0), "node-b", view) is not None  # node-b never held attempt 0
     assert report_refused(exited("node-a", 0, 0), "node-b", view) is not None  # reporting for another node
+
+
+def test_a_node_reports_the_health_of_its_own_gpus_only_and_admins_drain_them() -> None:
+    from corral.services.placement.report_auth import request_refused
+
+    health = ev.GpuHealthChanged.new(stream="node-node-a", actor="node/node-a", node="node-a", unhealthy=[
+        ev.GpuProblem(gpu=0, code="XID", message="XID 79", xid=79)])
+    assert report_refused(health, "node-a", ClusterView()) is None
+    assert report_refused(health, "node-b", ClusterView()) == "node node-b reported the GPU health of node node-a"
+    drain = ev.GpuDrained.new(stream="node-node-a", actor="user/op", node="node-a", gpu=0, user="op")
+    assert request_refused(drain, ("admin", "op"), ClusterView()) is None
+    assert request_refused(drain, ("user", "op"), ClusterView()) is not None
+    assert request_refused(drain, ("node", "node-a"), ClusterView()) == "GpuDrained is not a node report"

@@ -254,7 +254,9 @@ def register(app: typer.Typer) -> None:
                 job_log_dir=log_dir.resolve() if log_dir else None,
                 checkpoint_root=checkpoint_dir.resolve() if checkpoint_dir else _shared_checkpoints(inventory),
                 heartbeat_seconds=heartbeat_seconds, stop_workers_on_exit=stop_workers_on_exit,
-                run_as=mode, advertise_address=address, rendezvous_ports=ports)
+                run_as=mode, advertise_address=address, rendezvous_ports=ports,
+                # this machine's GPUs: watched through NVML as they were found
+                gpu_health=inventory in (None, NVML), gpu_health_seconds=min(1.0, heartbeat_seconds))
         except AgentUsageError as exc:
             err_console.print(f"[red]error:[/red] {exc}", highlight=False)
             raise SystemExit(EXIT_USAGE) from None

@@ -58,7 +58,8 @@ def register(app: typer.Typer) -> None:
     def nodes(json_out: JsonOpt = False) -> None:
         """Nodes (like sinfo) with a per-GPU map: which job holds which GPU, NVLink domains split by |;
         RELEASING GPUs belong to a released gang whose processes are not confirmed gone yet. A node
-        under `pressure` (disk or memory, measured by its agent) takes no new work: why is under the table."""
+        under `pressure` (disk or memory, measured by its agent) takes no new work: why is under the table,
+        as for a GPU unhealthy (X: XID, ECC, fallen off the bus) or drained (D; `!` after a job on one)."""
         rows = with_client(lambda c: _view_rows(c, node_rows), bus=False)
         if json_out:
             print_json(rows)
@@ -70,6 +71,13 @@ def register(app: typer.Typer) -> None:
         for r in rows:
             for c in r["conditions"]:
                 console.print(f"{r['node']}: {c['type']}: {c['message']}; no new work until it clears",
+                              highlight=False, soft_wrap=True)
+            for g, p in r["unhealthy"].items():
+                console.print(f"{r['node']}:{g} unhealthy (X): {p['code']}: {p['message']}; no new work on it",
+                              highlight=False, soft_wrap=True)
+            for g, d in r["drained_gpus"].items():
+                why = f": {d['message']}" if d["message"] else ""
+                console.print(f"{r['node']}:{g} drained (D) by {d['user']}{why}; corral gpu undrain {r['node']}:{g}",
                               highlight=False, soft_wrap=True)
 
     @app.command()

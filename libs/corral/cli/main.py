@@ -243,6 +243,7 @@ REGISTRARS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("audit", "register", ("audit",)),
     ("service", "register", ("service", "healthcheck")),
     ("operator", "register", ("hold", "release", "requeue", "drain", "undrain")),
+    ("gpu", "register", ("gpu",)),
     ("credentials", "register", ("credentials",)),
     ("observe", "register", ("usage", "top")),
     ("people", "register", ("whoami", "user")),

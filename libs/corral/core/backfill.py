@@ -188,7 +188,7 @@ def _count_bound(fi: FreeGpus, need: int, order: list[Release], claimed: dict[in
     lo = 0
     while lo < len(order) and have < need:
         for i, m in order[lo].masks:
-            have += (m & ~fi.free[i] & ~claimed.get(i, 0) & fi.all_masks[i]).bit_count()
+            have += (m & ~fi.free[i] & ~claimed.get(i, 0) & fi.usable_masks[i]).bit_count()
         lo += 1
     return lo if have >= need else None
 

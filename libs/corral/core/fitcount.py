@@ -36,7 +36,7 @@ class Headroom:
         if not free.eligible[i]:
             return  # never offered: counted by neither total
         old = self.now.get(i, free.free[i])
-        new = old | (mask & free.all_masks[i])
+        new = old | (mask & free.usable_masks[i])
         if new != old:
             req = self.req
             self.now[i] = new

@@ -60,6 +60,7 @@ class ClusterIndex:
         "rack_nodes",
         "racks",
         "single_domain",
+        "usable_masks",
         "zone_nodes",
         "zones",
     )
@@ -77,6 +78,8 @@ class ClusterIndex:
         self.node_zone = [zone_ix[n.zone] for n in nodes]
         self.eligible = [n.state in eligible_states for n in nodes]
         self.all_masks = [mask_of(g.index for g in n.gpus) for n in nodes]
+        # the GPUs that may ever be free: a GPU out of service (unhealthy, drained) never is
+        self.usable_masks = [m & ~mask_of(n.out_of_service) for m, n in zip(self.all_masks, nodes, strict=True)]
         self.domains = [tuple(mask_of(ix) for ix in n.domains().values()) for n in nodes]
         self.dom_counts = [tuple(m.bit_count() for m in d) for d in self.domains]
         self.single_domain = all(len(d) <= 1 for d in self.domains)
@@ -178,6 +181,7 @@ class FreeGpus:
         "single_domain",
         "static",
         "total_free",
+        "usable_masks",
         "zone_free",
         "zone_nodes",
         "zones",
@@ -198,9 +202,11 @@ class FreeGpus:
         *,
         used: Mapping[int, int] | None = None,
         like: FreeGpus | None = None,
+        in_service_only: bool = True,
     ):
-        """Every GPU free, except `used` (node index -> mask of GPUs taken); or, given `like`
-        (an index of the same cluster), the GPUs free there (`copy`)."""
+        """Every GPU free, except `used` (node index -> mask of GPUs taken) and the GPUs out of
+        service (`Node.out_of_service`, unless `in_service_only` is False: the cluster's shape); or,
+        given `like` (an index of the same cluster), the GPUs free there (`copy`)."""
         st = self.static = ClusterIndex.of(cluster, eligible_states) if like is None else like.static
         self.cluster = cluster
         self.names = st.names
@@ -219,6 +225,7 @@ class FreeGpus:
         self.zone_nodes = st.zone_nodes
         self._match_cache = st.match_cache
         if like is not None:
+            self.usable_masks = like.usable_masks
             self.free = like.free.copy()
             self.rack_free = like.rack_free.copy()
             self.zone_free = like.zone_free.copy()
@@ -226,7 +233,8 @@ class FreeGpus:
             self.dom_buckets = [b.copy() for b in like.dom_buckets]
             self.total_free = like.total_free
             return
-        self.free = list(st.all_masks)
+        self.usable_masks = st.usable_masks if in_service_only else st.all_masks
+        self.free = list(self.usable_masks)
         if used:
             for i, m in used.items():
                 self.free[i] &= ~m
@@ -325,11 +333,14 @@ class FreeGpus:
             raise AssertionError(f"GPUs {indices_of(mask & ~self.free[i])} of {self.names[i]} are not free")
         self._move(i, self.free[i] & ~mask)
 
-    def give(self, i: int, mask: int) -> None:
-        """Mark GPUs free again; they must be used and exist."""
+    def give(self, i: int, mask: int) -> int:
+        """Mark GPUs free again; they must be used and exist. Returns the mask made free: a GPU out
+        of service stays taken (its holder leaving does not make it usable)."""
         if mask & self.free[i] or mask & ~self.all_masks[i]:
             raise AssertionError(f"GPUs {indices_of(mask)} of {self.names[i]} are not held")
-        self._move(i, self.free[i] | mask)
+        freed = mask & self.usable_masks[i]
+        self._move(i, self.free[i] | freed)
+        return freed
 
     # -- matching ---------------------------------------------------------------------------------
 
@@ -360,8 +371,7 @@ class Statement:
         self._ops.append((True, i, mask))
 
     def give(self, i: int, mask: int) -> None:
-        self.index.give(i, mask)
-        self._ops.append((False, i, mask))
+        self._ops.append((False, i, self.index.give(i, mask)))
 
     def mark(self) -> int:
         """A point to roll back to with `rollback_to`."""

@@ -38,7 +38,7 @@ def give_back(stmt: Statement, masks: Iterable[tuple[int, int]]) -> None:
     """Inside a what-if, count the GPUs of `masks` that the index holds as free."""
     fi = stmt.index
     for i, m in masks:
-        give = m & ~fi.free[i] & fi.all_masks[i]
+        give = m & ~fi.free[i] & fi.usable_masks[i]
         if give:
             stmt.give(i, give)
 

@@ -82,11 +82,14 @@ class Node:
     cpus: float | None = None  # host CPU cores and memory (None: not declared, never a limit)
     memory_gib: float | None = None
     datasets: frozenset[str] = frozenset()  # datasets this node holds (a job's mounts may need them)
+    out_of_service: frozenset[int] = frozenset()  # GPUs taking no new work (unhealthy, drained): never free
 
     def __post_init__(self) -> None:
         indices = [g.index for g in self.gpus]
         if len(set(indices)) != len(indices):
             raise ValueError(f"Node {self.name!r}: GPU indices must be unique, got {indices}")
+        if extra := sorted(self.out_of_service - set(indices)):
+            raise ValueError(f"Node {self.name!r}: out_of_service names GPUs {extra} it does not have")
 
     @property
     def gpu_count(self) -> int:
@@ -348,8 +351,7 @@ class RunningJob:
 
 @dataclass(frozen=True, slots=True)
 class PendingJob:
-    """A job waiting for GPUs, with its attained service (for LAS), the preemptors that hit it and
-    when (carried into its `RunningJob` when it starts again)."""
+    """A waiting job: attained service (LAS), preemptors that hit it and when (kept when it runs)."""
 
     job: Job
     attained_gpu_seconds: float = 0.0

@@ -364,7 +364,7 @@ def _no_fit_reason(req: GangRequest, job: Job) -> Reason:
 
 def idle_index(cluster: Cluster) -> FreeGpus:
     """Every GPU of every node that is not lost, free: the cluster's shape for admission checks."""
-    return FreeGpus(cluster, frozenset({NodeState.READY, NodeState.DRAINING}))
+    return FreeGpus(cluster, frozenset({NodeState.READY, NodeState.DRAINING}), in_service_only=False)
 
 
 def _node_offer(request: GpuRequest, nodes: tuple[Node, ...]) -> str:

@@ -172,7 +172,7 @@ class SchedulerState:
         self._masks[job_id] = masks
         add_masks(self._used, masks)
         for i, m in masks:
-            self._fi.take(i, m)
+            self._fi.take(i, m & self._fi.usable_masks[i])  # a GPU out of service is never free
         self._count(r, +1)
         self._name(r.job.queue, +1)
 

@@ -25,9 +25,11 @@ from corral.summary import queue_rows
 #: The states a GPU is counted in by `corral_gpus`, one per GPU (first that holds): `lost` on a lost
 #: node; `releasing`: its gang was released and its processes are not confirmed gone (the fence), no
 #: job is placed on it; `allocated` to a placed gang (on a draining node too: it runs on);
-#: `draining`: not allocated, on a node drained by `corral drain` (no new work); else `free`.
-#: `corral nodes` counts a draining node's unallocated GPUs as free: there free = free + draining.
-GPU_STATES = ("free", "allocated", "releasing", "draining", "lost")
+#: `unhealthy`: not allocated, found unhealthy by its agent (NVML); `gpu_drained`: not allocated,
+#: drained by `corral gpu drain`; `draining`: not allocated, on a node drained by `corral drain`
+#: (no new work); else `free`. `corral nodes` counts a draining node's unallocated GPUs as free:
+#: there free = free + draining.
+GPU_STATES = ("free", "allocated", "releasing", "draining", "lost", "unhealthy", "gpu_drained")
 #: Nodes by state (`corral_nodes`), as `corral nodes` shows them.
 NODE_STATES = ("ready", "draining", "lost")
 #: A waiting job that has no reason recorded yet (just admitted).
@@ -40,19 +42,28 @@ HELD = LifecycleCode.HELD.value
 def gpu_families(view: ClusterView) -> list[GaugeMetricFamily]:
     """GPUs by node, model and state; the allocation ratio; nodes by state."""
     gpus = GaugeMetricFamily("corral_gpus", "GPUs by node, model and state (free, allocated, releasing: its "
-                             "gang released, until its processes are gone, draining: unallocated on a node "
-                             "drained by corral drain, lost: on a lost node).", labels=["node", "model", "state"])
+                             "gang released, until its processes are gone, unhealthy: unallocated and found "
+                             "unhealthy through NVML, gpu_drained: unallocated and drained by corral gpu drain, "
+                             "draining: unallocated on a node drained by corral drain, lost: on a lost node).",
+                             labels=["node", "model", "state"])
+    unhealthy = GaugeMetricFamily("corral_gpu_unhealthy", "1 for each GPU its node's agent finds unhealthy through "
+                                  "NVML (code: XID, ECC_DOUBLE_BIT, GPU_LOST), held or not.",
+                                  labels=["node", "gpu", "code"])
     releasing = view.releasing_gpus()
     for node in sorted(view.nodes.values(), key=lambda n: n.name):
         held = releasing.get(node.name, {})
         counts: dict[str, list[int]] = {}  # model -> GPUs per state, in GPU_STATES order
         for gpu in node.inventory.gpus:
             state = ("lost" if node.lost else "releasing" if gpu.index in held
-                     else "allocated" if gpu.index in node.allocations else "draining" if node.draining else "free")
+                     else "allocated" if gpu.index in node.allocations else "unhealthy" if gpu.index in node.unhealthy
+                     else "gpu_drained" if gpu.index in node.drained_gpus else "draining" if node.draining
+                     else "free")
             counts.setdefault(gpu.model or "", [0] * len(GPU_STATES))[GPU_STATES.index(state)] += 1
         for model, per_state in sorted(counts.items()):
             for state_name, n in zip(GPU_STATES, per_state, strict=True):
                 gpus.add_metric([node.name, model, state_name], n)
+        for index, problem in sorted(node.unhealthy.items()):
+            unhealthy.add_metric([node.name, str(index), problem.code], 1)
     capacity = view.capacity()
     used = sum(len(n.allocations) for n in view.nodes.values() if not n.lost)
     ratio = GaugeMetricFamily("corral_gpu_allocation_ratio", "GPUs allocated (releasing ones included) over "
@@ -63,7 +74,7 @@ def gpu_families(view: ClusterView) -> list[GaugeMetricFamily]:
     node_states = [_node_state(n.lost, n.draining) for n in view.nodes.values()]
     for state in NODE_STATES:
         nodes.add_metric([state], node_states.count(state))
-    return [gpus, ratio, nodes]
+    return [gpus, unhealthy, ratio, nodes]
 
 
 def _node_state(lost: bool, draining: bool) -> str:
