@@ -93,7 +93,9 @@ class NvmlWatcher:
     def __init__(self, on_change: Callable[[tuple[Problem, ...]], None], *, poll_seconds: float = 1.0,
                  nvml: Any = None) -> None:
         if nvml is None:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         self.nvml = nvml
         self.on_change = on_change
         self.poll_seconds = poll_seconds
@@ -101,10 +103,30 @@ class NvmlWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._said: tuple[Problem, ...] = ()
+        self._count = 0
+        self._uuids: dict[str, int] = {}  # GPU UUID -> index
+        self._event_set: Any = None
 
     def start(self) -> None:
-        """Initialize NVML and start watching (raises what NVML raises when it cannot start)."""
-        self.nvml.nvmlInit()
+        """Initialize NVML, register for the GPUs' events (those from now on are seen) and start
+        watching; raises what NVML raises when it cannot start."""
+        nvml = self.nvml
+        nvml.nvmlInit()
+        try:
+            self._count = int(nvml.nvmlDeviceGetCount())
+            self._event_set = nvml.nvmlEventSetCreate()
+            wanted = int(nvml.nvmlEventTypeXidCriticalError | nvml.nvmlEventTypeDoubleBitEccError)
+            for i in range(self._count):
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                    self._uuids[_text(nvml.nvmlDeviceGetUUID(handle))] = i
+                    supported = int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
+                    nvml.nvmlDeviceRegisterEvents(handle, wanted & supported, self._event_set)
+                except nvml.NVMLError as exc:
+                    log.warning("GPU %d: cannot watch its events (%s); its counters are still read", i, exc)
+        except BaseException:
+            self._close()
+            raise
         self._thread = threading.Thread(target=self._run, name="gpu-health", daemon=True)
         self._thread.start()
 
@@ -116,34 +138,24 @@ class NvmlWatcher:
     def _lost_code(self) -> int:
         return int(getattr(self.nvml, "NVML_ERROR_GPU_IS_LOST", 15))
 
+    def _close(self) -> None:
+        if self._event_set is not None:
+            with contextlib.suppress(Exception):
+                self.nvml.nvmlEventSetFree(self._event_set)
+            self._event_set = None
+        with contextlib.suppress(Exception):
+            self.nvml.nvmlShutdown()
+
     def _run(self) -> None:
-        nvml = self.nvml
-        event_set = None
         try:
-            count = int(nvml.nvmlDeviceGetCount())
-            uuids: dict[str, int] = {}
-            event_set = nvml.nvmlEventSetCreate()
-            wanted = int(nvml.nvmlEventTypeXidCriticalError | nvml.nvmlEventTypeDoubleBitEccError)
-            for i in range(count):
-                try:
-                    handle = nvml.nvmlDeviceGetHandleByIndex(i)
-                    uuids[_text(nvml.nvmlDeviceGetUUID(handle))] = i
-                    supported = int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
-                    nvml.nvmlDeviceRegisterEvents(handle, wanted & supported, event_set)
-                except nvml.NVMLError as exc:
-                    log.warning("GPU %d: cannot watch its events (%s); its counters are still read", i, exc)
-            self._poll(count)
+            self._poll(self._count)
             while not self._stop.is_set():
-                self._wait(event_set, uuids)
-                self._poll(count)
+                self._wait(self._event_set, self._uuids)
+                self._poll(self._count)
         except Exception:
             log.exception("GPU health watching stopped")
         finally:
-            if event_set is not None:
-                with contextlib.suppress(Exception):
-                    nvml.nvmlEventSetFree(event_set)
-            with contextlib.suppress(Exception):
-                nvml.nvmlShutdown()
+            self._close()
 
     def _wait(self, event_set: Any, uuids: dict[str, int]) -> None:
         """Take the events of one wait (up to `poll_seconds`); a lost GPU is found by `_poll`."""
@@ -151,9 +163,11 @@ class NvmlWatcher:
         try:
             data = nvml.nvmlEventSetWait(event_set, int(self.poll_seconds * 1000))
         except nvml.NVMLError as exc:
-            if exc.value not in (getattr(nvml, "NVML_ERROR_TIMEOUT", 10), self._lost_code()):
+            if exc.value == getattr(nvml, "NVML_ERROR_TIMEOUT", 10):
+                return
+            if exc.value != self._lost_code():  # a lost GPU makes every wait fail at once: `_poll` finds it
                 log.warning("waiting for GPU events: %s", exc)
-                self._stop.wait(self.poll_seconds)
+            self._stop.wait(self.poll_seconds)  # not a busy loop while the error lasts
             return
         if int(data.eventType) != int(nvml.nvmlEventTypeXidCriticalError):
             return  # ECC events: the counters, read by `_poll`, say it

@@ -187,6 +187,7 @@ class FreeGpus:
         "zones",
     )
     static: ClusterIndex
+    usable_masks: list[int]  # per node, the GPUs that may ever be free (not out of service)
     # the free GPUs (the rest is the cluster's): node index -> mask, counts, buckets by free count
     free: list[int]
     total_free: int
