@@ -102,7 +102,7 @@ class Plan:
 
     @classmethod
     def smoke(cls, seed: int) -> Plan:
-        # Postgres stays down 45 s: past the ~43 s after which the services of issue 11 dead-lettered.
+        # Postgres stays down 45 s: longer than a consumer's retries of a failing message (~43 s).
         # The outage starts at 8.6 s and ends with the 54 s of load and kills, instead of running on
         # alone past them (which made the run ~20 s longer and proved nothing more).
         return cls(seed=seed, fault_seconds=54.0, submitters=4, jobs_per_submitter=16, duration=(2.0, 7.0),

@@ -3,7 +3,7 @@
 1,000 nodes x 8 GPUs (8,000 GPUs, 125 racks of 8 nodes), 5,000 pending jobs of mixed gang sizes
 (1 to 64 GPUs) across a few queues, some with topology constraints and runtime estimates.
 Prints decisions per second, placements per second, the p50/p99 time to decide one job, and the
-machine it ran on. Targets (issue 3): >= 2,000 placement decisions/s on one core, cycle < 5 s.
+machine it ran on. Targets: >= 2,000 placement decisions/s on one core, cycle < 5 s.
 
     .venv/bin/python bench/core.py [--jobs 5000] [--nodes 1000] [--seed 7] [--repeat 3] [--profile]
 

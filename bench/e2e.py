@@ -10,7 +10,7 @@ simulated time — and reads every timing back from the event log afterwards.
 
 Prints: placements per second in steady state (GangReserved events per second over the middle
 80% of them), p50 / p99 latency submit -> GangReserved and submit -> JobRunning, the machine and
-the exact command. Targets (issue 18): >= 300 placements/s sustained on a 2-core machine (stretch
+the exact command. Targets: >= 300 placements/s sustained on a 2-core machine (stretch
 500); p99 submit-to-placed < 250 ms at 100 jobs/s. For reference: Slurm ~500 jobs/s
 (high-throughput guide); Kueue ~43 admissions/s (baseline performance test); kube-scheduler 180
 pods/s with extended resources (GPUs).

@@ -426,7 +426,7 @@ class NodeRegistered(Event, frozen=True, kw_only=True, tag="NodeRegistered"):
     rack: Location
     zone: Location
     #: Where other hosts reach this node: rank 0's node address is a gang's `MASTER_ADDR`. None
-    #: (agents before issue 15, simulated nodes): placement uses `CORRAL_MASTER_ADDR` (127.0.0.1).
+    #: (an agent that does not say, simulated nodes): placement uses `CORRAL_MASTER_ADDR` (127.0.0.1).
     address: Address | None = None
     #: The ports placement may give a gang whose rank 0 runs here as `MASTER_PORT`; None: the
     #: default range (`corral.core.rendezvous.DEFAULT_PORT_RANGE`).

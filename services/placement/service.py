@@ -78,7 +78,7 @@ class Placement(Service):
         self.limits = lifecycle.Limits.from_env(os.environ)
         #: which jobs each node's heartbeats list (the agents' word on what runs where)
         self.beats = lifecycle.Heartbeats()
-        #: MASTER_ADDR of a gang whose rank 0's node advertised no address (agents before issue 15)
+        #: MASTER_ADDR of a gang whose rank 0's node advertised no address (simulated nodes, agents that do not say)
         self.master_addr = os.environ.get("CORRAL_MASTER_ADDR", "127.0.0.1")
         self.heartbeats: dict[str, float] = {}
         self.started_at = self.clock()

@@ -5,7 +5,7 @@ position, correlation, causation, trace context, message id; `corral.bus.relay.e
 and each event is delivered to four or five services. nats-py parses a message's header block in
 Python line by line (`Client._parse_header_lines`: a partition, two strips, two decodes and a
 per-character whitespace scan for each line), ~21 us per event message: a tenth of the CPU that
-the preemption service spent per event in `bench/e2e.py` at 100 jobs/s (py-spy, 2026-12-06).
+the preemption service spent per event in `bench/e2e.py` at 100 jobs/s (py-spy; bench/README.md).
 
 The fix: one regular expression over the block (~10 us), with the same result for every header
 block a NATS server forwards (lines `Name: value` separated by CRLF; a name is an HTTP token: no

@@ -193,11 +193,10 @@ class RunningConsumer:
         nats-py returns only when the batch is FULL or the timeout expires, so a consumer that
         had caught up handled its next messages up to 5 s late (or after `batch` of them).
 
-        Behind (`_behind`), the gathering window is longer. The problem: nats-py stops collecting
-        a batch when the window ends, and on a busy event loop the messages the server sent
-        arrive slower than that: under a backlog of hundreds placement's inbox fetched 36 of 64
-        reports at a time (10 ms window), then lingered as if it had caught up, and its workers'
-        reports reached it 0.5-1 s late (bench/README.md, 2026-12-05).
+        Behind (`_behind`), the gathering window is longer: nats-py stops collecting a batch when
+        the window ends, and on a busy event loop the messages the server sends arrive slower
+        than that; with a short window under a backlog of hundreds a consumer fetches part of a
+        batch, lingers as if it had caught up, and reports reach it late (bench/README.md).
         """
         gather = _BEHIND_GATHER if self._behind else max(self._linger, _MIN_GATHER)
         try:

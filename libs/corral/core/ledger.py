@@ -12,8 +12,8 @@ Statement for a gang, the ledger owns the books and offers the moves:
 - `fit_with_releasing(job)` and `avoiding(masks)`: what-ifs on the index, always rolled back;
 - `give_back(stmt, masks)`: count held GPUs as free inside a what-if (plans and reservations);
 - `add_masks(books, masks)`: add GPUs to a book (node index -> mask).
-Every move makes the index operations, in the order, that the cycle made before the ledger
-existed: the Philly replay's schedules are byte-identical across the split (issue 14).
+Every move makes the index operations in the cycle's order, so the simulator's schedules do not
+depend on the ledger being a module of its own (the Philly replay's are byte-identical).
 """
 
 from __future__ import annotations

@@ -63,8 +63,8 @@ def reserved_for(job: Job, r: Reservation, now: float) -> Reason:
 
 
 def with_standing(reason: Reason, queue: str, used: int, guaranteed: int) -> Reason:
-    """`reason`, with the fair-share state of the job's queue (issue 19: "GANG_DOES_NOT_FIT: 0
-    free" never said that the queue was under its guarantee, i.e. first in fair-share order)."""
+    """`reason`, with the fair-share state of the job's queue: "GANG_DOES_NOT_FIT: 0 free" alone
+    does not say that the queue is under its guarantee, i.e. first in fair-share order."""
     where = ("under its guarantee" if used < guaranteed else
              f"borrows {used - guaranteed}" if used > guaranteed else "at its guarantee")
     return Reason(
@@ -88,8 +88,8 @@ def with_reservation(reason: Reason, r: Reservation) -> Reason:
 def preempting(kinds: Collection[ReasonCode], victims: Sequence[RunningJob], now: float) -> Reason:
     """Why victims are preempted, and what it costs. Lost work counts from each victim's last
     checkpoint (`RunningJob.lost_work`), and a victim with a checkpoint grace is asked to write one
-    first: the work since its last checkpoint is lost only if it stops without one (issue 19: the
-    reason said "125 GPU-seconds are lost" of a victim that checkpointed at the signal)."""
+    first: the work since its last checkpoint is lost only if it stops without one, so a victim
+    that checkpoints at the signal loses nothing."""
     unsaved = sum(v.lost_work(now) for v in victims)
     gpus = sum(v.placement.gpu_count for v in victims)
     ids = ", ".join(sorted(v.job.id for v in victims))

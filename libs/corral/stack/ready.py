@@ -4,7 +4,7 @@ Why: `corral up` promises that when it prints, the cluster is usable — every d
 the log, there is a queue to submit to, and every telemetry endpoint it prints answers — rather
 than leaving a newcomer (or a Prometheus scrape) to race the services. A service opens its
 endpoint only after connecting to Postgres and NATS, which the nodes' registration does not wait
-for: on a busy machine the status was printed before admission listened (CI, stop 30).
+for: on a busy machine the status could otherwise be printed before admission listens.
 """
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ class StackOptions:
     #: `corral user add NAME` would add them; each gets `<data_dir>/credentials/<user>.json`.
     submitters: tuple[str, ...] = ()
     #: Give each service its own Postgres login and the CLI a read-only one (`corral.stack.pglogins`);
-    #: off, everything connects with the owner's DSN (as before issue 12).
+    #: off, everything connects with the owner's DSN.
     postgres_logins: bool = True
     #: Our own nats-server requires TLS with a CA generated in `<data_dir>/tls/` (see
     #: `corral.stack.tls`); clients find the CA through the context and `CORRAL_NATS_CA`.

@@ -1,0 +1,117 @@
+"""Comments and docstrings give the standing reason in the present tense: no issue numbers, stops,
+dates or "The problem: ... The fix: ..." stories (history belongs in commit messages and
+bench/README.md)."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TREES = ("libs/corral", "services", "contracts", "bench")
+#: Always refused: a reference to where or when a change was made.
+REFERENCE = re.compile(r"(?i)\bissues?\s*#?\d+|\bstop\s+\d+\b|\b20\d\d-[01]\d-[0-3]\d\b|\bbefore issue\b|"
+                       r"\bsession\s+\d+")
+#: A story of what went wrong before, told as one.
+STORY = re.compile(r"(?m)^\s*(?:#:?\s*)?The (?:problem|fix):")
+#: Files whose docstrings still tell a "The problem: ..." story, to be rewritten to the standing
+#: reason; the list only shrinks (a file rewritten must leave it).
+STORIES_LEFT: frozenset[str] = frozenset({
+    "bench/machine_probe.py",
+    "bench/proc_account.py",
+    "contracts/logs.py",
+    "contracts/sizes.py",
+    "libs/corral/accounting.py",
+    "libs/corral/bus/bus.py",
+    "libs/corral/bus/client.py",
+    "libs/corral/bus/dead_letters.py",
+    "libs/corral/bus/limits.py",
+    "libs/corral/bus/unavailable.py",
+    "libs/corral/bus/urls.py",
+    "libs/corral/cli/credentials.py",
+    "libs/corral/cli/exit_codes.py",
+    "libs/corral/cli/logs.py",
+    "libs/corral/cli/service.py",
+    "libs/corral/cli/session.py",
+    "libs/corral/core/escalation.py",
+    "libs/corral/core/fairshare.py",
+    "libs/corral/core/pipeline.py",
+    "libs/corral/core/rendezvous.py",
+    "libs/corral/core/reservation.py",
+    "libs/corral/core/steps.py",
+    "libs/corral/eventstore/pool_logs.py",
+    "libs/corral/health.py",
+    "libs/corral/lifecycle.py",
+    "libs/corral/log_stream.py",
+    "libs/corral/readmodel/codec.py",
+    "libs/corral/readmodel/projector.py",
+    "libs/corral/readmodel/snapshots.py",
+    "libs/corral/sim/engine.py",
+    "libs/corral/stack/deploy_credentials.py",
+    "libs/corral/stack/join.py",
+    "libs/corral/stack/servers.py",
+    "libs/corral/summary.py",
+    "libs/corral/telemetry/endpoint.py",
+    "libs/corral/telemetry/families.py",
+    "libs/corral/telemetry/health.py",
+    "libs/corral/telemetry/logs.py",
+    "libs/corral/telemetry/logstats.py",
+    "libs/corral/telemetry/process.py",
+    "libs/corral/telemetry/tracing.py",
+    "libs/corral/translate.py",
+    "services/admission/feasibility.py",
+    "services/admission/service.py",
+    "services/base.py",
+    "services/lease.py",
+    "services/leased_task.py",
+    "services/main.py",
+    "services/node_agent/adoption.py",
+    "services/node_agent/ephemeral_ports.py",
+    "services/node_agent/log_chunks.py",
+    "services/node_agent/log_shipper.py",
+    "services/node_agent/run_as.py",
+    "services/node_agent/runtimes.py",
+    "services/node_agent/stepd.py",
+    "services/node_agent/supervisor.py",
+    "services/projector_lease.py",
+    "services/quota/round_inputs.py",
+    "services/reason_throttle.py",
+    "services/relay.py",
+    "services/run_loop.py",
+    "services/settings.py",
+})
+
+
+def _texts(path: Path) -> Iterator[tuple[int, str]]:
+    source = path.read_text()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                yield node.body[0].lineno, doc
+
+
+def _files() -> list[Path]:
+    return [p for tree in TREES for p in sorted((ROOT / tree).rglob("*.py"))]
+
+
+def test_no_comment_or_docstring_names_an_issue_a_stop_or_a_date() -> None:
+    found = [f"{path.relative_to(ROOT)}:{line}: {match.group(0)!r}"
+             for path in _files() for line, text in _texts(path) for match in REFERENCE.finditer(text)]
+    assert not found, "history in code (say the standing reason instead):\n" + "\n".join(found)
+
+
+def test_no_docstring_tells_a_the_problem_story() -> None:
+    telling = {str(path.relative_to(ROOT)) for path in _files()
+               if any(STORY.search(text) for _, text in _texts(path))}
+    new = sorted(telling - STORIES_LEFT)
+    assert not new, "rewrite to the standing reason, in the present tense:\n" + "\n".join(new)
+    rewritten = sorted(STORIES_LEFT - telling)
+    assert not rewritten, "rewritten: take these off STORIES_LEFT:\n" + "\n".join(rewritten)
