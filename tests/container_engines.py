@@ -54,7 +54,7 @@ def _shared_objects() -> list[Path]:
     """The compiled files the image's Python may load: its own, and the venv's."""
     base = Path(sys.base_prefix)
     found = [Path(os.path.realpath(sys.executable))]
-    found += sorted(Path(sysconfig.get_path("platstdlib", vars={"base": sys.base_prefix})).glob("lib-dynload/*.so"))
+    found += sorted(Path(_stdlib(), "lib-dynload").glob("*.so"))
     found += sorted(Path(sysconfig.get_path("purelib")).rglob("*.so*"))
     return [p for p in found if p.is_file() and (base in p.parents or Path(sys.prefix) in p.parents
                                                  or p == found[0])]
@@ -149,7 +149,8 @@ class _Tree:
 
 
 def _stdlib() -> str:
-    return sysconfig.get_path("stdlib", vars={"installed_base": sys.base_prefix})
+    """The interpreter's standard library (where `os` comes from: the base prefix, not the venv)."""
+    return os.path.dirname(os.__file__)
 
 
 def python_rootfs() -> Path:

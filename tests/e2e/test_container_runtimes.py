@@ -4,7 +4,8 @@ submitters. The image is made here without a registry (`tests/container_engines.
 Python, imported once per session); the job mounts the checkout (and so the venv) read-only, a
 dataset read-only below /mnt, and a writable output folder; it runs as the submitter (`--user`),
 sees its GPUs as device files (`CORRAL_GPU_DEVICES`: a folder of `mknod` files the test owns,
-given as `--device`), writes a checkpoint into its checkpoint folder and completes.
+given as `--device`), writes a checkpoint into its checkpoint folder and completes. A DDP pair
+(gloo) runs across two containers.
 """
 
 from __future__ import annotations
@@ -147,3 +148,44 @@ async def test_a_containerized_rank_with_mounts_its_user_its_gpus_and_a_checkpoi
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def first_engine(docker: Engine, podman: Engine) -> Engine:
+    """Docker, else podman: one engine is enough for what does not differ between them."""
+    for found in (docker, podman):
+        if found.problem is None:
+            return found
+    pytest.skip(f"no container engine: {docker.problem}; {podman.problem}")
+
+
+@pytest.mark.skipif(not any(Path(p, "torch").exists() for p in sys.path), reason="torch is not installed")
+async def test_a_ddp_pair_across_two_containers(first_engine: Engine, site: Stack) -> None:
+    """examples/ddp_allreduce.py, 2 ranks on gloo, each in its own container (host network: they
+    meet at rank 0's address), all-reduces to the end. Its time is torch's import, twice."""
+    engine = first_engine
+    c = await client_of(site)
+    try:
+        job = await c.submit(validate_job_spec({
+            "name": f"ddp-{engine.name}", "queue": "team-a", "replicas": 2, "gpus_per_replica": 1,
+            "runtime": engine.name, "image": engine.image, "env": {"OMP_NUM_THREADS": "1"},
+            "mounts": [{"source": str(p), "target": str(p)} for p in CODE],
+            "command": [sys.executable, str(PROJECT / "examples" / "ddp_allreduce.py"), "--steps", "8",
+                        "--step-seconds", "0.05"]}))
+        view = await c.wait_for(lambda v: v.jobs.get(job) is not None and v.jobs[job].state in (
+            JobState.COMPLETED, JobState.FAILED), 120)
+        assert site.context is not None and site.context.log_dir
+        logs = [Path(site.context.log_dir) / "workers" / job / f"rank-{r}.log" for r in range(2)]
+        text = "\n".join(p.read_text() for p in logs if p.exists())
+        assert view.jobs[job].state is JobState.COMPLETED, text
+        trail = [e for _, e in await c.job_events(job)]
+    except BaseException:
+        print(dump_logs(site))
+        raise
+    finally:
+        await c.close()
+    started = [e for e in trail if isinstance(e, ev.WorkerStarted)]
+    assert sorted(e.rank for e in started) == [0, 1]
+    for rank, path in enumerate(logs):
+        body = path.read_text()
+        assert f"rank {rank} of 2 on node" in body and f"rank {rank} done at step 8" in body, body
