@@ -64,6 +64,30 @@ def node_rows(view: ClusterView) -> list[dict[str, Any]]:
     return rows
 
 
+#: Above this many nodes `corral nodes` and `corral top` show one row per rack by default (a
+#: thousand node rows answer nothing at a glance, and render for seconds): filters show nodes.
+SUMMARY_ABOVE = 64
+_STATES = ("ready", "draining", "pressure", "lost")
+
+
+def rack_rows(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per rack of `node_rows`: its nodes by state and its GPUs (free, in use, releasing)."""
+    racks: dict[str, dict[str, Any]] = {}
+    for n in nodes:
+        r = racks.setdefault(n["rack"], {"rack": n["rack"], "zone": n["zone"], "nodes": 0, **dict.fromkeys(_STATES, 0),
+                                         "gpus": 0, "used": 0, "free": 0, "releasing": 0, "models": []})
+        r["nodes"] += 1
+        r[n["state"]] += 1
+        if n["state"] != "lost":
+            r["gpus"] += n["gpus"]
+            r["used"] += n["used"]
+        r["free"] += n["free"]
+        r["releasing"] += len(n["releasing"])
+        if n["model"] and n["model"] not in r["models"]:
+            r["models"].append(n["model"])
+    return [racks[k] for k in sorted(racks, key=natural_key)]
+
+
 def allocated_gpus(view: ClusterView) -> dict[str, int]:
     """GPUs each leaf queue has allocated to placed gangs (GangReserved and not yet released).
 

@@ -11,7 +11,7 @@ import typer
 
 from corral.cli import queue_config as qc
 from corral.cli.output import console, print_json, print_table
-from corral.cli.present import JOB_COLUMNS, job_row, node_rows, queue_rows
+from corral.cli.present import JOB_COLUMNS, SUMMARY_ABOVE, job_row, node_rows, queue_rows, rack_rows
 from corral.cli.session import context, require_admin, with_client
 from corral.cli.verdict_report import report
 from corral.client import Client
@@ -53,22 +53,44 @@ def state_of(view: ClusterView) -> dict[str, Any]:
     }
 
 
+def _print_racks(rows: list[dict[str, Any]]) -> None:
+    """A large cluster at a glance: one row per rack, the totals, and how to see nodes."""
+    racks = rack_rows(rows)
+    print_table(None, ["RACK", "NODES", "READY", "DRAINING", "PRESSURE", "LOST", "GPUS", "IN USE", "FREE",
+                       "RELEASING", "MODEL"],
+                [(r["rack"], r["nodes"], r["ready"], r["draining"], r["pressure"], r["lost"], r["gpus"], r["used"],
+                  r["free"], r["releasing"], ",".join(r["models"])) for r in racks])
+    total = {k: sum(r[k] for r in racks) for k in ("nodes", "ready", "lost", "gpus", "used", "free")}
+    console.print(f"{total['nodes']} nodes in {len(racks)} racks ({total['ready']} ready, {total['lost']} lost); "
+                  f"GPUs {total['used']}/{total['gpus']} in use, {total['free']} free. Each node: "
+                  "corral nodes --rack RACK, --state STATE or --all", highlight=False, soft_wrap=True)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
-    def nodes(json_out: JsonOpt = False) -> None:
+    def nodes(all_nodes: Annotated[bool, typer.Option("--all", help="Every node, however many.")] = False,
+              rack: Annotated[str | None, typer.Option(help="The nodes of this rack.")] = None,
+              state: Annotated[str | None, typer.Option(help="The nodes in this state: ready, draining, pressure, "
+                                                        "lost.")] = None,
+              json_out: JsonOpt = False) -> None:
         """Nodes (like sinfo) with a per-GPU map: which job holds which GPU, NVLink domains split by |;
         RELEASING GPUs belong to a released gang whose processes are not confirmed gone yet. A node
         under `pressure` (disk or memory, measured by its agent) takes no new work: why is under the table,
-        as for a GPU unhealthy (X: XID, ECC, fallen off the bus) or drained (D; `!` after a job on one)."""
+        as for a GPU unhealthy (X: XID, ECC, fallen off the bus) or drained (D; `!` after a job on one).
+        Above 64 nodes: one row per rack, unless --all, --rack or --state picks the nodes to show."""
         rows = with_client(lambda c: _view_rows(c, node_rows), bus=False)
+        picked = [r for r in rows if (rack is None or r["rack"] == rack) and (state is None or r["state"] == state)]
         if json_out:
-            print_json(rows)
+            print_json(picked)
+            return
+        if len(picked) > SUMMARY_ABOVE and not (all_nodes or rack or state):
+            _print_racks(picked)
             return
         print_table(None, ["NODE", "STATE", "RACK", "MODEL", "GPUS", "FREE", "RELEASING",
                            "GPU MAP (job per GPU, ~: releasing, |: NVLink)"],
                     [(r["node"], r["state"], r["rack"], r["model"], r["gpus"], r["free"], len(r["releasing"]),
-                      r["map"]) for r in rows])
-        for r in rows:
+                      r["map"]) for r in picked])
+        for r in picked:
             for c in r["conditions"]:
                 console.print(f"{r['node']}: {c['type']}: {c['message']}; no new work until it clears",
                               highlight=False, soft_wrap=True)

@@ -186,7 +186,7 @@ def _hint(view: ClusterView, job: JobView, now: float) -> hints.Hint | None:
 #: The rows of `corral nodes` and `corral queues` live in corral.summary (the services' metrics
 #: report the same figures), re-exported here for the commands; loaded when first asked for (it
 #: loads the core's fair share and quota tree), so `corral jobs` and `show` do not.
-_SUMMARY = ("allocated_gpus", "natural_key", "node_rows", "queue_rows")
+_SUMMARY = ("SUMMARY_ABOVE", "allocated_gpus", "natural_key", "node_rows", "queue_rows", "rack_rows")
 
 
 def __getattr__(name: str) -> Any:

@@ -14,7 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from corral.cli.present import age, natural_key, node_rows, queue_rows
+from corral.cli.present import SUMMARY_ABOVE, age, natural_key, node_rows, queue_rows, rack_rows
 from corral.projection import ClusterView, JobState
 
 PENDING_SHOWN = 15
@@ -38,6 +38,8 @@ def snapshot(view: ClusterView, now: datetime) -> dict[str, Any]:
                      for state in (JobState.RUNNING, JobState.STARTING, JobState.PREEMPTING, JobState.PENDING)},
         },
         "nodes": [{k: n[k] for k in ("node", "state", "rack", "model", "gpus", "free", "map")} for n in nodes],
+        # a large cluster's frame shows its racks (`SUMMARY_ABOVE`)
+        "racks": rack_rows(nodes) if len(nodes) > SUMMARY_ABOVE else None,
         "queues": _queues(view),
         "pending": [{"id": j.job_id, "queue": j.queue, "user": j.user or "", "gpus": j.gpus, "prio": j.priority,
                      "waiting": age(j.submitted_at, now), "reason_code": j.reason.code if j.reason else None,
@@ -79,10 +81,17 @@ def render(data: dict[str, Any], width: int = 100, *, note: str | None = None) -
         f"GPUs {s['gpus_allocated']}/{s['gpus']} allocated, {s['gpus_releasing']} releasing, {s['gpus_free']} free   ",
         f"jobs {jobs['running']} running, {jobs['starting']} starting, {jobs['preempting']} preempting, "
         f"{jobs['pending']} pending")
-    nodes = _table("Nodes (GPU map: job per GPU, . free, ~ releasing, | NVLink)",
-                   ["NODE", "STATE", "RACK", "MODEL", "FREE", "GPU MAP"])
-    for n in sorted(data["nodes"], key=lambda n: natural_key(n["node"])):
-        nodes.add_row(n["node"], n["state"], n["rack"], n["model"], f"{n['free']}/{n['gpus']}", n["map"])
+    if data.get("racks"):
+        nodes = _table(f"Racks ({s['nodes']} nodes; each node: corral nodes --rack RACK)",
+                       ["RACK", "NODES", "UP", "NO NEW WORK", "FREE", "IN USE", "RELEASING"])
+        for r in data["racks"]:
+            nodes.add_row(r["rack"], str(r["nodes"]), str(r["nodes"] - r["lost"]), str(r["draining"] + r["pressure"]),
+                          f"{r['free']}/{r['gpus']}", str(r["used"]), str(r["releasing"]))
+    else:
+        nodes = _table("Nodes (GPU map: job per GPU, . free, ~ releasing, | NVLink)",
+                       ["NODE", "STATE", "RACK", "MODEL", "FREE", "GPU MAP"])
+        for n in sorted(data["nodes"], key=lambda n: natural_key(n["node"])):
+            nodes.add_row(n["node"], n["state"], n["rack"], n["model"], f"{n['free']}/{n['gpus']}", n["map"])
     queues = _table("Queues (reserved: quota held, waiting jobs' too; bar: # in use, | guarantee, ^ fair share)",
                     ["QUEUE", "IN USE", "RESERVED", "GUARANTEED", "FAIR SHARE", "MAX", "PENDING", "USE"])
     for q in data["queues"]:
