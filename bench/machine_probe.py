@@ -1,8 +1,8 @@
 """How fast this machine is today, measured: the figure that makes two runs comparable.
 
-The problem: the same code on two 2-core VMs with the same CPU name measured 118-120 s and
-185-225 s on the Kueue-shaped benchmark (stops 30 and 31), and e2e 13.5 against 19 ms of CPU per
-job; the machine line said nothing that told the two apart, so the gap read as the code's. The
+Why: the same code on two 2-core VMs with the same CPU name can measure 50% apart on the
+Kueue-shaped benchmark (bench/README.md), and a machine line that does not tell the two apart
+makes the gap read as the code's. The
 live benchmarks are paced by the event log's commits (each waits for an fsync) and by the
 interpreter's speed, so the probe times both, once, before the stack starts:
 - python_ms: a fixed pure-Python workload (dicts, attribute reads, small ints), best of 5;

@@ -1,6 +1,6 @@
 """CPU seconds by process name, short-lived processes included: what a system costs per job.
 
-The problem: a scheduler's per-job work happens largely in processes that live for one job
+Why: a scheduler's per-job work happens largely in processes that live for one job
 (Slurm's slurmstepd, Corral's stepd, the job's own shell). Sampling /proc sees only what is alive
 at the sample; a process that ended is gone from it. Two things keep its CPU:
 - a parent that waits for its child adds the child's whole CPU to its own `cutime` / `cstime`

@@ -1,7 +1,6 @@
 """Log chunks: a rank's output as node agents publish it to the bus, and how a reader checks it.
 
-The problem: `corral logs JOB` read `rank-<N>.log` from the local disk, so it worked only on the
-host that ran the rank, and one file held every attempt of the job. Now each node agent publishes
+Why: `corral logs JOB` must work from any host, each attempt apart. Each node agent publishes
 its ranks' output, in bounded chunks, to the JetStream stream `<NS>_LOGS` on the subject
 `<ns>.logs.user.<owner>.<job>.<attempt>.<node>.<rank>` (`log_subject`): the job's owner (the user
 its JobSubmitted records) is a token of the subject, so NATS permissions let a person read exactly

@@ -1,8 +1,8 @@
 """How large a submission may be, as the log and the bus record it.
 
-The problem: a JobSubmitted of 8,388,488 bytes fit under NATS' max payload (8 MiB), admission
-re-encoded it with the defaults filled in to 8,388,879 bytes and appended it, and the outbox
-relay could then never publish it: the whole cluster stopped. The size that matters is the
+Why: a JobSubmitted just under NATS' max payload (8 MiB) grows when admission re-encodes it with
+the defaults filled in, and once appended, the outbox relay could never publish it: the whole
+cluster would stop. The size that matters is the
 recorded form (the event after defaults, with its envelope), and it must stay well below the
 bus's message limit. The client checks before publishing and admission checks again (any
 pipeline may publish to the inbox). Pure: sizes are computed by encoding, no I/O.

@@ -1,10 +1,9 @@
 """The base of the decision services: hooks, folding the log, appending, and building events.
 
-The problem: each service is only "fold events -> call the core -> append decisions", but the
-hard parts (rebuilding after a crash, idempotent folding, optimistic concurrency, exactly-once
-inbox handling) and the envelope of every event (stream, actor, correlation, time) were each
-service's own business, and drifted. They live here once, so each service module stays a page
-of domain logic:
+Each service is only "fold events -> call the core -> append decisions"; the hard parts (rebuilding
+after a crash, idempotent folding, optimistic concurrency, exactly-once inbox handling) and the
+envelope of every event (stream, actor, correlation, time) live here once, so each service module
+stays a page of domain logic:
 - hooks a service overrides: `handle_inbox` / `handle_inbox_batch`, `folded`, `reconcile`,
   `started` (the run loop, `corral.services.run_loop`, calls them);
 - folding: `rebuild` (the whole log), `on_event` (the bus; duplicates skipped by stream version,

@@ -1,6 +1,6 @@
 """The single-writer lease: a Postgres session advisory lock held while its connection lives.
 
-The problem: placement must have exactly one active writer, and the outbox relay one publisher,
+Why: placement must have exactly one active writer, and the outbox relay one publisher,
 even when the holder is killed with -9. A session advisory lock is freed by the server when the
 holder's socket closes, so a standby that blocks on it takes over without any timeout of ours.
 """

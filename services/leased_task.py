@@ -1,13 +1,12 @@
 """A task this process runs whenever it holds a named lease: the outbox relay, the CLI's projector.
 
-The problem: both ran the same loop, written twice (`corral.services.relay`,
-`corral.services.projector_lease`; stops 29-31 noted it): wait out the service's `relay_wait()`,
-try the lease (on one kept connection), run the task while the lease is alive, give the lease
-back when the task stops or the lease is lost, back off after a failure. A fix to one (the kept
-connection, the stop that left a relay running) had to be found again in the other. The two
-differ only in what a failure means, now an argument: the relay lets an unexpected error end the
-process (a bug in publishing the log must be seen, and the process restarted), the projector logs
-it and tries again (the read model is a shortcut: the CLI folds the log without it).
+The relay (`corral.services.relay`) and the projector (`corral.services.projector_lease`) run this
+one loop: wait out the service's `relay_wait()`, try the lease (on one kept connection), run the
+task while the lease is alive, give the lease back when the task stops or the lease is lost, back
+off after a failure. The two differ only in what a failure means, an argument: the relay lets an
+unexpected error end the process (a bug in publishing the log must be seen, and the process
+restarted), the projector logs it and tries again (the read model is a shortcut: the CLI folds the
+log without it).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The entry point of `python -m corral.services.<name>`: logging, GC tuning, signals, the run loop.
 
-The problem: each service's `__main__` must set up a process the same way (log format and level
-from `CORRAL_LOG_LEVEL` and `CORRAL_LOG_FORMAT`, the collector tuned for a busy process,
-SIGTERM/SIGINT as a clean stop);
-written once here, each `__main__` is one line.
+Each service's `__main__` sets up a process the same way (log format and level from
+`CORRAL_LOG_LEVEL` and `CORRAL_LOG_FORMAT`, the collector tuned for a busy process, SIGTERM/SIGINT
+as a clean stop): written once here, each `__main__` is one line.
 """
 
 from __future__ import annotations

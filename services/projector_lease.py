@@ -1,7 +1,7 @@
 """The CLI's read model kept current by whichever service process holds the projector lease.
 
-The problem: `corral jobs` folded the whole log on every call; the read model
-(`corral.readmodel`) stores the folded view for the CLI, and some process must keep it current.
+Why: the read model (`corral.readmodel`) stores the folded view for the CLI, so that `corral jobs`
+does not fold the whole log, and some process must keep it current.
 Every service process competes for one lease, as for the outbox relay (`corral.services.relay`;
 the loop is `corral.services.leased_task`'s), so whichever service survives keeps the read model
 current; the projector's failures are logged and retried, never a reason to stop the service

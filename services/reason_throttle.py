@@ -1,9 +1,8 @@
 """When a waiting job's reason is worth a PlacementPending: the one throttle for every service.
 
-The problem: quota and placement both explain waiting jobs, and every reservation changes the
-numbers in many reasons ("uses 117 of max 120 GPUs" -> "119 of 120"). Written each time, the log
-spent its capacity on them (130 events per job in Kueue's baseline shape). Each service kept its
-own memory of what it had said, on its own clock. The rule now lives here once:
+Why: quota and placement both explain waiting jobs, and every reservation changes the numbers in
+many reasons ("uses 117 of max 120 GPUs" -> "119 of 120"); written each time, they would take the
+log's capacity. One rule, for both services:
 - a reason whose code differs from the job's recorded one is news at once;
 - the same code and message is never news;
 - the same code with a new message is news at most every `refresh_seconds` per job.

@@ -1,6 +1,6 @@
 """The outbox relay of a service process: publish the log whenever this process holds the relay lease.
 
-The problem: the log must reach the bus while any service process lives, and exactly one
+Why: the log must reach the bus while any service process lives, and exactly one
 process should publish it at a time. Every process runs this task; the relay lease (a
 `corral.services.lease.Lease`) picks the publisher, and a survivor takes over when it dies.
 

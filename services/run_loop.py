@@ -1,6 +1,6 @@
 """The run loop of a service process: connect, take the lease, rebuild, consume, reconcile.
 
-The problem: every service runs the same life, and its order matters (a service that consumed
+Why: every service runs the same life, and its order matters (a service that consumed
 before folding the log would decide on half the truth; a single writer that decided before its
 lease would be two writers). It is written once, as named steps:
 1. connect to Postgres (the event store; migrations applied) and NATS (streams declared), each
@@ -126,10 +126,9 @@ _START_BACKOFF = UnavailableBackoff(first=0.25, cap=2.0)
 async def _when_up(service: str, what: str, connect: Callable[[], Awaitable[T]], stop: asyncio.Event) -> T | None:
     """`connect()`, tried again while the dependency does not answer; None if stopped first.
 
-    The problem: a service started while Postgres or NATS was down (a restart of either, hosts
-    coming up in another order) exited with a traceback, and whatever supervised it started it
-    again, every half second: a three-minute chaos run counted 76 restarts of quota, each one a
-    traceback in its log. An unavailable dependency is not a reason to exit (`is_unavailable`);
+    A service started while Postgres or NATS is down (a restart of either, hosts coming up in
+    another order) waits for it: exiting would have whatever supervises it restart it every half
+    second, a traceback each time. An unavailable dependency is not a reason to exit (`is_unavailable`);
     anything else still is."""
     failures = 0
     while not stop.is_set():

@@ -1,6 +1,6 @@
 """Where a service finds its infrastructure, and how often its consumers retry a failing message.
 
-The problem: every service process reads the same environment (`corral up` sets it), and a
+Why: every service process reads the same environment (`corral up` sets it), and a
 setting read in several places drifts. Both are read here, once per process, by the run loop
 (`corral.services.run_loop`).
 """

@@ -1,6 +1,6 @@
 """Who used what: GPU-hours used, waited, and lost to preemption and to failures, from the log.
 
-The problem: a platform team is asked "which team used the GPUs last month, how long did they
+Why: a platform team is asked "which team used the GPUs last month, how long did they
 wait, and how much did preemptions and crashes throw away?" (Slurm's `sreport`/`sacct`). The
 answer must come from the event log alone, so that it is the same whenever it is computed and
 whoever computes it, and never from a counter a process kept.

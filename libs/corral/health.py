@@ -1,8 +1,8 @@
 """Liveness of a Corral process for container healthchecks and Kubernetes probes.
 
-The problem: the services and node agents serve no HTTP, so docker-compose and Kubernetes could
-only see that the process exists, not that its event loop still runs and it still reaches NATS
-(a wedged loop or a process that lost every NATS server looked healthy forever). With
+Why: a process that exists is not one whose event loop still runs and still reaches NATS (a
+wedged loop, or a process that lost every NATS server, would look healthy forever), and a
+probe of docker-compose or Kubernetes that cannot speak HTTP needs another sign. With
 `CORRAL_HEALTH_FILE` set, the process touches that file every few seconds while its event loop
 runs and its NATS connection is up (`beat`); `corral healthcheck --file F --max-age S` (the probe)
 exits 0 only when F was touched within S seconds (`fresh`).

@@ -1,11 +1,10 @@
 """The gang lifecycle: one attempt of a job, from its GPUs reserved to its GPUs free again.
 
-The problem: the rules of a gang's life (the start barrier and its timeout, a crashed rank,
-completion, a preempted gang that stopped, node loss) lived in placement as one long method with a
-five-flag release builder, again in the simulator, and a third time in dead code of the node
-agent; codes were bare strings. Worse, a gang's GPUs were handed back the moment placement ended
-the gang, while the agents were still stopping its other ranks (a grace of 5-10 s): the next job
-was placed on those GPUs 4 ms later, and two jobs' processes shared them.
+Why: the rules of a gang's life (the start barrier and its timeout, a crashed rank, completion, a
+preempted gang that stopped, node loss) are one table that placement and the simulator both
+follow, with typed codes. And a gang's GPUs are not free the moment placement ends the gang: the
+agents are still stopping its other ranks (a grace of 5-10 s), and a job placed on them then
+would share them with the old one's processes.
 
 The fix, written the way h11 writes HTTP: the states and the events that move them are one
 transition table (`TRANSITIONS`), and `next_steps(gang, now, limits)` returns what must happen

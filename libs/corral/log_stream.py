@@ -1,13 +1,12 @@
 """Reading ranks' output from the bus: what `corral logs JOB` shows from any machine.
 
-The problem: `corral logs` globbed the local disk, so it worked only on the host that ran a rank.
-Node agents now publish each rank's output to the stream `<NS>_LOGS` (`corral.contracts.logs`);
-this reads one job's chunks (optionally one attempt, one rank) with a throwaway consumer: the
-history first, then, with `follow`, new chunks as they come. Every chunk is checked
-(`decode_chunk`): one that is not valid, or whose body disagrees with its subject, is skipped and
-reported through `on_refused`, never shown as the job's output. Needs only the NATS address and a
-login that may read the job's subjects: its owner's (the subjects naming them) or an admin's (every
-subject; see `corral.bus.auth`).
+Why: `corral logs` must work from any machine, not only the host that ran a rank. Node agents
+publish each rank's output to the stream `<NS>_LOGS` (`corral.contracts.logs`); this reads one job's
+chunks (optionally one attempt, one rank) with a throwaway consumer: the history first, then, with
+`follow`, new chunks as they come. Every chunk is checked (`decode_chunk`): one that is not valid,
+or whose body disagrees with its subject, is skipped and reported through `on_refused`, never shown
+as the job's output. Needs only the NATS address and a login that may read the job's subjects: its
+owner's (the subjects naming them) or an admin's (every subject; see `corral.bus.auth`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the cluster looks like, in rows: the figures of `corral nodes` and `corral queues`.
 
-The problem: the services' `/metrics` (corral.telemetry) must report the very numbers the commands
+Why: the services' `/metrics` (corral.telemetry) must report the very numbers the commands
 print (GPUs free and in use per node, each queue's usage, reservation and pending jobs), or an
 operator comparing a dashboard with `corral queues` sees two truths. So both compute them here,
 from the folded log, once: the commands render these rows (`corral.cli.present` re-exports them),

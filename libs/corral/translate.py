@@ -104,14 +104,14 @@ def core_job(
 def whole_seconds_at_least(seconds: float) -> int:
     """A promised duration in the core's whole seconds: rounded up, never less than asked.
 
-    The problem: the core counts whole seconds, specs allow fractions, and the two translations
-    rounded differently (`int()` here, `math.ceil` in the simulator). Both durations it is used
+    The core counts whole seconds, specs allow fractions, and the services and the simulator must
+    round alike. Both durations it is used
     for are promises to the job: `checkpoint_grace_seconds` is a deadline (the time a preempted
     job has to write its checkpoint before its GPUs are taken back, and when the core expects
     them free), and `min_runtime_seconds` is how long a started job is safe from preemption.
-    Rounding down would give the job less than it asked for (a 30.5 s grace became 30 s, and the
-    core planned on GPUs half a second before they come free); rounding up gives it at most one
-    second more. So: ceiling.
+    Rounding down would give the job less than it asked for (a 30.5 s grace would be 30 s, and the
+    core would plan on GPUs half a second before they come free); rounding up gives it at most
+    one second more. So: ceiling.
     """
     return math.ceil(seconds)
 

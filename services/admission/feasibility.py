@@ -1,10 +1,9 @@
 """Whether a job's shape can ever fit the cluster, remembered per shape while the cluster stays.
 
-The problem: admission judged every submission against the whole cluster, counting its GPUs node
-by node (`capacity_shortfall`: ~36 us at 75 nodes x 8 GPUs) and rebuilding and searching the idle
-cluster (`core.static_feasibility`: ~67 us), for each of the 385 submissions a second that arrive
-in the Kueue-shaped run, though they share three shapes and the cluster changes only when a node
-registers or goes. Both answers depend on the job's shape and the cluster alone: `shape_of` is the
+Why: judging a submission against the whole cluster counts its GPUs node by node
+(`capacity_shortfall`: ~36 us at 75 nodes x 8 GPUs) and searches the idle cluster
+(`core.static_feasibility`: ~67 us), while submissions share a few shapes and the cluster changes
+only when a node registers or goes. Both answers depend on the job's shape and the cluster alone: `shape_of` is the
 core Job with every field that names, dates or ranks it blanked (a field added to `core.Job` later
 is part of the shape by default), and `ClusterView.cluster()` returns the same Cluster object while
 no node changes, so the answers are kept per shape until the cluster object is another.

@@ -145,9 +145,9 @@ class Admission(Service):
     def _as_received(self, submitted: ev.JobSubmitted, stream: str) -> ev.JobSubmitted:
         """The submission on its job's stream, dated when admission received it.
 
-        The problem: the sender's `occurred_at` became the job's submit time, which orders FIFO
-        and fair-share waits and starts its max_wait: a submission dated 1970 jumped every queue
-        and was escalated at once; one dated 2100 was never escalated."""
+        The submit time orders FIFO and fair-share waits and starts the job's max_wait, so it is
+        never the sender's `occurred_at`: a submission dated 1970 would jump every queue and be
+        escalated at once; one dated 2100 would never be."""
         return msgspec.structs.replace(submitted, stream=stream,
                                        occurred_at=datetime.fromtimestamp(self.clock(), UTC))
 

@@ -1,15 +1,14 @@
 """What a quota round hands the core, kept as events are folded instead of gathered at each round.
 
-The problem: each round walked every active job to find who waits, which of them hold quota and
-what is still held (`classify`), then built the core's snapshot of the waiting ones: a
-`core_pending()` per job and a sort by job id. With ~13,700 jobs waiting (Kueue's shape, 15,000
-workloads) that was ~27 ms of every round on the event loop (a kept log, folded to 60 s), while
-the loop could neither fold a job's end nor give its quota back, and the next round is paced by
-this one's length. Only a job's own events change how it is classified or its core object (the
-view's own indices, `ClusterView.jobs_where`, rely on the same rule), so the quota service updates this index for
-the job of each event it folds (`Quota.folded`), and a round reads it as it stands:
-`pending()` / `reserved` / `held()` / `core_pending()`, the last sorted by job id as
-`ClusterView.snapshot` sorts them, rebuilt only when a waiting job came, went or changed.
+Why: walking every active job each round to find who waits, which of them hold quota and what is
+still held (`classify`), then building the core's snapshot of the waiting ones (a `core_pending()`
+per job and a sort by job id) costs ~27 ms of every round on the event loop with ~13,700 jobs
+waiting (Kueue's shape), while the loop can neither fold a job's end nor give its quota back. Only a
+job's own events change how it is classified or its core object (the view's own indices,
+`ClusterView.jobs_where`, rely on the same rule), so the quota service updates this index for the
+job of each event it folds (`Quota.folded`), and a round reads it as it stands: `pending()` /
+`reserved` / `held()` / `core_pending()`, the last sorted by job id as `ClusterView.snapshot` sorts
+them, rebuilt only when a waiting job came, went or changed.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The NATS client every Corral process uses: nats-py's, with a faster header parser.
 
-The problem: every event the relay publishes carries ~10 headers (type, stream, stream version,
+Every event the relay publishes carries ~10 headers (type, stream, stream version,
 position, correlation, causation, trace context, message id; `corral.bus.relay.event_headers`),
 and each event is delivered to four or five services. nats-py parses a message's header block in
 Python line by line (`Client._parse_header_lines`: a partition, two strips, two decodes and a
 per-character whitespace scan for each line), ~21 us per event message: a tenth of the CPU that
 the preemption service spent per event in `bench/e2e.py` at 100 jobs/s (py-spy; bench/README.md).
 
-The fix: one regular expression over the block (~10 us), with the same result for every header
+So the block is read with one regular expression (~10 us), with the same result for every header
 block a NATS server forwards (lines `Name: value` separated by CRLF; a name is an HTTP token: no
 whitespace, no colon, ASCII only; the value's surrounding whitespace stripped, decoded as UTF-8 with
 U+FFFD for bad bytes). `tests/unit/test_bus_client.py` checks it against nats-py's own parser on
@@ -18,11 +18,11 @@ name on every message (a strip, a regular expression, an encode, ~2 us a header,
 event); the names Corral sends are a handful, so each is checked once and kept encoded. The bytes
 sent are nats-py's, byte for byte (`tests/unit/test_bus_client.py`, hypothesis).
 
-And a message already received is handed over at once. The problem: nats-py's JetStream `fetch`
-takes each message of a batch from the subscription with `Subscription.next_msg`, which makes a
-uuid4 (a getrandom system call), a task and an `asyncio.wait_for` timer for every message, also
-for the ones already waiting in the subscription's queue: most of the ~80 us of CPU a service
-spent on each event delivered to it with a handler doing nothing (`bench/bus.py`). `Subscription`
+And a message already received is handed over at once: nats-py's JetStream `fetch` takes each
+message of a batch from the subscription with `Subscription.next_msg`, which makes a uuid4 (a
+getrandom system call), a task and an `asyncio.wait_for` timer for every message, also for the
+ones already waiting in the subscription's queue: most of the ~80 us of CPU a service spends on
+each event delivered to it with a handler doing nothing (`bench/bus.py`). `Subscription`
 returns a queued message directly and waits as nats-py does only when the queue is empty.
 """
 

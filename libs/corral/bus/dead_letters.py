@@ -1,11 +1,10 @@
 """Reading and replaying the dead-letter stream.
 
-The problem: a dead letter was the end of a message. When one was dead-lettered by mistake (a
-bug since fixed, a queue created too late) nothing could put it back, and an operator could
-only read the stream with the `nats` tool. Here each dead letter is listed with where it came
-from, which consumer gave up, after how many deliveries and why; `replay` republishes the
-original data and headers to the original subject (with the original `Nats-Msg-Id`, so a
-consumer's tracking still makes it exactly-once) and then removes the entry. A service runs
+Why: a message dead-lettered by mistake (a bug fixed since, a queue created too late) must be put
+back, and an operator must see why it was dead-lettered without the `nats` tool. Each dead letter is
+listed with where it came from, which consumer gave up, after how many deliveries and why; `replay`
+republishes the original data and headers to the original subject (with the original `Nats-Msg-Id`,
+so a consumer's tracking still makes it exactly-once) and then removes the entry. A service runs
 `replay`, on an admin's request (`corral.services.dead_letter_replay`): republishing to any inbox
 subject is a right no person's identity has.
 """

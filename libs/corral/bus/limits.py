@@ -1,9 +1,8 @@
 """How much the bus keeps, and how large one message may be.
 
-The problem: no stream had a limit. Garbage on the inbox stayed forever, every consumer's dead
-letter of it was kept (245 garbage messages made 665 entries, 132.6 MB), and one valid message
-near NATS' max payload (8 MiB) could not be republished by the outbox relay once admission had
-re-encoded it, which stopped the relay for good.
+Why: a stream without limits keeps garbage on the inbox forever, and every consumer's dead letter
+of it; and one valid message near NATS' max payload (8 MiB) could not be republished by the
+outbox relay once admission re-encoded it, which would stop the relay for good.
 
 So every stream has a maximum age, a maximum size and a maximum message size; the dead-letter
 stream also a maximum count. The log stream (ranks' output, `corral.contracts.logs`) is user data,

@@ -1,9 +1,9 @@
 """Telling an unavailable dependency from bad input.
 
-The problem: a consumer retried every failure a few times and then dead-lettered it. A handler
-that failed because Postgres was down for 45 s therefore dead-lettered a valid JobSubmitted:
-the user had been told "Submitted", and nothing ever replayed it. A connection error says
-nothing about the message; only a decode or validation failure does.
+Why: a consumer that retries every failure a few times and then dead-letters it would dead-letter
+a valid JobSubmitted whose handler failed because Postgres was down for a while, after the user
+was told "Submitted". A connection error says nothing about the message; only a decode or
+validation failure does.
 
 So failures are classified: `is_unavailable(exc)` is True for errors of talking to a dependency
 (Postgres or NATS not reachable, shutting down, a connection lost mid-query, a timeout); the

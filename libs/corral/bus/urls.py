@@ -1,11 +1,11 @@
 """The nats-servers a client may connect to, from one setting.
 
-The problem: a JetStream cluster has several servers, and a client given only one of them could
-not connect while that one was down (at start, or after a node loss before the others were
-learned from it). nats-py takes a list of servers; `CORRAL_NATS_URL` (and `--nats`) is one string.
-So the string may list several URLs separated by commas, each a full URL
-(`nats://u:p@n1:4222,nats://u:p@n2:4222`); a URL without a user takes the first URL's user and
-password, so `nats://u:p@n1:4222,nats://n2:4222` works too. Pure: string handling only.
+Why: a JetStream cluster has several servers, and a client given only one of them cannot connect
+while that one is down (at start, or after a node loss before the others are learned from it).
+nats-py takes a list of servers; `CORRAL_NATS_URL` (and `--nats`) is one string. So the string may
+list several URLs separated by commas, each a full URL (`nats://u:p@n1:4222,nats://u:p@n2:4222`); a
+URL without a user takes the first URL's user and password, so `nats://u:p@n1:4222,nats://n2:4222`
+works too. Pure: string handling only.
 """
 
 from __future__ import annotations

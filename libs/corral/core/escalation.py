@@ -1,6 +1,6 @@
 """Escalation: which waiting jobs have waited longer than their queue's `max_wait`, once per wait.
 
-The problem: a job can wait for hours behind a blocker nobody looks at (a queue over its ceiling,
+Why: a job can wait for hours behind a blocker nobody looks at (a queue over its ceiling,
 a gang no node shape fits yet, a node drained and forgotten); `corral why` explains it only to
 whoever asks. A queue's `max_wait` turns "too long" into a fact in the log: one WaitExceeded per
 wait, carrying the blocker, that `corral jobs --stuck`, the metrics and alerts can act on.

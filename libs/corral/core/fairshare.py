@@ -1,7 +1,7 @@
 """Each queue's fair share of GPUs: what it would hold if the cluster were split by the queue tree's
 rules among the queues that want GPUs right now.
 
-The problem: an operator looking at a queue's usage has its guarantee to compare it with, but a
+Why: an operator looking at a queue's usage has its guarantee to compare it with, but a
 guarantee alone does not say whether a queue holding 40 GPUs of a 16 guarantee takes more than its
 due (nobody else wants them) or starves others; nor whether a queue at 10 of 16 is short (it wants
 more) or simply idle. The fair share answers both, as Kueue's and Slurm's fair-share figures do.

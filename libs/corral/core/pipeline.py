@@ -1,11 +1,10 @@
 """One decision round of the live services: quota reserves, placement places, preemption preempts.
 
-The problem: the live system does not run the single combined cycle (`schedule` with the full
-policy, where quota, placement and preemption are decided for each job together). Three services
-decide one after the other, each on the state the previous one leaves, and quota reserved for a
-job that cannot start yet holds its queue's share until it starts. The simulator replayed only
-the combined cycle, so nothing showed what the split does to a schedule. `run_round` is that
-round, built from the named steps of `corral.core.steps`:
+Why: the live system does not run the single combined cycle (`schedule` with the full policy,
+where quota, placement and preemption are decided for each job together). Three services decide
+one after the other, each on the state the previous one leaves, and quota reserved for a job that
+cannot start yet holds its queue's share until it starts; the combined cycle alone cannot show
+what the split does to a schedule. `run_round` is that round, built from the named steps of `corral.core.steps`:
 1. quota: `reserve_quota` over every waiting job not holding quota yet (`holding` already do;
    one that would be started and taken back at once gives its quota back: `Revoke`);
 2. placement: `placement_step` over the jobs holding quota, this round's reservations included;

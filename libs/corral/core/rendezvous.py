@@ -66,7 +66,7 @@ def outside_ephemeral(ephemeral: tuple[int, int]) -> tuple[int, int] | None:
     """A rendezvous range for a host whose kernel hands out `ephemeral` ports (Linux:
     net.ipv4.ip_local_port_range) that shares no port with it, or None when no room is left.
 
-    The problem: a port of the ephemeral range may be the local port of any outgoing connection
+    A port of the ephemeral range may be the local port of any outgoing connection
     on the host, or of any listener bound to port 0, and rank 0 cannot bind it then (EADDRINUSE,
     whatever SO_REUSEADDR says). From torch's 29500 up to the ephemeral range (at most as many
     ports as `DEFAULT_PORT_RANGE`), else above it to 65535, when either holds `MIN_RANGE` ports."""

@@ -4,12 +4,12 @@ Quota is reserved job by job in fair-share order (`order_pending`), each checked
 tree (`quota_check`) with the usage of everything running or already reserved. A reservation lets
 placement start the job as soon as it fits.
 
-The problem: quota, placement and preemption are separate services deciding on the same state,
-and quota alone did not ask what preemption would do next. A 3x8 gang of a borrowing queue was
-reserved while the lending queue's guaranteed job waited for GPUs; placement backfilled the gang
-(the guaranteed job's EASY reservation expected to start only when running jobs end), and the
-next preemption round reclaimed it for that job at once: the freshly started gang has no work to
-lose, so it is the cheapest victim. Requeued, it got quota again, and it went round five times.
+Why: quota, placement and preemption are separate services deciding on the same state, so quota
+asks what preemption would do next. Otherwise a gang of a borrowing queue is reserved while the
+lending queue's guaranteed job waits for GPUs, placement backfills it (the guaranteed job's EASY
+reservation expects to start only when running jobs end), and the next preemption round reclaims
+it for that job at once (a freshly started gang has no work to lose: the cheapest victim), round
+after round.
 
 The rule (Kueue's, for `reclaimWithinCohort` and priority preemption: a workload that would be
 preempted by the next scheduling step is not admitted; the preemptor's capacity is kept for it):
@@ -181,10 +181,10 @@ _LOOK_AFTER = 32
 class _Order:
     """The round's order of the waiting jobs (`iter_pending`), walked only as far as a pass reads it.
 
-    The problem: the fair-share walk orders every waiting job (charging each one's GPUs to its
-    queue as if it were admitted, to order the next), and with thousands waiting behind full
-    cohorts that walk was a third of quota's round (py-spy, Kueue shape, 15,000) for the few
-    dozen jobs a round can reserve. The passes of a round read one order, each as far as it must."""
+    The fair-share walk orders every waiting job (charging each one's GPUs to its queue as if it
+    were admitted, to order the next): with thousands waiting behind full cohorts, walking it whole
+    costs a third of quota's round for the few dozen jobs a round can reserve. The passes of a round
+    read one order, each as far as it must."""
 
     def __init__(self, walk: Iterator[PendingJob], waiting: Sequence[PendingJob], *, by_user: bool = False) -> None:
         self.waiting = waiting
@@ -278,9 +278,9 @@ class _Checks:
     changes (`usage_changed`): the check reads nothing else of the job (but its user, when a queue
     sets `max_gpus_per_user`: then once per (queue, GPUs, user)).
 
-    The problem: with a backlog of thousands behind a full cohort (Kueue's shape), a round asked
-    the same question of every waiting job, twice (at its turn, then with the round's usage to
-    word its reason): a quarter of the round (py-spy), for a few distinct answers per queue."""
+    With a backlog of thousands behind a full cohort (Kueue's shape), a round asks the same
+    question of every waiting job, twice (at its turn, then with the round's usage to word its
+    reason): a few distinct answers per queue, remembered here."""
 
     def __init__(self, snapshot: Snapshot, config: SchedulerConfig, tree: QueueTree, usage: QueueUsage):
         self.snapshot, self.quotas, self.tree, self.usage = snapshot, config.quotas, tree, usage

@@ -1,12 +1,9 @@
 """The live services' three steps, each a named configuration of the one scheduling cycle.
 
-The problem: quota, placement and preemption are separate services that decide one after the
-other on the same state, and each asked the core its own way: placement spelled out a config of
-its own (preemption, reclaim and quotas off) and filtered the jobs holding quota itself,
-preemption ran the full cycle and kept only its Preempt decisions, quota ran its reservation
-round. What each step sees and decides was written in three services (and again in a test), so
-the simulator, which ran one combined cycle, did not model the split at all. Each step is named
-here, with the one config it derives from the cluster's policy:
+Why: quota, placement and preemption are separate services that decide one after the other on the
+same state; what each step sees and decides is written once, here, so that the services, the
+simulator's pipeline mode and the tests ask the core the same way. Each step is named here, with the
+one config it derives from the cluster's policy:
 - `Step.QUOTA`: `corral.core.reservation.reserve_quota`, with the policy as it is (the config of
   the preemption whose decisions must not undo its reservations);
 - `Step.PLACEMENT` (`placement_step`): the cycle with preemption, reclaim and quota checks off,

@@ -1,12 +1,11 @@
 """asyncpg's pool says in one line that Postgres does not answer, not in a traceback.
 
-The problem: while Postgres is down (a restart, a failover, the chaos run's 60 s outage), every
-connection pool keeps reconnecting the connections it holds at its floor (`min_size`), and each
-failed try is logged by asyncpg as a warning with the whole traceback (`Failed to restore the pool
-connection floor; retrying`, `exc_info=True`): a 2-minute chaos run printed six 20-line tracebacks
-for a dependency that was only unavailable, which the services wait out by design.
+Why: while Postgres is down (a restart, a failover), every connection pool keeps reconnecting the
+connections it holds at its floor (`min_size`), and asyncpg logs each failed try as a warning
+with the whole traceback (`Failed to restore the pool connection floor; retrying`): 20 lines
+each, for a dependency that is only unavailable, which the services wait out by design.
 
-The fix: a filter on asyncpg's pool logger that turns exactly that record into one line naming
+So a filter on asyncpg's pool logger that turns exactly that record into one line naming
 the error (`ConnectionRefusedError: [Errno 111] ...`); every other record is left as it is.
 `install()` is idempotent and is called when a store opens its pool.
 """

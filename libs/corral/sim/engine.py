@@ -133,10 +133,9 @@ def last_periodic_checkpoint(start: float, now: float, interval: float) -> float
     """The time of the last checkpoint at or before `now` of a run started at `start` that
     checkpoints every `interval` seconds: `last <= now < last + interval`.
 
-    The problem: `start + floor((now - start) / interval) * interval` alone fell one period short
-    when the subtraction rounded down (start 145.004, now 1045.004: 899.9999999999999 / 60 floors
-    to 14), so the next checkpoint was `now` again and the simulator re-queued it forever (hypothesis
-    found the hang in tests/unit/sim/test_pipeline_agreement.py)."""
+    `start + floor((now - start) / interval) * interval` alone falls one period short when the
+    subtraction rounds down (start 145.004, now 1045.004: 899.9999999999999 / 60 floors to 14),
+    and the next checkpoint would be `now` again, re-queued forever."""
     periods = math.floor((now - start) / interval)
     last = start + periods * interval
     while last + interval <= now:

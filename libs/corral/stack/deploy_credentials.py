@@ -1,9 +1,9 @@
 """The NATS identities of a cluster that `corral up` does not run (Kubernetes, systemd, compose).
 
-The problem: `corral up` makes every identity itself, but a real deployment's operator had to
-write them by hand (deploy/README.md): an `auth.conf` for the NATS servers, the services' and
-each GPU node's credentials file, the Kubernetes Secrets holding them. Hand-written, every agent
-shared one password, and one typo in a node's permissions made its agent fail with a bare timeout.
+Why: `corral up` makes every identity itself, and a real deployment needs the same: an
+`auth.conf` for the NATS servers, the services' and each GPU node's credentials file, the
+Kubernetes Secrets holding them. Written by hand, agents end up sharing one password, and one typo
+in a node's permissions makes its agent fail with a bare timeout.
 
 Here one directory holds the deployment's identities (`<dir>/credentials/<user>.json`, 0600 in a
 0700 directory, as `corral.stack.credentials` keeps `corral up`'s) and the GPU nodes known so far

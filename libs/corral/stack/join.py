@@ -1,8 +1,7 @@
 """Reaching `corral up`'s own servers from other hosts: where they listen, what agents are told.
 
-The problem: `corral up` / `corral server` started nats-server and Postgres on 127.0.0.1 only, so
-an agent on another host could not join a control plane that ran its own servers: the README sent
-everyone to external servers for any cluster of more than one machine. Here `--listen ADDR` makes
+Why: an agent on another host must be able to join a control plane that runs its own servers,
+which listen on 127.0.0.1 unless told otherwise. `--listen ADDR` makes
 both servers listen on ADDR (an address of this host, or 0.0.0.0 for all), the context and the
 printed join command advertise it (or `--advertise-address HOST`, e.g. a DNS name, required
 behind a wildcard only when this host's name is not what others dial), the TLS certificate names

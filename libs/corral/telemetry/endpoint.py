@@ -1,6 +1,6 @@
 """One small HTTP endpoint per process: `/metrics`, `/healthz`, `/readyz`, on the process's event loop.
 
-The problem: Prometheus and Kubernetes probes speak HTTP, the services spoke only NATS. The
+Why: Prometheus and Kubernetes probes speak HTTP; the services otherwise speak only NATS. The
 endpoint runs on the service's own event loop, not in a thread: what it reports is read from the
 folded view between two events, never while a fold is half done (a scrape in another thread
 could see a dictionary change size mid-iteration). It answers GET and HEAD on three paths; the

@@ -1,6 +1,6 @@
 """The cluster's gauges, computed from a service's folded view at the moment Prometheus scrapes.
 
-The problem: a gauge set where a service acts (`gpus_free.dec()` on a placement) drifts from the
+Why: a gauge set where a service acts (`gpus_free.dec()` on a placement) drifts from the
 truth at the first missed path (a fence, a lost node, a rebuild), and then the dashboard and
 `corral nodes` disagree for good. Computed from the view at scrape time, a gauge is the fold of
 the log as the service holds it: always consistent with the log, nothing to keep in step, and the

@@ -1,10 +1,10 @@
 """`/healthz` and `/readyz`: is the process alive, and is what it holds the log's truth yet?
 
-The problem: a process that runs is not a process that can be trusted to decide. A restarted
-service first folds the whole log (seconds to minutes on a long history), then drains what its
-durable consumers kept for it; a placement standby waits for the lease and decides nothing. A
-probe that only saw the process (or the health file, `corral.health`) sent traffic and alerts'
-trust to a service that was still rebuilding. Readiness says it in the service's own terms:
+Why: a process that runs is not a process that can be trusted to decide. A restarted service
+first folds the whole log (seconds to minutes on a long history), then drains what its durable
+consumers kept for it; a placement standby waits for the lease and decides nothing. A probe that
+only sees the process (or the health file, `corral.health`) would trust a service still
+rebuilding. Readiness says it in the service's own terms:
 
 - `phase`: starting -> standby (waiting for the service's lease) -> rebuilding (folding the log)
   -> consuming (its consumers run) ; stopping at the end;

@@ -1,9 +1,9 @@
 """Log lines a machine can read: `CORRAL_LOG_FORMAT=json` makes every line one JSON object with the
 job id and the trace id, so a log store finds everything about one job (or one trace) at once.
 
-The problem: the services logged free text ("job j01k... attempt 0 released: PREEMPTED ..."), so
-finding one job's lines meant a regular expression per message shape, and nothing tied a line to
-the trace of the request that caused it. Each JSON line has `ts`, `level`, `logger`, `message`,
+Why: in free text ("job j01k... attempt 0 released: PREEMPTED ..."), finding one job's lines
+takes a regular expression per message shape, and nothing ties a line to the trace of the request
+that caused it. Each JSON line has `ts`, `level`, `logger`, `message`,
 `service`, `job_id` and `trace_id` (the last two empty when unknown), plus `exc` on errors.
 
 Where the job id comes from, first found wins: the `job_id` given with the record

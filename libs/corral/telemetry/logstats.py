@@ -1,7 +1,7 @@
 """Counters and latency histograms of the log: how many reservations, preemptions, requeues and
 failures, and how long jobs waited, counted from the events as a service folds them.
 
-The problem: a counter incremented where a service decides something counts only what this
+Why: a counter incremented where a service decides something counts only what this
 process decided since it started; a standby that takes over starts from zero, and two replicas
 disagree. Counted from the fold instead, every process that folds the same log reports the same
 totals, a restarted one reports them again once rebuilt (Prometheus sees no reset: the figures

@@ -1,9 +1,8 @@
 """What every Corral process's telemetry has: a registry, readiness, and the endpoint serving them.
 
-The problem: the services' (`metrics.ServiceTelemetry`) and the node agents'
-(`agent.AgentTelemetry`) telemetry each wrote the same readiness hooks, endpoint start and stop,
-and scrape-time collector; a fix to one (the STOPPING phase before the endpoint closes) had to be
-made twice. They share this base; each adds only its own families.
+The services' (`metrics.ServiceTelemetry`) and the node agents' (`agent.AgentTelemetry`)
+telemetry share this base (readiness hooks, endpoint start and stop, the scrape-time collector,
+the STOPPING phase before the endpoint closes); each adds only its own families.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One trace per job, across every process it passes through: OpenTelemetry spans over the bus.
 
-The problem: a job crosses the CLI, admission, quota, placement, preemption and a node agent,
+Why: a job crosses the CLI, admission, quota, placement, preemption and a node agent,
 which talk only through NATS and the Postgres log, often several hops apart and batched (one
 append or one cycle covers many jobs). A span context kept in memory dies at the first hop.
 
