@@ -224,6 +224,26 @@ def histogram_quantile(before: dict[float, float], after: dict[float, float], q:
     return next((b for b, c in zip(bounds, counts, strict=True) if c >= want), None)
 
 
+def backlog(monitor_port: int | None) -> dict[str, int]:
+    """Messages the durable consumers have not yet been delivered or not acknowledged, from
+    nats-server's /jsz: the services' together and the agents' together."""
+    if not monitor_port:
+        return {}
+    try:
+        url = f"http://127.0.0.1:{monitor_port}/jsz?consumers=true"
+        data = json.loads(urllib.request.urlopen(url, timeout=10).read())
+    except (OSError, ValueError):
+        return {}
+    total = {"services": 0, "agents": 0}
+    for account in data.get("account_details", []):
+        for stream in account.get("stream_detail", []):
+            for consumer in stream.get("consumer_detail", []) or []:
+                name = consumer.get("name", "")
+                who = "agents" if name.startswith("node-agent") else "services"
+                total[who] += int(consumer.get("num_pending", 0)) + int(consumer.get("num_ack_pending", 0))
+    return total
+
+
 def workload(count: int, nodes: int, rate: float, load: float, seed: int) -> list[tuple[str, JobSpec]]:
     rng = random.Random(seed)
     sizes = [s for s, _ in SIZES if s <= nodes * GPUS_PER_NODE]
@@ -303,6 +323,8 @@ async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
                 await gate.acquire()
                 tasks.append(asyncio.create_task(one(job_id, spec)))
             await asyncio.gather(*tasks)
+            monitor = getattr(stack.nats, "monitor_port", None)
+            behind = backlog(monitor)  # at the end of the submissions
             _, all_placed = await wait_placed(client, [j for j, _ in jobs], after, args.timeout, progress=False)
             await asyncio.sleep(max(1.0, max(s.duration_seconds or 0 for _, s in jobs) + 1.0))
             cpu = stack_cpu(live)
@@ -343,6 +365,7 @@ async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
             "placement_decision_ms": {q: (None if (v := histogram_quantile(hist_before, hist_after, q / 100)) is None
                                           else round(v * 1e3, 1)) for q in (50, 99)},
             "submit_to_placed_ms": latency_ms(times.values(), "placed"),
+            "backlog_at_end_of_submissions": behind,
         }
     finally:
         for proc, _, _ in workers:
@@ -379,6 +402,9 @@ def render(results: list[dict[str, Any]]) -> str:
         f"{fmt(r['placement_decision_ms'][50])}/{fmt(r['placement_decision_ms'][99])}" for r in results]))
     lines.append(row("submit->placed p50/p99 ms", [
         f"{fmt(r['submit_to_placed_ms'].get('p50'))}/{fmt(r['submit_to_placed_ms'].get('p99'))}" for r in results]))
+    behind = [r["backlog_at_end_of_submissions"] for r in results]
+    lines.append(row("backlog at end: services/agents", [f"{b.get('services', '-')}/{b.get('agents', '-')}"
+                                                          for b in behind]))
     lines.append(row("every job placed", [r["all_placed"] for r in results]))
     bound = [r["deliveries_per_job"] <= 3 * r["nodes_touched_per_job"] + 2 for r in results]
     lines.append(row("deliveries <= 3 x touched + 2", bound))
