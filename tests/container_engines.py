@@ -61,10 +61,12 @@ def _shared_objects() -> list[Path]:
 
 
 def image_key() -> str:
-    """What the image depends on: the interpreter, and the compiled modules (names and sizes)."""
+    """What the image depends on: the interpreter, and the compiled modules (names inside the venv,
+    not its path, so every checkout with the same dependencies shares one image; and sizes)."""
     h = hashlib.sha256(f"{sys.version}\n{sys.base_prefix}\n".encode())
     for p in _shared_objects():
-        h.update(f"{p}\t{p.stat().st_size}\n".encode())
+        name = p.relative_to(sys.prefix) if Path(sys.prefix) in p.parents else p
+        h.update(f"{name}\t{p.stat().st_size}\n".encode())
     return h.hexdigest()[:16]
 
 
@@ -157,6 +159,7 @@ def python_rootfs() -> Path:
     """The image's tarball (built once, then cached)."""
     out = CACHE / f"python-rootfs-{image_key()}.tar"
     if out.exists():
+        os.utime(out)  # in use: kept by the pruning below
         return out
     CACHE.mkdir(parents=True, exist_ok=True)
     objects = _shared_objects()
@@ -183,6 +186,9 @@ def python_rootfs() -> Path:
         for lib in sorted(_libraries(objects)):
             tree.file(lib)
     os.replace(tmp, out)
+    for old in CACHE.glob("python-rootfs-*.tar"):  # another interpreter's or dependencies', unused for a week
+        if old != out and time.time() - old.stat().st_mtime > 7 * 86400:
+            old.unlink(missing_ok=True)
     return out
 
 
