@@ -50,6 +50,7 @@ class Invariant(StrEnum):
     ALLOCATIONS_DIFFER = "ALLOCATIONS_DIFFER"      # the allocations table is not the fold of the ledger
     PORT_HELD_TWICE = "PORT_HELD_TWICE"            # one MASTER_ADDR:MASTER_PORT given to two live gangs
     WAIT_ESCALATED_TWICE = "WAIT_ESCALATED_TWICE"  # two WaitExceeded for one wait of a job
+    GPU_OUT_OF_SERVICE = "GPU_OUT_OF_SERVICE"      # a GPU allocated while unhealthy or drained
 
     @property
     def check(self) -> str:
@@ -61,7 +62,7 @@ _CHECK_OF = {Invariant.GPU_HELD_TWICE: "gpus", Invariant.GANG_PARTIAL: "gangs",
              Invariant.TWO_LIVE_ATTEMPTS: "gangs", Invariant.JOB_LOST: "accounting",
              Invariant.JOB_STUCK: "accounting", Invariant.PREEMPTION_LOOP: "preemption",
              Invariant.ALLOCATIONS_DIFFER: "allocations_table", Invariant.PORT_HELD_TWICE: "rendezvous",
-             Invariant.WAIT_ESCALATED_TWICE: "escalation"}
+             Invariant.WAIT_ESCALATED_TWICE: "escalation", Invariant.GPU_OUT_OF_SERVICE: "gpu_service"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +144,39 @@ class GpuLedger:
 
     def open_allocations(self) -> set[AllocationRow]:
         return {AllocationRow(node, gpu, job, attempt) for (node, gpu), (job, attempt, _) in self.held.items()}
+
+
+class GpusInService:
+    """No GPU allocated while out of service: unhealthy as its agent last reported it
+    (GpuHealthChanged) or drained by an admin (GpuDrained, until GpuUndrained)."""
+
+    name = "gpu_service"
+
+    def __init__(self) -> None:
+        self.unhealthy: dict[str, dict[int, str]] = {}  # node -> GPU -> why
+        self.drained: set[tuple[str, int]] = set()
+
+    def observe(self, entry: Entry) -> list[Violation]:
+        e = entry.event
+        if isinstance(e, ev.GpuHealthChanged):
+            self.unhealthy[e.node] = {p.gpu: f"unhealthy ({p.code}: {p.message})" for p in e.unhealthy}
+        elif isinstance(e, ev.GpuDrained):
+            self.drained.add((e.node, e.gpu))
+        elif isinstance(e, ev.GpuUndrained):
+            self.drained.discard((e.node, e.gpu))
+        elif isinstance(e, ev.GpusAllocated):
+            out = []
+            for gpu in e.gpus:
+                why = self.unhealthy.get(e.node, {}).get(gpu) or ("drained" if (e.node, gpu) in self.drained else None)
+                if why is not None:
+                    out.append(Violation(Invariant.GPU_OUT_OF_SERVICE, entry.position,
+                                         f"GPU {e.node}/{gpu} allocated to {e.job_id} (attempt {e.attempt}) while "
+                                         f"{why}", e.job_id, e.node))
+            return out
+        return []
+
+    def finish(self, head: Entry | None) -> list[Violation]:
+        return []
 
 
 class RendezvousPorts:
@@ -440,8 +474,8 @@ def compare_allocations(fold: set[AllocationRow], table: Iterable[AllocationRow]
     return out
 
 
-DEFAULT_CHECKS: tuple[Callable[[], Check], ...] = (GpuLedger, RendezvousPorts, GangBarrier, Accounting,
-                                                   PreemptionLoop, Escalations)
+DEFAULT_CHECKS: tuple[Callable[[], Check], ...] = (GpuLedger, GpusInService, RendezvousPorts, GangBarrier,
+                                                   Accounting, PreemptionLoop, Escalations)
 """The invariants `corral audit verify` folds; add a factory here (or pass more to `audit`)."""
 
 

@@ -5,7 +5,8 @@ The agents register the GPUs NVML declares with their NVLink domains (NVLink pee
 NVSwitch on host-b). A critical XID injected into the fake under a running job makes that GPU
 unhealthy: the agent reports it, placement requeues the job from its checkpoint and it resumes on
 the other host, `corral nodes` shows the GPU and nothing new is placed on it. An admin drains and
-undrains one GPU with `corral gpu drain|undrain NODE:INDEX`."""
+undrains one GPU with `corral gpu drain|undrain NODE:INDEX`; `corral audit verify` finds no GPU
+allocated while out of service."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from corral.contracts.jobspec import validate_job_spec
 from corral.projection import JobState
 from corral.stack.context import CONTEXT_FILE
 from corral.stack.up import Agents, Stack
+from corral.summary import node_rows
+from corral.verdicts import VerdictKind
 from tests.e2e.conftest import StackFactory, connect, dump_logs, with_queues
 from tests.fakenvml import FakeGpu, FakeNvml
 
@@ -119,8 +122,7 @@ async def test_nvml_gpus_register_and_an_unhealthy_gpu_moves_its_job_elsewhere(
         assert {r.node for r in gangs[1].ranks} == {other}, "resumed on the other host"
         assert gangs[1].resume_from == requeued[0].resume_from, "from its checkpoint"
 
-        nodes = json.loads(_corral(stack, "nodes", "--json").stdout)
-        row = next(r for r in nodes if r["node"] == first)
+        row = next(r for r in node_rows(view) if r["node"] == first)  # what `corral nodes --json` prints
         assert row["unhealthy"]["1"]["code"] == "XID" and row["free"] == 3
         assert " X " in f" {row['map']} ", row["map"]
 
@@ -132,16 +134,18 @@ async def test_nvml_gpus_register_and_an_unhealthy_gpu_moves_its_job_elsewhere(
 
         # an admin drains a GPU of the host the job runs on: it runs on; undrained, it is free again
         drained = _corral(stack, "gpu", "drain", f"{other}:2", "-m", "flaky NVLink", "--json")
-        assert drained.returncode == 0, drained.stderr
+        assert drained.returncode == 0 and json.loads(drained.stdout)["verdict"] == "done", drained
         view = await c.wait_for(lambda v: 2 in v.nodes[other].drained_gpus, 15)
         assert view.nodes[other].drained_gpus[2].message == "flaky NVLink"
         assert view.jobs[job].state is JobState.RUNNING and view.jobs[job].attempt == 1
         listed = _corral(stack, "nodes")
-        assert f"{other}:2 drained (D)" in listed.stdout and f"{first}:1 unhealthy (X)" in listed.stdout, listed
-        assert _corral(stack, "gpu", "undrain", f"{other}:2").returncode == 0
+        assert f"{other}:2 drained (D) by" in listed.stdout and f"{first}:1 unhealthy (X)" in listed.stdout, listed
+        undrained = await c.await_verdict(await c.drain_gpu(other, 2, undrain=True), 15)
+        assert undrained.kind is VerdictKind.DONE
         await c.wait_for(lambda v: not v.nodes[other].drained_gpus, 15)
-        refused = _corral(stack, "gpu", "drain", f"{other}:9")
-        assert refused.returncode == 1 and "has no GPU 9" in refused.stderr, refused
+        # the whole log: no GPU was allocated while out of service (nor held twice, ...)
+        verified = _corral(stack, "audit", "verify", "--json")
+        assert json.loads(verified.stdout)["violations_by_invariant"] == {}, verified.stdout[-2000:]
     except BaseException:
         print(dump_logs(stack))
         for node, (_, _, state) in nvml_hosts.items():

@@ -95,6 +95,26 @@ def test_a_gpu_allocated_to_a_second_job_is_found_at_its_position() -> None:
     assert report.first is not None and report.first.position == pos and report.first.node == "n1"
 
 
+def test_a_gpu_allocated_while_unhealthy_or_drained_is_found_and_fine_once_back() -> None:
+    log = Log()
+    log.add(ev.GpuHealthChanged, node="n1", unhealthy=[ev.GpuProblem(gpu=3, code="XID", message="XID 79", xid=79)])
+    log.add(ev.GpuDrained, node="n1", gpu=5, user="op")
+    log.admit("a", gpus=2)
+    pos = log.place("a", [("n1", [3, 4])]) + 1
+    log.admit("b")
+    log.place("b", [("n1", [5])])
+    report = audit(log.entries)
+    assert [v.invariant for v in report.violations] == [Invariant.GPU_OUT_OF_SERVICE] * 2
+    assert report.first is not None and report.first.position == pos and "XID" in report.first.message
+    log = Log()
+    log.add(ev.GpuHealthChanged, node="n1", unhealthy=[ev.GpuProblem(gpu=3, code="GPU_LOST", message="lost")])
+    log.add(ev.GpuHealthChanged, node="n1", unhealthy=[])
+    log.add(ev.GpuDrained, node="n1", gpu=5, user="op")
+    log.add(ev.GpuUndrained, node="n1", gpu=5, user="op")
+    log.run("a", [("n1", [3, 5])])
+    assert audit(log.entries).ok
+
+
 def test_a_rendezvous_port_given_to_a_second_live_gang_is_found_and_free_after_rank_0s_release() -> None:
     log = Log()
     a = [("n1", [0]), ("n2", [0])]

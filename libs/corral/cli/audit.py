@@ -89,9 +89,9 @@ def register(app: typer.Typer) -> None:
         limit: Annotated[int, typer.Option(help="Show at most this many violations in the table.")] = 20,
         json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     ) -> None:
-        """Fold the whole log: no GPU held twice, no gang half placed, one live attempt per job, no job
-        lost or stuck, no preemption loop, no wait escalated twice, allocations table = fold. Exit 1 at the
-        first violation."""
+        """Fold the whole log: no GPU held twice nor allocated out of service, no gang half placed, one
+        live attempt per job, no job lost or stuck, no preemption loop, no wait escalated twice,
+        allocations table = fold. Exit 1 at the first violation."""
         # Only the log is read: a --postgres DSN (or CORRAL_POSTGRES_DSN) is enough, e.g. for a restored copy.
         dsn = ConnectionOptions.postgres or os.environ.get("CORRAL_POSTGRES_DSN") or context().postgres_dsn
         try:

@@ -70,6 +70,13 @@ class _Twin:
         )
         self.state.set_cluster(self.cluster)
 
+    def toggle_gpu(self, name: str, gpu: int) -> None:
+        """GPU `gpu` of node `name` goes out of service (unhealthy, drained), or back in."""
+        self.cluster = Cluster(tuple(
+            dataclasses.replace(n, out_of_service=n.out_of_service ^ {gpu}) if n.name == name else n
+            for n in self.cluster.nodes))
+        self.state.set_cluster(self.cluster)
+
     def compare(self, now: float) -> list[object]:
         snap = Snapshot(now, self.cluster, self.queues, tuple(self.pending.values()), tuple(self.running.values()))
         assert self.state.snapshot(now) == snap
@@ -108,6 +115,9 @@ def _history(twin: _Twin, seed: int, cycles: int) -> None:
             twin.set_node(rng.choice(twin.cluster.nodes).name, NodeState.DRAINING)
         elif event < 0.35:
             twin.set_node(rng.choice(twin.cluster.nodes).name, NodeState.READY)
+        elif event < 0.5:  # a GPU goes out of service (perhaps under a running job), or comes back
+            node = rng.choice(twin.cluster.nodes)
+            twin.toggle_gpu(node.name, rng.choice(node.gpus).index)
         for _ in range(rng.randint(0, 4)):
             j = random_job(rng, n, now, names, False)
             twin.add_pending(PendingJob(j))
