@@ -175,3 +175,13 @@ def test_a_one_node_agent_may_consume_only_its_own_nodes_work() -> None:
                   f"{create}.corral.events.node.gpu~2.>", f"{create}.corral.events.node.*.>", create,
                   "$JS.API.CONSUMER.DURABLE.CREATE.CORRAL_EVENTS.node-agent-gpu_1"):
         assert not _allows(agent.publish, other), other
+
+
+def test_a_submission_forgotten_for_room_is_read_from_the_store() -> None:
+    log = Log()
+    router = NodeWorkRouter(log, Subjects("c"), event_headers)  # type: ignore[arg-type]
+    for i in range(2_001):
+        route(router, log, submitted(f"j{i}"))
+    [copy] = asyncio.run(router.work(log.add(reserved("j0", ["n1"]))))
+    got = decode_assignment(copy.data)
+    assert got.submission is not None and got.submission.job_id == "j0"

@@ -13,10 +13,11 @@ an agent makes), so deliveries per job grow with the nodes the job touches, not 
   of the job was reserved on;
 - NodeLost -> to that node.
 
-What the router keeps (the nodes of each job's gangs, each job's JobSubmitted, each queue's newest
-QueueConfigured) is folded from the events it is shown, in the log's order; what it does not hold
-(a relay that started mid-log, an entry forgotten for room) is read from the store, the job's or
-queue's stream up to the event's position. A job's entry goes when it completes or fails.
+What the router keeps (the nodes of each job's gangs, the newest jobs' JobSubmitted, each queue's
+newest QueueConfigured) is folded from the events it is shown, in the log's order; what it does
+not hold (a relay that started mid-log, an entry forgotten for room: bounded, as every process's
+memory) is read from the store, the job's or queue's stream up to the event's position. A job's
+entry goes when it completes or fails.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ JOB_WORK = names(JOB_WORK_EVENTS)
 _ENDED = names((ev.JobCompleted, ev.JobFailed, ev.JobRejected))
 _SUBMITTED, _QUEUE, _GANG = ev.JobSubmitted.type_name(), ev.QueueConfigured.type_name(), ev.GangReserved.type_name()
 _LOST, _PREEMPT = ev.NodeLost.type_name(), ev.PreemptRequested.type_name()
-_JOBS_KEPT = 20_000
+_JOBS_KEPT = 50_000  # jobs whose gangs' nodes are kept (a few names each)
+_SPECS_KEPT = 2_000  # submissions whose bytes are kept (20 s of 100 jobs/s)
 _QUEUES_KEPT = 10_000
 
 
@@ -79,11 +81,10 @@ class _Queue(msgspec.Struct):
 
 
 class _Job:
-    __slots__ = ("nodes", "queue", "submission")
+    __slots__ = ("nodes", "queue")
 
     def __init__(self) -> None:
         self.nodes: set[str] = set()
-        self.submission: StoredEvent | None = None
         self.queue: str | None = None
 
 
@@ -96,6 +97,8 @@ class NodeWorkRouter:
         self.subjects = subjects
         self._headers = headers
         self._jobs: OrderedDict[str, _Job] = OrderedDict()
+        #: the newest submissions' bytes (most are placed within seconds; older ones are read again)
+        self._specs: OrderedDict[str, bytes] = OrderedDict()
         self._queues: OrderedDict[str, StoredEvent] = OrderedDict()
         self._jobs_kept = jobs_kept
         #: messages sent so far per kind (what a benchmark or a test counts)
@@ -107,8 +110,8 @@ class NodeWorkRouter:
         kind = event.type
         if kind == _SUBMITTED:
             job = self._job(event.stream[4:])
-            job.submission = event
             job.queue = _queue_of(event.data)
+            self._keep_spec(event.stream[4:], event.data)
             return []
         if kind == _QUEUE:
             name = _decode(event.data, _Queue)
@@ -127,7 +130,7 @@ class NodeWorkRouter:
             job = await self._known(gang.job_id, event.position)
             nodes = sorted({r.node for r in gang.ranks})
             job.nodes.update(nodes)
-            data = await self._assignment(event, job, max_bytes)
+            data = await self._assignment(event, gang.job_id, job, max_bytes)
             return [self._message(event, node, KIND, data) for node in nodes]
         if kind in JOB_WORK:
             if kind == _PREEMPT:
@@ -141,15 +144,25 @@ class NodeWorkRouter:
             return [self._message(event, node, kind, event.data) for node in sorted(job.nodes)]
         if kind in _ENDED and event.stream.startswith("job-"):
             self._jobs.pop(event.stream[4:], None)
+            self._specs.pop(event.stream[4:], None)
         return []
 
     def _message(self, event: StoredEvent, node: str, kind: str, data: bytes) -> Outgoing:
         self.sent[kind] = self.sent.get(kind, 0) + 1
         return Outgoing(self.subjects.node_work(node, kind), data, f"{event.event_id}@{node}", self._headers(event))
 
-    async def _assignment(self, event: StoredEvent, job: _Job, max_bytes: int | None) -> bytes:
+    def _keep_spec(self, job_id: str, data: bytes) -> None:
+        self._specs[job_id] = data
+        self._specs.move_to_end(job_id)
+        while len(self._specs) > _SPECS_KEPT:
+            self._specs.popitem(last=False)
+
+    async def _assignment(self, event: StoredEvent, job_id: str, job: _Job, max_bytes: int | None) -> bytes:
+        submission = self._specs.get(job_id)
+        if submission is None:
+            await self._read(job_id, job, event.position)
+            submission = self._specs.get(job_id)
         queue = await self._queue(job.queue, event.position) if job.queue else None
-        submission = job.submission.data if job.submission is not None else None
         data = encode_assignment(event.data, submission, queue.data if queue is not None else None)
         if max_bytes is not None and len(data) > max_bytes - 1024:  # room for the headers
             log.error("%s: the assignment with its spec is %d bytes, over the bus's %d: sent without it (its "
@@ -174,17 +187,21 @@ class NodeWorkRouter:
         if job_id in self._jobs:
             return self._job(job_id)
         job = self._job(job_id)
+        await self._read(job_id, job, position)
+        return job
+
+    async def _read(self, job_id: str, job: _Job, position: int) -> None:
+        """Fold the job's stream before `position` into `job` (and keep its submission's bytes)."""
         for stored in await self.store.read_stream(job_stream(job_id)):
             if stored.position >= position:
                 break
             if stored.type == _SUBMITTED:
-                job.submission = stored
                 job.queue = _queue_of(stored.data)
+                self._keep_spec(job_id, stored.data)
             elif stored.type == _GANG:
                 gang = _decode(stored.data, _Gang)
                 if gang is not None:
                     job.nodes.update(r.node for r in gang.ranks)
-        return job
 
     async def _queue(self, name: str, position: int) -> StoredEvent | None:
         held = self._queues.get(name)
