@@ -3,13 +3,15 @@ shared checkpoint folder, agents running real processes): a job past its `time_l
 TIME_LIMIT within seconds and frees its GPUs; a job asking more host CPUs than any node's GPUs
 carry is rejected, naming the need; a job mounting a node-local dataset runs on the node holding
 it; a `sandbox` (bubblewrap) job reads a dataset at its mount target (below the host's read-only
-/mnt), cannot write outside its mounts, sees only its GPUs, is preempted, checkpoints into the
-shared folder, resumes there and completes.
+/mnt), cannot write outside its mounts, sees only its GPUs (their device files too), is
+preempted, checkpoints into the shared folder, resumes there and completes.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import TypeVar
@@ -35,6 +37,7 @@ try:
 except OSError as exc:
     print("write outside mounts: refused", exc.errno, flush=True)
 print("gpus", os.environ["CUDA_VISIBLE_DEVICES"], "host", os.environ.get("NVIDIA_VISIBLE_DEVICES"), flush=True)
+print("devices", ",".join(sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))), flush=True)
 print("cwd", os.getcwd(), flush=True)
 resume = worker.resume_path()
 step = int(resume.read_text()) if resume else 0
@@ -73,8 +76,14 @@ async def test_time_limit_then_a_sandboxed_job_with_a_dataset_preempted_and_resu
         "checkpoint_dir": str(shared), "datasets": {"hello": str(dataset)},
         "nodes": [{"name": f"node-{i}", "gpus": 4, "model": "CPU", "cpus": 8, "host_memory_gib": 32,
                    "datasets": {"local": str(code)} if i == 1 else {}} for i in range(2)]}))
+    # the node's GPUs as device files (c 1 3, /dev/null's numbers; mknod needs root)
+    devices = tmp_path / "gpu-devices"
+    devices.mkdir()
+    if os.geteuid() == 0:
+        for name in [*(f"nvidia{i}" for i in range(4)), "nvidiactl"]:
+            os.mknod(devices / name, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     stack = make_stack(cluster=None, cluster_file=cluster_file, runtime="process",
-                       env={"CORRAL_RELEASE_CONFIRM_SECONDS": "2"})
+                       env={"CORRAL_RELEASE_CONFIRM_SECONDS": "2", "CORRAL_GPU_DEVICES": str(devices)})
     c = await connect(stack)
     try:
         await with_queues(c, [{"name": "team-a", "guaranteed_gpus": 8}], nodes=2)
@@ -130,6 +139,8 @@ async def test_time_limit_then_a_sandboxed_job_with_a_dataset_preempted_and_resu
         trail = [e for _, e in await c.job_events(job)]
         gpus = [r.gpus for e in events_of(trail, ev.GangReserved) for r in e.ranks]
         assert f"gpus 0,1 host {','.join(map(str, gpus[0]))}" in text
+        if os.geteuid() == 0:  # only its own GPUs' device files, and the driver's
+            assert f"devices {','.join([*sorted(f'nvidia{g}' for g in gpus[0]), 'nvidiactl'])}\n" in text
         assert "cwd /workspace/a/code" in text
         checkpoints = events_of(trail, ev.CheckpointDone)
         assert checkpoints and Path(checkpoints[0].path).parent == shared / job
