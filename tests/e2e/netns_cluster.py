@@ -136,12 +136,27 @@ class NetnsCluster:
             agent.proc = subprocess.Popen(self.net.command(host, agent.argv), env=agent.env, stdout=out,
                                           stderr=subprocess.STDOUT, cwd=agent.root)
 
-    def kill_agent(self, host: str) -> None:
-        """SIGKILL the agent process (not `ip netns exec`: it execs the agent, so it is that pid)."""
-        proc = self.agents[host].proc
-        assert proc is not None
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+    def restart_agent(self, host: str) -> None:
+        """SIGKILL the agent (`ip netns exec` execs it: the Popen's pid is the agent's) and start
+        it again at once. The new process is started first and waits, its imports done, for the
+        old one to die: on a loaded test machine starting an interpreter alone can take longer than
+        the node-lost limit, which counts from the old agent's last heartbeat."""
+        agent = self.agents[host]
+        old = agent.proc
+        assert old is not None
+        agent.starts += 1
+        go = agent.root / f"go-{agent.starts}"
+        with agent.log.open("wb") as out:
+            agent.proc = subprocess.Popen(
+                self.net.command(host, [sys.executable, "-c", _WARM, str(go), *agent.argv[1:]]), env=agent.env,
+                stdout=out, stderr=subprocess.STDOUT, cwd=agent.root)
+        deadline = time.monotonic() + 60
+        while not go.with_suffix(".ready").exists():
+            assert agent.proc.poll() is None and time.monotonic() < deadline, agent.logs()
+            time.sleep(0.05)
+        old.send_signal(signal.SIGKILL)
+        old.wait(10)
+        go.touch()
 
     def dsn(self) -> str:
         """The admin's Postgres DSN, with its password (the context keeps it apart)."""
@@ -182,6 +197,19 @@ class NetnsCluster:
         if self.server is not None and self.server.poll() is None:
             self.server.send_signal(signal.SIGINT)  # the ordered stop: placement first
             _wait(self.server, 60)
+
+
+#: `corral agent ARGS` once GO exists, its modules imported before (GO.ready says so).
+_WARM = """
+import pathlib, sys, time
+import corral.cli.main, corral.cli.agent, corral.services.node_agent.service  # the agent's own imports
+go = pathlib.Path(sys.argv[1])
+go.with_suffix(".ready").touch()
+while not go.exists():
+    time.sleep(0.02)
+sys.argv = ["corral", *sys.argv[2:]]
+corral.cli.main.main()
+"""
 
 
 def _wait(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
