@@ -2,10 +2,10 @@
 
 Why one message: an agent starts ranks from a GangReserved, the job's spec (its JobSubmitted: the
 command, the user it runs as) and its queue's `allow_root` (the newest QueueConfigured of the
-spec's queue). Sent apart on broadcast subjects, every agent received every job's submission and
-every reservation; the relay now sends the three together on the subject of each node the gang
-touches (`Subjects.node_work(node, "NodeAssignment")`), so an agent hears only its own work and
-never reads another node's specs.
+spec's queue). Sent together on the subject of each node the gang touches
+(`Subjects.node_work(node, "NodeAssignment")`), they reach only the agents that act on them: an
+agent never reads another node's specs, and a job costs deliveries per node it touches, not per
+node of the cluster.
 
 The three are the log's own events, embedded as the log stores them (their bytes, any schema
 version): decoding goes through the event registry, so an embedded JobSubmitted v1 is upcast like

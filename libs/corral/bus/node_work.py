@@ -1,8 +1,8 @@
 """Which node agents an event of the log is work for, and the messages the relay sends them.
 
-Why: an agent acts on a few events of the jobs placed on its node. On broadcast subjects every
-agent received every job's events (hosts x jobs deliveries: ~7,000 per job on 1,000 hosts). The
-relay, which reads the whole log in order anyway, sends each agent only its work on
+Why: an agent acts on a few events of the jobs placed on its node; on subjects naming no node
+every agent would be sent every job's events (hosts x jobs deliveries: ~7,000 per job on 1,000
+hosts). The relay, which reads the whole log in order anyway, sends each agent only its work on
 `<ns>.events.node.<node>.<Kind>` (`corral.contracts.subjects.NODE_WORK_TYPES`), before the event's
 own broadcast copy and with the event's own headers (stream, stream version, position: the checks
 an agent makes), so deliveries per job grow with the nodes the job touches, not the cluster:
