@@ -28,6 +28,7 @@ import json
 import os
 import random
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -244,6 +245,27 @@ def backlog(monitor_port: int | None) -> dict[str, int]:
     return total
 
 
+def command_ms(data_dir: Path, *args: str, tries: int = 2) -> dict[str, float] | None:
+    """Wall and CPU time (ms) of `corral <args>` against the stack, the best of `tries` (None: it
+    failed). CPU: the command's own (its children's usage once reaped), what a loaded machine
+    changes least."""
+    corral = Path(sys.executable).parent / "corral"
+    best: dict[str, float] | None = None
+    for _ in range(tries):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.monotonic()
+        done = subprocess.run([str(corral), "--context", str(data_dir), *args], capture_output=True,
+                              env={**os.environ, "COLUMNS": "120"}, timeout=120)
+        wall = (time.monotonic() - start) * 1e3
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if done.returncode != 0:
+            return None
+        cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1e3
+        if best is None or cpu < best["cpu"]:
+            best = {"wall": round(wall, 1), "cpu": round(cpu, 1)}
+    return best
+
+
 def workload(count: int, nodes: int, rate: float, load: float, seed: int) -> list[tuple[str, JobSpec]]:
     rng = random.Random(seed)
     sizes = [s for s, _ in SIZES if s <= nodes * GPUS_PER_NODE]
@@ -333,6 +355,7 @@ async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
             times = await collect(client, [j for j, _ in jobs], after)
         finally:
             await client.close()
+        reads = {"nodes": command_ms(root, "nodes"), "top": command_ms(root, "top", "--once")}
         roots = stack_roots(live)
         rss = {name: round(rss_mib(pid), 1) for pid, name in roots.items()}
         deliveries: dict[str, dict[str, int]] = {}
@@ -366,6 +389,7 @@ async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
                                           else round(v * 1e3, 1)) for q in (50, 99)},
             "submit_to_placed_ms": latency_ms(times.values(), "placed"),
             "backlog_at_end_of_submissions": behind,
+            "command_ms": reads,
         }
     finally:
         for proc, _, _ in workers:
@@ -405,6 +429,9 @@ def render(results: list[dict[str, Any]]) -> str:
     behind = [r["backlog_at_end_of_submissions"] for r in results]
     lines.append(row("backlog at end: services/agents", [f"{b.get('services', '-')}/{b.get('agents', '-')}"
                                                           for b in behind]))
+    for name in ("nodes", "top"):
+        lines.append(row(f"corral {name} ms, wall/CPU", [
+            "-" if (c := r["command_ms"][name]) is None else f"{fmt(c['wall'])}/{fmt(c['cpu'])}" for r in results]))
     lines.append(row("every job placed", [r["all_placed"] for r in results]))
     bound = [r["deliveries_per_job"] <= 3 * r["nodes_touched_per_job"] + 2 for r in results]
     lines.append(row("deliveries <= 3 x touched + 2", bound))
