@@ -185,3 +185,16 @@ def test_a_submission_forgotten_for_room_is_read_from_the_store() -> None:
     [copy] = asyncio.run(router.work(log.add(reserved("j0", ["n1"]))))
     got = decode_assignment(copy.data)
     assert got.submission is not None and got.submission.job_id == "j0"
+
+
+def test_every_event_an_agent_is_declared_to_act_on_reaches_it_as_node_work() -> None:
+    """An event type given the node agent as a consumer (`corral.contracts.flow`) must be routed by
+    the relay too (`JOB_WORK`, `NODE_EVENTS`, or carried in the assignment), or agents on their
+    node's subjects never see it."""
+    from corral.contracts import events as ev
+    from corral.contracts import flow as fl
+    from corral.contracts.node_work import JOB_WORK, NODE_EVENTS
+
+    carried = {ev.JobSubmitted, ev.QueueConfigured, ev.GangReserved}
+    ended = {ev.JobCompleted, ev.JobFailed, ev.JobRejected}  # a placed job's release comes before its end
+    assert set(fl.consumed_by(fl.NODE_AGENT)) <= carried | ended | set(JOB_WORK) | set(NODE_EVENTS)
