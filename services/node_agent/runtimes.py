@@ -50,6 +50,7 @@ from typing import Protocol
 from corral.contracts.worker import RESERVED_ENV
 
 from .assignment import Assignment, RankAssignment
+from .interfaces import GLOO_IFNAME
 from .sandbox_layout import Host, Layer, bind_args
 
 __all__ = [
@@ -221,10 +222,15 @@ class _OciRuntime:
                       needs=tuple(Path(m.host) for m in a.mounts))
 
 
+#: The agent's own variables a container keeps: output as it happens, and the interface of the
+#: node's advertised address for gloo (`interfaces`: the container is on the host's network).
+AGENT_DEFAULTS = frozenset({"PYTHONUNBUFFERED", GLOO_IFNAME})
+
+
 def _container_env(a: Assignment, env: Mapping[str, str], rank: RankAssignment) -> dict[str, str]:
     """What the job sees in a container: the worker variables and the job's env, never the agent's
     (the image has its own PATH, HOME, ...)."""
-    keep = RESERVED_ENV | set(a.env) | {"PYTHONUNBUFFERED"}
+    keep = RESERVED_ENV | set(a.env) | AGENT_DEFAULTS
     return {k: v for k, v in _gpu_env(env, rank).items() if k in keep}
 
 
@@ -270,7 +276,7 @@ class ApptainerRuntime:
         if a.workdir is not None:
             argv += ["--pwd", str(a.workdir)]
         argv += [a.image, *_command(a)] if a.command else [a.image]
-        keep = RESERVED_ENV | set(a.env) | {"PYTHONUNBUFFERED"}
+        keep = RESERVED_ENV | set(a.env) | AGENT_DEFAULTS
         inner = {f"APPTAINERENV_{k}": v for k, v in env.items() if k in keep}
         return Launch(argv=argv, env={**_client_env(env), **inner}, needs=tuple(Path(m.host) for m in a.mounts))
 

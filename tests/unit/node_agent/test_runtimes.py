@@ -192,3 +192,16 @@ def test_gpus_from_a_device_folder_are_its_device_files(name: str) -> None:
     assert pairs == [("/fake/dev/nvidia4", "/dev/nvidia4"), ("/fake/dev/nvidia5", "/dev/nvidia5"),
                      ("/fake/dev/nvidiactl", "/dev/nvidiactl")]
     assert type(runtime_for(name, "/fake/dev")) is type(runtime)
+
+
+@pytest.mark.parametrize("runtime", [PodmanRuntime(), DockerRuntime(), ApptainerRuntime()])
+def test_a_container_gets_the_agents_gloo_interface_on_the_host_network(runtime: object) -> None:
+    """The agent names the interface of its advertised address for gloo (`node_agent.interfaces`);
+    a container on the host's network has the same interfaces, and its image's host name resolves
+    no better than the host's."""
+    a = assignment(runtime=runtime.name)  # type: ignore[attr-defined]
+    env = build_rank_env(a, RANK, CONTROL, {"PATH": "/usr/bin", "GLOO_SOCKET_IFNAME": "eth1"}, interpreter_bin="")
+    launch = runtime.launch(a, RANK, env, CONTROL)  # type: ignore[attr-defined]
+    assert launch.env.get("GLOO_SOCKET_IFNAME") == "eth1" or \
+        launch.env.get("APPTAINERENV_GLOO_SOCKET_IFNAME") == "eth1", launch
+    assert "PATH" not in [launch.argv[i + 1] for i, arg in enumerate(launch.argv) if arg == "--env"]
