@@ -1,11 +1,10 @@
 """`corral credentials agent NODE...`: the NATS identities of a deployment, for its GPU nodes.
 
-The problem: on Kubernetes (and with systemd) the per-node agent credentials, the NATS servers'
-`auth.conf` and the Secrets holding them were written by hand from deploy/README.md. This command
-keeps them in one directory (`corral.stack.deploy_credentials`: existing passwords kept, nodes
-added or revoked) and prints what to apply: the files (a table), the servers' `authorization`
-block (`--format nats-conf`) or the Kubernetes Secrets (`--format k8s-secret`, for `kubectl
-apply -f -`).
+Why: on Kubernetes (and with systemd) the per-node agent credentials, the NATS servers' `auth.conf`
+and the Secrets holding them are otherwise written by hand. This command keeps them in one directory
+(`corral.stack.deploy_credentials`: existing passwords kept, nodes added or revoked) and prints what
+to apply: the files (a table), the servers' `authorization` block (`--format nats-conf`) or the
+Kubernetes Secrets (`--format k8s-secret`, for `kubectl apply -f -`).
 """
 
 from __future__ import annotations
@@ -56,9 +55,8 @@ def agent(
     json_out: Annotated[bool, typer.Option("--json", help="With --format files: JSON.")] = False,
     export_dir: Annotated[Path | None, typer.Option("--export", help=EXPORT_HELP)] = None,
 ) -> None:
-    """Give GPU nodes their agent identities, and print the deployment's in the chosen format.
-
-    Each node's agent may report only for its own node; the identities sit beside the services'
+    """Give GPU nodes their agent identities, and print the deployment's in the chosen format. Each
+    node's agent may report only for its own node; the identities sit beside the services'
     (svc-services) and the operator's (admin). Run it again to add nodes: existing passwords are
     kept."""
     from corral.stack import deploy_credentials as deploy
@@ -85,13 +83,11 @@ def person(
     json_out: Annotated[bool, typer.Option("--json", help="With --format files: JSON.")] = False,
     export_dir: Annotated[Path | None, typer.Option("--export", help=EXPORT_HELP)] = None,
 ) -> None:
-    """Give people and pipelines of a deployment identities of their own, and print them.
-
-    `corral user` does it for `corral up`. The deployment's identities are printed in the chosen
-    format: apply the new auth.conf (the Secret corral-nats-auth) and the NATS servers re-read it,
-    without a restart.
-    Each one's credentials file is `<dir>/credentials/<name>.json`; `corral credentials postgres`
-    gives each a Postgres login too."""
+    """Give people and pipelines of a deployment identities of their own, and print them (`corral
+    user` does it for `corral up`). The deployment's identities are printed in the chosen format:
+    apply the new auth.conf (the Secret corral-nats-auth) and the NATS servers re-read it, without
+    a restart. Each one's credentials file is `<dir>/credentials/<name>.json`; `corral credentials
+    postgres` gives each a Postgres login too."""
     from corral.stack import deploy_credentials as deploy
     from corral.stack.people import Kind, PeopleError
 
@@ -153,11 +149,10 @@ def postgres(
     k8s_namespace: Annotated[str, typer.Option("--k8s-namespace", help="Namespace of the Secrets.")] = "corral",
     json_out: Annotated[bool, typer.Option("--json", help="With --format files: JSON.")] = False,
 ) -> None:
-    """Apply the migrations, then give each service and the CLI a Postgres login of its own.
-
-    Each service's is in corral_service, the CLI's is read-only (corral_reader), as `corral up`
-    does: no process of the deployment logs in as the owner. Run it again to re-apply: existing
-    passwords are kept."""
+    """Apply the migrations, then give each service and the CLI a Postgres login of its own. Each
+    service's is in corral_service, the CLI's is read-only (corral_reader), as `corral up` does: no
+    process of the deployment logs in as the owner. Run it again to re-apply: existing passwords
+    are kept."""
     from corral.stack import pglogins
     from corral.stack.people_admin import Installation
     from corral.stack.up import SERVICES
