@@ -51,9 +51,10 @@ SCHEMA_VERSION = 1
 
 
 class NodeAssignment(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The wire form: `reservation` a GangReserved, `submission` the job's JobSubmitted (None: the
+    """The wire form: `reservation` a GangReserved, `submission` the job's JobSubmitted (null: the
     relay could not find it, or it is too large to send again; the agent then reports the ranks
-    not started), `queue` the newest QueueConfigured of the spec's queue (None: none recorded)."""
+    not started), `queue` the newest QueueConfigured of the spec's queue (null: none recorded);
+    each an event as the log stores it (see that event's schema)."""
 
     kind: str = KIND
     schema_version: int = SCHEMA_VERSION

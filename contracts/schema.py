@@ -20,6 +20,8 @@ import msgspec
 from corral.contracts.cluster import ClusterSpec
 from corral.contracts.envelope import Event
 from corral.contracts.jobspec import JobSpec
+from corral.contracts.node_work import SCHEMA_VERSION as NODE_WORK_VERSION
+from corral.contracts.node_work import NodeAssignment
 from corral.contracts.queues import QueuesFile
 from corral.contracts.registry import REGISTRY
 from corral.contracts.subjects import DEFAULT_PREFIX, INBOX_TYPES, Subjects
@@ -28,6 +30,7 @@ __all__ = ["asyncapi_document", "event_schema", "export_schemas", "json_schema",
            "render"]
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
 SPEC_TYPES: tuple[type[msgspec.Struct], ...] = (JobSpec, ClusterSpec, QueuesFile)
 
 
@@ -114,6 +117,8 @@ def json_schema_documents() -> dict[str, dict[str, Any]]:
     documents = {f"{cls.type_name()}.v{cls.version()}.schema.json": event_schema(cls)
                  for cls in REGISTRY.classes()}
     documents.update({f"{spec.__name__}.schema.json": json_schema(spec) for spec in SPEC_TYPES})
+    # the wrapper of node work: its three members are events as stored (their own schemas above)
+    documents[f"{NodeAssignment.__name__}.v{NODE_WORK_VERSION}.schema.json"] = json_schema(NodeAssignment)
     return documents
 
 

@@ -61,7 +61,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_export_writes_valid_json_for_every_event_and_spec(exported: Path) -> None:
     names = {p.name for p in exported.iterdir()}
     expected = {f"{c.type_name()}.v{c.version()}.schema.json" for c in ALL_EVENTS}
-    expected |= {"JobSpec.schema.json", "ClusterSpec.schema.json", "QueuesFile.schema.json", "asyncapi.json"}
+    expected |= {"JobSpec.schema.json", "ClusterSpec.schema.json", "QueuesFile.schema.json", "asyncapi.json",
+                 "NodeAssignment.v1.schema.json"}
     assert names == expected
     for path in exported.iterdir():
         document = json.loads(path.read_text())
