@@ -167,7 +167,8 @@ class NvmlWatcher:
                 return
             if exc.value != self._lost_code():  # a lost GPU makes every wait fail at once: `_poll` finds it
                 log.warning("waiting for GPU events: %s", exc)
-            self._stop.wait(self.poll_seconds)  # not a busy loop while the error lasts
+            self._poll(self._count)  # said now, then not a busy loop while the error lasts
+            self._stop.wait(self.poll_seconds)
             return
         if int(data.eventType) != int(nvml.nvmlEventTypeXidCriticalError):
             return  # ECC events: the counters, read by `_poll`, say it

@@ -394,6 +394,9 @@ static nvmlReturn_t next_event(nvmlEventSet_t set, nvmlEventData_t *data) {
         unsigned long long mask = set->mask[i];
         if (!mask) continue;
         if (g->lost) return NVML_ERROR_GPU_IS_LOST;
+        /* a counter set back (a driver reload) counts its next errors as new ones */
+        if (g->ecc_dbe < set->dbe_seen[i]) set->dbe_seen[i] = g->ecc_dbe;
+        if (g->ecc_sbe < set->sbe_seen[i]) set->sbe_seen[i] = g->ecc_sbe;
         memset(data, 0, sizeof *data);
         data->device = g;
         data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFu;
