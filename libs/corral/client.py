@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 _SUBMISSION_VERDICTS = names((ev.JobAdmitted, ev.JobRejected))
 
 
+class BusUnreachable(ConnectionError):
+    """NATS could not be reached when a request was to be published (a `lazy_bus` client)."""
+
+
 def _user() -> str:
     """Who is asking: $USER, else the login name of this process."""
     import getpass
@@ -79,33 +83,59 @@ def check_spec_size(spec: JobSpec) -> None:
 class Client:
     """Connections to one Corral installation (open with `await Client.connect(ctx)`)."""
 
-    def __init__(self, ctx: Context, store: EventStore, bus: Bus | None) -> None:
+    def __init__(self, ctx: Context, store: EventStore, bus: Bus | None, *, lazy_bus: bool = False,
+                 timeout: float = 5.0) -> None:
         self.ctx = ctx
         self.store = store
         self._bus = bus
+        self._lazy_bus = lazy_bus
+        self._timeout = timeout
         self.subjects = Subjects(ctx.namespace)
         self._key: bytes | None = None
 
     @classmethod
-    async def connect(cls, ctx: Context, *, bus: bool = True, timeout: float = 5.0) -> Client:
+    async def connect(cls, ctx: Context, *, bus: bool = True, timeout: float = 5.0, lazy_bus: bool = False) -> Client:
         """Connect with the context's credential, or, when this uid cannot read one and a local
-        gateway is known, through the gateway (`corral.gateway.client`)."""
+        gateway is known, through the gateway (`corral.gateway.client`). `lazy_bus`: no NATS
+        connection until a request is published, and a request published without nats-py when
+        it can be (`corral.bus.request`): a command that publishes one request (`corral submit`)."""
         from corral.gateway.client import GatewayClient, gateway_socket
 
         socket_path = gateway_socket(ctx)
         if socket_path is not None:
             return await GatewayClient.open(ctx, socket_path)
         store = await asyncio.wait_for(EventStore.open(ctx.postgres_dsn, pool_size=4, min_size=1), timeout)
+        if lazy_bus:
+            return cls(ctx, store, None, lazy_bus=True, timeout=timeout)
         nats = None
         if bus:
-            from corral.bus import Bus  # nats-py: loaded only by the commands that publish
             try:
-                nats = await asyncio.wait_for(Bus.connect(ctx.nats_url, ctx.namespace, name="corral-cli",
-                                                          credentials=ctx.credentials, ca=ctx.nats_ca), timeout)
+                nats = await asyncio.wait_for(cls._connect_bus(ctx), timeout)
             except BaseException:
                 await store.close()
                 raise
-        return cls(ctx, store, nats)
+        return cls(ctx, store, nats, timeout=timeout)
+
+    @staticmethod
+    async def _connect_bus(ctx: Context) -> Bus:
+        from corral.bus import Bus  # nats-py: loaded only by the commands that publish
+
+        return await Bus.connect(ctx.nats_url, ctx.namespace, name="corral-cli", credentials=ctx.credentials,
+                                 ca=ctx.nats_ca)
+
+    async def _connected_bus(self) -> Bus:
+        """The bus, connected now if this client was opened with `lazy_bus`; BusUnreachable when
+        it cannot be reached within the client's timeout."""
+        if self._bus is None and self._lazy_bus:
+            try:
+                self._bus = await asyncio.wait_for(self._connect_bus(self.ctx), self._timeout)
+            except (TimeoutError, OSError, ConnectionError) as exc:
+                raise BusUnreachable(f"{type(exc).__name__}: {exc}") from exc
+            except Exception as exc:
+                if type(exc).__module__.startswith("nats"):
+                    raise BusUnreachable(f"{type(exc).__name__}: {exc}") from exc
+                raise
+        return self.bus
 
     async def close(self) -> None:
         if self._bus is not None:
@@ -128,6 +158,8 @@ class Client:
     @property
     def max_spec_bytes(self) -> int:
         """The largest job spec the bus takes (`BusLimits.max_spec_bytes`)."""
+        if self._bus is None and self._lazy_bus:
+            return BusLimits.from_env().max_spec_bytes  # what the bus would have
         return self.bus.limits.max_spec_bytes
 
     @property
@@ -170,20 +202,33 @@ class Client:
     async def publish_request(self, event: Event, msg_id: str | None = None) -> None:
         """Publish once; when the inbox's stream is missing (a request racing the services' start),
         declare the streams (or wait for them) and publish again, waiting out an unavailable bus.
-        The streams exist nearly always: declaring them first cost a round trip per stream."""
-        from corral.bus import StreamMissing, is_unavailable
-
+        The streams exist nearly always: declaring them first cost a round trip per stream. A
+        `lazy_bus` client publishes without nats-py first (`corral.bus.request`), and through the
+        bus when that did not get an ack."""
         subject, data, msg_id = self._request_subject(event), encode(event), msg_id or self.msg_id(event)
         headers = {tracing.CORRELATION: event.correlation_id}
+        if self._bus is None and self._lazy_bus and not tracing.enabled():
+            from corral.bus import request
+
+            try:
+                await request.publish(self.ctx.nats_url, subject, data, {**headers, request.MSG_ID: msg_id},
+                                      credentials=self.ctx.credentials, ca=self.ctx.nats_ca, name="corral-cli",
+                                      timeout=self._timeout)
+                return
+            except request.NotPublished:
+                pass  # the bus below says why, or publishes it (the msg id makes that harmless)
+        bus = await self._connected_bus()
+        from corral.bus import StreamMissing, is_unavailable
+
         try:
-            await self.bus.publish(subject, data, msg_id, headers)
+            await bus.publish(subject, data, msg_id, headers)
             return
         except StreamMissing:
-            await self.bus.ensure_streams()
+            await bus.ensure_streams()
         except Exception as exc:
             if not is_unavailable(exc):
                 raise
-        await self.bus.publish(subject, data, msg_id, headers, retry_for=self.REQUEST_RETRY_SECONDS)
+        await bus.publish(subject, data, msg_id, headers, retry_for=self.REQUEST_RETRY_SECONDS)
 
     def submission(self, spec: JobSpec, *, job_id: str | None = None, user: str | None = None) -> ev.JobSubmitted:
         """The JobSubmitted that `submit_request` publishes (checked for size and for what the node

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,6 +34,7 @@ from corral.bus.consumer import BatchHandler, RunningConsumer, dead_letter_publi
 from corral.bus.delivery import MSG_ID, Handler
 from corral.bus.limits import BusLimits
 from corral.bus.naming import DLQ, EVENTS, INBOX, LOGS, Namespace
+from corral.bus.options import CA_ENV, identity_options, tls_context
 from corral.bus.unavailable import UnavailableBackoff, is_unavailable
 from corral.bus.urls import first_credentials, server_urls
 from corral.contracts.subjects import ADMIN_REQUEST_TYPES, INBOX_TYPES, NODE_REPORT_TYPES, USER_REQUEST_TYPES
@@ -82,52 +81,6 @@ def _api_error(error: dict[str, Any]) -> APIError:
         return APIError.from_error(error)
     except APIError as exc:
         return exc
-def _identity(path: str | None) -> dict[str, Any]:
-    """nats.connect arguments of a credentials file: user, password and the identity's inbox prefix
-    (its permissions allow replies only there)."""
-    if not path:
-        return {}
-    raw = json.loads(Path(path).read_text())
-    raw = raw.get("nats_identity") or raw  # a person's context file carries it (`corral user add --out`)
-    return {"user": raw["user"], "password": raw["password"], "role": raw.get("role"),
-            "inbox_prefix": raw.get("inbox_prefix") or f"_INBOX.{raw['user']}"}
-
-
-#: Environment variable naming the CA file that verifies the nats-server (see `corral.stack.tls`).
-CA_ENV = "CORRAL_NATS_CA"
-
-
-class _SslEofNotice(logging.Filter):
-    """asyncio warns "returning true from eof_received() has no effect when using ssl" each time a
-    TLS peer closes a stream-based connection (as nats-py's transport is): harmless, and printed in
-    the middle of `corral demo`'s output for a newcomer. Only that message is dropped."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "eof_received() has no effect when using ssl" not in record.getMessage()
-
-
-def tls_context(ca: str | None) -> ssl.SSLContext | None:
-    """A client TLS context that trusts only the CA file `ca` (never the system's trust store) and
-    checks the server's name against its certificate; None without a CA.
-
-    With a CA the client starts with the TLS handshake (`tls_handshake_first`) whatever the URL's
-    scheme, as the nats-server of `corral up` requires."""
-    if not ca:
-        return None
-    if ca.lstrip().startswith("-----BEGIN"):  # the PEM text itself (a person's context file carries it)
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=ca)
-    elif not Path(ca).is_file():
-        raise FileNotFoundError(f"NATS CA file {ca!r} does not exist: set CORRAL_NATS_CA (or the context's "
-                                "`nats_ca`) to the `tls/ca.pem` of the data directory `corral up` wrote")
-    else:
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    asyncio_log = logging.getLogger("asyncio")
-    if not any(isinstance(f, _SslEofNotice) for f in asyncio_log.filters):
-        asyncio_log.addFilter(_SslEofNotice())
-    return context
-
-
 class NatsCertificateError(ssl.SSLCertVerificationError):
     """The nats-server's certificate does not verify against the CA given (a wrong CA file, a
     certificate for another host, or an impostor): retrying cannot help, so connecting stops."""
@@ -243,7 +196,7 @@ class Bus:
         default: the file named by `$CORRAL_NATS_CREDENTIALS`, if set. `ca`: the CA file the server's
         certificate must chain to (TLS, see `corral.stack.tls`); default: `$CORRAL_NATS_CA`, if set."""
         names = Namespace(namespace)
-        identity = _identity(credentials or os.environ.get("CORRAL_NATS_CREDENTIALS"))
+        identity = identity_options(credentials or os.environ.get("CORRAL_NATS_CREDENTIALS"))
         url_user, url_password = first_credentials(url)
         if not identity and url_user:
             # nats://user:password@host: replies only on the user's inbox. The user and password

@@ -123,7 +123,7 @@ def register(app: typer.Typer) -> None:
             return job_row(view.jobs[job_id])
 
         try:
-            result = with_client(go)
+            result = with_client(go, lazy_bus=True)
         except TimeoutError:
             err_console.print(f"[red]error:[/red] the job did not get there within {timeout:.0f}s; "
                               "see `corral why`", highlight=False)
@@ -228,7 +228,7 @@ def register(app: typer.Typer) -> None:
             verdict = await c.await_verdict(await c.cancel(job), waited)
             return verdict, await job_now(c, job)
 
-        answered = with_client(go)
+        answered = with_client(go, lazy_bus=True)
         if answered is None:
             err_console.print(f"[red]error:[/red] no job {job!r}", highlight=False)
             raise SystemExit(EXIT_FAILURE)

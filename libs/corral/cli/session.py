@@ -43,18 +43,20 @@ def context(*, need_postgres: bool = True) -> Context:
         raise SystemExit(EXIT_NO_CLUSTER) from None
 
 
-def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True) -> T:
-    """Run `fn` with a connected client; a cluster that does not answer is one line, exit 3."""
-    from corral.client import Client
+def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True, lazy_bus: bool = False) -> T:
+    """Run `fn` with a connected client; a cluster that does not answer is one line, exit 3.
+    `lazy_bus`: NATS is reached only to publish (`Client.connect`), for commands that only publish
+    requests."""
+    from corral.client import BusUnreachable, Client
 
     ctx = context()
 
     async def run() -> T:
         try:
-            client = await Client.connect(ctx, bus=bus, timeout=5.0)
+            client = await Client.connect(ctx, bus=bus, timeout=5.0, lazy_bus=lazy_bus)
         except (TimeoutError, OSError, ConnectionError) as exc:
             dsn = redacted(ctx.postgres_dsn)
-            where = dsn if not bus else f"{ctx.nats_url} / {dsn}"
+            where = dsn if not bus or lazy_bus else f"{ctx.nats_url} / {dsn}"
             raise _Unreachable(f"cannot reach the Corral cluster at {where} ({type(exc).__name__}: {exc}); "
                                "is `corral up` running?") from exc
         except Exception as exc:
@@ -64,6 +66,9 @@ def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True) -> T:
             raise
         try:
             return await fn(client)
+        except BusUnreachable as exc:
+            raise _Unreachable(f"cannot reach the Corral cluster at {ctx.nats_url} / {redacted(ctx.postgres_dsn)} "
+                               f"({exc}); is `corral up` running?") from exc
         finally:
             await client.close()
 
