@@ -31,7 +31,17 @@ from corral.core.model import Job, NodeState, SchedulerConfig, Snapshot
 from corral.core.ordering import tree_for
 from corral.core.placement import static_feasibility
 from corral.core.quota import QueueUsage, quota_check
-from corral.core.whatif import JobEnds, NodeBack, QuotaRaised, Rerun, WhatIf, apply_events, job_ends, placed
+from corral.core.whatif import (
+    GpusBack,
+    JobEnds,
+    NodeBack,
+    QuotaRaised,
+    Rerun,
+    WhatIf,
+    apply_events,
+    job_ends,
+    placed,
+)
 
 #: single events tried one by one when the pruned set names several (those that could make room)
 SINGLES = 48
@@ -199,16 +209,21 @@ def _free_gpus(snapshot: Snapshot) -> int:
 def _gpus_of(e: WhatIf) -> int:
     if isinstance(e, JobEnds):
         return sum(g for _, g in e.frees)
+    if isinstance(e, GpusBack):
+        return len(e.gpus)
     return e.gpus if isinstance(e, NodeBack) else 0
 
 
 def _candidates(snapshot: Snapshot, config: SchedulerConfig, job: Job) -> list[WhatIf]:
     """Every event the search may name, in the order it prefers them: running jobs by expected end
-    (then those without an estimate, by start), lost or draining nodes back, the quota it lacks."""
+    (then those without an estimate, by start), lost or draining nodes back, GPUs out of service
+    back in it, the quota it lacks."""
     ordered = sorted(snapshot.running, key=lambda r: (r.expected_end() is None, r.expected_end() or 0.0,
                                                        r.start_time, r.job.id))
     out: list[WhatIf] = [job_ends(r) for r in ordered]
     out.extend(NodeBack(n.name, n.gpu_count) for n in snapshot.cluster.nodes if n.state is not NodeState.READY)
+    out.extend(GpusBack(n.name, tuple(sorted(n.out_of_service))) for n in snapshot.cluster.nodes
+               if n.out_of_service)
     if config.quotas:
         out.extend(_quota_raises(snapshot, job))
     return out
@@ -275,6 +290,9 @@ def describe_event(e: WhatIf, hint: Hint, now: float) -> str:
     ahead of it then use, or the quota its queue regains."""
     if isinstance(e, NodeBack):
         return f"node {e.node} comes back ({e.gpus} GPUs)"
+    if isinstance(e, GpusBack):
+        named = ", ".join(f"{e.node}:{g}" for g in e.gpus)
+        return f"GPU{'s' if len(e.gpus) > 1 else ''} {named} back in service (unhealthy or drained now)"
     if isinstance(e, QuotaRaised):
         ceiling = "" if e.max_gpus is None else f", max_gpus {e.max_gpus}"
         return f"queue {e.queue} set to guaranteed_gpus {e.guaranteed_gpus}{ceiling} (`corral apply`)"

@@ -6,8 +6,9 @@ ignored every other waiting job and the queue tree: it named a job whose GPUs th
 fair-share order then took, one of two jobs that had to end, jobs in racks the gang could never
 use. The answer must be the core's own: apply the events to the snapshot and rerun the cycle.
 
-An event is a value: a running job ends (`JobEnds`), a lost node comes back (`NodeBack`), a queue's
-ceiling or guarantee is raised (`QuotaRaised`). `apply_events` gives the what-if snapshot;
+An event is a value: a running job ends (`JobEnds`), a lost node comes back (`NodeBack`), GPUs out
+of service (unhealthy, drained) are back in it (`GpusBack`), a queue's ceiling or guarantee is
+raised (`QuotaRaised`). `apply_events` gives the what-if snapshot;
 `rerun` gives the cycle's actions on it (the same `schedule` the services and the simulator run).
 """
 
@@ -42,6 +43,14 @@ class NodeBack:
 
 
 @dataclass(frozen=True, slots=True)
+class GpusBack:
+    """GPUs `gpus` of `node`, out of service (unhealthy or drained), are in service again."""
+
+    node: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class QuotaRaised:
     """Queue `queue` gets `guaranteed_gpus` and `max_gpus` (None: unchanged, no ceiling)."""
 
@@ -50,7 +59,7 @@ class QuotaRaised:
     max_gpus: int | None
 
 
-WhatIf = JobEnds | NodeBack | QuotaRaised
+WhatIf = JobEnds | NodeBack | GpusBack | QuotaRaised
 
 
 def job_ends(r: RunningJob) -> JobEnds:
@@ -66,6 +75,9 @@ def apply_events(snapshot: Snapshot, events: Iterable[WhatIf]) -> Snapshot:
     raised = {e.queue: e for e in events if isinstance(e, QuotaRaised)}
     running = snapshot.running if not ended else tuple(r for r in snapshot.running if r.job.id not in ended)
     cluster = snapshot.cluster if not back else _nodes_back(snapshot.cluster, back)
+    in_service = [e for e in events if isinstance(e, GpusBack)]
+    if in_service:
+        cluster = _gpus_back(cluster, in_service)
     queues = snapshot.queues if not raised else _raised(snapshot.queues, raised)
     return Snapshot(snapshot.now, cluster, queues, snapshot.pending, running)
 
@@ -73,6 +85,14 @@ def apply_events(snapshot: Snapshot, events: Iterable[WhatIf]) -> Snapshot:
 def _nodes_back(cluster: Cluster, back: set[str]) -> Cluster:
     return Cluster(tuple(dataclasses.replace(n, state=NodeState.READY) if n.name in back else n
                          for n in cluster.nodes))
+
+
+def _gpus_back(cluster: Cluster, back: list[GpusBack]) -> Cluster:
+    gpus: dict[str, set[int]] = {}
+    for e in back:
+        gpus.setdefault(e.node, set()).update(e.gpus)
+    return Cluster(tuple(dataclasses.replace(n, out_of_service=n.out_of_service - gpus[n.name]) if n.name in gpus
+                         else n for n in cluster.nodes))
 
 
 def _raised(queues: Sequence[QueueConfig], raised: dict[str, QuotaRaised]) -> tuple[QueueConfig, ...]:

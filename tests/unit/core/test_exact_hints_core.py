@@ -33,8 +33,11 @@ def worlds(draw: st.DrawFn) -> tuple[Snapshot, SchedulerConfig]:
     per_node = draw(st.sampled_from([2, 4]))
     n_nodes = draw(st.integers(1, 4))
     lost = draw(st.sets(st.integers(0, n_nodes - 1), max_size=1)) if n_nodes > 1 else set()
+    # a GPU out of service (unhealthy, drained) here and there: its coming back is an event too
+    out = [draw(st.sets(st.integers(0, per_node - 1), max_size=1)) for _ in range(n_nodes)]
     nodes = tuple(Node(f"n{i}", tuple(Gpu(g, "H100", 80) for g in range(per_node)), f"r{i // 2}", "z",
-                       NodeState.LOST if i in lost else NodeState.READY) for i in range(n_nodes))
+                       NodeState.LOST if i in lost else NodeState.READY, out_of_service=frozenset(out[i]))
+                  for i in range(n_nodes))
     cluster = Cluster(nodes)
     queues = [QueueConfig("a", draw(st.integers(0, 4)), draw(st.sampled_from([None, 6, 8]))),
               QueueConfig("b", draw(st.integers(0, 4)))]

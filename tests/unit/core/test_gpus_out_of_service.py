@@ -119,6 +119,19 @@ def test_a_job_holding_a_gpu_out_of_service_frees_only_the_others_when_preempted
     (three,) = schedule(snapshot(cluster, [job("three", gpus=3, priority=9)], [low]), config)
     assert isinstance(three, Preempt) and three.victims == ("low",), three
 
+def test_why_names_the_gpu_whose_return_would_place_the_job() -> None:
+    from corral.core.hints import HintKind, describe_event, unblock
+    from corral.core.whatif import GpusBack
+
+    node = Cluster.uniform(1, 8, "H100").nodes[0]
+    cluster = Cluster((dataclasses.replace(node, out_of_service=frozenset({3})),))
+    snap = snapshot(cluster, [job("whole", gpus=8)])
+    hint = unblock(snap, "whole")
+    assert hint.kind is HintKind.EVENTS and hint.events == (GpusBack(node.name, (3,)),)
+    assert describe_event(hint.events[0], hint, snap.now) == (
+        f"GPU {node.name}:3 back in service (unhealthy or drained now)")
+
+
 def test_a_node_refuses_out_of_service_gpus_it_does_not_have() -> None:
     node = Cluster.uniform(1, 2, "H100").nodes[0]
     with pytest.raises(ValueError, match=r"out_of_service names GPUs \[5\]"):
