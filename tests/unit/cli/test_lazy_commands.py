@@ -59,3 +59,18 @@ def test_a_read_only_command_loads_neither_nats_nor_the_cycle_nor_yaml() -> None
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_request_command_loads_neither_nats_nor_the_job_decoder() -> None:
+    """`corral submit` publishes without nats-py (`corral.bus.request`) and decodes no stored job."""
+    code = (
+        "import sys\n"
+        "from corral.cli.main import register_for\n"
+        "register_for(['submit'])\n"
+        "import corral.client, corral.cli.jobs, corral.bus.request\n"
+        "from corral.readmodel import codec\n"
+        "assert 'nats' not in sys.modules\n"
+        "assert not codec._DECODERS, codec._DECODERS\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
