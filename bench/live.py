@@ -32,12 +32,12 @@ from pathlib import Path
 from machine_probe import probe
 
 from corral.client import Client
+from corral.cluster_ready import wait_for_nodes
 from corral.contracts import events as ev
 from corral.contracts.envelope import event_id_time
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.registry import decode
 from corral.stack.context import Context
-from corral.stack.ready import wait_for_nodes
 from corral.stack.up import Stack, StackOptions
 
 TRACKED = ("JobSubmitted", "JobAdmitted", "JobRejected", "QuotaReserved", "GangReserved", "JobRunning",

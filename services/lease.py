@@ -14,16 +14,10 @@ from typing import Any
 
 import asyncpg
 
-from corral.bus import is_unavailable
+from corral.bus import dependency_failure
 
 _log = logging.getLogger("corral.service")
 
-
-
-def dependency_failure(exc: BaseException) -> bool:
-    """NATS or Postgres unavailable, or an error Postgres answered: a dependency's state to wait
-    out and retry, not a bug (the one test for it in the services' loops)."""
-    return is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError)
 
 class Lease:
     """A Postgres session advisory lock: held while the connection lives, freed when the holder dies

@@ -17,9 +17,9 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from corral.bus import UnavailableBackoff
+from corral.bus import UnavailableBackoff, dependency_failure
 from corral.services.base import Service
-from corral.services.lease import Lease, dependency_failure
+from corral.services.lease import Lease
 
 log = logging.getLogger("corral.service")
 

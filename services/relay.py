@@ -14,13 +14,13 @@ loop is `corral.services.leased_task`'s, shared with the CLI's projector.
 
 from __future__ import annotations
 
-from corral.bus import Bus, OutboxRelay
+from corral.bus import Bus, OutboxRelay, dependency_failure
 from corral.bus.node_work import NodeWorkRouter
 from corral.bus.relay import event_headers
 from corral.contracts.subjects import Subjects
 from corral.eventstore import EventStore
 from corral.services.base import Service
-from corral.services.lease import Lease, dependency_failure
+from corral.services.lease import Lease
 from corral.services.leased_task import run_while_leased
 from corral.services.settings import Settings
 

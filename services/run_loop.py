@@ -27,11 +27,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from corral.bus import Bus, RunningConsumer, UnavailableBackoff, is_unavailable
+from corral.bus import Bus, RunningConsumer, UnavailableBackoff, dependency_failure, is_unavailable
 from corral.eventstore import EventStore
 from corral.health import start_beat
 from corral.services.base import Service
-from corral.services.lease import Lease, dependency_failure
+from corral.services.lease import Lease
 from corral.services.projector_lease import project_forever
 from corral.services.relay import relay_forever
 from corral.services.settings import DeliveryLimits, Settings

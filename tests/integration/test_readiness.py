@@ -14,7 +14,9 @@ from typing import ClassVar
 import pytest
 
 from corral.health import probe_url
-from corral.services.runtime import Service, Settings, run_service
+from corral.services.base import Service
+from corral.services.run_loop import run_service
+from corral.services.settings import Settings
 from corral.stack.servers import free_port
 from tests.metrics_text import get, parse, readyz
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from corral.bus.delivery import Delivery, Handler, Poison, Retry
     from corral.bus.naming import Namespace
     from corral.bus.relay import OutboxRelay
-    from corral.bus.unavailable import Unavailable, UnavailableBackoff, is_unavailable
+    from corral.bus.unavailable import Unavailable, UnavailableBackoff, dependency_failure, is_unavailable
 
 # submodule -> the names this package re-exports from it
 _HOMES: dict[str, tuple[str, ...]] = {
@@ -27,7 +27,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "delivery": ("Delivery", "Handler", "Poison", "Retry"),
     "naming": ("Namespace",),
     "relay": ("OutboxRelay",),
-    "unavailable": ("Unavailable", "UnavailableBackoff", "is_unavailable"),
+    "unavailable": ("Unavailable", "UnavailableBackoff", "dependency_failure", "is_unavailable"),
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 

@@ -54,6 +54,10 @@ class Namespace:
             raise ValueError(f"stream kind must be one of {KINDS}, got {kind!r}")
         return f"{self.name.upper()}_{kind.upper()}"
 
+    @property
+    def dead_letter_stream(self) -> str:
+        return self.stream(DLQ)
+
     def wildcard(self, kind: str) -> str:
         """All subjects of a stream, e.g. corral.events.>"""
         self.stream(kind)

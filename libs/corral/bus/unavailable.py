@@ -82,6 +82,12 @@ def is_unavailable(exc: BaseException) -> bool:
     return False
 
 
+def dependency_failure(exc: BaseException) -> bool:
+    """NATS or Postgres unavailable, or an error Postgres answered: a dependency's state to wait
+    out and retry, not a bug (the one test for it in the services' loops)."""
+    return is_unavailable(exc) or isinstance(exc, asyncpg.PostgresError)
+
+
 @dataclass(frozen=True, slots=True)
 class UnavailableBackoff:
     """Delays between tries while a dependency is down: `first`, doubling, capped at `cap`."""

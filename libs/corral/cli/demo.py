@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
         """Start a 4x8 H100 cluster (simulated), run the examples to the end, then stop."""
         import shutil
 
-        from corral.stack.ready import wait_for_nodes
+        from corral.cluster_ready import wait_for_nodes
         from corral.stack.up import Stack, StackOptions
 
         shutil.rmtree(data_dir, ignore_errors=True)

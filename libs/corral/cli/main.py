@@ -76,8 +76,8 @@ def up(
     (a dead one is restarted with backoff). Ctrl-C (or SIGTERM) stops all in order, placement
     first, leaving jobs as they are: the next `corral up` continues them. `--agents none` runs the
     control plane only (as `corral server`)."""
+    from corral.cluster_ready import wait_for_nodes
     from corral.stack.lock import AlreadyRunning
-    from corral.stack.ready import wait_for_nodes
     from corral.stack.up import Agents, Stack, StackOptions
 
     nats = nats or ConnectionOptions.nats

@@ -11,7 +11,7 @@ last one: its cost follows what changed, not the backlog.
 It keeps only active jobs in memory: a job that is over is stored in `view_jobs` with the next
 snapshot and dropped, and loaded back if a later event is about it. It resumes from its own
 snapshot, so a restart costs one tail, not the log. The services run it under a lease (one at a
-time; `services/runtime.py`); two at once stay correct: each writes only over the view it wrote
+time; `services/projector_lease.py`); two at once stay correct: each writes only over the view it wrote
 last (`write_view`), and starts again from what is stored when another wrote meanwhile.
 """
 

@@ -13,7 +13,7 @@ The job being handled is set by every durable consumer around its handler (`hand
 `corral.bus.consumer`): the message's job is its `Corral-Stream` header (`job-<id>`, what the
 relay sets on a job's events) or else the `job_id` field of its JSON body (an inbox request:
 JobSubmitted, JobCancelRequested); a batch about several jobs names none (its lines name their
-own), and `corral.services.runtime` narrows it to each request while it handles them one by one.
+own), and `corral.services.base` narrows it to each request while it handles them one by one.
 The trace id is the current OpenTelemetry span's (`corral.telemetry.tracing` starts the spans;
 with tracing off there is no current span and the field is empty) or whatever a function given
 to `set_trace_id_source` returns.

@@ -10,7 +10,7 @@ Three kinds of figures, all in one Prometheus registry per service process:
 - lags, asked when scraped: this process's durable consumers' backlogs (JetStream's count), the
   outbox relay's (events recorded, not yet published, and the age of the oldest), the DLQ's size.
 
-`ServiceTelemetry.attach(service)` wires it to a service (`corral.services.runtime.run_service`
+`ServiceTelemetry.attach(service)` wires it to a service (`corral.services.run_loop.run_service`
 calls it; the hooks there are one line each), `start()` opens the endpoint (`endpoint`).
 """
 
@@ -33,7 +33,6 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from corral.bus.naming import DLQ
 from corral.contracts.envelope import Event
 from corral.projection import ClusterView
 from corral.telemetry.families import gpu_families, heartbeat_families, job_families, queue_families
@@ -58,7 +57,7 @@ APPEND_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 
 
 class ObservedService(Protocol):
-    """What telemetry reads of a service (`corral.services.runtime.Service`)."""
+    """What telemetry reads of a service (`corral.services.base.Service`)."""
 
     view: ClusterView
     store: Any
@@ -197,7 +196,7 @@ class ServiceTelemetry(ProcessTelemetry):
 
     async def _dlq_messages(self) -> int:
         bus = self.service.bus
-        info = await bus.js.stream_info(bus.names.stream(DLQ))
+        info = await bus.js.stream_info(bus.names.dead_letter_stream)
         return int(info.state.messages)
 
 

@@ -12,7 +12,7 @@ import asyncio
 import socket
 import time
 
-from corral.stack.ready import silent_endpoints
+from corral.cluster_ready import silent_endpoints
 
 
 def _free_port() -> int:

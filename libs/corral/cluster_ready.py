@@ -1,5 +1,8 @@
 """Readiness of a freshly started stack: queues defaulted, nodes registered, endpoints answering.
 
+It asks the cluster through `corral.client`, so it sits above both the client and the stack (the
+client reads the stack's context and credentials files).
+
 Why: `corral up` promises that when it prints, the cluster is usable — every declared node is in
 the log, there is a queue to submit to, and every telemetry endpoint it prints answers — rather
 than leaving a newcomer (or a Prometheus scrape) to race the services. A service opens its
