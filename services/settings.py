@@ -9,7 +9,26 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from corral.lifecycle import Limits
+
+
+@dataclass(frozen=True)
+class PlacementSettings:
+    """Placement's own: after how long without a heartbeat a node is lost
+    (CORRAL_NODE_LOST_SECONDS), the MASTER_ADDR of a gang whose rank 0's node advertised no address
+    (CORRAL_MASTER_ADDR), and the gang lifecycle's time limits (`Limits.from_env`)."""
+
+    node_lost_seconds: float = 10.0
+    master_addr: str = "127.0.0.1"
+    limits: Limits = field(default_factory=Limits)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PlacementSettings:
+        env = os.environ if environ is None else environ
+        return cls(node_lost_seconds=float(env.get("CORRAL_NODE_LOST_SECONDS", "10")),
+                   master_addr=env.get("CORRAL_MASTER_ADDR", "127.0.0.1"), limits=Limits.from_env(env))
 
 
 @dataclass(frozen=True)
@@ -20,6 +39,7 @@ class Settings:
     postgres_dsn: str
     namespace: str = "corral"
     log_dir: str | None = None
+    placement: PlacementSettings = field(default_factory=lambda: PlacementSettings.from_env())
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -28,7 +48,8 @@ class Settings:
         if missing:
             raise SystemExit(f"set {' and '.join(missing)} (or start everything with `corral up`)")
         return cls(nats_url=env["CORRAL_NATS_URL"], postgres_dsn=env["CORRAL_POSTGRES_DSN"],
-                   namespace=env.get("CORRAL_NAMESPACE", "corral"), log_dir=env.get("CORRAL_LOG_DIR"))
+                   namespace=env.get("CORRAL_NAMESPACE", "corral"), log_dir=env.get("CORRAL_LOG_DIR"),
+                   placement=PlacementSettings.from_env(env))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ WorkerExited, CheckpointDone) from the inbox, each exactly once (tracking rows).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -45,6 +44,7 @@ from corral.services.base import Service
 from corral.services.placement.rendezvous import choose_rendezvous
 from corral.services.placement.report_auth import request_refused
 from corral.services.senders import as_sent_by, sender_of
+from corral.services.settings import PlacementSettings
 
 log = logging.getLogger("corral.placement")
 
@@ -74,12 +74,14 @@ class Placement(Service):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.lost_after = float(os.environ.get("CORRAL_NODE_LOST_SECONDS", "10"))
-        self.limits = lifecycle.Limits.from_env(os.environ)
+        # The environment is read once, by the settings (a test without any reads it here).
+        own = self.settings.placement if self.settings is not None else PlacementSettings.from_env()
+        self.lost_after = own.node_lost_seconds
+        self.limits = own.limits
         #: which jobs each node's heartbeats list (the agents' word on what runs where)
         self.beats = lifecycle.Heartbeats()
         #: MASTER_ADDR of a gang whose rank 0's node advertised no address (simulated nodes, agents that do not say)
-        self.master_addr = os.environ.get("CORRAL_MASTER_ADDR", "127.0.0.1")
+        self.master_addr = own.master_addr
         self.heartbeats: dict[str, float] = {}
         self.started_at = self.clock()
         self._place_dirty = True
