@@ -34,6 +34,7 @@ from corral.contracts.jobspec import JobSpec
 from corral.contracts.problems import ContractError, Problem
 from corral.contracts.sizes import SPEC_TOO_LARGE, recorded_size, size_problem
 from corral.contracts.subjects import Subjects
+from corral.core.placement import shape_index
 from corral.core.submit_limits import SubmitLedger
 from corral.eventstore import Tracking
 from corral.projection import JobState, submission_key
@@ -365,8 +366,10 @@ def priority_above_cap(spec: JobSpec, max_priority: int | None) -> tuple[Problem
 
 
 def cluster_checks(job: core.Job, cluster: core.Cluster) -> tuple[tuple[Problem, Reason] | None, core.Reason | None]:
-    """What `judge` asks of the whole cluster: `capacity_shortfall`, then `core.static_feasibility`."""
-    return capacity_shortfall(job, cluster), core.static_feasibility(cluster, job)
+    """What `judge` asks of the whole cluster: `capacity_shortfall`, then `core.static_feasibility`
+    over every registered node, lost ones too (`shape_index`): a rejection is final, and a lost
+    node may come back (the agent process hosting it restarting)."""
+    return capacity_shortfall(job, cluster), core.static_feasibility(cluster, job, shape_index(cluster))
 
 
 def capacity_shortfall(job: core.Job, cluster: core.Cluster) -> tuple[Problem, Reason] | None:

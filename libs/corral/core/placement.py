@@ -367,6 +367,12 @@ def idle_index(cluster: Cluster) -> FreeGpus:
     return FreeGpus(cluster, frozenset({NodeState.READY, NodeState.DRAINING}), in_service_only=False)
 
 
+def shape_index(cluster: Cluster) -> FreeGpus:
+    """Every GPU of every node, lost ones too, free: what can ever fit, for a verdict that is
+    final (admission's): a lost node may come back."""
+    return FreeGpus(cluster, frozenset(NodeState))
+
+
 def _node_offer(request: GpuRequest, nodes: tuple[Node, ...]) -> str:
     """What the best nodes offer of what `request` needs of a node, for a refusal."""
     said = []

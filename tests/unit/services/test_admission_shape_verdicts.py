@@ -4,6 +4,7 @@ cluster object changes."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from hypothesis import given, settings
@@ -43,3 +44,25 @@ def test_a_shape_is_judged_once_per_cluster_object() -> None:
     assert len(calls) == 2
     smaller = core.Cluster(small.nodes[:0])
     assert not verdicts(jobs[0], smaller) and len(calls) == 3  # another cluster: judged again
+
+
+@settings(max_examples=100, deadline=None)
+@given(clusters(), st.integers(0, 2**32 - 1))
+def test_a_lost_node_counts_for_what_can_ever_fit(cluster: core.Cluster, seed: int) -> None:
+    """A rejection is final and a lost node may come back: while nodes are lost (an agent process
+    restarting), admission judges the shape of every registered node, as if all were back."""
+    rng = random.Random(seed)
+    lost = core.Cluster(tuple(dataclasses.replace(n, state=core.NodeState.LOST) if rng.random() < 0.7 else n
+                              for n in cluster.nodes))
+    back = core.Cluster(tuple(dataclasses.replace(n, state=core.NodeState.READY) for n in cluster.nodes))
+    for n in range(20):
+        job = random_job(rng, n, float(n), ["a", "b/x"], simple=rng.random() < 0.3)
+        assert cluster_checks(job, lost) == cluster_checks(job, back), job
+
+
+def test_a_two_node_gang_is_not_refused_while_one_of_two_nodes_is_lost() -> None:
+    gpus = tuple(core.Gpu(i, "H100", 80, 0) for i in range(8))
+    cluster = core.Cluster((core.Node("n0", gpus, "r0", "z0"),
+                            core.Node("n1", gpus, "r0", "z0", state=core.NodeState.LOST)))
+    gang = core.Job(id="g", queue="q", replicas=2, gpus_per_replica=8, submit_time=0.0)
+    assert cluster_checks(gang, cluster) == (None, None)
