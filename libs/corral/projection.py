@@ -31,6 +31,17 @@ if TYPE_CHECKING:  # the scheduling core's types: loaded when a view is first tr
 _JOB_ID = attrgetter("job_id")
 
 
+class QuotaPhase(StrEnum):
+    """Where a job stands with its queue's quota (`JobView.quota_phase`): the one answer
+    placement, quota and quota's rounds read."""
+
+    NONE = "none"  # holds no quota and waits for none
+    WAITING = "waiting"  # pending, no quota yet: quota's round decides for it
+    RESERVED = "reserved"  # pending, holding quota for this attempt: placement places it
+    IN_USE = "in_use"  # holds quota for an attempt that started (its GPUs count, not the quota)
+    OWED = "owed"  # holds quota it must give back: it ended, or its attempt was released
+
+
 class JobState(StrEnum):
     SUBMITTED = "SUBMITTED"      # in the log, not yet judged by admission
     PENDING = "PENDING"          # admitted, waiting for quota and/or GPUs
@@ -146,6 +157,15 @@ class JobView:
     def active(self) -> bool:
         """Still of interest to the deciding services: not over, or over but holding GPUs or quota."""
         return not self.state.terminal or self.holding or self.quota_gpus > 0 or bool(self.fences)
+
+    @property
+    def quota_phase(self) -> QuotaPhase:
+        pending = self.state is JobState.PENDING and self.spec is not None
+        if not self.quota_gpus:
+            return QuotaPhase.WAITING if pending else QuotaPhase.NONE
+        if self.state.terminal or self.quota_stale:
+            return QuotaPhase.OWED
+        return QuotaPhase.RESERVED if pending else QuotaPhase.IN_USE
 
     @property
     def queue(self) -> str:

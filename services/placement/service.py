@@ -39,7 +39,7 @@ from corral.contracts.registry import decode
 from corral.contracts.subjects import Subjects
 from corral.core.steps import placement_step
 from corral.eventstore import Tracking
-from corral.projection import Fence, JobState, JobView, NodeView
+from corral.projection import Fence, JobView, NodeView, QuotaPhase
 from corral.services.base import Service
 from corral.services.placement.rendezvous import choose_rendezvous
 from corral.services.placement.report_auth import request_refused
@@ -513,4 +513,4 @@ def _drain_changes_nothing(node: NodeView, request: ev.NodeDrained | ev.NodeUndr
 
 def _places(job: JobView) -> bool:
     """Whether placement places `job` now: it waits for GPUs holding quota for this attempt."""
-    return job.state is JobState.PENDING and bool(job.quota_gpus) and not job.quota_stale and job.spec is not None
+    return job.quota_phase is QuotaPhase.RESERVED

@@ -17,7 +17,7 @@ import bisect
 from enum import Enum
 
 from corral import core
-from corral.projection import JobState, JobView
+from corral.projection import JobState, JobView, QuotaPhase
 
 
 class Kind(Enum):
@@ -30,14 +30,16 @@ class Kind(Enum):
 
 
 def classify(j: JobView) -> Kind:
-    """The round's view of one active job (what the one pass over every active job computed)."""
-    if j.state is JobState.PENDING and j.spec is not None:
-        if not j.quota_gpus:
-            return Kind.WAITING
-        if j.quota_stale:
-            return Kind.NONE if j.holding else Kind.HELD
+    """The round's view of one active job, from its quota phase: quota not given back counts as
+    used while its GPUs do not (the job holds none, and a started attempt is no longer pending)."""
+    phase = j.quota_phase
+    if phase is QuotaPhase.WAITING:
+        return Kind.WAITING
+    if phase is QuotaPhase.RESERVED:
         return Kind.RESERVED
-    if j.quota_gpus and not j.holding and (j.state is not JobState.PENDING or j.quota_stale):
+    if phase is QuotaPhase.OWED and not j.holding:
+        return Kind.HELD
+    if phase is QuotaPhase.IN_USE and not j.holding and j.state is not JobState.PENDING:
         return Kind.HELD
     return Kind.NONE
 

@@ -33,7 +33,7 @@ from corral.contracts.queues import merged_tree, tree_problems
 from corral.contracts.subjects import Subjects
 from corral.core import escalation
 from corral.core.reservation import Reserve, Revoke, reserve_quota
-from corral.projection import JobView
+from corral.projection import JobView, QuotaPhase
 from corral.services.base import Service
 from corral.services.quota import gate
 from corral.services.quota.round_inputs import RoundInputs
@@ -191,7 +191,7 @@ class Quota(Service):
     def _gives_back(self, job_id: str) -> JobView | None:
         """The job, if it holds quota it must give back (it ended, or its attempt was released)."""
         job = self.view.active.get(job_id)
-        return job if job is not None and job.quota_gpus and (job.state.terminal or job.quota_stale) else None
+        return job if job is not None and job.quota_phase is QuotaPhase.OWED else None
 
     async def _release(self) -> None:
         """Give back the quota of every job that ended or was released (`_gives_back`).
