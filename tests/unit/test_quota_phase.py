@@ -9,7 +9,8 @@ from corral.contracts.jobspec import validate_job_spec
 from corral.projection import JobState, JobView, QuotaPhase
 from corral.services.quota.round_inputs import Kind, classify
 
-SPEC = validate_job_spec({"name": "j", "queue": "q", "replicas": 1, "gpus_per_replica": 1, "runtime": "sim", "duration_seconds": 1})
+SPEC = validate_job_spec({"name": "j", "queue": "q", "replicas": 1, "gpus_per_replica": 1, "runtime": "sim",
+                          "duration_seconds": 1})
 
 
 def _jobs() -> list[JobView]:
