@@ -159,10 +159,7 @@ async def agents_worker(config_path: Path) -> None:
             await agent.start()
             agents.append(agent)
 
-    await asyncio.gather(*(one(n["node"], n["rack"], n["credentials"]) for n in config["nodes"]))
-    Path(config["ready"]).write_text(str(len(agents)))
-
-    async def beats() -> None:
+    async def beats() -> None:  # from the first registration on: placement counts a node lost after 10 s
         while True:
             for agent in list(agents):
                 with contextlib.suppress(Exception):
@@ -170,6 +167,8 @@ async def agents_worker(config_path: Path) -> None:
             await asyncio.sleep(2.0)
 
     task = asyncio.create_task(beats())
+    await asyncio.gather(*(one(n["node"], n["rack"], n["credentials"]) for n in config["nodes"]))
+    Path(config["ready"]).write_text(str(len(agents)))
     await stop.wait()
     task.cancel()
     Path(config["out"]).write_text(json.dumps({a.node: dict(a.deliveries) for a in agents}))

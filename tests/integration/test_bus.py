@@ -54,6 +54,9 @@ async def test_streams_are_declared_idempotently_under_the_namespace(bus: Bus, n
         assert info.config.subjects == expected
         assert info.config.duplicate_window == DUPLICATE_WINDOW
     assert bus.names.events_subject("JobSubmitted") == f"{namespace}.events.JobSubmitted"
+    # one durable per node agent: a thousand hosts are more than nats-server's default of 1,000 a stream
+    events = await bus.js.stream_info(f"{ns}_EVENTS")
+    assert events.config.max_consumers == bus.limits.events_max_consumers >= 10_000
 
 
 async def test_publishing_the_same_event_twice_is_delivered_once(bus: Bus) -> None:

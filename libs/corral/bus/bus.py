@@ -271,7 +271,7 @@ class Bus:
         return [
             StreamConfig(name=self.names.stream(EVENTS), subjects=[self.names.wildcard(EVENTS)],
                          max_age=limits.events_max_age, max_bytes=limits.events_max_bytes,
-                         max_msg_size=limits.max_event_bytes,
+                         max_msg_size=limits.max_event_bytes, max_consumers=limits.events_max_consumers,
                          description="Corral events, published by the outbox relay from the event store",
                          **common),
             StreamConfig(name=self.names.stream(INBOX), subjects=self.inbox_subjects(),
@@ -355,7 +355,11 @@ class Bus:
         except (NotFoundError, APIError, TimeoutError):
             return False
         declared = config.as_dict()
-        return all(existing.get(key) == value for key, value in declared.items() if value is not None)
+        # A client that cannot manage streams (an agent) takes the consumer limit its services set:
+        # an agent upgraded before them must still start.
+        ignored = () if self.manages_streams else ("max_consumers",)
+        return all(existing.get(key) == value for key, value in declared.items()
+                   if value is not None and key not in ignored)
 
     # -- publishing -----------------------------------------------------------------------------
 

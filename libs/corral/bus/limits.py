@@ -46,6 +46,10 @@ class BusLimits:
     max_spec_bytes: int = 256 * KIB
     events_max_age: float = 7 * DAY
     events_max_bytes: int = 2 * GIB
+    #: Consumers the events stream takes: each service's durable, one per node-agent process and
+    #: its history consumer at start. A stream that sets none gets the server's default, 1,000
+    #: since nats-server 2.15: fewer than the agents of a 1,000-host cluster.
+    events_max_consumers: int = 100_000
     inbox_max_age: float = 7 * DAY
     inbox_max_bytes: int = 1 * GIB
     dlq_max_age: float = 30 * DAY
