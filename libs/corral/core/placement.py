@@ -368,9 +368,9 @@ def idle_index(cluster: Cluster) -> FreeGpus:
 
 
 def shape_index(cluster: Cluster) -> FreeGpus:
-    """Every GPU of every node, lost ones too, free: what can ever fit, for a verdict that is
-    final (admission's): a lost node may come back."""
-    return FreeGpus(cluster, frozenset(NodeState))
+    """Every GPU of every node, lost ones and GPUs out of service too, free: what can ever fit,
+    for a verdict that is final (admission's): a lost node, an unhealthy GPU may come back."""
+    return FreeGpus(cluster, frozenset(NodeState), in_service_only=False)
 
 
 def _node_offer(request: GpuRequest, nodes: tuple[Node, ...]) -> str:

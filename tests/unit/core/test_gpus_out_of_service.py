@@ -28,7 +28,7 @@ from corral.core import (
     schedule,
 )
 from corral.core.gpuset import Statement, mask_of
-from corral.core.placement import idle_index
+from corral.core.placement import idle_index, shape_index
 from tests.unit.core.builders import job, running, snapshot
 from tests.unit.core.test_core_properties import POLICIES, SETTINGS, check_invariants, clusters, random_job
 
@@ -96,8 +96,9 @@ def test_a_gpu_out_of_service_is_never_free_whoever_gives_it_back(data: st.DataO
         assert fi.free[i] == usable, "a holder leaving does not bring a GPU out of service back"
     stmt.rollback()
     assert fi.free == FreeGpus(cluster).free
-    # the cluster's shape (admission's static check) still counts them: they come back
+    # the cluster's shape (admission's checks, whose rejection is final) still counts them: they come back
     assert idle_index(cluster).total_free == sum(len(n.gpus) for n in cluster.nodes)
+    assert shape_index(cluster).total_free == sum(len(n.gpus) for n in cluster.nodes)
 
 
 def test_an_8_gpu_gang_waits_while_one_gpu_of_the_node_is_out_of_service() -> None:
