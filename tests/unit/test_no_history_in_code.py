@@ -27,7 +27,6 @@ STORIES_LEFT: frozenset[str] = frozenset({
     "libs/corral/cli/session.py",
     "libs/corral/readmodel/codec.py",
     "libs/corral/readmodel/projector.py",
-    "libs/corral/readmodel/snapshots.py",
     "services/node_agent/adoption.py",
     "services/node_agent/ephemeral_ports.py",
     "services/node_agent/log_chunks.py",

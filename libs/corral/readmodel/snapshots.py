@@ -1,11 +1,11 @@
 """Reading and writing the stored view (migrations 061_read_models, 077_view_job_rows): a snapshot
 plus the log's tail.
 
-The problem: `corral jobs` folded the whole log on every call, ~20 s at a million events; and with
-every active job in the snapshot, `corral show JOB` decoded 20,000 waiting jobs to show one. Here
-a question reads the snapshot of its schema (`codec.SCHEMA`: the nodes, queues and ports, and the
-position P folded), the rows of the jobs it asks about (one job, one page of a listing, or every
-active job for a view of the whole cluster), and folds only the events after P.
+Why: a question about now must cost what its answer holds, not the log (a million events take
+~20 s to fold) nor the backlog (20,000 waiting jobs, to show one). A question reads the snapshot
+of its schema (`codec.SCHEMA`: the nodes, queues and ports, and the position P folded), the rows
+of the jobs it asks about (one job, one page of a listing, or every active job for a view of the
+whole cluster), and folds only the events after P.
 
 Why this is never wrong, only slower:
 - The log is the truth and the snapshot only a shortcut: the events after P are always folded,
