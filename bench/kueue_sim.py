@@ -4,12 +4,10 @@ Why: the live benchmark takes minutes on this shared machine and its figures mix
 control plane's delays; a question about policy ("why does a 20-GPU gang of priority 200 wait so
 long?") is answered faster, and deterministically, on the simulator's virtual clock. The plain
 simulator runs one full `schedule` per cycle; the live system splits that decision in three
-services, and this replay does the same on every cycle, in their order:
-1. quota: `reserve_quota` with the preemption service's config, the reservations kept between
-   cycles (given back when the job starts or is requeued);
-2. placement: `schedule` over the jobs holding quota, with `placement_config`;
-3. preemption: `schedule` with the full config over every waiting job, on the state where (2)'s
-   jobs run; only its Preempt decisions are taken.
+services, and this replay runs their round (`corral.core.pipeline.run_round`) on every cycle:
+quota's reservations (kept between cycles, given back when the job starts, is requeued or would
+be taken back at once: `Revoke`), placement over the jobs holding quota, preemption on the state
+where those run.
 The decisions take no time; the live system's delays are modelled only crudely, by `--lag`: each
 job holds its GPUs (and its quota) a random 0 to 2 x LAG seconds longer than it runs (seeded; the
 live stack held a 0.2 s job's GPUs 0.5-1.5 s). A victim stops `--grace` seconds after it is asked
@@ -33,9 +31,9 @@ from typing import Any
 from kueue_baseline import CLASSES, KUEUE, NODES_PER_COHORT, PER_COHORT, SMOKE_WORKLOADS, leaf_queues, queues
 from machine_probe import probe_line
 
-from corral.core import Decision, Place, Preempt, QueueConfig, SchedulerConfig, Snapshot, schedule
-from corral.core.reservation import Reserve, placement_config, reserve_quota
-from corral.core.steps import _started
+from corral.core import Decision, QueueConfig, SchedulerConfig, Snapshot
+from corral.core.pipeline import run_round
+from corral.core.reservation import Reserve, Revoke
 from corral.sim import run_simulation
 from corral.sim.workload import Workload, sim_job
 
@@ -53,21 +51,15 @@ class ServicesPipeline:
         now = snapshot.now
         waiting = {p.job.id for p in snapshot.pending}
         self.reserved &= waiting  # started or requeued: quota given back
-        for d in reserve_quota(snapshot, config, reserved=self.reserved):
+        decided = run_round(snapshot, config, holding=frozenset(self.reserved))
+        for d in decided.quota:
             self._note(d.job_id, now, "reserved" if isinstance(d, Reserve) else str(d.reason.code))
             if isinstance(d, Reserve):
                 self.reserved.add(d.job_id)
                 self.reserved_at.setdefault(d.job_id, now)
-        holders = tuple(p for p in snapshot.pending if p.job.id in self.reserved)
-        placing = Snapshot(now, snapshot.cluster, snapshot.queues, holders, snapshot.running)
-        placed = [d for d in schedule(placing, placement_config(config), explain=False) if isinstance(d, Place)]
-        by_id = {p.job.id: p for p in snapshot.pending}
-        started = tuple(_started(by_id[d.job_id], d.placement, now) for d in placed)
-        gone = {d.job_id for d in placed}
-        after = Snapshot(now, snapshot.cluster, snapshot.queues,
-                         tuple(p for p in snapshot.pending if p.job.id not in gone), snapshot.running + started)
-        preempts = [d for d in schedule(after, config, explain=False) if isinstance(d, Preempt)]
-        return [*placed, *preempts]
+            elif isinstance(d, Revoke):
+                self.reserved.discard(d.job_id)
+        return [*decided.placed, *decided.preempts]
 
     def _note(self, job_id: str, now: float, code: str) -> None:
         """Charge the time since this job's last decision to the reason it waited with."""
