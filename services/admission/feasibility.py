@@ -3,29 +3,23 @@
 Why: judging a submission against the whole cluster counts its GPUs node by node
 (`capacity_shortfall`: ~36 us at 75 nodes x 8 GPUs) and searches the idle cluster
 (`core.static_feasibility`: ~67 us), while submissions share a few shapes and the cluster changes
-only when a node registers or goes. Both answers depend on the job's shape and the cluster alone: `shape_of` is the
-core Job with every field that names, dates or ranks it blanked (a field added to `core.Job` later
-is part of the shape by default), and `ClusterView.cluster()` returns the same Cluster object while
-no node changes, so the answers are kept per shape until the cluster object is another.
+only when a node registers or goes. Both answers depend on the job's shape and the cluster alone
+(`corral.core.shortcuts.shaped`, the one definition of a job's shape), and `ClusterView.cluster()`
+returns the same Cluster object while no node changes, so the answers are kept per shape until the
+cluster object is another.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from corral import core
+from corral.core.shortcuts import shaped
 
 V = TypeVar("V")
 
-__all__ = ["ShapeVerdicts", "shape_of"]
-
-
-def shape_of(job: core.Job) -> core.Job:
-    """`job` without what names, dates or ranks it: what the cluster-wide checks read."""
-    return dataclasses.replace(job, id="shape", queue="shape", submit_time=0.0, priority=0, preemptible=True,
-                               checkpoint_grace_seconds=0, min_runtime_seconds=0, estimated_runtime_seconds=None)
+__all__ = ["ShapeVerdicts"]
 
 
 class ShapeVerdicts(Generic[V]):
@@ -40,7 +34,7 @@ class ShapeVerdicts(Generic[V]):
     def __call__(self, job: core.Job, cluster: core.Cluster) -> V:
         if cluster is not self._cluster or len(self._verdicts) >= self._limit:
             self._cluster, self._verdicts = cluster, {}
-        shape = shape_of(job)
+        shape = shaped(job)
         try:
             return self._verdicts[shape]
         except KeyError:

@@ -55,9 +55,24 @@ def class_key(p: PendingJob, by_user: bool = False) -> tuple[object, ...]:
     )
 
 
+#: The fields of a `Job` that say where it can run: its shape (`shape`, `shaped`).
+SHAPE_FIELDS = ("replicas", "gpus_per_replica", "topology", "gpu")
+#: The fields that name, date, rank or time it: none says where it can run. Every field of `Job` is
+#: in one of the two (tests/unit/core/test_shape.py), so a field added later is placed knowingly.
+NOT_SHAPE_FIELDS = ("id", "queue", "submit_time", "priority", "preemptible", "checkpoint_grace_seconds",
+                    "min_runtime_seconds", "estimated_runtime_seconds", "user")
+
+
 def shape(job: Job) -> tuple[object, ...]:
     """What placement depends on: jobs of equal shape fit (or not) on the same free GPUs."""
     return (job.replicas, job.gpus_per_replica, job.topology, job.gpu)
+
+
+def shaped(job: Job) -> Job:
+    """`job` reduced to its shape: a Job of no one and no queue, submitted at 0, which any question
+    of where it can ever run (admission's cluster-wide checks) answers for every job of its shape."""
+    return Job(id="shape", queue="shape", replicas=job.replicas, gpus_per_replica=job.gpus_per_replica,
+               submit_time=0.0, gpu=job.gpu, topology=job.topology)
 
 
 class ClassMemo:
