@@ -1,8 +1,7 @@
 """What a `corral` command's exit status means, one meaning per code.
 
-The problem: each command module numbered its own outcomes, and `corral apply --require` came to
-exit 3 on a refused change, the code every command uses for "no cluster reachable"; a script
-retrying on 3 (an outage) retried a refusal forever. One enum, `unique`, and the README's list
+Why: a script tells outcomes apart by the exit code alone: one retrying on 3 (no cluster
+reachable) must never retry a refusal (4) forever. One enum, `unique`, and the README's list
 (checked by tests/unit/cli/test_exit_codes.py) keep them apart. Worker exit codes are another
 protocol (`corral.contracts.worker.WorkerExit`).
 """

@@ -1,7 +1,7 @@
 """`corral logs JOB [--rank N] [--attempt K] [--follow]`: a job's output, from any machine.
 
-The problem: the command globbed the local disk, so it worked only on the host that ran the rank,
-and one file mixed every attempt of the job. Now it reads the chunks the node agents publish
+Why: a rank's output must be readable from any machine, each attempt apart. The command reads the
+chunks the node agents publish
 (`corral.log_stream`), so it needs only the cluster's NATS address (a context file or `--nats`):
 each attempt and rank apart, the history and then, with `--follow`, new lines as they come (as
 `kubectl logs -f`). Where the bus has nothing of the job (or cannot be read) and the rank files

@@ -1,10 +1,9 @@
 """`corral service NAME` and `corral healthcheck`: what containers and units run.
 
-The problem: docker-compose, the Kubernetes manifests and the systemd units ran
-`python -m corral.services.<name>`, a module path no `--help` lists and no check could verify;
-the deploy files now run `corral service placement` (and `corral agent` on each GPU host), and
-probe a process with `corral healthcheck --url /healthz` (its own `/healthz`, where a probe
-must be a command) or `--file` (the health file; see `corral.health`).
+Why: docker-compose, the Kubernetes manifests and the systemd units need an entry point that
+`--help` lists and a check can verify, not a module path: they run `corral service placement` (and
+`corral agent` on each GPU host), and probe a process with `corral healthcheck --url /healthz` (its
+own `/healthz`, where a probe must be a command) or `--file` (the health file; see `corral.health`).
 """
 
 from __future__ import annotations

@@ -89,8 +89,8 @@ class _Unreachable(Exception):
 def admin_problem(ctx: Context, action: str) -> str | None:
     """Why this person's login may not `action` (an admin's request: drain, undrain, apply), or None.
 
-    The problem: NATS refuses a submitter's publish to the admins' subjects without a word to the
-    client, which waited out its 30 s retry window and ended in a traceback."""
+    NATS refuses a submitter's publish to the admins' subjects without a word to the client,
+    which would wait out its 30 s retry window and end in a traceback."""
 
     if ctx.credentials is None:
         return None  # no login: a cluster without authentication

@@ -1,12 +1,12 @@
 """The folded view as bytes, and the name of the code that folded it.
 
-The problem: a stored view is only as good as the fold that made it. Change a handler of
+Why: a stored view is only as good as the fold that made it. Change a handler of
 `corral.projection`, the lifecycle's table or an event's contract, and a view stored by the old
 code says something the new code would never have folded; decode it with the new types and it
 may not even parse. So every stored view is keyed by `SCHEMA`, a hash of the source of every
 module its content depends on (the projection, the lifecycle, the contracts, this codec): a
 process reads only views stored by the same code, and new code simply starts a new one (until
-the projector has written it, the CLI folds the log from the start, as before).
+the projector has written it, the CLI folds the log from the start).
 
 What is encoded (msgpack, typed by msgspec, so a decode validates): the cluster without its jobs
 (`BaseView`: every node, queue and held rendezvous port, the queue tree's versions, the position

@@ -1,6 +1,6 @@
 """The projector: folds the log as it grows and stores the view for the CLI (`snapshots`).
 
-The problem: a stored view helps only while it is recent (a reader folds every event after it).
+Why: a stored view helps only while it is recent (a reader folds every event after it).
 The projector follows the log in position order (the same safe high-water mark as the relay:
 positions are commit-ordered), folds each event once, and stores the view after enough events
 or time: by default every 1,000 events or 1 s, whichever comes first, and never more often than
