@@ -9,8 +9,8 @@ identity allows), registering, heartbeating, and reporting its ranks started and
 job's run time, exited. They run no processes: what is measured is the scheduler and the bus.
 
 Each size: submit `--rate` jobs/s of mixed sizes (1 to 32 GPUs, up to 4 nodes) for `--seconds`,
-each running long enough to keep about `--load` of the GPUs busy, then wait for the jobs to be
-placed and print:
+each running long enough to keep about `--load` of the GPUs busy (at most a minute), then wait for
+the jobs to be placed and to end, and print:
 - deliveries per job to agents (total, per node the job touched, and per agent), counted by the
   agents, beside the acceptance bound 3 x nodes touched + a constant;
 - nats-server's CPU and RSS, each service's CPU per job and RSS;
@@ -148,13 +148,20 @@ async def agents_worker(config_path: Path) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    gate = asyncio.Semaphore(32)
+    gate = asyncio.Semaphore(16)
     agents: list[SimAgent] = []
 
     async def one(node: str, rack: str, creds: str) -> None:
         async with gate:
-            bus = await Bus.connect(config["nats_url"], NAMESPACE, name=f"sim-agent-{node}", credentials=creds,
-                                    ca=config.get("ca"))
+            for attempt in range(1, 6):  # a loaded server may drop a TLS handshake: try again, as an agent would
+                try:
+                    bus = await Bus.connect(config["nats_url"], NAMESPACE, name=f"sim-agent-{node}",
+                                            credentials=creds, ca=config.get("ca"))
+                    break
+                except Exception:
+                    if attempt == 5:
+                        raise
+                    await asyncio.sleep(attempt)
             agent = SimAgent(node, rack, bus)
             await agent.start()
             agents.append(agent)
@@ -270,8 +277,9 @@ def workload(count: int, nodes: int, rate: float, load: float, seed: int) -> lis
     sizes = [s for s, _ in SIZES if s <= nodes * GPUS_PER_NODE]
     weights = [w for s, w in SIZES if s <= nodes * GPUS_PER_NODE]
     mean = sum(s * w for s, w in zip(sizes, weights, strict=True)) / sum(weights)
-    # run time keeping about `load` of the GPUs busy at `rate`
-    seconds = max(0.5, load * nodes * GPUS_PER_NODE / (rate * mean))
+    # run time keeping about `load` of the GPUs busy at `rate` (at most a minute: a low rate on a
+    # large cluster would otherwise make the run wait minutes for its jobs to end)
+    seconds = min(60.0, max(0.5, load * nodes * GPUS_PER_NODE / (rate * mean)))
     jobs = []
     for i in range(count):
         gpus = rng.choices(sizes, weights)[0]
