@@ -455,6 +455,11 @@ class Client:
         after it, whatever the backlog (`corral.readmodel.snapshots.read_job`)."""
         return await read_job(self.store, job_id)
 
+    async def knows_job(self, job_id: str) -> bool:
+        """Whether the log has any event of `job_id` (its stream): what a request about a job
+        checks before it is sent, without decoding the job."""
+        return await self.store.stream_exists(job_stream(job_id))
+
     async def jobs_page(self, where: JobFilter, limit: int | None) -> tuple[list[JobView], int]:
         """The first `limit` jobs (None: all) that `where` matches, oldest submission first, and how
         many match: one page of rows of the read model (`corral.readmodel.snapshots.read_page`)."""

@@ -9,6 +9,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from corral.client import Client
 from corral.contracts.envelope import Event
 from corral.contracts.registry import encode
 from corral.eventstore import ANY, EventStore, NewEvent
@@ -24,6 +25,7 @@ from corral.readmodel.snapshots import (
     read_page,
     read_view,
 )
+from corral.stack.context import Context
 from tests.unit.readmodel_logs import varied_log
 
 
@@ -126,6 +128,8 @@ async def test_one_job_and_one_page_read_their_rows_and_say_what_the_whole_log_s
             assert await read_job(store, job_id) == truth.jobs[job_id], job_id
             assert len(decoded) <= 1 + len(touched)  # its row and the tail's jobs, not every active one
         assert await read_job(store, "no-such-job") is None
+        client = Client(Context(nats_url="nats://unused", postgres_dsn=postgres_dsn, namespace="corral"), store, None)
+        assert all([await client.knows_job(j) for j in truth.jobs]) and not await client.knows_job("no-such-job")
         for where in PAGES:
             for limit in (None, 0, 1, 3, 10):
                 decoded.clear()

@@ -223,7 +223,7 @@ def register(app: typer.Typer) -> None:
         admission's verdict: a refusal (not your job) exits 4 with its reason."""
 
         async def go(c: Client) -> tuple[Verdict, str] | None:
-            if await c.job(job) is None:
+            if not await c.knows_job(job):
                 return None
             verdict = await c.await_verdict(await c.cancel(job), waited)
             return verdict, await job_now(c, job)

@@ -423,6 +423,11 @@ class EventStore:
         async with self._pool.acquire() as conn:
             return int(await conn.fetchval("SELECT position FROM event_log_head WHERE id"))
 
+    async def stream_exists(self, stream: str) -> bool:
+        """Whether `stream` has any event (one index probe, nothing decoded)."""
+        async with self._pool.acquire() as conn:
+            return bool(await conn.fetchval("SELECT EXISTS (SELECT 1 FROM events WHERE stream = $1)", stream))
+
     async def read_stream(self, stream: str, from_version: int = 1) -> list[StoredEvent]:
         """The events of `stream` with version >= `from_version`, in version order."""
         async with self._pool.acquire() as conn:

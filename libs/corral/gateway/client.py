@@ -162,6 +162,9 @@ class GatewayClient(Client):
     async def job(self, job_id: str) -> JobView | None:
         return (await self.live_view(job_ids=[job_id])).jobs.get(job_id)
 
+    async def knows_job(self, job_id: str) -> bool:
+        return await self.job(job_id) is not None
+
     async def jobs_page(self, where: JobFilter, limit: int | None) -> tuple[list[JobView], int]:
         """The page from the gateway's view (every active job, and the finished ones `where` may match)."""
         over = [s for s in FINISHED if (s in where.states if where.states is not None else where.all_jobs)]
