@@ -27,6 +27,7 @@ __all__ = [
     "load_cluster_file",
     "load_cluster_text",
     "parse_cluster_shorthand",
+    "read_cluster_file",
     "validate_cluster_spec",
 ]
 
@@ -240,6 +241,15 @@ def validate_cluster_spec(obj: Any) -> ClusterSpec:
 
 def load_cluster_text(text: str, fmt: Literal["yaml", "json"] | None = None) -> ClusterSpec:
     return validate_cluster_spec(parse_document(text, fmt))
+
+
+def read_cluster_file(path: Path) -> ClusterSpec:
+    """A cluster file, or a file whose whole content is a shorthand like `4x8:H100`; SpecError
+    names what is wrong, OSError says the file cannot be read."""
+    text = path.read_text(encoding="utf-8").strip()
+    if path.suffix.lower() not in (".json", ".yaml", ".yml") and "\n" not in text and ":" in text and ": " not in text:
+        return parse_cluster_shorthand(text)
+    return load_cluster_file(path)
 
 
 def load_cluster_file(path: str | Path) -> ClusterSpec:

@@ -40,8 +40,7 @@ from corral.contracts.cluster import (
     ClusterSpec,
     GpuDevice,
     NodeInventory,
-    load_cluster_file,
-    parse_cluster_shorthand,
+    read_cluster_file,
 )
 from corral.contracts.problems import SpecError
 from corral.telemetry import logs
@@ -62,12 +61,8 @@ def read_cluster(path: Path) -> ClusterSpec:
     """A cluster file, or a file whose whole content is a shorthand like `4x8:H100`."""
     if not path.is_file():
         raise UsageError(f"--cluster-file {path}: no such file")
-    text = path.read_text(encoding="utf-8").strip()
     try:
-        if path.suffix.lower() not in (".json", ".yaml", ".yml") and "\n" not in text and ":" in text \
-                and ": " not in text:
-            return parse_cluster_shorthand(text)
-        return load_cluster_file(path)
+        return read_cluster_file(path)
     except SpecError as exc:
         raise UsageError(f"--cluster-file {path}: {exc}") from None
 

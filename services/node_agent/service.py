@@ -44,10 +44,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
-import re
 import sys
 import time
 from collections import OrderedDict
@@ -60,7 +58,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from corral.bus import Bus, Delivery, Poison, Retry
-from corral.bus.naming import EVENTS, history_consumer
+from corral.bus.naming import EVENTS, durable_name, history_consumer
 from corral.bus.relay import POSITION, STREAM_VERSION
 from corral.contracts.cluster import NodeInventory
 from corral.contracts.envelope import Event, node_stream
@@ -122,7 +120,6 @@ _TRUST_ABSENCE_AFTER = 3600.0  # seconds: see `AgentHost.reservations_known_sinc
 _VERSIONS_KEPT = 100_000  # streams whose last handled version the agent remembers (the least recent go)
 _ENDED = (JobCompleted, JobFailed, JobCancelled, JobRejected)
 EVENTS_MAX_DELIVER = 5  # deliveries of an event to the agents' durable (see `AgentHost._await_submission`)
-_NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 _HISTORY_FETCH = 512
 _SPECS_KEPT = 100_000  # job specs kept (node work carries each assignment's own: a bound, not a need)
 
@@ -130,22 +127,6 @@ _SPECS_KEPT = 100_000  # job specs kept (node work carries each assignment's own
 #: The server deletes an agent durable no process has used for this long (seconds): durables are
 #: named after their node set, so those of node sets that are gone for good would pile up.
 IDLE_EXPIRY = 86_400.0
-
-
-def durable_name(nodes: Sequence[str]) -> str:
-    """The durable consumer of a process hosting `nodes`.
-
-    One node: `node-agent-<node>` ('.' becomes '_'). Several: `node-agents-<10 hex of sha1 of the
-    sorted names>`, stable across restarts of the same node set. Two live processes must never
-    host the same node set: they would share the durable and split its messages.
-    """
-    names = sorted(set(nodes))
-    if not names:
-        raise ValueError("a node-agent process hosts at least one node")
-    if len(names) == 1:
-        return f"node-agent-{_NOT_TOKEN.sub('_', names[0])}"
-    digest = hashlib.sha1("\n".join(names).encode()).hexdigest()[:10]
-    return f"node-agents-{digest}"
 
 
 @dataclass(frozen=True)

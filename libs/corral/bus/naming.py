@@ -11,6 +11,7 @@ streams `CORRAL_EVENTS`, `CORRAL_INBOX`, `CORRAL_DLQ`, `CORRAL_LOGS`.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,25 @@ INBOX = "inbox"
 DLQ = "dlq"
 LOGS = "logs"
 KINDS = (EVENTS, INBOX, DLQ, LOGS)
+
+
+_NOT_DURABLE_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def durable_name(nodes: Sequence[str]) -> str:
+    """The durable consumer of a process hosting `nodes`.
+
+    One node: `node-agent-<node>` ('.' becomes '_'). Several: `node-agents-<10 hex of sha1 of the
+    sorted names>`, stable across restarts of the same node set. Two live processes must never
+    host the same node set: they would share the durable and split its messages.
+    """
+    names = sorted(set(nodes))
+    if not names:
+        raise ValueError("a node-agent process hosts at least one node")
+    if len(names) == 1:
+        return f"node-agent-{_NOT_DURABLE_TOKEN.sub('_', names[0])}"
+    digest = hashlib.sha1("\n".join(names).encode()).hexdigest()[:10]
+    return f"node-agents-{digest}"
 
 
 def history_consumer(durable: str) -> str:

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import msgspec
 import typer
 
+from corral.bus.naming import durable_name
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import err_console
 from corral.cli.session import ConnectionOptions
@@ -134,7 +135,6 @@ def host_inventories(inventory: str | None, nodes: list[str], rack: str, zone: s
 def check_identity(credentials: Path | None, nodes: list[NodeInventory]) -> None:
     """An agent identity may use only the consumer of the node set it was made for (see
     `corral.bus.auth`): a mismatch would fail later as a bare NATS timeout, so say it now."""
-    from corral.services.node_agent.service import durable_name
 
     if credentials is None:
         return

@@ -29,11 +29,11 @@ from corral.contracts.envelope import Event
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
 from corral.contracts.subjects import USER_REQUEST_TYPES
+from corral.stack.context import GATEWAY_SOCKET_ENV
 from corral.submission_ids import submission_msg_id
 
-#: Environment variable naming the gateway's socket (the service's, and a client's when its
-#: context names none).
-SOCKET_ENV = "CORRAL_GATEWAY"
+#: Environment variable naming the gateway's socket (`corral.stack.context.GATEWAY_SOCKET_ENV`).
+SOCKET_ENV = GATEWAY_SOCKET_ENV
 #: Where `corral service gateway` listens when nothing else is said (a login node's system unit).
 DEFAULT_SOCKET = "/run/corral-gateway/gateway.sock"
 #: The largest request: a job spec is at most `BusLimits.max_spec_bytes` (256 KiB) in its event.

@@ -26,6 +26,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 DEFAULT_NAMESPACE = "corral"
+#: Environment variable naming the gateway's socket (the service's, and a client's when its
+#: context names none).
+GATEWAY_SOCKET_ENV = "CORRAL_GATEWAY"
 CONTEXT_FILE = "context.json"
 LOCAL_CONTEXT = Path(".corral") / CONTEXT_FILE
 

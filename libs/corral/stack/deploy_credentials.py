@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.bus import auth
+from corral.bus.naming import durable_name
 from corral.stack import credentials
 from corral.stack.people import Kind, PeopleError, Person, Registry, check_name
 from corral.stack.people_admin import Installation, now
@@ -41,7 +42,6 @@ AUTH_SECRET, SERVICES_SECRET, AGENTS_SECRET = "corral-nats-auth", "corral-nats-s
 
 
 def agent_user(node: str) -> str:
-    from corral.services.node_agent.service import durable_name
 
     return f"agent-{durable_name([node])}"
 
@@ -78,7 +78,6 @@ def check_node(node: str) -> str:
 def load(directory: Path, namespace: str, add: Iterable[str] = (), revoke: Iterable[str] = ()) -> DeployIdentities:
     """Create or load the identities in `directory` with `add` nodes added and `revoke` ones removed
     (their credentials deleted: give the new `auth_conf` to the NATS servers)."""
-    from corral.services.node_agent.service import durable_name
 
     directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o700)

@@ -43,10 +43,11 @@ from pathlib import Path
 
 from corral.bus import auth
 from corral.bus.bus import CA_ENV
-from corral.gateway.protocol import SOCKET_ENV
+from corral.bus.naming import durable_name
+from corral.contracts.cluster import read_cluster_file
 from corral.stack import credentials, join, people_admin, pglogins, tls
 from corral.stack.backoff import RestartBackoff
-from corral.stack.context import CONTEXT_FILE, Context, owned_by_this_process
+from corral.stack.context import CONTEXT_FILE, GATEWAY_SOCKET_ENV, Context, owned_by_this_process
 from corral.stack.liveness import Liveness
 from corral.stack.lock import DataDirLock
 from corral.stack.people import Registry
@@ -309,7 +310,7 @@ class Stack:
                 log_dir / "node-agents.log"))
         if gateway_socket is not None:
             self.processes.append(ManagedProcess(
-                "gateway", [py, "-m", "corral.services.gateway"], {**env, SOCKET_ENV: gateway_socket},
+                "gateway", [py, "-m", "corral.services.gateway"], {**env, GATEWAY_SOCKET_ENV: gateway_socket},
                 log_dir / "gateway.log"))
         if keyring is not None:
             for p in self.processes:
@@ -359,7 +360,6 @@ class Stack:
     def join_commands(self) -> list[join.JoinCommand]:
         """How each `--agent-node` joins from its own host (none with an external NATS: its
         identities are the operator's, see `corral credentials`)."""
-        from corral.services.node_agent.service import durable_name
 
         ctx = self.context
         if ctx is None or self.nats is None:
@@ -390,12 +390,10 @@ class Stack:
     def _keyring(self, cluster_file: Path | None) -> credentials.Keyring:
         """Every identity of this installation (created once, kept across restarts): the simulated
         agents' process (hosting every node of `cluster_file`) and one per external agent node."""
-        from corral.services.node_agent.__main__ import read_cluster
-        from corral.services.node_agent.service import durable_name
 
         agents: list[tuple[list[str], str]] = [([n], durable_name([n])) for n in self.options.agent_nodes]
         if cluster_file is not None:
-            nodes = [inv.node for inv in read_cluster(cluster_file).inventories()]
+            nodes = [inv.node for inv in read_cluster_file(cluster_file).inventories()]
             durable = durable_name(nodes)
             agents.append((nodes, durable))
             self._agent_user = f"agent-{durable}"
