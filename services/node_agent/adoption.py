@@ -1,7 +1,7 @@
 """Which adopted gangs placement still wants: the log's word on each (job, attempt) on this node.
 
-The problem: a restarted agent finds stepds still running gangs (see `supervisor.adopt`). While
-the agent was down, placement may have released them (the node looked lost, the job was
+Why: a restarted agent finds stepds still running gangs (see `supervisor.adopt`). While the
+agent was down, placement may have released them (the node looked lost, the job was
 cancelled, a newer attempt was placed elsewhere); their ranks then hold GPUs placement believes
 free. Only the log can say, so the agent folds the relevant events of the events stream at start
 (`ReservationLedger`) and stops every adopted gang the log does not keep on this node.

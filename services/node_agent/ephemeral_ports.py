@@ -1,10 +1,9 @@
 """The host's ephemeral ports, which a gang's MASTER_PORT must stay out of.
 
-The problem: `corral up`'s agents registered no rendezvous range, so placement gave their gangs
-ports of 29500-49499, most of which lie in Linux's default ephemeral range (32768-60999): the
-local port of any outgoing connection on the machine, or of any listener bound to port 0, which
-rank 0's TCPStore then cannot bind (EADDRINUSE), and the gang fails to start. The agents now
-register a range outside it (`corral.core.rendezvous.outside_ephemeral`), and `corral agent`
+Why: a rendezvous port in Linux's default ephemeral range (32768-60999) may be the local port of
+any outgoing connection on the machine, or of any listener bound to port 0, which rank 0's
+TCPStore then cannot bind (EADDRINUSE), and the gang fails to start. The agents register a range
+outside it (`corral.core.rendezvous.outside_ephemeral`), and `corral agent`
 warns when its `--port-range` overlaps it.
 """
 

@@ -1,6 +1,6 @@
 """A rank's log file as bounded, rate-limited chunks for the bus: the pure part of log shipping.
 
-The problem: a rank may write gigabytes, lines without end, or binary noise, and the bus is shared
+Why: a rank may write gigabytes, lines without end, or binary noise, and the bus is shared
 by every node's control traffic. Published as it comes, one chatty job would fill the log stream
 (pushing every other job's lines out) and slow the reports that placement waits for. So each rank's
 output is shipped within limits (`ShipLimits`), and nothing is silently lost from view:

@@ -1,14 +1,13 @@
 """Ship each rank's output to the bus, so `corral logs` works from any machine.
 
-The problem: rank output went only to `<log_dir>/<job>/rank-<N>.log` on the node that ran it, so
-`corral logs JOB` worked only there (and showed every attempt of the job mixed in one file). Now
-the agent tails each rank's file while the rank runs and publishes what it reads, within per-rank
-limits (`log_chunks`: truncated lines marked, a rate limit whose drops are counted), to
-`<ns>.logs.user.<owner>.<job>.<attempt>.<node>.<rank>` on the stream `<NS>_LOGS`
-(`corral.contracts.logs`): the owner is the user the job's JobSubmitted records (`owner_of`), so
-that person may read it; a job whose owner the agent does not know (or cannot be a subject token)
-goes to the version-1 subject without one, which only admins read.
-The full file stays on the node.
+Why: `corral logs JOB` must work from any machine, each attempt apart, while each rank writes to
+`<log_dir>/<job>/rank-<N>.log` on its node. The agent tails each rank's file while the rank runs and
+publishes what it reads, within per-rank limits (`log_chunks`: truncated lines marked, a rate limit
+whose drops are counted), to `<ns>.logs.user.<owner>.<job>.<attempt>.<node>.<rank>` on the stream
+`<NS>_LOGS` (`corral.contracts.logs`): the owner is the user the job's JobSubmitted records
+(`owner_of`), so that person may read it; a job whose owner the agent does not know (or cannot be a
+subject token) goes to the version-1 subject without one, which only admins read. The full file
+stays on the node.
 
 How it hooks into the agent: `ShippingEvents` wraps the supervisor's `AgentEvents`: a rank that
 starts (also one adopted after an agent restart) is followed from its attempt's header line in the
@@ -64,9 +63,9 @@ class RankKey:
 class _RankFile:
     """A rank's log file, open while it is read, let go while the bus does not take its chunks.
 
-    The problem: a rank's shipping task held its file open while it waited for the bus; on a
-    cluster without the log stream (an agent upgraded before the services) every rank that ever
-    ran kept a descriptor, without end. A file let go is opened again (never through a symlink)
+    A rank's shipping task does not hold its file open while it waits for the bus: on a cluster
+    without the log stream (an agent upgraded before the services) every rank that ever ran would
+    keep a descriptor, without end. A file let go is opened again (never through a symlink)
     where the chunks stopped; one gone meanwhile ends the shipping (the node keeps nothing more)."""
 
     def __init__(self, path: Path) -> None:

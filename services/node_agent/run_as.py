@@ -1,9 +1,9 @@
 """Which OS user a job's ranks run as, and what that user needs to find on disk.
 
-The problem: every rank ran as the agent's own OS user, root on a real node, so `user` was only a
-label: any submitter's command could read /etc/shadow, another job's checkpoints, the agent's
-credentials. Slurm runs each job as the submitting user's uid/gid (slurmstepd switches before
-exec); Corral does the same when its agent runs as root.
+Why: a rank run as the agent's own OS user (root on a real node) makes `user` only a label: any
+submitter's command could read /etc/shadow, another job's checkpoints, the agent's credentials.
+Slurm runs each job as the submitting user's uid/gid (slurmstepd switches before exec); Corral does
+the same when its agent runs as root.
 
 The submitting user is the one the log records on the job's JobSubmitted (admission sets it from
 the NATS identity that published the request, never from the spec). On a node agent running as
@@ -192,10 +192,10 @@ def own_dir(path: Path, user: WorkerUser, mode: int = 0o700) -> None:
 def make_dir_as(path: Path, user: WorkerUser) -> None:
     """Make `path` exist as `user` would make it (`mkdir -p` run as that user); take nothing.
 
-    The problem: a spec's `checkpoint.dir` is any absolute path, and `own_dir` (for folders the agent
-    names under its own checkpoint root) gave an existing folder to the submitter: `checkpoint:
-    {dir: /etc}` made /etc theirs, and another user's checkpoint folder could be taken the same way.
-    A folder the job names is made with the job's own rights, or the start fails saying so."""
+    A spec's `checkpoint.dir` is any absolute path, and `own_dir` (for folders the agent names under
+    its own checkpoint root) would give an existing folder to the submitter: `checkpoint: {dir:
+    /etc}` would make /etc theirs. A folder the job names is made with the job's own rights, or the
+    start fails saying so."""
     try:
         done = subprocess.run(["mkdir", "-p", "--", str(path)], user=user.uid, group=user.gid,
                               extra_groups=list(user.groups), capture_output=True, text=True, timeout=30,

@@ -1,12 +1,12 @@
 """How a rank's process is started: one `WorkerRuntime` per spec `runtime`, all from one Assignment.
 
-The problem: a job ran only as a plain process in the agent's environment, folder and user, with
-no image, no data mounts and every GPU of the node in reach. Teams package jobs as container
+Why: a plain process in the agent's environment, folder and user has no image, no data mounts
+and every GPU of the node in reach. Teams package jobs as container
 images (pyxis/enroot, Apptainer, Kubernetes) and mount datasets; a shared node must keep one job
 away from another's files and GPUs.
 
-The fix: the stepd asks the job's runtime for a `Launch` (the argv, the environment, the folder)
-and starts that, exactly as before. Whatever the runtime, the rank gets the same worker
+So the stepd asks the job's runtime for a `Launch` (the argv, the environment, the folder) and
+starts that. Whatever the runtime, the rank gets the same worker
 environment (`assignment.build_rank_env`: torchrun's variables and `CORRAL_*`), its checkpoint
 folder and control file at the same paths, the checkpoint signal and the exit-code protocol (0,
 85 = checkpointed):

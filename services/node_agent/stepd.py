@@ -1,8 +1,8 @@
 """`python -m corral.services.node_agent.stepd <attempt-dir>`: one gang attempt's ranks on one node.
 
-The problem: ranks used to be children of the node-agent process. A `kill -9` of the agent left
-them running as orphans whose exits nobody saw, and a graceful stop of the agent (an upgrade,
-Ctrl-C of `corral up`) killed every one of them. Slurm solves this with slurmstepd, a small
+Why: ranks that are children of the node-agent process would be orphans whose exits nobody sees
+after a `kill -9` of the agent, and a graceful stop of the agent (an upgrade, Ctrl-C of `corral
+up`) would kill every one of them. Slurm solves this with slurmstepd, a small
 per-step supervisor that outlives slurmd; this is Corral's.
 
 The agent writes `launch.json` (see `step_files`) and starts this process in its own session; it

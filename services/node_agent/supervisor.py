@@ -1,7 +1,7 @@
 """The agent's side of a node's gangs: start a stepd per gang attempt, follow it, command it, adopt it.
 
-The problem: ranks used to be children of the agent, so the agent's death orphaned them and lost
-their exits, and its graceful stop killed them. Now each gang attempt runs under its own stepd
+Why: ranks that are children of the agent would be orphaned by its death, their exits lost, and
+killed by its graceful stop. Each gang attempt runs under its own stepd
 (`stepd.py`, its own session): the ranks' truth is the stepd's `state.json` (see `step_files`),
 and this class only turns that file into reports and the agent's decisions into commands.
 
