@@ -12,6 +12,7 @@ import signal
 from typing import Any
 
 from corral.collector import tune_for_busy_process
+from corral.profiling import profiled
 from corral.services.base import Service
 from corral.services.run_loop import run_service
 from corral.telemetry import logs
@@ -29,4 +30,5 @@ def main(cls: type[Service], **kwargs: Any) -> None:
             loop.add_signal_handler(sig, stop.set)
         await run_service(cls, stop=stop, **kwargs)
 
-    asyncio.run(_main())
+    with profiled(cls.name):  # CORRAL_PROFILE_DIR: a cProfile of the whole run
+        asyncio.run(_main())

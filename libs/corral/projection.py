@@ -295,6 +295,11 @@ class ClusterView:
     position: int = 0  # the last global position folded (when known)
     last_event_at: datetime | None = None
     _cluster: tuple[tuple[core.Node, ...], core.Cluster] | None = field(default=None, repr=False, compare=False)
+    #: Counts the folded events that change what a node offers the core (registered, lost,
+    #: drained, conditions, GPU health): `cluster()` is asked per submission by admission, and
+    #: rebuilt each time it would cost O(nodes) per job; it is rebuilt when this count moves.
+    _node_changes: int = field(default=0, repr=False, compare=False)
+    _cluster_at: tuple[int, int] = field(default=(-1, -1), repr=False, compare=False)
     #: The active jobs for which a predicate holds, per predicate, kept as events are folded once
     #: first asked for (`jobs_where`; `running_jobs` and `fenced_jobs` are two): placement asked
     #: both of every active job on every reconcile, a quarter of its event loop with thousands
@@ -391,6 +396,9 @@ class ClusterView:
         return usage
 
     def cluster(self) -> core.Cluster:
+        if self._cluster is not None and self._cluster_at == (self._node_changes, len(self.nodes)):
+            return self._cluster[1]
+        self._cluster_at = (self._node_changes, len(self.nodes))
         nodes = tuple(self.nodes[n].core_node() for n in sorted(self.nodes))
         # The same nodes give the same Cluster object, so the core's per-cluster caches keep working.
         cached = self._cluster
@@ -748,6 +756,7 @@ def _cancel_requested(view: ClusterView, e: ev.JobCancelRequested) -> None:
 
 
 def _node_registered(view: ClusterView, e: ev.NodeRegistered) -> None:
+    view._node_changes += 1
     inv = NodeInventory(node=e.node, gpus=e.gpus, nvlink_domains=e.nvlink_domains, rack=e.rack, zone=e.zone,
                         cpus=e.cpus, host_memory_gib=e.host_memory_gib, datasets=dict(e.datasets))
     existing = view.nodes.get(e.node)
@@ -760,6 +769,7 @@ def _node_registered(view: ClusterView, e: ev.NodeRegistered) -> None:
 
 
 def _node_lost(view: ClusterView, e: ev.NodeLost) -> None:
+    view._node_changes += 1
     node = view.nodes.get(e.node)
     if node is not None:
         node.lost = True
@@ -770,6 +780,7 @@ def _queue_configured(view: ClusterView, e: ev.QueueConfigured) -> None:
 
 
 def _node_drained(view: ClusterView, e: ev.NodeDrained | ev.NodeUndrained) -> None:
+    view._node_changes += 1
     node = view.nodes.get(e.node)
     if node is not None:
         node.drain = e if isinstance(e, ev.NodeDrained) else None
@@ -777,18 +788,21 @@ def _node_drained(view: ClusterView, e: ev.NodeDrained | ev.NodeUndrained) -> No
 
 
 def _node_conditions(view: ClusterView, e: ev.NodeConditionsChanged) -> None:
+    view._node_changes += 1
     node = view.nodes.get(e.node)
     if node is not None:
         node.conditions = tuple(e.conditions)
 
 
 def _gpu_health(view: ClusterView, e: ev.GpuHealthChanged) -> None:
+    view._node_changes += 1
     node = view.nodes.get(e.node)
     if node is not None:
         node.unhealthy = {p.gpu: p for p in e.unhealthy}
 
 
 def _gpu_drained(view: ClusterView, e: ev.GpuDrained | ev.GpuUndrained) -> None:
+    view._node_changes += 1
     node = view.nodes.get(e.node)
     if node is None:
         return

@@ -43,6 +43,7 @@ from corral.contracts.cluster import (
     read_cluster_file,
 )
 from corral.contracts.problems import SpecError
+from corral.profiling import profiled
 from corral.telemetry import logs
 
 from .ephemeral_ports import local_rendezvous_ports
@@ -228,7 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             loop.add_signal_handler(sig, stop.set)
         await run_agents(url, namespace, nodes, opts, stop)
 
-    asyncio.run(_main())
+    with profiled("node-agents"):  # CORRAL_PROFILE_DIR: a cProfile of the whole run
+        asyncio.run(_main())
     return 0
 
 

@@ -321,3 +321,24 @@ def test_a_view_rebuilt_from_the_log_escalates_each_wait_once() -> None:
     since = script.now.timestamp()
     assert to_escalate(view.waits(), view.max_waits(), since + 5) == []
     assert [d.job_id for d in to_escalate(view.waits(), view.max_waits(), since + 5.5)] == [JOB]
+
+
+def test_the_core_cluster_is_built_again_only_after_a_node_changes() -> None:
+    """Admission asks `cluster()` per submission: it is the same object until a node event."""
+    from corral.core import NodeState
+
+    script = Script()
+    script.run(["quota", "place"])
+    view = script.view
+    first = view.cluster()
+    assert view.cluster() is first  # job events change no node
+    view.apply(ev.NodeConditionsChanged.new(stream=node_stream(NODE), actor="agent", node=NODE, now=T0,
+                                            conditions=[]))
+    assert view.cluster() is first  # the same nodes: the same Cluster object (the core's caches)
+    view.apply(ev.NodeLost.new(stream=node_stream(NODE), actor="placement", node=NODE, now=T0,
+                               reason=_reason("NODE_LOST")))
+    assert view.cluster().nodes[0].state is NodeState.LOST
+    inv = parse_cluster_shorthand("2x8:H100").inventories()[1]
+    view.apply(ev.NodeRegistered.new(stream=node_stream(inv.node), actor="agent", node=inv.node, gpus=inv.gpus,
+                                     nvlink_domains=inv.nvlink_domains, rack=inv.rack, zone=inv.zone, now=T0))
+    assert len(view.cluster().nodes) == 2

@@ -15,8 +15,8 @@ arbitrary header blocks, and that nats-py still calls the method this overrides.
 
 Header blocks are built faster too (`header_block`): nats-py validates and encodes each header
 name on every message (a strip, a regular expression, an encode, ~2 us a header, ten headers an
-event); the names Corral sends are a handful, so each is checked once and kept encoded. The bytes
-sent are nats-py's, byte for byte (`tests/unit/test_bus_client.py`, hypothesis).
+event); the names Corral sends are a handful, so each is checked once and kept, and the block is
+encoded once. The bytes sent are nats-py's, byte for byte (`tests/unit/test_bus_client.py`, hypothesis).
 
 And a message already received is handed over at once: nats-py's JetStream `fetch` takes each
 message of a batch from the subscription with `Subscription.next_msg`, which makes a uuid4 (a
@@ -98,9 +98,9 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
     return {name.decode("ascii"): value.strip().decode("utf-8", "replace") for name, value in _LINE.findall(raw)}
 
 
-#: header name as given -> its encoded `Name: ` (b"" for a name nats-py skips: blank), for names
-#: seen before; bounded, as names come from code (a name refused is never kept: it raises)
-_NAMES: dict[str, bytes] = {}
+#: header name as given -> its `Name: ` ("" for a name nats-py skips: blank), for names seen
+#: before; bounded, as names come from code (a name refused is never kept: it raises)
+_NAMES: dict[str, str] = {}
 _NAMES_KEPT = 256
 
 
@@ -108,23 +108,25 @@ def header_block(headers: dict[str, Any]) -> bytes:
     """The header block nats-py's `_send_publish` builds for `headers`, byte for byte: the
     `NATS/1.0` line, each `Name: value` line (the name stripped, skipped when blank, refused with
     BadHeaderError unless an HTTP token; the value stripped, its CR and LF made spaces), a blank
-    line."""
-    parts = [b"NATS/1.0\r\n"]
+    line. Built as one string and encoded once (UTF-8 of the whole is that of its parts): the
+    relay builds one per event it publishes."""
+    parts = ["NATS/1.0\r\n"]
     for name, value in headers.items():
         head = _NAMES.get(name)
         if head is None:
             key = name.strip()
             if key and not _HEADER_KEY_RE.fullmatch(key):
                 raise errors.BadHeaderError(key)
-            head = key.encode() + b": " if key else b""
+            head = key + ": " if key else ""
             if len(_NAMES) < _NAMES_KEPT:
                 _NAMES[name] = head
         if head:
-            parts.append(head)
-            parts.append(value.strip().translate(_HEADER_VALUE_NEWLINES).encode())
-            parts.append(b"\r\n")
-    parts.append(b"\r\n")
-    return b"".join(parts)
+            value = value.strip()
+            if "\r" in value or "\n" in value:
+                value = value.translate(_HEADER_VALUE_NEWLINES)
+            parts.append(head + value + "\r\n")
+    parts.append("\r\n")
+    return "".join(parts).encode()
 
 
 async def connect(servers: str | list[str], **options: Any) -> Client:

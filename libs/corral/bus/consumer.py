@@ -33,6 +33,7 @@ import logging
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import nats.errors
@@ -67,7 +68,25 @@ _ACK_TIMEOUT = 5.0
 
 
 def delivery_of(msg: Any) -> Delivery:
-    """Our view of a nats-py JetStream message."""
+    """Our view of a nats-py JetStream message.
+
+    The reply subject of the server's classic form (`$JS.ACK.<stream>.<consumer>.<delivered>.
+    <stream seq>.<consumer seq>.<ns since epoch>.<pending>`) is read here in one split: nats-py's
+    `Msg.metadata` builds three objects for it, a fifth of what a service spends per event
+    delivered; any other form is read by nats-py."""
+    reply = msg.reply
+    tokens: list[str] = reply.split(".") if reply else []
+    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return Delivery(
+            subject=msg.subject,
+            data=bytes(msg.data),
+            headers=dict(msg.headers or {}),
+            delivery_count=int(tokens[4]),
+            stream=tokens[2],
+            stream_sequence=int(tokens[5]),
+            consumer_sequence=int(tokens[6]),
+            timestamp=datetime.fromtimestamp(int(tokens[7]) / 1_000_000_000.0, UTC),
+        )
     meta = msg.metadata
     return Delivery(
         subject=msg.subject,

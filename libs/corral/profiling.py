@@ -1,0 +1,35 @@
+"""An opt-in whole-process profile of a service: `CORRAL_PROFILE_DIR=D` writes `D/<name>-<pid>.prof`
+(cProfile, read with `python -m pstats`) when the process stops cleanly.
+
+Why: a live stack's CPU per job is spread over several processes (bench/e2e.py prints it by
+process); finding where one of them spends it needs that process's own profile under the real
+stream of events, and py-spy is not always at hand. Unset, this costs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+PROFILE_DIR_ENV = "CORRAL_PROFILE_DIR"
+
+
+@contextmanager
+def profiled(name: str) -> Iterator[None]:
+    """Profile the block when CORRAL_PROFILE_DIR is set; write the stats on leaving it."""
+    folder = os.environ.get(PROFILE_DIR_ENV)
+    if not folder:
+        yield
+        return
+    import cProfile
+
+    profile = cProfile.Profile(time.process_time)  # CPU, not wall: the machine may be shared
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        os.makedirs(folder, exist_ok=True)
+        profile.dump_stats(os.path.join(folder, f"{name}-{os.getpid()}.prof"))
