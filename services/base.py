@@ -228,11 +228,16 @@ class Service:
         return scratch.jobs.get(job_id)
 
     async def on_event(self, delivery: Delivery) -> None:
+        version = int(delivery.headers.get("Corral-Stream-Version", "0")) or None
+        stream = delivery.headers.get("Corral-Stream")
+        if version is not None and stream is not None and version <= self.view.versions.get(stream, 0):
+            # Folded already (most often this service's own append, folded when it was written,
+            # coming back over the bus): the fold would skip it, so it is not decoded either.
+            return
         try:
             event = decode(delivery.data)
         except ContractError as exc:
             raise Poison(f"undecodable event on {delivery.subject}: {exc}") from exc
-        version = int(delivery.headers.get("Corral-Stream-Version", "0")) or None
         result = self.view.apply(event, version, gaps=self.consumes is not None)
         if result is Applied.GAP:
             await self.refresh_stream(event.stream)

@@ -108,3 +108,23 @@ def test_a_reason_said_word_for_word_is_never_news_and_costs_no_clock_read() -> 
     job = JobView(job_id="j1")
     job.reason = Reason(code="MAX_GPUS_EXCEEDED", message="uses 120 of max 120")
     assert svc.pending_event(job, core.Reason(core.ReasonCode.MAX_GPUS_EXCEEDED, "uses 120 of max 120")) is None
+
+
+async def test_an_event_folded_already_is_not_decoded_again() -> None:
+    """A service's own appends come back over the bus with a stream version it has folded: they
+    are skipped before decoding (bytes that do not decode show it); a newer version is decoded."""
+    from corral.bus import Delivery, Poison
+
+    svc = service(Clock(), Clock())
+    svc.view.versions["job-a"] = 3
+
+    def delivery(version: int) -> Delivery:
+        return Delivery(subject="ns.events.JobAdmitted", data=b"not an event",
+                        headers={"Corral-Stream": "job-a", "Corral-Stream-Version": str(version)},
+                        delivery_count=1, stream="ns-events", stream_sequence=version, consumer_sequence=version,
+                        timestamp=None)
+
+    for folded in (1, 3):
+        await svc.on_event(delivery(folded))
+    with pytest.raises(Poison):
+        await svc.on_event(delivery(4))
