@@ -26,7 +26,17 @@ from corral.contracts.queues import QueueSpec
 from corral.lifecycle import GangEvent, GangState, transition
 
 if TYPE_CHECKING:  # the scheduling core's types: loaded when a view is first translated for it
+    from corral.core import Job as CoreJob
+    from corral.core import Node as CoreNode
+    from corral.core import NodeState as CoreNodeState
+    from corral.core import PendingJob as CorePendingJob
+    from corral.core import Placement as CorePlacement
     from corral.core import escalation
+else:
+    # The per-object caches' types. A stored view's decoder (msgspec) resolves the annotation of
+    # every field, these too, and reading one job must not load the core's model for them: they
+    # are never stored (`corral.readmodel.codec` drops them), so at run time they are Any.
+    CoreJob = CoreNode = CoreNodeState = CorePendingJob = CorePlacement = Any
 
 _JOB_ID = attrgetter("job_id")
 
@@ -84,7 +94,7 @@ class Fence:
     started: set[int] = field(default_factory=set)
     exits: dict[int, int | None] = field(default_factory=dict)
     open: dict[str, tuple[int, ...]] = field(default_factory=dict)  # node -> GPUs still held
-    _core_placement: core.Placement | None = field(default=None, repr=False, compare=False)
+    _core_placement: CorePlacement | None = field(default=None, repr=False, compare=False)
 
     def core_placement(self) -> core.Placement:
         if self._core_placement is None:
@@ -147,10 +157,10 @@ class JobView:
     #: attempt -> its rendezvous port, while it holds it (until rank 0's node's GPUs are released)
     rendezvous: dict[int, Rendezvous] = field(default_factory=dict)
     version: int = 0
-    _core_job: tuple[JobSpec, datetime, core.Job] | None = field(default=None, repr=False, compare=False)
-    _core_placement: tuple[list[ev.RankPlacement], core.Placement] | None = field(default=None, repr=False,
+    _core_job: tuple[JobSpec, datetime, CoreJob] | None = field(default=None, repr=False, compare=False)
+    _core_placement: tuple[list[ev.RankPlacement], CorePlacement] | None = field(default=None, repr=False,
                                                                                    compare=False)
-    _core_pending: tuple[core.Job, float, int, core.PendingJob] | None = field(default=None, repr=False,
+    _core_pending: tuple[CoreJob, float, int, CorePendingJob] | None = field(default=None, repr=False,
                                                                                compare=False)
 
     @property
@@ -243,7 +253,7 @@ class NodeView:
     address: str | None = None  # where other hosts reach it (None: not advertised)
     rendezvous_ports: tuple[int, int] | None = None  # MASTER_PORT range (None: the default)
     version: int = 0
-    _core_node: tuple[NodeInventory, core.NodeState, frozenset[int], core.Node] | None = field(
+    _core_node: tuple[NodeInventory, CoreNodeState, frozenset[int], CoreNode] | None = field(
         default=None, repr=False, compare=False)
 
     @property
