@@ -64,6 +64,9 @@ from corral.contracts.queues import validate_queues
 GPU_MIX = ((1, 0.4), (2, 0.3), (4, 0.2), (8, 0.1))  # mean 2.6 GPUs per job
 TARGET_PLACEMENTS = 300.0
 STRETCH_PLACEMENTS = 500.0
+#: Sustained placements/s each runtime is to reach on a 2-core machine (the peer comparison's
+#: targets: the stack's own ceiling with timers, and with a real process per rank).
+RUNTIME_TARGETS = {"sim-timer": 600.0, "process": 100.0}
 TARGET_P99_MS = 250.0
 TARGET_P99_RATE = 100.0
 
@@ -204,6 +207,12 @@ def render(result: dict[str, Any]) -> str:
         hint = "; every phase kept up with its rate: offer more than the target to measure past it"
     lines.append(f"target: >= {TARGET_PLACEMENTS:.0f} placements/s sustained (stretch {STRETCH_PLACEMENTS:.0f}) -> "
                  f"{verdict} (best steady {best:.1f}/s{hint})")
+    goal = RUNTIME_TARGETS.get(str(result.get("runtime")))
+    if goal is not None:
+        # a phase offered the target that kept up with it (as above) meets it too: it cannot place more
+        met = best >= goal or any(p["rate"] >= goal and p in kept_up for p in result["phases"])
+        lines.append(f"target: >= {goal:.0f} placements/s sustained with the {result['runtime']} runtime -> "
+                     f"{'MET' if met else 'MISSED'} (best steady {best:.1f}/s)")
     at = [p for p in result["phases"] if abs(p["rate"] - TARGET_P99_RATE) < 1e-9]
     if at:
         p99 = at[0]["submit_to_placed_ms"].get("p99", float("inf"))

@@ -65,3 +65,13 @@ def test_a_phase_that_kept_up_says_to_offer_more() -> None:
     text = render({"cluster": "192x8:H100", "gpus": 1536, "runtime": "sim-timer", "duration": 1.0, "command": "c",
                    "date": "d", "phases": [_phase(400, 1.22, 385.5, 572)]})
     assert "-> MET (best steady 385.5/s)" in text
+
+
+def test_each_runtime_is_judged_by_its_own_sustained_target() -> None:
+    """600 placements/s with timers in the agent; 100 with a real process per rank."""
+    timers = render({"cluster": "269x8:H100", "gpus": 2152, "runtime": "sim-timer", "duration": 1.0, "command": "c",
+                     "date": "d", "phases": [_phase(600, 1.1, 512.0, 300)]})
+    assert "target: >= 600 placements/s sustained with the sim-timer runtime -> MISSED (best steady 512.0/s)" in timers
+    processes = render({"cluster": "64x8:H100", "gpus": 512, "runtime": "process", "duration": 1.0, "command": "c",
+                        "date": "d", "phases": [_phase(100, 1.1, 99.5, 300)]})
+    assert "target: >= 100 placements/s sustained with the process runtime -> MET (best steady 99.5/s)" in processes
