@@ -39,7 +39,10 @@ ClusterOpt = Annotated[str | None, typer.Option(
 Queues = Annotated[str | None, typer.Option(
     "--queues", help="Queues file (default: equal share for every workload queue).")]
 Policy = Annotated[str, typer.Option(
-    "--policy", help="One policy, or several comma-separated to compare (corral, fifo, priority, backfill, las).")]
+    "--policy",
+    help="One policy, or several comma-separated to compare (corral, fifo, priority, backfill, las, fair-las).")]
+Baseline = Annotated[str | None, typer.Option(
+    "--baseline", help="compare: the policy the verdict table's JCTs are divided by (default: the first).")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of every random choice (node failures).")]
 Limit = Annotated[int | None, typer.Option("--limit", help="Replay only the first N jobs.")]
 Mtbf = Annotated[float | None, typer.Option("--failures-mtbf-hours", help="Enable seeded node failures.")]
@@ -70,19 +73,23 @@ def sim(ctx: typer.Context, trace: Trace = None, cluster: ClusterOpt = None, que
 def compare_command(trace: Trace = None, cluster: ClusterOpt = None, queues: Queues = None,
                     policy: Policy = "corral", seed: Seed = 0, limit: Limit = None,
                     failures_mtbf_hours: Mtbf = None, repair_hours: Repair = 4.0, json_path: JsonPath = None,
-                    plot_dir: PlotDir = None, from_log: FromLog = False, pipeline: PipelineOpt = "cycle") -> None:
-    """The same workload under every policy (or those of --policy), side by side."""
+                    plot_dir: PlotDir = None, from_log: FromLog = False, pipeline: PipelineOpt = "cycle",
+                    baseline: Baseline = None) -> None:
+    """The same workload under every policy (or those of --policy), side by side, and the verdict
+    table: each against --baseline on JCT, utilisation, fairness, preemption loss, the biggest gangs' wait."""
     raise SystemExit(run(trace, cluster, queues, policy, seed, limit, failures_mtbf_hours, repair_hours,
-                         json_path, plot_dir, from_log, compare_all=True, pipeline=pipeline))
+                         json_path, plot_dir, from_log, compare_all=True, pipeline=pipeline, baseline=baseline))
 
 
 def run(trace: str | None, cluster: str | None, queues: str | None, policy: str, seed: int, limit: int | None,
         failures_mtbf_hours: float | None, repair_hours: float, json_path: str | None, plot_dir: str | None,
-        from_log: bool, *, compare_all: bool, show_progress: bool | None = None, pipeline: str = "cycle") -> int:
+        from_log: bool, *, compare_all: bool, show_progress: bool | None = None, pipeline: str = "cycle",
+        baseline: str | None = None) -> int:
     """The command's work; returns the exit code (0 ok, 2 bad input named with its fix)."""
     from corral.sim.api import DEFAULT_POLICIES, compare
     from corral.sim.engine import FailureModel
     from corral.sim.output import render_comparison, render_result, write_comparison_json, write_json
+    from corral.sim.versus import render_verdict, verdict_rows
 
     if plot_dir and importlib.util.find_spec("matplotlib") is None:
         return _bad(f"--plot needs matplotlib, which this install lacks: pip install 'corral[{PLOT_EXTRA}]' "
@@ -101,6 +108,9 @@ def run(trace: str | None, cluster: str | None, queues: str | None, policy: str,
         return _bad(f"{missing} required (or --from-log to replay this cluster's own log); "
                     "e.g. --trace philly:FILE --cluster 64x8:H100")
     policies = [p.strip() for p in policy.split(",") if p.strip()]
+    if baseline is not None and baseline not in policies and not (compare_all and policy == "corral"):
+        return _bad(f"--baseline {baseline!r} is not one of the policies compared ({', '.join(policies)}); "
+                    "name one of them, or add it to --policy")
     if compare_all and policy == "corral":
         policies = list(DEFAULT_POLICIES)
     failures = FailureModel(failures_mtbf_hours, repair_hours) if failures_mtbf_hours else None
@@ -111,12 +121,16 @@ def run(trace: str | None, cluster: str | None, queues: str | None, policy: str,
                               progress=report, pipeline=pipeline)
     except ValueError as error:  # bad input: the message names the field and the fix
         return _bad(str(error))
-    print(render_result(results[0]) if len(results) == 1 else render_comparison(results))
+    verdict = verdict_rows(results, baseline) if compare_all else None
+    print(render_result(results[0]) if len(results) == 1 and not compare_all else render_comparison(results))
+    if verdict is not None:
+        print()
+        print(render_verdict(verdict))
     if json_path:
-        if len(results) == 1:
+        if len(results) == 1 and not compare_all:
             write_json(results[0], json_path)
         else:
-            write_comparison_json(results, json_path)
+            write_comparison_json(results, json_path, verdict=verdict)
     if plot_dir:
         from corral.sim.plot import write_plots
 

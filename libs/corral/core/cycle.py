@@ -31,6 +31,7 @@ from corral.core.backfill import Release, Reservation, find_placement_avoiding, 
 from corral.core.decisions import Decision, Pending, Place, Preempt, Reason, ReasonCode
 from corral.core.gpuset import FreeGpus
 from corral.core.ledger import GpuLedger
+from corral.core.levels import level
 from corral.core.model import Job, OrderPolicy, PendingJob, Placement, RunningJob, SchedulerConfig, Snapshot
 from corral.core.placement import find_placement, idle_index, static_feasibility
 from corral.core.preemption import Candidates, PreemptionPlan, plan_preemption
@@ -175,7 +176,7 @@ class Cycle:
         if over is None:
             return None
         if over.code is not ReasonCode.QUEUE_UNKNOWN and self.config.preemption:
-            plan = self._plan(p, lambda: self.candidates.same_queue(job), check_quota=True)
+            plan = self._plan(p, lambda: self.candidates.same_queue(p), check_quota=True)
             if isinstance(plan, PreemptionPlan):
                 return self._preempt(p, plan)
         return Pending(job.id, over)
@@ -335,7 +336,9 @@ class Cycle:
         if candidates is not None and not candidates:
             return None
         own = p.job.id in self.prepared.preemptors
-        key = (self.fast.preempt_key(p, las=las, own=own, check_quota=check_quota), avoid)
+        service = float(level(p.attained_gpu_seconds, self.prepared.thresholds)) if self.prepared.thresholds else 0.0
+        key = (self.fast.preempt_key(p, service=p.attained_gpu_seconds if las else service, own=own,
+                                     check_quota=check_quota), avoid)
         if key in self.fast.no_preempt:
             return None
         if candidates is None:

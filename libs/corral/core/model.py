@@ -15,7 +15,10 @@ from typing import Final
 
 # the policies `SchedulerConfig.named` knows (module-level, not a class attribute of the frozen,
 # slotted dataclass: the core also builds with mypyc, see bench/compiled.py)
-POLICIES: Final = ("corral", "fifo", "priority", "backfill", "las")
+POLICIES: Final = ("corral", "fifo", "priority", "backfill", "las", "fair-las")
+# the baselines as (order, backfill, preemption), with neither reclaim nor quotas
+_BASELINES: Final = MappingProxyType({"fifo": ("fifo", False, False), "priority": ("priority", False, True),
+                                      "backfill": ("fifo", True, False), "las": ("las", False, True)})
 
 
 class NodeState(StrEnum):
@@ -52,6 +55,7 @@ class OrderPolicy(StrEnum):
     FIFO = "fifo"
     PRIORITY = "priority"
     LAS = "las"
+    FAIR_LAS = "fairlas"
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,7 +425,8 @@ class SchedulerConfig:
     preemption_budget: a job already preempted this many times within the last
     `preemption_budget_seconds` is no victim until the oldest of them ages out (no preemption
     loops: a low-priority job in a busy cluster is otherwise taken back each time it restarts;
-    Slurm's PreemptExemptTime and KAI's min-runtime protect the same way). 0 turns it off.
+    Slurm's PreemptExemptTime and KAI's min-runtime protect the same way). 0 turns it off;
+    las_thresholds: under FAIR_LAS, the attained GPU-seconds that end each service level (`levels`).
     """
 
     order: OrderPolicy = OrderPolicy.FAIR_SHARE
@@ -433,18 +438,14 @@ class SchedulerConfig:
     las_min_gap_gpu_seconds: float = 3600.0
     preemption_budget: int = 2
     preemption_budget_seconds: float = 600.0
+    las_thresholds: tuple[float, ...] = (3600.0, 36000.0)
 
     @classmethod
     def named(cls, policy: str) -> SchedulerConfig:
-        """corral | fifo | priority | backfill | las (see the package docstring for each)."""
-        if policy == "corral":
-            return cls()
-        if policy == "fifo":
-            return cls(OrderPolicy.FIFO, backfill=False, preemption=False, reclaim=False, quotas=False)
-        if policy == "priority":
-            return cls(OrderPolicy.PRIORITY, backfill=False, preemption=True, reclaim=False, quotas=False)
-        if policy == "backfill":
-            return cls(OrderPolicy.FIFO, backfill=True, preemption=False, reclaim=False, quotas=False)
-        if policy == "las":
-            return cls(OrderPolicy.LAS, backfill=False, preemption=True, reclaim=False, quotas=False)
-        raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        """One of `POLICIES`: corral (fair share), fair-las, or a baseline (see the package docstring)."""
+        if policy in ("corral", "fair-las"):
+            return cls() if policy == "corral" else cls(OrderPolicy.FAIR_LAS)
+        if policy not in _BASELINES:
+            raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        order, backfill, preemption = _BASELINES[policy]
+        return cls(OrderPolicy(order), backfill=backfill, preemption=preemption, reclaim=False, quotas=False)

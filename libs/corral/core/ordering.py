@@ -4,7 +4,8 @@ FAIR_SHARE walks the queue tree like Volcano's hierarchical DRF: at every level 
 smallest share key (see `quota.share_key`) goes next, then inside the queue the job with the
 highest priority, then the oldest. The share is updated as if each job ahead got its GPUs, so
 one queue's backlog cannot monopolise the head of the order. FIFO, PRIORITY and LAS are the
-baselines the simulator compares against.
+baselines the simulator compares against. FAIR_LAS walks the tree the same way and orders each
+queue's own jobs by attained-service level (`levels.in_queue_key`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ from collections import deque
 from collections.abc import Iterator
 from operator import attrgetter
 
+from corral.core.levels import InQueueKey, in_queue_key, thresholds_of
 from corral.core.model import OrderPolicy, PendingJob, QueueConfig, SchedulerConfig, Snapshot
 from corral.core.quota import ROOT, QueueTree, QueueUsage, share_key
 
-
-def _in_queue_key(p: PendingJob) -> tuple[int, float, str]:
-    return (-p.job.priority, p.job.submit_time, p.job.id)
+TREE_ORDERS = (OrderPolicy.FAIR_SHARE, OrderPolicy.FAIR_LAS)
 
 
 def tree_for(snapshot: Snapshot, config: SchedulerConfig) -> QueueTree:
@@ -60,7 +60,7 @@ _PRIORITY = attrgetter("job.priority")
 
 
 def _by_priority(pending: list[PendingJob]) -> list[PendingJob]:
-    """Sorted by `_in_queue_key` (priority first, highest first, then oldest, then id): two
+    """Sorted by `levels.in_queue_key` at level 0 (priority first, highest first, then oldest, then id): two
     stable sorts, because a C-level key cannot negate the priority."""
     out = sorted(pending, key=_BY_SUBMIT)
     out.sort(key=_PRIORITY, reverse=True)  # stable, also when reversed
@@ -75,15 +75,22 @@ def iter_pending(
     usage: QueueUsage | None = None,
 ) -> Iterator[PendingJob]:
     """`order_pending`, lazily: a cycle that can stop early does not pay for the rest of the order."""
-    if config.order is not OrderPolicy.FAIR_SHARE:
+    if config.order not in TREE_ORDERS:
         yield from order_pending(snapshot, config)
         return
     tree = tree if tree is not None else tree_for(snapshot, config)
     usage = usage if usage is not None else QueueUsage.of(tree, snapshot.running)
-    yield from _fair_share_order(tree, usage, list(snapshot.pending))
+    yield from _fair_share_order(tree, usage, list(snapshot.pending), thresholds_of(config))
 
 
-def _fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list[PendingJob]) -> Iterator[PendingJob]:
+def in_queue_sorted(jobs: list[PendingJob], thresholds: tuple[float, ...]) -> list[PendingJob]:
+    """One queue's jobs in `levels.in_queue_key` order."""
+    return sorted(jobs, key=lambda p: in_queue_key(p, thresholds)) if thresholds else _by_priority(jobs)
+
+
+def _fair_share_order(
+    tree: QueueTree, usage: QueueUsage, pending: list[PendingJob], thresholds: tuple[float, ...] = ()
+) -> Iterator[PendingJob]:
     """Walk the tree from the root, at every level taking the candidate with the smallest
     (share key, best job key, name) -- a child subtree that has waiting jobs, or the node's own
     jobs -- then charge the job's GPUs to its queue and repeat.
@@ -97,21 +104,26 @@ def _fair_share_order(tree: QueueTree, usage: QueueUsage, pending: list[PendingJ
     for p in pending:
         by_queue.setdefault(p.job.queue, []).append(p)
     unknown = sorted((p for q in list(by_queue) if not tree.known(q) for p in by_queue.pop(q)), key=_BY_SUBMIT)
-    yield from fair_share_walk(tree, usage, {q: _by_priority(js) for q, js in by_queue.items()}, unknown)
+    sorted_by_queue = {q: in_queue_sorted(js, thresholds) for q, js in by_queue.items()}
+    yield from fair_share_walk(tree, usage, sorted_by_queue, unknown, thresholds)
 
 
 def fair_share_walk(
-    tree: QueueTree, usage: QueueUsage, sorted_by_queue: dict[str, list[PendingJob]], unknown: list[PendingJob]
+    tree: QueueTree,
+    usage: QueueUsage,
+    sorted_by_queue: dict[str, list[PendingJob]],
+    unknown: list[PendingJob],
+    thresholds: tuple[float, ...] = (),
 ) -> Iterator[PendingJob]:
-    """`_fair_share_order` from each known queue's jobs already in `_in_queue_key` order (and the
-    jobs of unknown queues, last, in submit order): the part a `SchedulerState` cannot keep, because
-    the shares move with every job taken. `usage` is not changed."""
-    walk = _Walk(tree, usage.copy(), sorted_by_queue)
+    """`_fair_share_order` from each known queue's jobs already in `levels.in_queue_key` order (and
+    the jobs of unknown queues, last, in submit order): the part a `SchedulerState` cannot keep,
+    because the shares move with every job taken. `usage` is not changed."""
+    walk = _Walk(tree, usage.copy(), sorted_by_queue, thresholds)
     yield from walk.jobs()
     yield from unknown
 
 
-_Offer = tuple[tuple[int, float], tuple[int, float, str], str]
+_Offer = tuple[tuple[int, float], InQueueKey, str]
 
 
 class _Walk:
@@ -123,10 +135,16 @@ class _Walk:
     job taken (~12 % of a Corral cycle), and a queue whose subtree has no other waiting queue
     (every leaf) skips the list of keys and its own heap -- it is its only candidate."""
 
-    __slots__ = ("best", "current", "heads", "heaps", "nested", "tree", "usage", "waiting")
+    __slots__ = ("best", "current", "heads", "heaps", "nested", "thresholds", "tree", "usage", "waiting")
 
-    def __init__(self, tree: QueueTree, usage: QueueUsage, sorted_by_queue: dict[str, list[PendingJob]]) -> None:
-        self.tree, self.usage = tree, usage
+    def __init__(
+        self,
+        tree: QueueTree,
+        usage: QueueUsage,
+        sorted_by_queue: dict[str, list[PendingJob]],
+        thresholds: tuple[float, ...],
+    ) -> None:
+        self.tree, self.usage, self.thresholds = tree, usage, thresholds
         self.heads: dict[str, deque[PendingJob]] = {q: deque(js) for q, js in sorted_by_queue.items() if js}
         self.waiting: dict[str, int] = {}
         for q, js in self.heads.items():
@@ -136,7 +154,7 @@ class _Walk:
         self.nested = {tree.parent(q) for q in self.waiting}
         self.heaps: dict[str, list[tuple[_Offer, str]]] = {}
         self.current: dict[tuple[str, str], _Offer] = {}
-        self.best: dict[str, tuple[int, float, str]] = {}  # best job key in a subtree with waiting jobs
+        self.best: dict[str, InQueueKey] = {}  # best job key in a subtree with waiting jobs
 
     def jobs(self) -> Iterator[PendingJob]:
         tree, usage, heads, waiting = self.tree, self.usage, self.heads, self.waiting
@@ -168,7 +186,7 @@ class _Walk:
         own = self.heads.get(q)
         tree = self.tree
         share = share_key(tree, self.usage, q)
-        mine = _in_queue_key(own[0]) if own else None
+        mine = in_queue_key(own[0], self.thresholds) if own else None
         nested = q in self.nested
         if nested:
             if mine is not None:

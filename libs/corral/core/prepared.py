@@ -19,6 +19,7 @@ from operator import attrgetter
 from corral.core.backfill import Release
 from corral.core.gpuset import FreeGpus
 from corral.core.ledger import add_masks
+from corral.core.levels import thresholds_of
 from corral.core.model import PendingJob, RunningJob, SchedulerConfig, Snapshot
 from corral.core.ordering import iter_pending, tree_for
 from corral.core.quota import QueueTree, QueueUsage
@@ -37,7 +38,8 @@ class Prepared:
     the classes in order of their first job in `snapshot.pending`, with their job counts and that
     first job (None: the cycle counts them itself); releases: the backfill release of every running
     job not asked to checkpoint, by job id (any order; empty when the policy does not backfill);
-    kept: the running jobs as the owner keeps them (`Candidates`; None: the cycle computes)."""
+    kept: the running jobs as the owner keeps them (`Candidates`; None: the cycle computes);
+    thresholds: the service levels the policy ranks by (`levels.thresholds_of`)."""
 
     snapshot: Snapshot
     tree: QueueTree
@@ -52,6 +54,7 @@ class Prepared:
     live: dict[int | None, int] | None = None
     sample: dict[int, PendingJob] | None = None
     kept: RunningIndex | None = None
+    thresholds: tuple[float, ...] = ()
 
 
 def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Prepared:
@@ -72,6 +75,8 @@ def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Pre
     def order(usage: QueueUsage) -> Iterator[PendingJob]:
         return iter_pending(snapshot, config, tree=tree, usage=usage)
 
+    thresholds = thresholds_of(config)
+
     return Prepared(
         snapshot=snapshot,
         tree=tree,
@@ -81,8 +86,9 @@ def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Pre
         releasing=releasing,
         preemptors={x for r in running for x in r.preempted_by},
         order=order,
-        classes={p.job.id: memo.class_id(p, tree.per_user) for p in snapshot.pending},
+        classes={p.job.id: memo.class_id(p, tree.per_user, thresholds) for p in snapshot.pending},
         releases=_releases(running, fi) if config.backfill else {},
+        thresholds=thresholds,
     )
 
 

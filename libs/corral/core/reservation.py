@@ -307,7 +307,8 @@ class _Exposure:
     - a queue on the job's path above its guarantee, with a waiting job in a sibling subtree of it
       (reclaim: that job may be entitled); a job of a queue with children (admission refuses
       those, the core does not) with a waiting job in a child subtree;
-    - any job under LAS with preemption (attained service changes as jobs run).
+    - any job under LAS with preemption (attained service changes as jobs run), and under
+      FAIR_LAS any job of a queue with a waiting job (its level may rise above theirs).
     A job that is not preemptible, or is protected by `min_runtime_seconds` right after its start,
     is never a victim in the round it starts."""
 
@@ -315,6 +316,7 @@ class _Exposure:
         self.tree = tree
         self.any = config.preemption or config.reclaim
         self.las = config.preemption and config.order is OrderPolicy.LAS
+        self.fair_las = config.preemption and config.order is OrderPolicy.FAIR_LAS
         self.priority = config.preemption
         self.reclaim = config.reclaim and config.quotas
         self.top_priority: dict[str, int] = {}
@@ -340,7 +342,9 @@ class _Exposure:
     def of(self, job: Job, usage: QueueUsage) -> bool:
         if not self.any or not job.preemptible or job.min_runtime_seconds > 0:
             return False
-        if self.las or (self.priority and self.top_priority.get(job.queue, job.priority) > job.priority):
+        if self.las or (self.fair_las and self.at.get(job.queue, 0) > 0):
+            return True
+        if self.priority and self.top_priority.get(job.queue, job.priority) > job.priority:
             return True
         if not self.reclaim or not self.tree.known(job.queue):
             return False

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from corral.core import reasons
 from corral.core.decisions import Decision, Pending, Reason, ReasonCode
+from corral.core.levels import level
 from corral.core.model import Job, PendingJob
 
 if TYPE_CHECKING:
@@ -35,12 +36,14 @@ _PER_JOB_REASONS = frozenset({ReasonCode.WAITING_FOR_PREEMPTION})
 _QUIET_BEFORE_PROBING = 8
 
 
-def class_key(p: PendingJob, by_user: bool = False) -> tuple[object, ...]:
+def class_key(p: PendingJob, by_user: bool = False, thresholds: tuple[float, ...] = ()) -> tuple[object, ...]:
     """Everything about a pending job that its decision reads, except its id and its place in the
     order: jobs with equal keys get equal answers while the cycle's state is unchanged. Its user
     only `by_user` (a queue sets `max_gpus_per_user`, the one rule that reads it): otherwise the
-    same job of two users is one class."""
+    same job of two users is one class. With service `thresholds` (FAIR_LAS, which reads a job's
+    service only as its level) the level stands for the attained service."""
     job = p.job
+    service = level(p.attained_gpu_seconds, thresholds) if thresholds else p.attained_gpu_seconds
     return (
         job.queue,
         job.replicas,
@@ -50,7 +53,7 @@ def class_key(p: PendingJob, by_user: bool = False) -> tuple[object, ...]:
         job.priority,
         job.estimated_runtime_seconds,
         p.preempted_by,
-        p.attained_gpu_seconds,
+        service,
         job.user if by_user else None,
     )
 
@@ -89,17 +92,17 @@ class ClassMemo:
     def __init__(self, limit: int = 200_000) -> None:
         self.limit = limit
         self._ids: dict[tuple[object, ...], int] = {}
-        self._of: dict[int, tuple[PendingJob, int, bool]] = {}
+        self._of: dict[int, tuple[PendingJob, int, bool, tuple[float, ...]]] = {}
 
-    def class_id(self, p: PendingJob, by_user: bool = False) -> int:
+    def class_id(self, p: PendingJob, by_user: bool = False, thresholds: tuple[float, ...] = ()) -> int:
         hit = self._of.get(id(p))
-        if hit is not None and hit[0] is p and hit[2] is by_user:
+        if hit is not None and hit[0] is p and hit[2] is by_user and hit[3] == thresholds:
             return hit[1]
-        key = class_key(p, by_user)
+        key = class_key(p, by_user, thresholds)
         n = self._ids.get(key)
         if n is None:
             n = self._ids[key] = len(self._ids)
-        self._of[id(p)] = (p, n, by_user)
+        self._of[id(p)] = (p, n, by_user, thresholds)
         return n
 
     def between_cycles(self) -> None:
@@ -201,10 +204,11 @@ class Shortcuts:
         self.release_epoch += 1
         self.no_release_fit.clear()
 
-    def preempt_key(self, p: PendingJob, *, las: bool, own: bool, check_quota: bool) -> object:
+    def preempt_key(self, p: PendingJob, *, service: float, own: bool, check_quota: bool) -> object:
         """Jobs with equal keys get equal preemption answers until a borrower grows: placing a
         job in a queue over its guarantee can make that queue's older jobs reclaimable. `own`:
-        the job preempted someone still running (its answer is its own)."""
+        the job preempted someone still running (its answer is its own); `service`: what of its
+        attained service the answer reads (LAS: all of it, FAIR_LAS: its level, else nothing)."""
         job = p.job
         return (
             self.shape_of(job),
@@ -212,7 +216,7 @@ class Shortcuts:
             job.priority,
             p.preempted_by,
             job.id if own else "",
-            p.attained_gpu_seconds if las else 0.0,
+            service,
             check_quota,
             self.borrow_epoch,
             self.release_epoch,

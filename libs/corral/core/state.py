@@ -28,6 +28,7 @@ from corral.core.cycle import Cycle
 from corral.core.decisions import Decision
 from corral.core.gpuset import ClusterIndex, FreeGpus
 from corral.core.ledger import add_masks
+from corral.core.levels import in_queue_key, thresholds_of
 from corral.core.model import (
     Cluster,
     NodeState,
@@ -38,7 +39,7 @@ from corral.core.model import (
     SchedulerConfig,
     Snapshot,
 )
-from corral.core.ordering import fair_share_walk
+from corral.core.ordering import TREE_ORDERS, fair_share_walk
 from corral.core.prepared import Prepared
 from corral.core.quota import QueueTree, QueueUsage
 from corral.core.running import RunningIndex
@@ -47,7 +48,7 @@ from corral.core.shortcuts import class_key
 _BY_SUBMIT = attrgetter("job.submit_time", "job.id")
 _READY = frozenset({NodeState.READY})
 
-_OrderKey = tuple[float, float, str]
+_OrderKey = tuple[float, float, float, str]
 
 
 class _SortedJobs:
@@ -77,6 +78,7 @@ class SchedulerState:
 
     def __init__(self, cluster: Cluster, queues: Sequence[QueueConfig], config: SchedulerConfig) -> None:
         self.config = config
+        self._thresholds = thresholds_of(config)
         self.queues = tuple(queues)
         self._configured = {q.name for q in self.queues}
         self._pending: dict[str, PendingJob] = {}
@@ -131,7 +133,7 @@ class SchedulerState:
         self._seq[job_id] = self._next_seq
         self._next_seq += 1
         job = p.job
-        key = class_key(p, self._by_user)
+        key = class_key(p, self._by_user, self._thresholds)
         k = self._class_ids.get(key)
         if k is None:
             k = self._class_ids[key] = len(self._class_ids)
@@ -234,13 +236,13 @@ class SchedulerState:
         job = p.job
         order = self.config.order
         if order is OrderPolicy.FIFO:
-            return (job.submit_time, 0.0, job.id)
+            return (job.submit_time, 0.0, 0.0, job.id)
         if order is OrderPolicy.LAS:
-            return (p.attained_gpu_seconds, job.submit_time, job.id)
-        return (-job.priority, job.submit_time, job.id)  # PRIORITY, and within a queue for FAIR_SHARE
+            return (p.attained_gpu_seconds, job.submit_time, 0.0, job.id)
+        return in_queue_key(p, self._thresholds)  # PRIORITY, and within a queue for FAIR_SHARE / FAIR_LAS
 
     def _sorted_for(self, p: PendingJob) -> _SortedJobs:
-        if self.config.order is not OrderPolicy.FAIR_SHARE:
+        if self.config.order not in TREE_ORDERS:
             return self._order
         found = self._per_queue.get(p.job.queue)
         if found is None:
@@ -311,6 +313,7 @@ class SchedulerState:
             live=live,
             sample=sample,
             kept=self._run_index,
+            thresholds=self._thresholds,
         )
 
     def _live_classes(self) -> tuple[dict[int | None, int], dict[int, PendingJob]]:
@@ -321,14 +324,14 @@ class SchedulerState:
         return live, {k: next(iter(members[k].values())) for _, k in firsts}
 
     def _ordered(self, usage: QueueUsage) -> Iterator[PendingJob]:
-        if self.config.order is not OrderPolicy.FAIR_SHARE:
+        if self.config.order not in TREE_ORDERS:
             return iter(self._order.jobs)
         tree = self.tree()
         known = {q: s.jobs for q, s in self._per_queue.items() if s.jobs and tree.known(q)}
         unknown = sorted(
             (p for q, s in self._per_queue.items() if s.jobs and not tree.known(q) for p in s.jobs), key=_BY_SUBMIT
         )
-        return fair_share_walk(tree, usage, known, unknown)
+        return fair_share_walk(tree, usage, known, unknown, self._thresholds)
 
 
 K = TypeVar("K")

@@ -18,7 +18,7 @@ from corral.sim.metrics import Summary, summarize
 from corral.sim.records import JobRecord
 from corral.sim.workload import Workload
 
-DEFAULT_POLICIES = ("corral", "fifo", "priority", "backfill", "las")
+DEFAULT_POLICIES = ("corral", "fifo", "priority", "backfill", "las", "fair-las")
 
 
 @dataclass(slots=True)

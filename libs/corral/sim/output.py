@@ -59,11 +59,16 @@ def write_json(result: SimResult, path: str | Path) -> Path:
     return target
 
 
-def write_comparison_json(results: Sequence[SimResult], path: str | Path) -> Path:
-    """`corral sim compare --json`: one document per policy under `runs`."""
+def write_comparison_json(
+    results: Sequence[SimResult], path: str | Path, *, verdict: Sequence[dict[str, Any]] | None = None
+) -> Path:
+    """`corral sim compare --json`: one document per policy under `runs`, and the verdict table's
+    rows (`versus.verdict_rows`) under `verdict` when given."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"version": JSON_VERSION, "runs": [result_document(r) for r in results]}
+    doc: dict[str, Any] = {"version": JSON_VERSION, "runs": [result_document(r) for r in results]}
+    if verdict is not None:
+        doc["verdict"] = list(verdict)
     target.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
     return target
 
@@ -137,8 +142,13 @@ def render_comparison(results: Sequence[SimResult]) -> str:
 
 
 def render_result(result: SimResult) -> str:
-    """One policy: the summary table and the per-queue shares."""
-    lines = [render_comparison([result]), "", _queue_table(result.summary)]
+    """One policy: the summary table, where it left GPUs idle and the per-queue shares."""
+    from corral.sim.idle import CATEGORIES, idle_breakdown
+
+    idle = idle_breakdown(result.records, result.cluster, result.queues)
+    split = ", ".join(f"{c.replace('_', ' ')} {idle.share(c) * 100:.1f}%" for c in CATEGORIES)
+    lines = [render_comparison([result]), f"idle GPU time (share of capacity): {split}", "",
+             _queue_table(result.summary)]
     waiting = len(result.final_reasons)
     if waiting:
         lines.append(f"{waiting} job(s) never finished; first reasons:")

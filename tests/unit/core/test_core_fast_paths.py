@@ -20,7 +20,7 @@ from corral.core.cycle import Cycle
 from corral.core.ordering import order_pending, tree_for
 from corral.core.quota import ROOT, QueueTree, QueueUsage, share_key
 
-from .test_core_properties import POLICIES, SETTINGS, clusters, queue_trees, simulate
+from .test_core_properties import POLICIES, SETTINGS, clusters, named, queue_trees, simulate
 
 
 def _in_queue_key(p: PendingJob) -> tuple[int, float, str]:
@@ -94,5 +94,5 @@ def test_fair_share_order_is_the_tree_walk_of_its_definition(data, seed):
 def test_class_answers_and_the_actions_only_cycle_decide_what_deciding_every_job_does(data, policy, seed):
     cluster = data.draw(clusters())
     queues = data.draw(queue_trees(max(cluster.usable_gpus, 1)))
-    simulate(cluster, queues, SchedulerConfig.named(policy), seed, cycles=12, simple=False, check=_same_decisions)
+    simulate(cluster, queues, named(policy), seed, cycles=12, simple=False, check=_same_decisions)
 

@@ -7,6 +7,8 @@ first `SINGLES`) would do. Checked for random clusters, queues, running and wait
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -62,9 +64,11 @@ def worlds(draw: st.DrawFn) -> tuple[Snapshot, SchedulerConfig]:
         pending.append(job(f"p{i}", replicas, draw(st.integers(1, per_node)), queue=draw(st.sampled_from("ab")),
                            submit_time=float(i), priority=draw(st.sampled_from([0, 0, 10])),
                            topology=Topology(gang=gang)))
-    policy = draw(st.sampled_from(["corral", "backfill", "corral-no-preemption"]))
+    policy = draw(st.sampled_from(["corral", "backfill", "corral-no-preemption", "fair-las"]))
     config = (SchedulerConfig(preemption=False, reclaim=False) if policy == "corral-no-preemption"
               else SchedulerConfig.named(policy))
+    if policy == "fair-las":  # service levels the running jobs of these snapshots reach
+        config = dataclasses.replace(config, las_thresholds=(400.0, 4000.0))
     return snapshot(cluster, pending, run, queues=queues), config
 
 

@@ -30,7 +30,7 @@ from corral.core import (
 )
 from corral.core.state import SchedulerState
 
-from .test_core_properties import POLICIES, SETTINGS, clusters, queue_trees, random_job
+from .test_core_properties import POLICIES, SETTINGS, clusters, named, queue_trees, random_job
 
 
 class _Twin:
@@ -142,7 +142,7 @@ def _history(twin: _Twin, seed: int, cycles: int) -> None:
 def test_scheduler_state_decides_what_the_snapshot_cycle_decides(data, policy, seed):
     cluster = data.draw(clusters())
     queues = data.draw(queue_trees(max(cluster.usable_gpus, 1)))
-    _history(_Twin(cluster, queues, SchedulerConfig.named(policy)), seed, cycles=14)
+    _history(_Twin(cluster, queues, named(policy)), seed, cycles=14)
 
 
 def test_scheduler_state_refuses_a_job_id_twice():

@@ -35,7 +35,7 @@ from corral.sim.api import SimResult
 from corral.sim.engine import PIPELINES
 from corral.sim.workload import TopologySpec, sim_job
 
-POLICIES = ("corral", "fifo", "priority", "backfill", "las")
+POLICIES = ("corral", "fifo", "priority", "backfill", "las", "fair-las")
 #: CORRAL_PIPELINE_EXAMPLES=500 for a longer search (a few minutes)
 SETTINGS = settings(max_examples=int(os.environ.get("CORRAL_PIPELINE_EXAMPLES", "30")), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -12,10 +12,12 @@ import math
 from operator import itemgetter
 
 from corral.core.decisions import ReasonCode
+from corral.core.levels import level
 from corral.core.model import Job, OrderPolicy, PendingJob, RunningJob, SchedulerConfig
 from corral.core.preemption.eligibility import (
     ReclaimCache,
     las_threshold,
+    outserved,
     same_queue_outranks,
     statically_eligible,
     victim_kind,
@@ -50,6 +52,7 @@ class Candidates:
         self._las: dict[tuple[float, str, int], list[RunningJob]] = {}
         self._most_attained = None if kept is None else kept.most_attained_bound(now)
         self._facts: dict[str, tuple[bool, float, tuple[float, int, int, str]]] = {}  # `_las_kept`'s
+        self._top_level: dict[str, int] | None = None  # FAIR_LAS: per queue, its running jobs' highest level
 
     @property
     def eligible(self) -> list[RunningJob]:
@@ -82,7 +85,7 @@ class Candidates:
             and usage.active.get(job.queue, 0) + job.total_gpus <= tree.guarantee[job.queue]
         ):
             return self.eligible
-        return self.same_queue(job) if config.preemption else []
+        return self.same_queue(p) if config.preemption else []
 
     def _las_for(self, p: PendingJob) -> list[RunningJob]:
         """Only those the LAS rule can accept: far more attained service, or lower priority in
@@ -156,16 +159,47 @@ class Candidates:
                     self._lowest[q] = prio
         return self._lowest
 
-    def same_queue(self, job: Job) -> list[RunningJob]:
+    def same_queue(self, p: PendingJob) -> list[RunningJob]:
         """Possible victims in the job's own queue, cheapest first. Outside LAS a same-queue victim
-        can only be one of lower priority (reclaim is between queues), so the others are left out,
-        and when the queue runs nothing of lower priority the victims' cost order is not built."""
-        if self.config.order is OrderPolicy.LAS:
+        can only be one of lower priority or, under FAIR_LAS, of a higher service level (reclaim is
+        between queues), so the others are left out, and when the queue runs nobody such the
+        victims' cost order is not built."""
+        job, config = p.job, self.config
+        if config.order is OrderPolicy.LAS:
             return self.by_queue.get(job.queue, [])
         low = self._lowest_priority().get(job.queue)
-        if low is None or low >= job.priority:
+        lower = low is not None and low < job.priority
+        if config.order is OrderPolicy.FAIR_LAS:
+            mine = level(p.attained_gpu_seconds, config.las_thresholds)
+            if self._may_outserve(job.queue, mine):
+                return self._outserving(p, mine)
+        if not lower:
             return []
         return [r for r in self.by_queue.get(job.queue, []) if same_queue_outranks(job, r.job)]
+
+    def _outserving(self, p: PendingJob, mine: int) -> list[RunningJob]:
+        """FAIR_LAS: the job's queue's victims of lower priority or a higher level, cheapest
+        first; one list per (queue, priority, level) a cycle (the filter reads nothing else)."""
+        job, now, config = p.job, self.now, self.config
+        key = (float(mine), job.queue, job.priority)
+        found = self._las.get(key)
+        if found is None:
+            found = self._las[key] = [r for r in self.by_queue.get(job.queue, [])
+                                      if same_queue_outranks(job, r.job) or outserved(config, p, r, now)]
+        return found
+
+    def _may_outserve(self, queue: str, mine: int) -> bool:
+        """FAIR_LAS: whether a running job of `queue` (eligible or not) is above level `mine`; the
+        running jobs' levels are worked out once a cycle."""
+        if self._top_level is None:
+            now, th = self.now, self.config.las_thresholds
+            top: dict[str, int] = {}
+            for r in self.running:
+                lv = level(r.attained(now), th)
+                if lv > top.get(r.job.queue, -1):
+                    top[r.job.queue] = lv
+            self._top_level = top
+        return self._top_level.get(queue, -1) > mine
 
 
 class VictimSequence:

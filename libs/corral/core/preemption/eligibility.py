@@ -6,7 +6,8 @@ candidate listing repeating parts of both. Here the whole rule lives in one plac
 - `statically_eligible`: whoever the preemptor, never a victim: non-preemptible, younger than
   `min_runtime_seconds`, already preempting, or its preemption budget spent (no loops);
 - `victim_kind`: for one preemptor, the reason a running job may be its victim (priority within
-  a queue, LAS, reclaim of guarantee from a borrowing sibling subtree), or None;
+  a queue, LAS, a higher service level within a queue under FAIR_LAS, reclaim of guarantee from a
+  borrowing sibling subtree), or None;
 - `same_queue_outranks` and `las_threshold`: the parts of `victim_kind` the candidate listing
   filters by (a superset, so that `victim_kind` still decides).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from corral.core.decisions import ReasonCode
+from corral.core.levels import level
 from corral.core.model import Job, OrderPolicy, PendingJob, RunningJob, SchedulerConfig
 from corral.core.quota import QueueTree, QueueUsage, within_guarantee
 
@@ -38,6 +40,13 @@ def statically_eligible(r: RunningJob, now: float, config: SchedulerConfig) -> b
 def same_queue_outranks(job: Job, victim: Job) -> bool:
     """Within a queue, only a strictly higher priority preempts (a tie never does)."""
     return victim.queue == job.queue and victim.priority < job.priority
+
+
+def outserved(config: SchedulerConfig, pending: PendingJob, r: RunningJob, now: float) -> bool:
+    """FAIR_LAS: `r`, of the waiting job's queue, has reached a strictly higher service level."""
+    th = config.las_thresholds
+    return (config.order is OrderPolicy.FAIR_LAS and r.job.queue == pending.job.queue
+            and level(r.attained(now), th) > level(pending.attained_gpu_seconds, th))
 
 
 def las_threshold(config: SchedulerConfig, mine: float) -> float:
@@ -105,6 +114,8 @@ def victim_kind(
         theirs, mine = r.attained(now), pending.attained_gpu_seconds
         if theirs >= config.las_preemption_ratio * mine and theirs - mine >= config.las_min_gap_gpu_seconds:
             return ReasonCode.PREEMPTED_FOR_LAS
+    if config.preemption and outserved(config, pending, r, now):
+        return ReasonCode.PREEMPTED_FOR_LAS
     if config.reclaim and config.quotas and r.job.queue != job.queue and tree.known(job.queue):
         return _reclaim_kind(tree, usage, job, r, cache)
     return None

@@ -1,0 +1,85 @@
+"""Service levels (`core.levels`) and the fair-las policy against their plain definitions: a level
+counts the thresholds reached; inside a queue the order is (priority, level, submit time, id);
+across queues it is fair share's; a same-queue victim is at a strictly higher level."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from corral.core import Cluster, PendingJob, Preempt, QueueConfig, SchedulerConfig, schedule
+from corral.core.levels import in_queue_key, level
+from corral.core.model import OrderPolicy
+from corral.core.ordering import order_pending
+
+from .builders import job, running, snapshot
+from .test_core_properties import SETTINGS as _SETTINGS
+
+SETTINGS = _SETTINGS.__class__(_SETTINGS, max_examples=60)  # each example is a few ms: the suite stays fast
+
+THRESHOLDS = st.lists(st.floats(0, 1e6, allow_nan=False), max_size=4).map(lambda xs: tuple(sorted(xs)))
+
+
+@given(attained=st.floats(0, 2e6, allow_nan=False), thresholds=THRESHOLDS)
+def test_a_level_counts_the_thresholds_reached(attained: float, thresholds: tuple[float, ...]) -> None:
+    assert level(attained, thresholds) == sum(1 for t in thresholds if t <= attained)
+
+
+@st.composite
+def waiting(draw: st.DrawFn) -> list[PendingJob]:
+    out = []
+    for i in range(draw(st.integers(0, 12))):
+        j = job(f"j{i}", 1, draw(st.sampled_from([1, 2, 4])), queue=draw(st.sampled_from("abc")),
+                priority=draw(st.sampled_from([0, 0, 5])), submit_time=float(draw(st.integers(0, 5))))
+        out.append(PendingJob(j, draw(st.sampled_from([0.0, 0.0, 50.0, 500.0, 5000.0]))))
+    return out
+
+
+def _config(thresholds: tuple[float, ...]) -> SchedulerConfig:
+    return dataclasses.replace(SchedulerConfig.named("fair-las"), las_thresholds=thresholds)
+
+
+@SETTINGS
+@given(pending=waiting(), thresholds=THRESHOLDS)
+def test_each_queue_goes_by_priority_level_submit_time_and_id(pending: list[PendingJob],
+                                                              thresholds: tuple[float, ...]) -> None:
+    queues = [QueueConfig(q, 2) for q in "abc"]
+    ordered = order_pending(snapshot(Cluster.uniform(1, 8, "H100"), pending, queues=queues), _config(thresholds))
+    assert sorted(p.job.id for p in ordered) == sorted(p.job.id for p in pending)
+    for q in "abc":
+        mine = [p for p in ordered if p.job.queue == q]
+        plain = sorted(mine, key=lambda p: (-p.job.priority, sum(1 for t in thresholds if t <= p.attained_gpu_seconds),
+                                            p.job.submit_time, p.job.id))
+        assert mine == plain
+
+
+@SETTINGS
+@given(pending=waiting())
+def test_without_thresholds_fair_las_orders_as_fair_share(pending: list[PendingJob]) -> None:
+    snap = snapshot(Cluster.uniform(1, 8, "H100"), pending, queues=[QueueConfig(q, 2) for q in "abc"])
+    assert order_pending(snap, _config(())) == order_pending(snap, SchedulerConfig())
+    assert all(in_queue_key(p, ())[1] == 0 for p in pending)
+
+
+def test_a_new_job_preempts_its_queues_job_of_a_higher_level_never_one_of_its_own_level() -> None:
+    """1x2: queue a runs `long` (1 GPU since t=0: 1,000 GPU-s at t=1,000, level 1 of (500,)) and
+    `young` (1 GPU since t=900: level 0). The new job `new` (level 0) preempts `long` only."""
+    cluster = Cluster.uniform(1, 2, "H100")
+    runs = [running(job("long", queue="a"), [("n000", (0,))], start=0.0),
+            running(job("young", queue="a"), [("n000", (1,))], start=900.0)]
+    snap = snapshot(cluster, [job("new", queue="a", submit_time=950.0)], runs, queues=[QueueConfig("a", 2)])
+    decisions = schedule(snap, _config((500.0,)))
+    assert [(d.job_id, d.victims) for d in decisions if isinstance(d, Preempt)] == [("new", ("long",))]
+    assert not [d for d in schedule(snap, _config((5000.0,))) if isinstance(d, Preempt)]  # both at level 0
+
+
+def test_fair_las_never_preempts_another_queues_job_for_service() -> None:
+    """Queue b's job runs far longer than a's waiting job, but b is within its guarantee: no victim."""
+    cluster = Cluster.uniform(1, 1, "H100")
+    runs = [running(job("theirs", queue="b"), [("n000", (0,))], start=0.0)]
+    snap = snapshot(cluster, [job("mine", queue="a", submit_time=950.0)], runs,
+                    queues=[QueueConfig("a", 0), QueueConfig("b", 1)])
+    assert SchedulerConfig.named("fair-las").order is OrderPolicy.FAIR_LAS
+    assert not [d for d in schedule(snap, _config((1.0,))) if isinstance(d, Preempt)]
