@@ -438,7 +438,7 @@ class SchedulerConfig:
     las_min_gap_gpu_seconds: float = 3600.0
     preemption_budget: int = 2
     preemption_budget_seconds: float = 600.0
-    las_thresholds: tuple[float, ...] = (3600.0, 36000.0)
+    las_thresholds: tuple[float, ...] = (28800.0,)
 
     @classmethod
     def named(cls, policy: str) -> SchedulerConfig:
