@@ -58,7 +58,9 @@ the speed-ups (class answers, negative caches, early stop), `reasons` the wordin
 
 Policies (`SchedulerConfig.named`): "corral" fair share + EASY backfill + preemption + reclaim;
 "fifo" strict submit order; "priority" priority then age with in-queue preemption; "backfill" FIFO
-+ EASY backfill; "las" least attained service first, preemptive (Tiresias-style).
++ EASY backfill; "las" least attained service first, preemptive (Tiresias-style); "fair-las"
+corral's fair share, backfill and reclaim across queues, and inside each queue attained-service
+levels (`levels`) with preemption of a job of the queue at a higher level.
 """
 
 from __future__ import annotations
