@@ -13,10 +13,9 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
-# the policies `SchedulerConfig.named` knows (module-level, not a class attribute of the frozen,
-# slotted dataclass: the core also builds with mypyc, see bench/compiled.py)
+# the policies `SchedulerConfig.named` knows, its baselines as (order, backfill, preemption) with neither reclaim
+# nor quotas (module-level, not class attributes of the frozen, slotted dataclass: the core also builds with mypyc)
 POLICIES: Final = ("corral", "fifo", "priority", "backfill", "las", "fair-las")
-# the baselines as (order, backfill, preemption), with neither reclaim nor quotas
 _BASELINES: Final = MappingProxyType({"fifo": ("fifo", False, False), "priority": ("priority", False, True),
                                       "backfill": ("fifo", True, False), "las": ("las", False, True)})
 
@@ -444,7 +443,7 @@ class SchedulerConfig:
     def named(cls, policy: str) -> SchedulerConfig:
         """One of `POLICIES`: corral (fair share), fair-las, or a baseline (see the package docstring)."""
         if policy in ("corral", "fair-las"):
-            return cls() if policy == "corral" else cls(OrderPolicy.FAIR_LAS)
+            return cls(OrderPolicy.FAIR_SHARE if policy == "corral" else OrderPolicy.FAIR_LAS)
         if policy not in _BASELINES:
             raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
         order, backfill, preemption = _BASELINES[policy]
