@@ -32,12 +32,26 @@ def cli_env(stack: Stack) -> dict[str, str]:
             "CORRAL_LOG_DIR": ctx.log_dir or "", "PYTHONUNBUFFERED": "1"}
 
 
-def corral(stack: Stack, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "corral.cli.main", *args], input=stdin, text=True,
+def corral(stack: Stack, *args: str, stdin: str | None = None, check: bool = True,
+           program: str = "corral.cli.entry") -> subprocess.CompletedProcess[str]:
+    """`corral ARGS` as the installed program runs it (`corral.cli.entry`: the hot job commands
+    without typer), or through typer's app alone (`program="corral.cli.main"`)."""
+    proc = subprocess.run([sys.executable, "-m", program, *args], input=stdin, text=True,
                           capture_output=True, env=cli_env(stack), timeout=150)
     if check and proc.returncode != 0:
         raise AssertionError(f"corral {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def same_without_typer(stack: Stack, *args: str) -> None:
+    """The fast path (`corral.cli.fast`) prints what typer's command prints, exit code included
+    (a few tries: a pending job's priority and age move between two calls)."""
+    for _ in range(3):
+        fast, typed = (corral(stack, *args, check=False, program=p) for p in ("corral.cli.entry", "corral.cli.main"))
+        answers = [(p.returncode, p.stdout, p.stderr) for p in (fast, typed)]
+        if answers[0] == answers[1]:
+            return
+    raise AssertionError(f"corral {' '.join(args)}: without typer {answers[0]}, with typer {answers[1]}")
 
 
 def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
@@ -87,6 +101,9 @@ async def test_commands_show_tables_and_json_for_a_running_cluster(make_stack: S
         shown = as_json(corral(stack, "show", job, "--json"))
         assert sum(len(r["gpus"]) for r in shown["ranks"]) == 8
         assert "placement" in corral(stack, "show", job).stdout
+        for args in (("jobs",), ("jobs", "--json"), ("jobs", "-a"), ("show", job), ("show", "--json", job),
+                     ("show", "j-none"), ("cancel", "j-none"), ("submit", str(tmp_path / "none.yaml"))):
+            same_without_typer(stack, *args)
 
         nodes = as_json(corral(stack, "nodes", "--json"))
         held = [g for n in nodes for g, j in n["allocations"].items() if j == job]
@@ -125,7 +142,8 @@ async def test_commands_show_tables_and_json_for_a_running_cluster(make_stack: S
         follower.kill()
         assert "JobCompleted" in seen
 
-        corral(stack, "cancel", job)
+        cancelled = corral(stack, "cancel", job).stdout  # the fast path: the verdict, as typer's command says it
+        assert f"Cancellation of {job} requested and recorded" in cancelled
         await wait_state(c, job, JobState.CANCELLED)
         await c.wait_for(lambda v: not v.jobs[job].holding, 30)
         assert job not in [r["id"] for r in as_json(corral(stack, "jobs", "--json"))]
