@@ -99,10 +99,12 @@ class Client:
         gateway is known, through the gateway (`corral.gateway.client`). `lazy_bus`: no NATS
         connection until a request is published, and a request published without nats-py when
         it can be (`corral.bus.request`): a command that publishes one request (`corral submit`)."""
-        from corral.gateway.client import GatewayClient, gateway_socket
+        from corral.gateway.local import gateway_socket
 
         socket_path = gateway_socket(ctx)
         if socket_path is not None:
+            from corral.gateway.client import GatewayClient
+
             return await GatewayClient.open(ctx, socket_path)
         store = await asyncio.wait_for(EventStore.open(ctx.postgres_dsn, pool_size=4, min_size=1), timeout)
         if lazy_bus:

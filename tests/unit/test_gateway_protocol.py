@@ -29,7 +29,7 @@ from corral.contracts.envelope import job_stream
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.registry import decode, encode
 from corral.gateway import protocol as p
-from corral.gateway.client import gateway_socket
+from corral.gateway.local import gateway_socket
 from corral.gateway.paths import MAX_SUN_PATH, bindable
 from corral.projection import JobView
 from corral.services.gateway.service import HIDDEN, hidden_from

@@ -34,7 +34,7 @@ from corral.contracts.logs import LogChunk
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
 from corral.eventstore import EventStore
-from corral.gateway.client import gateway_socket
+from corral.gateway.local import gateway_socket
 from corral.job_logs import LogsRefused, check_job_id, job_log_files, read_log, split_attempts
 from corral.log_stream import LogQuery, LogStreamUnavailable, RanksPlaced, read_chunks
 from corral.stack.context import Context

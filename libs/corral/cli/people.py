@@ -18,7 +18,7 @@ import typer
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.session import ConnectionOptions, context
-from corral.gateway.client import GatewayError
+from corral.gateway.local import GatewayError
 from corral.stack.context import Context, locate
 
 app = typer.Typer(no_args_is_help=True, help="People and pipelines who may use this cluster (the operator's).")
@@ -190,7 +190,8 @@ def identity_of(ctx: Context, context_file: Path | None) -> dict[str, Any]:
     import getpass
     import json
 
-    from corral.gateway.client import gateway_socket, who
+    from corral.gateway.client import who
+    from corral.gateway.local import gateway_socket
 
     socket_path = gateway_socket(ctx)
     if socket_path is not None:

@@ -15,7 +15,7 @@ from typing import TypeVar
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import err_console
 from corral.client import Client
-from corral.gateway.client import GatewayError
+from corral.gateway.local import GatewayError
 from corral.stack.context import Context, NoClusterError, redacted, resolve
 from corral.stack.credentials import NatsCredentials
 

@@ -1,7 +1,7 @@
 """`corral` through the local gateway: a person with no credential file of their own.
 
 `Client.connect` returns a `GatewayClient` when the context names a gateway socket and no
-credential this process can read (`gateway_socket`). Requests go to the gateway, which records
+credential this process can read (`corral.gateway.local.gateway_socket`). Requests go to the gateway, which records
 them as the connecting uid's account (`corral.gateway.protocol`); what the commands read after
 a request (its verdict, the read model's view, a job's events) comes back through
 the gateway too, with other people's `env` values hidden. Questions that fold the whole log
@@ -11,7 +11,6 @@ the gateway too, with other people's `env` values hidden. Questions that fold th
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable, Collection
 from datetime import datetime
@@ -25,6 +24,7 @@ from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode, encode
 from corral.eventstore import StoredEvent
 from corral.gateway import protocol as p
+from corral.gateway.local import GatewayError
 from corral.gateway.paths import bindable
 from corral.projection import ClusterView, JobView
 from corral.readmodel.codec import decode_hot, decode_job
@@ -32,28 +32,6 @@ from corral.readmodel.pages import JobFilter, page_of
 from corral.readmodel.snapshots import FINISHED
 from corral.stack.context import Context
 from corral.verdicts import Verdict, VerdictKind
-
-
-class GatewayError(RuntimeError):
-    """The gateway refused a request (`code`, the message says why) or could not be reached."""
-
-    def __init__(self, message: str, code: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def usable_credentials(path: str | None) -> bool:
-    """Whether this process can read the credentials file `path`."""
-    return bool(path) and os.access(path, os.R_OK)  # type: ignore[arg-type]
-
-
-def gateway_socket(ctx: Context) -> str | None:
-    """The gateway socket this process should use: the context's (or `CORRAL_GATEWAY`'s) when the
-    context names no credential this uid can read; None when it has one, or no gateway is known."""
-    socket_path = os.environ.get(p.SOCKET_ENV) or ctx.gateway
-    if not socket_path or usable_credentials(ctx.credentials):
-        return None
-    return socket_path
 
 
 async def call(path: str, ask: p.Ask, timeout: float) -> p.Reply:
