@@ -17,6 +17,8 @@ from typing import Annotated, Any, Self
 
 import msgspec
 
+from corral.contracts.decoding import validated
+
 __all__ = [
     "CLUSTER_STREAM",
     "QUEUE_GATE_STREAM",
@@ -162,8 +164,6 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         The result is checked against the contract (a round trip), so a bad payload fails here,
         at the producer, with a ContractError naming the field, instead of at every consumer.
         """
-        from corral.contracts.registry import validated  # registry imports the events
-
         at = now or datetime.now(UTC)
         # a naive `now` is taken as UTC (never as the machine's local time)
         at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)

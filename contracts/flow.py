@@ -2,8 +2,8 @@
 
 Each event class declares its `Flow` once (`flow: ClassVar[Flow]` in `corral.contracts.events`);
 the inbox subjects and NATS permissions (`corral.contracts.subjects`), each service's durable
-consumer filter (`consumed_by`), its inbox subjects (`inbox_of`) and the events it folds when it
-appends them (`written_by`) derive from those declarations. tests/unit/contracts/test_flow.py
+consumer filter, its inbox subjects and the events it folds when it appends them derive from
+those declarations (`corral.contracts.routes`). tests/unit/contracts/test_flow.py
 checks that every event has a writer, that every consumer folds what it is sent, and that
 services name event types by class, never by a bare string.
 """
@@ -30,12 +30,8 @@ __all__ = [
     "Flow",
     "Sender",
     "StreamKind",
-    "consumed_by",
     "flow_of",
-    "inbox_of",
-    "inbox_types",
     "names",
-    "written_by",
 ]
 
 #: The services that decide and append (their `Service.name`), the node agents, the outbox relay
@@ -79,12 +75,6 @@ class Flow(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"inbox {self.inbox}: sender kinds are {', '.join(SENDER_KINDS)}")
 
 
-def _all() -> tuple[type[Event], ...]:
-    from corral.contracts.events import ALL_EVENTS
-
-    return ALL_EVENTS
-
-
 def flow_of(cls: type[Event]) -> Flow:
     flow = getattr(cls, "flow", None)
     if not isinstance(flow, Flow):
@@ -95,27 +85,3 @@ def flow_of(cls: type[Event]) -> Flow:
 def names(classes: Iterable[type[Event]]) -> tuple[str, ...]:
     """The wire type names of `classes`, in their order."""
     return tuple(cls.type_name() for cls in classes)
-
-
-def consumed_by(consumer: str) -> tuple[type[Event], ...]:
-    """The event classes `consumer`'s durable consumer is sent."""
-    return tuple(cls for cls in _all() if consumer in flow_of(cls).consumers)
-
-
-def written_by(writer: str) -> tuple[type[Event], ...]:
-    """The event classes `writer` appends."""
-    return tuple(cls for cls in _all() if writer in flow_of(cls).writers)
-
-
-def inbox_types(kind: Sender | None = None) -> tuple[str, ...]:
-    """The type names sent to the inbox (by senders of `kind`; None: by anyone)."""
-    return tuple(cls.type_name() for cls in _all()
-                 if flow_of(cls).inbox and (kind is None or kind in flow_of(cls).inbox))
-
-
-def inbox_of(owner: str) -> tuple[str, ...]:
-    """A service's inbox subjects after `<ns>.inbox.`: each request or report it owns, bare (only a
-    superuser may publish those) and on `<kind>.*.<Type>` for each kind of sender it accepts."""
-    owned = [cls for cls in _all() if flow_of(cls).inbox and flow_of(cls).writers[0] == owner]
-    return (*(cls.type_name() for cls in owned),
-            *(f"{kind}.*.{cls.type_name()}" for kind in SENDER_KINDS for cls in owned if kind in flow_of(cls).inbox))

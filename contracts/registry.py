@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from corral.contracts.decoding import decode_as, decoder_for, validated
 from corral.contracts.envelope import Event
 from corral.contracts.events import ALL_EVENTS, UPCASTERS
 from corral.contracts.problems import ContractError, problem_from_validation_error
@@ -41,7 +42,6 @@ class EventRegistry:
         self._classes: dict[tuple[str, int], type[Event]] = {}
         self._current: dict[str, int] = {}
         self._upcasters: dict[tuple[str, int], Upcaster] = {}
-        self._decoders: dict[type[Event], msgspec.json.Decoder[Any]] = {}
         for cls in classes:
             self.register(cls)
 
@@ -55,13 +55,8 @@ class EventRegistry:
         return cls
 
     def decoder(self, cls: type[Event]) -> msgspec.json.Decoder[Any]:
-        """`cls`'s JSON decoder, built on first use: building one resolves every annotation of the
-        class and its fields (~1 ms each), which a process that decodes a few types (a CLI
-        command) should not pay for all ~70 of them at import."""
-        decoder = self._decoders.get(cls)
-        if decoder is None:
-            decoder = self._decoders[cls] = msgspec.json.Decoder(cls)
-        return decoder
+        """`cls`'s JSON decoder, built on first use (`corral.contracts.decoding`)."""
+        return decoder_for(cls)
 
     def register_upcaster(self, type_name: str, from_version: int, upcaster: Upcaster) -> None:
         """`upcaster` turns a `from_version` JSON object into `from_version + 1` (it must set the
@@ -98,24 +93,7 @@ class EventRegistry:
             raise ContractError(f"cannot decode event: {type(e).__name__}: {e}") from e
 
     def _decode_as(self, cls: type[E], raw: bytes | str) -> E:
-        try:
-            event: E = self.decoder(cls).decode(raw)
-            return event
-        except msgspec.ValidationError as e:
-            problem = problem_from_validation_error(e)
-            cause = e.__cause__
-            inner = getattr(cause, "problems", None)
-            if inner:  # a nested spec's __post_init__ listed problems: name the first one
-                first = inner[0]
-                field = f"{problem.path}.{first.path}" if problem.path and first.path else (
-                    problem.path or first.path)
-                problem = type(problem)(path=field, message=first.message, hint=first.hint)
-            where = f" at `{problem.path}`" if problem.path else ""
-            raise ContractError(f"invalid {cls.type_name()} v{cls.version()}{where}: {problem.message}",
-                                field=problem.path, event_type=cls.type_name(),
-                                schema_version=cls.version()) from e
-        except msgspec.DecodeError as e:
-            raise ContractError(f"malformed JSON: {e}{_utf8_where(raw)}") from e
+        return decode_as(cls, raw)
 
     def _upcast(self, header: _Header, raw: bytes | str) -> Event:
         try:
@@ -174,34 +152,6 @@ def encode(event: Event) -> bytes:
     return REGISTRY.encode(event)
 
 
-def _utf8_where(data: bytes | bytearray | memoryview | str) -> str:
-    """Where a payload stops being UTF-8 (' (byte 0xe9 at offset 312)'), or '' when it is UTF-8."""
-    if isinstance(data, str):
-        return ""
-    raw = bytes(data)
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return f" (the payload is not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start})"
-    return ""
-
-
 def decode(data: bytes | bytearray | memoryview | str) -> Event:
     """The event in `data`, or ContractError naming the field. Never raises anything else."""
     return REGISTRY.decode(data)
-
-
-def validated(event: E) -> E:
-    """`event` after a round trip through its contract: Struct constructors do not check types
-    or constraints, decoding does. Raises ContractError naming the field."""
-    cls = type(event)
-    try:
-        data = _ENCODER.encode(event)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise ContractError(f"cannot encode {cls.type_name()}: {e}", event_type=cls.type_name()) from e
-    decoder = REGISTRY.decoder(cls)
-    try:
-        result: E = decoder.decode(data)
-        return result
-    except msgspec.ValidationError:
-        return REGISTRY._decode_as(cls, data)  # raises ContractError with the field

@@ -36,8 +36,9 @@ import re
 import msgspec
 
 from corral.contracts.envelope import Event
-from corral.contracts.flow import SENDER_KINDS, inbox_types
+from corral.contracts.flow import SENDER_KINDS
 from corral.contracts.node_work import NODE_WORK_TYPES as node_work_kinds
+from corral.contracts.routes import inbox_types
 
 __all__ = [
     "ADMIN_REQUEST_TYPES",

@@ -71,7 +71,7 @@ class Service:
     #: empty: every event it folds).
     events: ClassVar[frozenset[type[Event]]] = frozenset()
     #: The event types this service is sent (None: all of them): the types whose `flow` names it
-    #: as a consumer (`corral.contracts.flow.consumed_by`). A service sent only some folds them
+    #: as a consumer (`corral.contracts.routes.consumed_by`). A service sent only some folds them
     #: with gaps in its stream versions (see `ClusterView.apply`): fewer messages for NATS to
     #: deliver and for the service to decode. Its appends are guarded by the versions it has seen,
     #: so an event it was not sent makes the append lose the race and re-read the stream.

@@ -95,17 +95,10 @@ class Client:
 
     @classmethod
     async def connect(cls, ctx: Context, *, bus: bool = True, timeout: float = 5.0, lazy_bus: bool = False) -> Client:
-        """Connect with the context's credential, or, when this uid cannot read one and a local
-        gateway is known, through the gateway (`corral.gateway.client`). `lazy_bus`: no NATS
-        connection until a request is published, and a request published without nats-py when
-        it can be (`corral.bus.request`): a command that publishes one request (`corral submit`)."""
-        from corral.gateway.local import gateway_socket
-
-        socket_path = gateway_socket(ctx)
-        if socket_path is not None:
-            from corral.gateway.client import GatewayClient
-
-            return await GatewayClient.open(ctx, socket_path)
+        """Connect with the context's credential. `lazy_bus`: no NATS connection until a request is
+        published, and a request published without nats-py when it can be (`corral.bus.request`):
+        a command that publishes one request (`corral submit`). A person with no credential of
+        their own goes through the local gateway instead (`corral.cli.session.connect`)."""
         store = await asyncio.wait_for(EventStore.open(ctx.postgres_dsn, pool_size=4, min_size=1), timeout)
         if lazy_bus:
             return cls(ctx, store, None, lazy_bus=True, timeout=timeout)

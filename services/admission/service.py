@@ -29,9 +29,10 @@ from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.admission import RejectionCode
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream, queue_stream
-from corral.contracts.flow import ADMISSION, consumed_by, inbox_of, names
+from corral.contracts.flow import ADMISSION, names
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.problems import ContractError, Problem
+from corral.contracts.routes import consumed_by, inbox_of
 from corral.contracts.sizes import SPEC_TOO_LARGE, recorded_size, size_problem
 from corral.contracts.subjects import Subjects
 from corral.core.placement import shape_index

@@ -82,7 +82,7 @@ from corral.contracts.events import (
     PreemptRequested,
     QueueConfigured,
 )
-from corral.contracts.flow import NODE_AGENT, consumed_by
+from corral.contracts.flow import NODE_AGENT
 from corral.contracts.flow import names as flow_names
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.node_work import KIND as ASSIGNMENT
@@ -90,6 +90,7 @@ from corral.contracts.node_work import decode_assignment
 from corral.contracts.problems import ContractError
 from corral.contracts.queues import QueueSpec
 from corral.contracts.registry import decode, encode
+from corral.contracts.routes import consumed_by
 from corral.contracts.subjects import Subjects
 from corral.core.conditions import Condition, Held, Thresholds, transition
 from corral.health import start_beat

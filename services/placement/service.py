@@ -33,9 +33,10 @@ from corral import core, lifecycle
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream
-from corral.contracts.flow import PLACEMENT, consumed_by, inbox_of, names
+from corral.contracts.flow import PLACEMENT, names
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
+from corral.contracts.routes import consumed_by, inbox_of
 from corral.contracts.subjects import Subjects
 from corral.core.steps import placement_step
 from corral.eventstore import Tracking

@@ -21,8 +21,9 @@ from typing import Any
 from corral import core
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event, Reason, job_stream
-from corral.contracts.flow import PREEMPTION, consumed_by, names
+from corral.contracts.flow import PREEMPTION, names
 from corral.contracts.lifecycle import LifecycleCode
+from corral.contracts.routes import consumed_by
 from corral.core.steps import preemption_step
 from corral.projection import ClusterView, JobState, JobView
 from corral.services.base import Service

@@ -28,8 +28,9 @@ from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, Reason, queue_stream
-from corral.contracts.flow import QUOTA, consumed_by, inbox_of, names
+from corral.contracts.flow import QUOTA, names
 from corral.contracts.queues import merged_tree, tree_problems
+from corral.contracts.routes import consumed_by, inbox_of
 from corral.contracts.subjects import Subjects
 from corral.core import escalation
 from corral.core.reservation import Reserve, Revoke, reserve_quota

@@ -193,8 +193,9 @@ def test_every_event_an_agent_is_declared_to_act_on_reaches_it_as_node_work() ->
     node's subjects never see it."""
     from corral.contracts import events as ev
     from corral.contracts import flow as fl
+    from corral.contracts import routes as rt
     from corral.contracts.node_work import JOB_WORK, NODE_EVENTS
 
     carried = {ev.JobSubmitted, ev.QueueConfigured, ev.GangReserved}
     ended = {ev.JobCompleted, ev.JobFailed, ev.JobRejected}  # a placed job's release comes before its end
-    assert set(fl.consumed_by(fl.NODE_AGENT)) <= carried | ended | set(JOB_WORK) | set(NODE_EVENTS)
+    assert set(rt.consumed_by(fl.NODE_AGENT)) <= carried | ended | set(JOB_WORK) | set(NODE_EVENTS)

@@ -15,7 +15,7 @@ from typing import TypeVar
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import err_console
 from corral.client import Client
-from corral.gateway.local import GatewayError
+from corral.gateway.local import GatewayError, gateway_socket
 from corral.stack.context import Context, NoClusterError, redacted, resolve
 from corral.stack.credentials import NatsCredentials
 
@@ -47,13 +47,13 @@ def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True, lazy_
     """Run `fn` with a connected client; a cluster that does not answer is one line, exit 3.
     `lazy_bus`: NATS is reached only to publish (`Client.connect`), for commands that only publish
     requests."""
-    from corral.client import BusUnreachable, Client
+    from corral.client import BusUnreachable
 
     ctx = context()
 
     async def run() -> T:
         try:
-            client = await Client.connect(ctx, bus=bus, timeout=5.0, lazy_bus=lazy_bus)
+            client = await connect(ctx, bus=bus, timeout=5.0, lazy_bus=lazy_bus)
         except (TimeoutError, OSError, ConnectionError) as exc:
             dsn = redacted(ctx.postgres_dsn)
             where = dsn if not bus or lazy_bus else f"{ctx.nats_url} / {dsn}"
@@ -80,6 +80,18 @@ def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True, lazy_
     except GatewayError as exc:  # a person without a credential, through the local gateway
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise SystemExit(EXIT_NO_CLUSTER if exc.code == "UNREACHABLE" else EXIT_FAILURE) from None
+
+
+async def connect(ctx: Context, *, bus: bool = True, timeout: float = 5.0, lazy_bus: bool = False) -> Client:
+    """A command's client: through the local gateway when the context names a gateway and no
+    credential this uid can read (`corral.gateway.client`), else `Client.connect` with the
+    context's own credential. The choice is the CLI's: the client itself knows no gateway."""
+    socket_path = gateway_socket(ctx)
+    if socket_path is not None:
+        from corral.gateway.client import GatewayClient  # only a person without a credential pays for it
+
+        return await GatewayClient.open(ctx, socket_path)
+    return await Client.connect(ctx, bus=bus, timeout=timeout, lazy_bus=lazy_bus)
 
 
 class _Unreachable(Exception):

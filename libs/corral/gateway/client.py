@@ -1,6 +1,6 @@
 """`corral` through the local gateway: a person with no credential file of their own.
 
-`Client.connect` returns a `GatewayClient` when the context names a gateway socket and no
+`corral.cli.session.connect` returns a `GatewayClient` when the context names a gateway socket and no
 credential this process can read (`corral.gateway.local.gateway_socket`). Requests go to the gateway, which records
 them as the connecting uid's account (`corral.gateway.protocol`); what the commands read after
 a request (its verdict, the read model's view, a job's events) comes back through

@@ -1,6 +1,6 @@
 """Whether a command goes through the local gateway, and the error it raises.
 
-Why apart from `corral.gateway.client`: every command asks (`Client.connect`) and catches
+Why apart from `corral.gateway.client`: every command asks (`corral.cli.session.connect`) and catches
 `GatewayError` (`corral.cli.session`), and most never use the gateway: they need not import its
 client and protocol for that.
 """

@@ -9,6 +9,7 @@ import pytest
 
 from corral.contracts import events as ev
 from corral.contracts import flow as fl
+from corral.contracts import routes as rt
 from corral.contracts import subjects as sj
 from corral.projection import _HANDLERS
 from corral.services.admission.service import Admission
@@ -35,11 +36,11 @@ def test_every_event_declares_a_known_writer_and_a_stream() -> None:
 def test_services_consume_and_own_exactly_what_the_declarations_say() -> None:
     for name, service in SERVICES.items():
         assert service.name == name
-        assert set(service.consumes or ()) == set(fl.names(fl.consumed_by(name))), name
-        assert set(service.inbox) == set(fl.inbox_of(name)), name
+        assert set(service.consumes or ()) == set(fl.names(rt.consumed_by(name))), name
+        assert set(service.inbox) == set(rt.inbox_of(name)), name
     from corral.services.node_agent.service import CONSUMED_TYPES
 
-    assert set(CONSUMED_TYPES) == set(fl.names(fl.consumed_by(fl.NODE_AGENT)))
+    assert set(CONSUMED_TYPES) == set(fl.names(rt.consumed_by(fl.NODE_AGENT)))
 
 
 def test_subjects_and_permissions_derive_from_the_declarations() -> None:
@@ -57,29 +58,29 @@ def test_a_consumer_folds_every_event_it_is_sent() -> None:
     """A deciding service folds through the projection; an event it is sent that the projection
     does not fold costs a delivery and changes nothing it decides on."""
     for name in SERVICES:
-        unfolded = [c.type_name() for c in fl.consumed_by(name) if c not in _HANDLERS]
+        unfolded = [c.type_name() for c in rt.consumed_by(name) if c not in _HANDLERS]
         assert not unfolded, (name, unfolded)
     agent = ROOT / "services" / "node_agent"
     used = {node.id for path in agent.rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.Name)}
-    unhandled = [c.type_name() for c in fl.consumed_by(fl.NODE_AGENT) if c.__name__ not in used]
+    unhandled = [c.type_name() for c in rt.consumed_by(fl.NODE_AGENT) if c.__name__ not in used]
     assert not unhandled, unhandled
 
 
 def test_what_a_service_reacts_to_is_what_it_folds() -> None:
     for name, service in SERVICES.items():
-        folded = set(fl.consumed_by(name)) | set(fl.written_by(name))
+        folded = set(rt.consumed_by(name)) | set(rt.written_by(name))
         assert set(service.events) <= folded, (name, set(service.events) - folded)
     for triggers in (Placement.place_triggers, Placement.lifecycle_triggers):
-        folded = set(fl.consumed_by(fl.PLACEMENT)) | set(fl.written_by(fl.PLACEMENT))
+        folded = set(rt.consumed_by(fl.PLACEMENT)) | set(rt.written_by(fl.PLACEMENT))
         assert triggers <= folded, triggers - folded
 
 
 def test_a_service_is_not_sent_what_it_alone_writes() -> None:
     """It folds its own events when it appends them: the bus's copy would be a duplicate."""
     for name in (fl.QUOTA, fl.PLACEMENT):
-        own = [c for c in fl.written_by(name) if fl.flow_of(c).writers == (name,)]
-        echoed = [c.type_name() for c in own if c in set(fl.consumed_by(name))]
+        own = [c for c in rt.written_by(name) if fl.flow_of(c).writers == (name,)]
+        echoed = [c.type_name() for c in own if c in set(rt.consumed_by(name))]
         assert not echoed, (name, echoed)
 
 
