@@ -27,6 +27,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import asyncpg
+
 from corral.bus import Bus, RunningConsumer, UnavailableBackoff, dependency_failure, is_unavailable
 from corral.eventstore import EventStore
 from corral.health import start_beat
@@ -128,14 +130,15 @@ async def _when_up(service: str, what: str, connect: Callable[[], Awaitable[T]],
 
     A service started while Postgres or NATS is down (a restart of either, hosts coming up in
     another order) waits for it: exiting would have whatever supervises it restart it every half
-    second, a traceback each time. An unavailable dependency is not a reason to exit (`is_unavailable`);
+    second, a traceback each time. An unavailable dependency is not a reason to exit (`is_unavailable`),
+    nor is a database not created yet (a server that answers before its bootstrap has made it);
     anything else still is."""
     failures = 0
     while not stop.is_set():
         try:
             return await connect()
         except Exception as exc:
-            if not is_unavailable(exc):
+            if not (is_unavailable(exc) or isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError)):
                 raise
             failures += 1
             delay = _START_BACKOFF.delay(failures)

@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 _SUBMISSION_VERDICTS = names((ev.JobAdmitted, ev.JobRejected))
 
 
+#: The CLI's NATS connection name, which its spans carry as their service (`corral.bus.bus`).
+_CLI_CONNECTION = "corral-cli"
+
+
 class BusUnreachable(ConnectionError):
     """NATS could not be reached when a request was to be published (a `lazy_bus` client)."""
 
@@ -101,6 +105,7 @@ class Client:
         their own goes through the local gateway instead (`corral.cli.session.connect`)."""
         store = await asyncio.wait_for(EventStore.open(ctx.postgres_dsn, pool_size=4, min_size=1), timeout)
         if lazy_bus:
+            tracing.configure(_CLI_CONNECTION)  # its spans carry the CLI's name before the bus is reached
             return cls(ctx, store, None, lazy_bus=True, timeout=timeout)
         nats = None
         if bus:
@@ -115,7 +120,7 @@ class Client:
     async def _connect_bus(ctx: Context) -> Bus:
         from corral.bus import Bus  # nats-py: loaded only by the commands that publish
 
-        return await Bus.connect(ctx.nats_url, ctx.namespace, name="corral-cli", credentials=ctx.credentials,
+        return await Bus.connect(ctx.nats_url, ctx.namespace, name=_CLI_CONNECTION, credentials=ctx.credentials,
                                  ca=ctx.nats_ca)
 
     async def _connected_bus(self) -> Bus:
@@ -207,7 +212,7 @@ class Client:
 
             try:
                 await request.publish(self.ctx.nats_url, subject, data, {**headers, request.MSG_ID: msg_id},
-                                      credentials=self.ctx.credentials, ca=self.ctx.nats_ca, name="corral-cli",
+                                      credentials=self.ctx.credentials, ca=self.ctx.nats_ca, name=_CLI_CONNECTION,
                                       timeout=self._timeout)
                 return
             except request.NotPublished:

@@ -51,7 +51,8 @@ def _stand_in(name: str) -> Any:
     async def stream_info(stream: str) -> Any:
         return SimpleNamespace(state=SimpleNamespace(messages=0))
 
-    bus = SimpleNamespace(nc=SimpleNamespace(is_connected=True), names=SimpleNamespace(stream=lambda k: k),
+    names = SimpleNamespace(stream=lambda k: k, dead_letter_stream="DLQ")
+    bus = SimpleNamespace(nc=SimpleNamespace(is_connected=True), names=names,
                           js=SimpleNamespace(stream_info=stream_info))
     return SimpleNamespace(name=name, view=ClusterView(), store=_Store(), bus=bus, standby=False,
                            folded=lambda event: None, heartbeats={}, started_at=0.0)

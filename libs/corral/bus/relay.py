@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import nats.errors
 import nats.js.errors
@@ -224,18 +225,21 @@ class OutboxRelay:
         publishable: list[tuple[StoredEvent, bool]] = []  # (event, whether the message is the event itself)
         for event in events:
             self._hook("before_publish", event)
-            if self.node_work is not None:
-                # Each node's copy goes first: the batch's last message is always an event itself,
-                # whose position `newest_position_on_bus` reads.
-                for copy in await self.node_work(event, limit):
-                    if message_size(copy) <= limit:
-                        messages.append(copy)
-                        publishable.append((event, False))
             subject = self.subject_for(event)
             headers = event_headers(event)
             traceparent = tracing.relayed(event.trace_context, event.type, subject, event.position)
             if traceparent is not None:
                 headers[tracing.TRACEPARENT] = traceparent
+            if self.node_work is not None:
+                # Each node's copy goes first: the batch's last message is always an event itself,
+                # whose position `newest_position_on_bus` reads. A copy is a child of the event's
+                # relay span, as the event is (not of whatever this process saw of the job last).
+                for copy in await self.node_work(event, limit):
+                    if traceparent is not None:
+                        copy = replace(copy, headers={**(copy.headers or {}), tracing.TRACEPARENT: traceparent})
+                    if message_size(copy) <= limit:
+                        messages.append(copy)
+                        publishable.append((event, False))
             message = Outgoing(subject, event.data, event.event_id, headers)
             size = message_size(message)
             if size > limit:
