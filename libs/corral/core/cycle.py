@@ -148,7 +148,7 @@ class Cycle:
             reason, starves = shared
             if starves:
                 self._starve(p.job)
-            if reason.code is ReasonCode.RESERVED_FOR:  # names the job: the class's answer, reworded
+            if reasons.names_the_reservation(reason):  # names the job: the class's answer, reworded
                 assert self.reservation is not None
                 reason = reasons.reserved_for(p.job, self.reservation, self.now)
             return Pending(p.job.id, reason)

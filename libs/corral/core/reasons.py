@@ -62,6 +62,13 @@ def reserved_for(job: Job, r: Reservation, now: float) -> Reason:
     )
 
 
+def names_the_reservation(reason: Reason) -> bool:
+    """Whether `reason` is `reserved_for`'s (the backfill reservation, reworded for each job that
+    would delay it), not another RESERVED_FOR such as `held_for_guarantee`'s, which a class shares
+    as it is."""
+    return reason.code is ReasonCode.RESERVED_FOR and any(key == "shadow_time" for key, _ in reason.details)
+
+
 def with_standing(reason: Reason, queue: str, used: int, guaranteed: int) -> Reason:
     """`reason`, with the fair-share state of the job's queue: "GANG_DOES_NOT_FIT: 0 free" alone
     does not say that the queue is under its guarantee, i.e. first in fair-share order."""
