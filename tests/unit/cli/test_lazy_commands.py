@@ -39,6 +39,12 @@ def test_the_command_name_skips_the_options_and_their_values(args: list[str], na
     assert main.command_name(args) == name
 
 
+def _runs_clean(code: str) -> None:
+    """`code` run in a fresh interpreter (nothing imported yet) passes its own assertions."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
 def test_the_full_app_has_every_command() -> None:
     from typer.main import get_command
 
@@ -57,8 +63,7 @@ def test_a_read_only_command_loads_neither_nats_nor_the_cycle_nor_yaml() -> None
         "'corral.stack.up', 'yaml') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    _runs_clean(code)
 
 
 def test_a_request_command_loads_neither_nats_nor_the_job_decoder() -> None:
@@ -72,8 +77,7 @@ def test_a_request_command_loads_neither_nats_nor_the_job_decoder() -> None:
         "assert 'nats' not in sys.modules\n"
         "assert not codec._DECODERS, codec._DECODERS\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    _runs_clean(code)
 
 
 def test_the_hot_commands_load_neither_typer_nor_the_gateway_client_nor_the_core_model() -> None:
@@ -90,5 +94,4 @@ def test_the_hot_commands_load_neither_typer_nor_the_gateway_client_nor_the_core
         "'corral.core.model', 'nats') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    _runs_clean(code)
