@@ -116,6 +116,17 @@ def _allows(patterns: tuple[str, ...], subject: str) -> bool:
     return False
 
 
+def test_a_one_node_agent_may_consume_only_its_own_nodes_work() -> None:
+    agent = auth.agent("corral", ["gpu.1"], "node-agent-gpu_1", "pw")
+    create = "$JS.API.CONSUMER.CREATE.CORRAL_EVENTS.node-agent-gpu_1"
+    assert _allows(agent.publish, f"{create}.corral.events.node.gpu~1.>")
+    assert _allows(agent.publish, f"{create}-history.corral.events.node.gpu~1.>")
+    for other in (f"{create}.corral.events.>", f"{create}.corral.events.JobSubmitted",
+                  f"{create}.corral.events.node.gpu~2.>", f"{create}.corral.events.node.*.>", create,
+                  "$JS.API.CONSUMER.DURABLE.CREATE.CORRAL_EVENTS.node-agent-gpu_1"):
+        assert not _allows(agent.publish, other), other
+
+
 def test_an_agent_publishes_log_lines_only_as_its_own_nodes() -> None:
     from corral.contracts.logs import log_subject
 
