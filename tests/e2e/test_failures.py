@@ -3,13 +3,13 @@ a killed node agent's workers keep running and their exits are reported by the n
 
 from __future__ import annotations
 
-import asyncio
 import signal
 
 from corral.contracts import events as ev
 from corral.contracts.jobspec import validate_job_spec
 from corral.projection import JobState
 from tests.e2e.conftest import Cluster, StackFactory, connect, dump_logs, with_queues
+from tests.processes import alive, exited
 
 
 def crashing(max_restarts: int, fail_on_attempt: int = 0) -> object:
@@ -78,15 +78,6 @@ async def test_a_node_that_stops_heartbeating_is_lost_and_its_jobs_requeued(make
         await c.close()
 
 
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie (a rank whose stepd has not reaped it yet)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return b") Z " not in stat.read()
-    except OSError:
-        return False
-
-
 async def test_a_rank_that_ends_while_the_node_agents_are_killed_completes_its_job(make_stack: StackFactory) -> None:
     # Issue 11 item 3: the exit happened while no agent ran, so nobody reported it; the job stayed
     # RUNNING forever. The node is not declared lost (the agents are back well within 60 s).
@@ -99,12 +90,8 @@ async def test_a_rank_that_ends_while_the_node_agents_are_killed_completes_its_j
         await c.wait_for(lambda v: job in v.jobs and v.jobs[job].state is JobState.RUNNING, 60)
         [started] = [e for _, e in await c.job_events(job) if isinstance(e, ev.WorkerStarted)]
         stack.process("node-agents").kill(signal.SIGKILL)
-        assert _alive(started.pid), "the worker outlives its agent"
-        for _ in range(200):  # the rank finishes its 3 s of work while no agent runs
-            if not _alive(started.pid):
-                break
-            await asyncio.sleep(0.1)
-        assert not _alive(started.pid)
+        assert alive(started.pid), "the worker outlives its agent"
+        await exited([started.pid])  # the rank finishes its 3 s of work while no agent runs
         assert (await c.view()).jobs[job].state is JobState.RUNNING
         stack.process("node-agents").start()
         view = await c.wait_for(lambda v: v.jobs[job].state.terminal, 60)

@@ -33,6 +33,7 @@ from corral.projection import ClusterView, JobState, JobView
 from tests.e2e import netns_cluster
 from tests.e2e.netns_cluster import AGENT_HOSTS, LOGIN, SERVER, NetnsCluster
 from tests.netns import NamespaceLoop, NamespacesUnavailable, Network, unavailable_reason
+from tests.processes import alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -151,15 +152,6 @@ def test_ddp_of_2_hosts_x_2_ranks_meets_at_rank_0s_host_address(hosts: NetnsClus
     hosts.run(c.wait_for(lambda v: not v.ports, 15))  # given back once rank 0's host released its GPUs
 
 
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie (one space of pids: the namespaces share it)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return b") Z " not in stat.read()
-    except OSError:
-        return False
-
-
 def _trail(cluster: NetnsCluster, job: str) -> list[tuple[int, ev.Event]]:
     assert cluster.client is not None
     return [(stored.position, e) for stored, e in cluster.run(cluster.client.job_events(job))]
@@ -182,7 +174,7 @@ def test_an_agent_restarted_on_its_host_adopts_its_running_stepd(hosts: NetnsClu
     _wait_job(hosts, job, lambda j: j.state is JobState.RUNNING, 60)
     [started] = [e for _, e in _trail(hosts, job) if isinstance(e, ev.WorkerStarted)]
     hosts.restart_agent(started.node)  # at once: back within the node-lost limit, the node is never lost
-    assert _alive(started.pid), "the rank outlives its agent, under its stepd"
+    assert alive(started.pid), "the rank outlives its agent, under its stepd"
     done.touch()
     try:
         view = _wait_job(hosts, job, lambda j: j.state.terminal, 60)
@@ -215,7 +207,7 @@ def test_a_host_cut_off_is_lost_its_gang_resumes_elsewhere_and_its_gpus_wait_for
     try:
         view = _wait_job(hosts, job, lambda j: j.attempt >= 1 and j.state is JobState.RUNNING, 60)
         assert view.nodes[cut].lost
-        assert _alive(old.pid), "nothing told the cut-off host: its rank runs on"
+        assert alive(old.pid), "nothing told the cut-off host: its rank runs on"
         assert set(view.nodes[cut].allocations.values()) == {job}, \
             "the lost host's GPUs stay held by the released attempt"
     finally:
@@ -241,7 +233,7 @@ def test_a_host_cut_off_is_lost_its_gang_resumes_elsewhere_and_its_gpus_wait_for
     [(placed, reserved)] = [(p, e) for p, e in _trail(hosts, after) if isinstance(e, ev.GangReserved)]
     assert {r.node for r in reserved.ranks} == {cut}
     assert placed > gone, f"{after} placed on {cut} (position {placed}) before the old rank's exit ({gone})"
-    assert not _alive(old.pid)
+    assert not alive(old.pid)
     view = hosts.run(c.view())
     assert view.jobs[job].attempt == running and view.jobs[job].state is JobState.RUNNING, \
         "the late reports moved nothing"

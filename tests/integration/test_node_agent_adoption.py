@@ -37,16 +37,9 @@ from corral.services.node_agent.service import AgentHost, AgentOptions, durable_
 from corral.services.node_agent.step_files import read_json
 from corral.worker import CHECKPOINTED_EXIT_CODE
 from tests.integration.test_node_agent_service import Cluster, Seen, _subscribe, reserved, submitted, wait_for
+from tests.processes import alive
 
 PY = sys.executable
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie (a rank whose stepd has not reaped it yet)."""
-    try:
-        return b") Z " not in Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
 
 
 def kill_leftovers(work_dir: Path) -> None:

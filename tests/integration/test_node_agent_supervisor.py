@@ -20,6 +20,7 @@ from typing import Any
 from corral.services.node_agent.assignment import AGENT_BIN, Assignment, RankAssignment, sim_command
 from corral.services.node_agent.supervisor import ExitReason, GangEnd, GangOutcome, Supervisor
 from corral.worker import CHECKPOINTED_EXIT_CODE
+from tests.processes import alive, exited
 
 PY = sys.executable
 # a worker that runs until a signal stops it (no clock: it never ends by itself)
@@ -278,14 +279,6 @@ async def test_a_failing_event_callback_does_not_stop_supervision(tmp_path: Path
     assert len(events.of("exited")) == 2
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return b") Z " not in stat.read()
-    except OSError:
-        return False
-
-
 async def test_a_killed_stepd_has_its_ranks_killed_and_reported_as_crashed(tmp_path: Path) -> None:
     events = Recorder()
     sup = Supervisor(events, tmp_path / "run")
@@ -299,14 +292,14 @@ async def test_a_killed_stepd_has_its_ranks_killed_and_reported_as_crashed(tmp_p
     assert [(c["rank"], c["reason"], c["exit_code"]) for c in events.of("exited")] == [
         (0, ExitReason.CRASHED, None), (1, ExitReason.CRASHED, None)]
     assert "stepd" in events.of("exited")[0]["message"]
-    await wait_for(lambda: not any(_alive(pid) for pid in pids.values()))
+    await exited(pids.values())
 
 
 async def test_a_second_supervisor_adopts_a_detached_gang_and_reports_it_again(tmp_path: Path) -> None:
     first = Supervisor(Recorder(), tmp_path / "run")
     started = await first.start(assignment(tmp_path, UNTIL_STOPPED, ranks=1))
     await first.detach()
-    assert all(_alive(pid) for pid in started.pids.values())
+    assert all(alive(pid) for pid in started.pids.values())
     events = Recorder()
     second = Supervisor(events, tmp_path / "run")
     [adopted] = await second.adopt()

@@ -11,7 +11,8 @@ import signal
 from pathlib import Path
 
 from corral.services.node_agent.supervisor import GangEnd, Supervisor
-from tests.integration.test_node_agent_supervisor import UNTIL_STOPPED, Recorder, _alive, assignment, script, wait_for
+from tests.integration.test_node_agent_supervisor import UNTIL_STOPPED, Recorder, assignment, script, wait_for
+from tests.processes import alive
 
 
 def _parent(pid: int) -> int:
@@ -28,8 +29,8 @@ async def test_a_forked_stepd_outlives_its_killed_fork_server_and_the_next_start
     assert server != os.getpid()  # forked by the server, not started by the agent
     assert Path(f"/proc/{stepd}/comm").read_text().strip() == "corral-stepd"
     os.kill(server, signal.SIGKILL)
-    await wait_for(lambda: not _alive(server))
-    assert _alive(stepd) and all(_alive(pid) for pid in first.pids.values())
+    await wait_for(lambda: not alive(server))
+    assert alive(stepd) and all(alive(pid) for pid in first.pids.values())
     second = await sup.start(assignment(tmp_path, UNTIL_STOPPED, ranks=1, job_id="job-2"))
     other = sup.stepd_pid("job-2")
     assert second.ok and other is not None and _parent(other) not in (server, os.getpid())
