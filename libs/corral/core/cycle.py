@@ -35,6 +35,7 @@ from corral.core.levels import level
 from corral.core.model import Job, OrderPolicy, PendingJob, Placement, RunningJob, SchedulerConfig, Snapshot
 from corral.core.placement import find_placement, idle_index, static_feasibility
 from corral.core.preemption import Candidates, PreemptionPlan, plan_preemption
+from corral.core.preemption.eligibility import NONE_SPARED
 from corral.core.prepared import Prepared, prepare
 from corral.core.quota import quota_check, within_guarantee
 from corral.core.shortcuts import ClassMemo, EarlyStop, Shortcuts, WouldChange, shape
@@ -95,10 +96,7 @@ class Cycle:
         return self.prepared.order(self.usage)
 
     def class_of(self, p: PendingJob) -> int | None:
-        """The job's class (see `shortcuts.class_key`); None for a job that preempted a running
-        one (its answers are its own)."""
-        if p.job.id in self.prepared.preemptors:
-            return None
+        """The job's class (see `shortcuts.class_key`); None: decide it on its own."""
         return self.prepared.classes[p.job.id]
 
     # -- a whole cycle ----------------------------------------------------------------------------
@@ -335,9 +333,9 @@ class Cycle:
         candidates = candidates_of() if las else None
         if candidates is not None and not candidates:
             return None
-        own = p.job.id in self.prepared.preemptors
+        spared = self.prepared.spared.get(p.job.id, NONE_SPARED)
         service = float(level(p.attained_gpu_seconds, self.prepared.thresholds)) if self.prepared.thresholds else 0.0
-        key = (self.fast.preempt_key(p, service=p.attained_gpu_seconds if las else service, own=own,
+        key = (self.fast.preempt_key(p, service=p.attained_gpu_seconds if las else service, spared=spared,
                                      check_quota=check_quota), avoid)
         if key in self.fast.no_preempt:
             return None

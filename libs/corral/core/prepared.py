@@ -12,7 +12,7 @@ in tests/unit/core/test_scheduler_state.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -22,6 +22,7 @@ from corral.core.ledger import add_masks
 from corral.core.levels import thresholds_of
 from corral.core.model import PendingJob, RunningJob, SchedulerConfig, Snapshot
 from corral.core.ordering import iter_pending, tree_for
+from corral.core.preemption.eligibility import NONE_SPARED, spared
 from corral.core.quota import QueueTree, QueueUsage
 from corral.core.running import RunningIndex
 from corral.core.shortcuts import ClassMemo
@@ -36,8 +37,10 @@ class Prepared:
     order: the pending jobs in the policy's order (lazily, given the cycle's usage); classes:
     every pending job's class id (numbers are only compared within one cycle); live and sample:
     the classes in order of their first job in `snapshot.pending`, with their job counts and that
-    first job (None: the cycle counts them itself); releases: the backfill release of every running
-    job not asked to checkpoint, by job id (any order; empty when the policy does not backfill);
+    first job (None: the cycle counts them itself); spared: the running jobs each waiting job may
+    not preempt for their history with it (only those with some; its class reads them); releases:
+    the backfill release of every running job not asked to checkpoint, by job id (any order; empty
+    when the policy does not backfill);
     kept: the running jobs as the owner keeps them (`Candidates`; None: the cycle computes);
     thresholds: the service levels the policy ranks by (`levels.thresholds_of`)."""
 
@@ -47,7 +50,7 @@ class Prepared:
     fi: FreeGpus
     running: list[RunningJob]  # sorted by job id
     releasing: dict[int, int]  # GPUs of jobs asked to checkpoint: still taken in `fi`, free soon
-    preemptors: set[str]  # jobs that preempted someone still running: their answers are their own
+    spared: Mapping[str, frozenset[str]]  # waiting job -> `eligibility.spared`, when not empty
     order: Callable[[QueueUsage], Iterator[PendingJob]]
     classes: Mapping[str, int]
     releases: Mapping[str, Release]
@@ -76,6 +79,8 @@ def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Pre
         return iter_pending(snapshot, config, tree=tree, usage=usage)
 
     thresholds = thresholds_of(config)
+    spared = _spared(snapshot.pending, running)
+    per_user = tree.per_user
 
     return Prepared(
         snapshot=snapshot,
@@ -84,12 +89,31 @@ def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Pre
         fi=fi,
         running=running,
         releasing=releasing,
-        preemptors={x for r in running for x in r.preempted_by},
+        spared=spared,
         order=order,
-        classes={p.job.id: memo.class_id(p, tree.per_user, thresholds) for p in snapshot.pending},
+        classes={p.job.id: memo.class_id(p, per_user, thresholds, spared.get(p.job.id, NONE_SPARED))
+                 for p in snapshot.pending},
         releases=_releases(running, fi) if config.backfill else {},
         thresholds=thresholds,
     )
+
+
+def _spared(pending: Sequence[PendingJob], running: list[RunningJob]) -> dict[str, frozenset[str]]:
+    """`eligibility.spared` of every waiting job that has some."""
+    victims_of: dict[str, list[str]] = {}
+    for r in running:
+        for x in r.preempted_by:
+            victims_of.setdefault(x, []).append(r.job.id)
+    if not victims_of and not any(p.preempted_by for p in pending):
+        return {}
+    ids = {r.job.id for r in running}
+    out: dict[str, frozenset[str]] = {}
+    for p in pending:
+        if p.preempted_by or p.job.id in victims_of:
+            found = spared(p, ids, victims_of)
+            if found:
+                out[p.job.id] = found
+    return out
 
 
 def _releases(running: list[RunningJob], fi: FreeGpus) -> dict[str, Release]:

@@ -36,12 +36,17 @@ _PER_JOB_REASONS = frozenset({ReasonCode.WAITING_FOR_PREEMPTION})
 _QUIET_BEFORE_PROBING = 8
 
 
-def class_key(p: PendingJob, by_user: bool = False, thresholds: tuple[float, ...] = ()) -> tuple[object, ...]:
+def class_key(
+    p: PendingJob, by_user: bool = False, thresholds: tuple[float, ...] = (), spared: frozenset[str] = frozenset()
+) -> tuple[object, ...]:
     """Everything about a pending job that its decision reads, except its id and its place in the
     order: jobs with equal keys get equal answers while the cycle's state is unchanged. Its user
     only `by_user` (a queue sets `max_gpus_per_user`, the one rule that reads it): otherwise the
     same job of two users is one class. With service `thresholds` (FAIR_LAS, which reads a job's
-    service only as its level) the level stands for the attained service."""
+    service only as its level) the level stands for the attained service. Of who preempted whom
+    the decision reads only `spared` (`eligibility.spared`: the running jobs it may not preempt for
+    their history with it), not `preempted_by`: a job preempted by one that has ended since is in
+    the class of a job never preempted."""
     job = p.job
     service = level(p.attained_gpu_seconds, thresholds) if thresholds else p.attained_gpu_seconds
     return (
@@ -52,7 +57,7 @@ def class_key(p: PendingJob, by_user: bool = False, thresholds: tuple[float, ...
         job.gpu,
         job.priority,
         job.estimated_runtime_seconds,
-        p.preempted_by,
+        spared,
         service,
         job.user if by_user else None,
     )
@@ -92,17 +97,21 @@ class ClassMemo:
     def __init__(self, limit: int = 200_000) -> None:
         self.limit = limit
         self._ids: dict[tuple[object, ...], int] = {}
-        self._of: dict[int, tuple[PendingJob, int, bool, tuple[float, ...]]] = {}
+        self._of: dict[int, tuple[PendingJob, int, bool, tuple[float, ...], frozenset[str]]] = {}
 
-    def class_id(self, p: PendingJob, by_user: bool = False, thresholds: tuple[float, ...] = ()) -> int:
+    def class_id(
+        self, p: PendingJob, by_user: bool = False, thresholds: tuple[float, ...] = (),
+        spared: frozenset[str] = frozenset(),
+    ) -> int:
         hit = self._of.get(id(p))
-        if hit is not None and hit[0] is p and hit[2] is by_user and hit[3] == thresholds:
+        if (hit is not None and hit[0] is p and hit[2] is by_user and hit[3] == thresholds
+                and (hit[4] is spared or hit[4] == spared)):
             return hit[1]
-        key = class_key(p, by_user, thresholds)
+        key = class_key(p, by_user, thresholds, spared)
         n = self._ids.get(key)
         if n is None:
             n = self._ids[key] = len(self._ids)
-        self._of[id(p)] = (p, n, by_user, thresholds)
+        self._of[id(p)] = (p, n, by_user, thresholds, spared)
         return n
 
     def between_cycles(self) -> None:
@@ -204,18 +213,18 @@ class Shortcuts:
         self.release_epoch += 1
         self.no_release_fit.clear()
 
-    def preempt_key(self, p: PendingJob, *, service: float, own: bool, check_quota: bool) -> object:
+    def preempt_key(self, p: PendingJob, *, service: float, spared: frozenset[str], check_quota: bool) -> object:
         """Jobs with equal keys get equal preemption answers until a borrower grows: placing a
-        job in a queue over its guarantee can make that queue's older jobs reclaimable. `own`:
-        the job preempted someone still running (its answer is its own); `service`: what of its
-        attained service the answer reads (LAS: all of it, FAIR_LAS: its level, else nothing)."""
+        job in a queue over its guarantee can make that queue's older jobs reclaimable. `spared`:
+        the running jobs it may not preempt for their history with it (`eligibility.spared`);
+        `service`: what of its attained service the answer reads (LAS: all of it, FAIR_LAS: its
+        level, else nothing)."""
         job = p.job
         return (
             self.shape_of(job),
             job.queue,
             job.priority,
-            p.preempted_by,
-            job.id if own else "",
+            spared,
             service,
             check_quota,
             self.borrow_epoch,

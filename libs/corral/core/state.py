@@ -40,6 +40,7 @@ from corral.core.model import (
     Snapshot,
 )
 from corral.core.ordering import TREE_ORDERS, fair_share_walk
+from corral.core.preemption.eligibility import NONE_SPARED, spared
 from corral.core.prepared import Prepared
 from corral.core.quota import QueueTree, QueueUsage
 from corral.core.running import RunningIndex
@@ -102,7 +103,12 @@ class SchedulerState:
         self._held_users: dict[tuple[str, str], int] = {}  # (user, leaf queue) -> GPUs held
         self._leaving: dict[str, int] = {}
         self._preempting: set[str] = set()
-        self._preemptors: dict[str, int] = {}
+        # who preempted whom, as much as the classes read (`eligibility.spared`): a waiting job's
+        # spared set changes when a job it names, or one naming it, starts or ends
+        self._victims_of: dict[str, dict[str, None]] = {}  # preemptor -> running jobs it preempted
+        self._hit_by: dict[str, set[str]] = {}  # job id -> waiting jobs whose preempted_by names it
+        self._spared: dict[str, frozenset[str]] = {}  # waiting job -> its spared set, when not empty
+        self._restate: set[str] = set()  # waiting jobs whose spared set may have changed
         self._releases: dict[str, Release] = {}  # backfill: when each running job's GPUs come back
         # queue names jobs use (without quotas, a queue named only by jobs exists implicitly)
         self._named: dict[str, int] = {}
@@ -132,37 +138,83 @@ class SchedulerState:
         self._pending[job_id] = p
         self._seq[job_id] = self._next_seq
         self._next_seq += 1
-        job = p.job
-        key = class_key(p, self._by_user, self._thresholds)
-        k = self._class_ids.get(key)
-        if k is None:
-            k = self._class_ids[key] = len(self._class_ids)
-        self._class[job_id] = k
-        members = self._members.get(k)
-        if members is None:
-            members = self._members[k] = {}
-            insort(self._firsts, (self._seq[job_id], k))
-        members[job_id] = p
+        for x in p.preempted_by:
+            self._hit_by.setdefault(x, set()).add(job_id)
+        found = spared(p, self._running, self._victims_of)
+        if found:
+            self._spared[job_id] = found
+        self._join(job_id, p, self._class_id(p, found))
         self._sorted_for(p).add(self._order_key(p), p)
-        self._name(job.queue, +1)
+        self._name(p.job.queue, +1)
 
     def remove_pending(self, job_id: str) -> PendingJob:
         p = self._pending.pop(job_id)
-        seq = self._seq.pop(job_id)
+        self._leave(job_id)
+        self._seq.pop(job_id)
+        self._spared.pop(job_id, None)
+        for x in p.preempted_by:
+            hit = self._hit_by[x]
+            hit.discard(job_id)
+            if not hit:
+                del self._hit_by[x]
+        self._sorted_for(p).remove(self._order_key(p))
+        self._name(p.job.queue, -1)
+        return p
+
+    def _class_id(self, p: PendingJob, found: frozenset[str]) -> int:
+        key = class_key(p, self._by_user, self._thresholds, found)
+        k = self._class_ids.get(key)
+        if k is None:
+            k = self._class_ids[key] = len(self._class_ids)
+        return k
+
+    def _join(self, job_id: str, p: PendingJob, k: int) -> None:
+        """Put a waiting job in class `k`; a class's members stay in the order they were added."""
+        self._class[job_id] = k
+        seq = self._seq[job_id]
+        members = self._members.get(k)
+        if members is None:
+            self._members[k] = {job_id: p}
+            insort(self._firsts, (seq, k))
+            return
+        first, last = next(iter(members)), next(reversed(members))
+        members[job_id] = p
+        if self._seq[last] > seq:  # a job added earlier joins (its spared set changed): re-sorted
+            self._members[k] = dict(sorted(members.items(), key=lambda m: self._seq[m[0]]))
+            if self._seq[first] > seq:
+                del self._firsts[bisect_left(self._firsts, (self._seq[first], k))]
+                insort(self._firsts, (seq, k))
+
+    def _leave(self, job_id: str) -> None:
         k = self._class.pop(job_id)
         members = self._members[k]
         first = next(iter(members)) == job_id
         del members[job_id]
         if first:  # the class's place in the order of first jobs moves (or it is gone)
             firsts = self._firsts
-            del firsts[bisect_left(firsts, (seq, k))]
+            del firsts[bisect_left(firsts, (self._seq[job_id], k))]
             if members:
                 insort(firsts, (self._seq[next(iter(members))], k))
         if not members:
             del self._members[k]
-        self._sorted_for(p).remove(self._order_key(p))
-        self._name(p.job.queue, -1)
-        return p
+
+    def _restate_spared(self) -> None:
+        """Re-class the waiting jobs whose spared set may have changed (a job they name, or one
+        naming them, started or ended)."""
+        for job_id in sorted(self._restate):
+            p = self._pending.get(job_id)
+            if p is None:
+                continue
+            found = spared(p, self._running, self._victims_of)
+            if found == self._spared.get(job_id, NONE_SPARED):
+                continue
+            if found:
+                self._spared[job_id] = found
+            else:
+                del self._spared[job_id]
+            self._leave(job_id)
+            self._join(job_id, p, self._class_id(p, found))
+        self._restate.clear()
 
     def add_running(self, r: RunningJob) -> None:
         job_id = r.job.id
@@ -177,6 +229,7 @@ class SchedulerState:
             self._fi.take(i, m & self._fi.usable_masks[i])  # a GPU out of service is never free
         self._count(r, +1)
         self._name(r.job.queue, +1)
+        self._ran(job_id)
 
     def remove_running(self, job_id: str) -> RunningJob:
         r = self._running.pop(job_id)
@@ -190,7 +243,16 @@ class SchedulerState:
                 del self._used[i]
         self._count(r, -1)
         self._name(r.job.queue, -1)
+        self._ran(job_id)
         return r
+
+    def _ran(self, job_id: str) -> None:
+        """A job started or ended: the waiting jobs it preempted may preempt it, or not, now."""
+        hit = self._hit_by.get(job_id)
+        if hit:
+            self._restate.update(hit)
+        if self._restate:
+            self._restate_spared()
 
     def replace_running(self, r: RunningJob) -> None:
         """The same running job (same id and placement) with new facts: asked to checkpoint, a
@@ -206,6 +268,8 @@ class SchedulerState:
             return  # a checkpoint taken, more service: nothing `_count` keeps changes
         self._count(old, -1)
         self._count(r, +1)
+        if self._restate:
+            self._restate_spared()
 
     def _count(self, r: RunningJob, sign: int) -> None:
         if sign < 0:
@@ -224,7 +288,15 @@ class SchedulerState:
             else:
                 self._preempting.discard(r.job.id)
         for x in r.preempted_by:
-            _bump(self._preemptors, x, sign)
+            victims = self._victims_of.setdefault(x, {})
+            if sign > 0:
+                victims[r.job.id] = None
+            else:
+                victims.pop(r.job.id, None)
+                if not victims:
+                    del self._victims_of[x]
+            if x in self._pending:
+                self._restate.add(x)
 
     def _name(self, queue: str, sign: int) -> None:
         before = self._named.get(queue, 0)
@@ -294,11 +366,7 @@ class SchedulerState:
         releasing: dict[int, int] = {}
         for job_id in sorted(self._preempting):
             add_masks(releasing, self._masks[job_id])
-        preemptors = set(self._preemptors)
-        live: dict[int | None, int] | None = None
-        sample: dict[int, PendingJob] | None = None
-        if not any(x in self._pending for x in preemptors):
-            live, sample = self._live_classes()
+        live, sample = self._live_classes()
         return Prepared(
             snapshot=self.snapshot(now),
             tree=tree,
@@ -306,7 +374,7 @@ class SchedulerState:
             fi=self._fi.copy(),
             running=self._run_index.jobs.copy(),
             releasing=releasing,
-            preemptors=preemptors,
+            spared=self._spared,
             order=self._ordered,
             classes=self._class,
             releases=self._releases if self.config.backfill else {},

@@ -28,6 +28,8 @@ from corral.core import (
     Snapshot,
     schedule,
 )
+from corral.core.prepared import Prepared, prepare
+from corral.core.shortcuts import ClassMemo
 from corral.core.state import SchedulerState
 
 from .test_core_properties import POLICIES, SETTINGS, clusters, named, queue_trees, random_job
@@ -80,12 +82,27 @@ class _Twin:
     def compare(self, now: float) -> list[object]:
         snap = Snapshot(now, self.cluster, self.queues, tuple(self.pending.values()), tuple(self.running.values()))
         assert self.state.snapshot(now) == snap
+        _same_classes(self.state.prepared(now), prepare(snap, self.config, ClassMemo()))
         explained = schedule(snap, self.config)
         assert self.state.cycle(now, explain=True) == explained
         actions = self.state.cycle(now)
         assert actions == schedule(snap, self.config, explain=False)
         assert actions == [d for d in explained if isinstance(d, Place | Preempt)]
         return actions
+
+
+def _same_classes(kept: Prepared, fresh: Prepared) -> None:
+    """The kept classes are the from-scratch ones: the same spared sets, the same partition of the
+    waiting jobs, and the classes in the order of their first job with their first job and count."""
+    assert dict(kept.spared) == fresh.spared
+    ids = [p.job.id for p in fresh.snapshot.pending]
+    assert all((kept.classes[a] == kept.classes[b]) == (fresh.classes[a] == fresh.classes[b]) for a in ids for b in ids)
+    firsts: dict[int, list[str]] = {}
+    for i in ids:
+        firsts.setdefault(kept.classes[i], []).append(i)
+    assert kept.live is not None and kept.sample is not None
+    assert list(kept.live.items()) == [(k, len(m)) for k, m in firsts.items()]
+    assert [p.job.id for p in kept.sample.values()] == [m[0] for m in firsts.values()]
 
 
 def _history(twin: _Twin, seed: int, cycles: int) -> None:

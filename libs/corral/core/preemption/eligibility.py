@@ -9,12 +9,14 @@ candidate listing repeating parts of both. Here the whole rule lives in one plac
   a queue, LAS, a higher service level within a queue under FAIR_LAS, reclaim of guarantee from a
   borrowing sibling subtree), or None;
 - `same_queue_outranks` and `las_threshold`: the parts of `victim_kind` the candidate listing
-  filters by (a superset, so that `victim_kind` still decides).
+  filters by (a superset, so that `victim_kind` still decides);
+- `spared`: the running jobs a waiting job may never preempt because of their history (no
+  ping-pong, never twice by the same preemptor): all that its decision reads of who preempted whom.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from corral.core.decisions import ReasonCode
 from corral.core.levels import level
@@ -35,6 +37,22 @@ def statically_eligible(r: RunningJob, now: float, config: SchedulerConfig) -> b
     """Whether a running job may ever be a victim this cycle, whoever the preemptor."""
     return (not r.preempting and r.job.preemptible and now - r.start_time >= r.job.min_runtime_seconds
             and not budget_spent(r.preempted_at, now, config))
+
+
+NONE_SPARED: frozenset[str] = frozenset()
+
+
+def spared(p: PendingJob, running: Collection[str], victims_of: Mapping[str, Collection[str]]) -> frozenset[str]:
+    """The running jobs `p` may not preempt for their history with it: those that preempted it
+    (in `p.preempted_by` and in `running`, the running job ids) and those it preempted that run
+    again (`victims_of`: preemptor -> the running jobs whose `preempted_by` names it). `victim_kind`
+    reads `p.preempted_by` and the running jobs' `preempted_by` only as this set, so two waiting
+    jobs that differ in nothing else get equal answers (their preemptors may have ended)."""
+    mine = [x for x in p.preempted_by if x in running] if p.preempted_by else []
+    theirs = victims_of.get(p.job.id)
+    if theirs:
+        mine.extend(theirs)
+    return frozenset(mine) if mine else NONE_SPARED
 
 
 def same_queue_outranks(job: Job, victim: Job) -> bool:
