@@ -99,6 +99,9 @@ class Service:
     #: (admission: a submission repeating an ended job's id, `EventStore.jobs_of_submissions`;
     #: placement: a late report of an ended job, `forgotten_job`).
     forgets_ended_jobs: ClassVar[bool] = False
+    #: The cluster's policy (`Settings.policy`, read once): quota, placement and preemption each
+    #: decide their step of it (`corral.core.steps`); the default when run without settings.
+    config: core.SchedulerConfig = core.SchedulerConfig()
 
     def __init__(self, store: EventStore, bus: Bus, *, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, settings: Settings | None = None) -> None:
@@ -109,6 +112,8 @@ class Service:
         #: seconds for intervals (pacing, throttles): never goes back
         self.monotonic = monotonic
         self.settings = settings
+        if settings is not None:  # the cluster's policy, read once with the settings
+            self.config = settings.scheduler_config
         self.view = ClusterView(forget_ended=self.forgets_ended_jobs)
         self.changed = asyncio.Event()
         self.reasons = ReasonThrottle(monotonic, self.reason_refresh_seconds)

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from corral.core.model import POLICIES, SchedulerConfig
 from corral.lifecycle import Limits
 
 
@@ -33,13 +34,25 @@ class PlacementSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    """Where a service finds its infrastructure; read from the environment that `corral up` sets."""
+    """Where a service finds its infrastructure; read from the environment that `corral up` sets.
+    `policy`: the cluster's scheduling policy (CORRAL_POLICY, `corral up --policy`; one of
+    `corral.core.POLICIES`), the one quota, placement and preemption decide by."""
 
     nats_url: str
     postgres_dsn: str
     namespace: str = "corral"
     log_dir: str | None = None
     placement: PlacementSettings = field(default_factory=lambda: PlacementSettings.from_env())
+    policy: str = "corral"
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise SystemExit(f"CORRAL_POLICY={self.policy!r}: choose one of {', '.join(POLICIES)}")
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        """The policy's configuration of the core, as `corral sim --policy` replays it."""
+        return SchedulerConfig.named(self.policy)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -49,7 +62,7 @@ class Settings:
             raise SystemExit(f"set {' and '.join(missing)} (or start everything with `corral up`)")
         return cls(nats_url=env["CORRAL_NATS_URL"], postgres_dsn=env["CORRAL_POSTGRES_DSN"],
                    namespace=env.get("CORRAL_NAMESPACE", "corral"), log_dir=env.get("CORRAL_LOG_DIR"),
-                   placement=PlacementSettings.from_env(env))
+                   placement=PlacementSettings.from_env(env), policy=env.get("CORRAL_POLICY") or "corral")
 
 
 @dataclass(frozen=True)

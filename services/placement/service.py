@@ -59,8 +59,6 @@ class Placement(Service):
     #: `node.*.<Report>`: reports on a subject naming the node that sent them (a node identity may
     #: publish only its own, see `corral.bus.auth`); the bare subjects only a superuser may publish.
     inbox = inbox_of(PLACEMENT)
-    #: the cluster's policy; placement decides in its configuration of it (`corral.core.steps`)
-    config = core.SchedulerConfig()
     #: Placement is not sent back what it alone writes (each event's `flow`): it folds each of its
     #: events when it appends it, so the bus's copy would be a duplicate delivered, decoded and
     #: acknowledged for nothing, on the one process that places every job. The log stays the

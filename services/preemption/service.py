@@ -35,7 +35,6 @@ log = logging.getLogger("corral.preemption")
 class Preemption(Service):
     name = "preemption"
     forgets_ended_jobs = True
-    config = core.SchedulerConfig()
     #: Every event it folds but ranks' reports and node mirrors (each event's `flow`).
     consumes = names(consumed_by(PREEMPTION))
     #: At least this long between two victim searches. Each is a whole scheduling cycle over every

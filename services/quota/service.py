@@ -24,7 +24,6 @@ from typing import Any
 
 import msgspec
 
-from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, Reason, queue_stream
@@ -60,8 +59,6 @@ class Quota(Service):
     #: this is rare). Quota runs as one process: a second one would not see the first's
     #: reservations until it appended to the same job's stream.
     consumes = names(consumed_by(QUOTA))
-    #: the cluster's policy: the quota step decides with it as it is (`corral.core.steps`)
-    config = core.SchedulerConfig()
 
     async def handle_inbox(self, event: Event, delivery: Delivery) -> None:
         event = as_sent_by(event, sender_of(Subjects(self.bus.namespace), delivery.subject))

@@ -70,6 +70,10 @@ def up(
     advertise_address: Annotated[str | None, typer.Option(
         "--advertise-address", help="Address or host name clients are given for those servers (default: "
                                     "the --listen address; with 0.0.0.0, this host's name).")] = None,
+    policy: Annotated[str, typer.Option(
+        "--policy", envvar="CORRAL_POLICY",
+        help="The scheduling policy quota, placement and preemption decide by (as `corral sim --policy`): "
+             "corral, fair-las, fifo, priority, backfill or las.")] = "corral",
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Start NATS, Postgres, the five services and simulated node agents, and keep them running
@@ -88,10 +92,15 @@ def up(
         mode = Agents(agents)
     except ValueError:
         raise typer.BadParameter(f"--agents {agents!r}: use simulated or none") from None
+    from corral.core.model import POLICIES
+
+    if policy not in POLICIES:
+        raise typer.BadParameter(f"--policy {policy!r}: choose one of {', '.join(POLICIES)}")
     stack = Stack(StackOptions(data_dir=data_dir, cluster=cluster, cluster_file=cluster_file, nats_url=nats,
                                postgres_dsn=postgres, namespace=ns, runtime=runtime,
                                stream_replicas=replicas, agents=mode, agent_nodes=tuple(agent_node or ()),
-                               listen=listen, advertise=advertise_address),
+                               listen=listen, advertise=advertise_address,
+                               extra_env={"CORRAL_POLICY": policy}),
                   say=lambda message: err_console.print(message, highlight=False))
     signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM while starting stops what started, too
     try:

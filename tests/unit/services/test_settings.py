@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from corral.lifecycle import Limits
 from corral.services.settings import PlacementSettings, Settings
 
@@ -25,3 +27,21 @@ def test_the_deciding_services_read_no_environment_of_their_own() -> None:
                      if p.parts[len(SERVICES.parts)] not in ("node_agent", "gateway") and p.name != "settings.py"
                      and ("os.environ" in p.read_text() or "getenv(" in p.read_text()))
     assert not readers, readers
+
+
+def test_the_deciding_services_decide_by_the_policy_the_settings_name() -> None:
+    """`corral up --policy fair-las` sets CORRAL_POLICY; quota, placement and preemption each take
+    the policy's configuration from the settings they are started with (the core's default without)."""
+    from corral.core import SchedulerConfig
+    from corral.services.placement.service import Placement
+    from corral.services.preemption.service import Preemption
+    from corral.services.quota.service import Quota
+
+    env = {"CORRAL_NATS_URL": "nats://n:4222", "CORRAL_POSTGRES_DSN": "postgresql://p/db"}
+    settings = Settings.from_env({**env, "CORRAL_POLICY": "fair-las"})
+    assert Settings.from_env(env).policy == "corral"
+    for service in (Quota, Placement, Preemption):
+        assert service(None, None, settings=settings).config == SchedulerConfig.named("fair-las")  # type: ignore[arg-type]
+        assert service(None, None).config == SchedulerConfig()  # type: ignore[arg-type]
+    with pytest.raises(SystemExit, match="choose one of"):
+        Settings.from_env({**env, "CORRAL_POLICY": "shortest"})
