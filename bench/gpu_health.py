@@ -1,7 +1,7 @@
 """How soon a GPU gone bad is reported: the node agent's NVML watcher on the fake libnvidia-ml.so.1.
 
 The target: within one heartbeat (2 s by default), so that placement stops placing on the GPU
-before the next heartbeat could have told it anything. The watcher (services/node_agent/gpu_health.py)
+before the next heartbeat could have told it anything. The watcher (services/node_agent/host/gpu_health.py)
 runs as in the agent, in a process of its own that loads the fake (tests/fakenvml, built here with
 the machine's C compiler) through pynvml's own search; faults are written into the fake's file in
 turn (double-bit ECC errors and a GPU fallen off the bus, each cleared again, and two critical
@@ -34,7 +34,7 @@ from tests.fakenvml import FakeGpu, FakeNvml, build  # noqa: E402
 
 WATCH = """
 import json, sys, time
-from corral.services.node_agent.gpu_health import NvmlWatcher
+from corral.services.node_agent.host.gpu_health import NvmlWatcher
 def said(problems):
     print(json.dumps({"at": time.time(), "unhealthy": [[p.gpu, p.code] for p in problems]}), flush=True)
 w = NvmlWatcher(said, poll_seconds=float(sys.argv[1]))

@@ -56,7 +56,7 @@ from corral.contracts.node_work import KIND as ASSIGNMENT
 from corral.contracts.queues import validate_queues
 from corral.contracts.registry import encode
 from corral.contracts.subjects import Subjects
-from corral.services.node_agent.reports import exit_reason
+from corral.services.node_agent.reporting.reports import exit_reason
 from corral.services.node_agent.service import durable_name
 from corral.stack.up import Agents, Stack, StackOptions
 

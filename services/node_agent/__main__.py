@@ -46,9 +46,9 @@ from corral.contracts.problems import SpecError
 from corral.profiling import profiled
 from corral.telemetry import logs
 
-from .ephemeral_ports import local_rendezvous_ports
-from .inventory import NvmlUnavailable, discover
-from .run_as import RUN_AS_ENV, RunAs
+from .host.ephemeral_ports import local_rendezvous_ports
+from .host.inventory import NvmlUnavailable, discover
+from .process.run_as import RUN_AS_ENV, RunAs
 from .service import AgentOptions, run_agents
 
 USAGE_ERROR = 2

@@ -20,8 +20,8 @@ from typing import Literal
 from corral.contracts.events import GangReserved
 from corral.contracts.jobspec import JobSpec
 
-from .assignment import Assignment, MountBind, RankAssignment, sim_command
-from .run_as import WorkerUser
+from .process.assignment import Assignment, MountBind, RankAssignment, sim_command
+from .process.run_as import WorkerUser
 
 AgentRuntime = Literal["sim", "sim-timer", "process"]
 """`process`: each job runs as its spec says (spec.runtime). `sim`: every job is simulated, even a

@@ -97,17 +97,17 @@ from corral.health import start_beat
 from corral.telemetry.agent import AgentTelemetry
 from corral.telemetry.health import Phase
 
-from . import pressure
-from .adoption import LEDGER_TYPES, ReservationLedger, should_stop
-from .fork_server import ForkServer
-from .gpu_health import NvmlWatcher, Problem
-from .interfaces import with_gloo_interface
-from .log_shipper import LogShipper, ShippingEvents
-from .reports import START_FAILED, NodeReports, ReportPublisher
+from .host import pressure
+from .host.gpu_health import NvmlWatcher, Problem
+from .host.interfaces import with_gloo_interface
+from .process.adoption import LEDGER_TYPES, ReservationLedger, should_stop
+from .process.fork_server import ForkServer
+from .process.run_as import Refused, RunAs, WorkerUser, resolve, switches_users
+from .process.supervisor import AgentEvents, Supervisor
+from .process.timer_supervisor import TimerSupervisor
+from .reporting.log_shipper import LogShipper, ShippingEvents
+from .reporting.reports import START_FAILED, NodeReports, ReportPublisher
 from .reservation import AgentRuntime, build_assignment, local_ranks
-from .run_as import Refused, RunAs, WorkerUser, resolve, switches_users
-from .supervisor import AgentEvents, Supervisor
-from .timer_supervisor import TimerSupervisor
 
 log = logging.getLogger("corral.node_agent")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from corral.bus import Bus
 from corral.contracts.logs import LogChunk
 from corral.log_stream import LogQuery, read_chunks
-from corral.services.node_agent.log_chunks import ShipLimits
-from corral.services.node_agent.log_shipper import LogShipper, RankKey
+from corral.services.node_agent.reporting.log_chunks import ShipLimits
+from corral.services.node_agent.reporting.log_shipper import LogShipper, RankKey
 
 
 def _shipper(bus: Bus, poll: float = 0.05) -> LogShipper:

@@ -33,8 +33,8 @@ from corral.contracts.events import (
     WorkerExited,
     WorkerStarted,
 )
+from corral.services.node_agent.process.step_files import read_json
 from corral.services.node_agent.service import AgentHost, AgentOptions, durable_name, run_agents
-from corral.services.node_agent.step_files import read_json
 from corral.worker import CHECKPOINTED_EXIT_CODE
 from tests.integration.test_node_agent_service import Cluster, Seen, _subscribe, reserved, submitted, wait_for
 from tests.processes import alive

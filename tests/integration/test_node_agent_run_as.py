@@ -28,7 +28,7 @@ from corral.contracts.envelope import job_stream, queue_stream
 from corral.contracts.events import JobSubmitted, QueueConfigured, WorkerExited, WorkerStarted
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.queues import QueueSpec
-from corral.services.node_agent.run_as import RefusalCode, RunAs
+from corral.services.node_agent.process.run_as import RefusalCode, RunAs
 from corral.services.node_agent.service import AgentHost, AgentOptions, run_agents
 from tests.integration.test_node_agent_service import Cluster, Seen, _subscribe, reserved, wait_for
 
@@ -146,8 +146,8 @@ async def test_root_is_refused_unless_the_queue_allows_it(agent: Cluster) -> Non
 
 async def test_a_directory_the_user_cannot_reach_fails_the_start_naming_it(tmp_path: Path) -> None:
     """pytest's tmp_path lies under a 0700 directory: `nobody` could not write its checkpoints."""
-    from corral.services.node_agent.run_as import WorkerUser
-    from corral.services.node_agent.supervisor import ExitReason, Supervisor
+    from corral.services.node_agent.process.run_as import WorkerUser
+    from corral.services.node_agent.process.supervisor import ExitReason, Supervisor
     from tests.integration.test_node_agent_supervisor import Recorder, assignment
 
     events = Recorder()

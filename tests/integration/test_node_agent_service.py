@@ -440,7 +440,7 @@ async def test_service_process_with_stop_workers_on_exit_stops_its_workers_on_si
 
 
 def test_nvml_inventory_without_nvml_exits_2_with_a_clear_error(tmp_path: Path) -> None:
-    from corral.services.node_agent.inventory import NvmlUnavailable, discover
+    from corral.services.node_agent.host.inventory import NvmlUnavailable, discover
     if not isinstance(discover("probe"), NvmlUnavailable):
         pytest.skip("this machine has NVML")
     import subprocess

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corral.services.node_agent.assignment import AGENT_BIN, Assignment, RankAssignment, sim_command
-from corral.services.node_agent.supervisor import ExitReason, GangEnd, GangOutcome, Supervisor
+from corral.services.node_agent.process.assignment import AGENT_BIN, Assignment, RankAssignment, sim_command
+from corral.services.node_agent.process.supervisor import ExitReason, GangEnd, GangOutcome, Supervisor
 from corral.worker import CHECKPOINTED_EXIT_CODE
 from tests.processes import alive, exited
 

@@ -10,7 +10,7 @@ import os
 import signal
 from pathlib import Path
 
-from corral.services.node_agent.supervisor import GangEnd, Supervisor
+from corral.services.node_agent.process.supervisor import GangEnd, Supervisor
 from tests.integration.test_node_agent_supervisor import UNTIL_STOPPED, Recorder, assignment, script, wait_for
 from tests.processes import alive
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from corral.services.node_agent.gpu_health import APPLICATION_XIDS, GPU_LOST, XID, GpuHealth
+from corral.services.node_agent.host.gpu_health import APPLICATION_XIDS, GPU_LOST, XID, GpuHealth
 from tests.fakenvml import FakeGpu, FakeNvml
 
 DISCOVER = """
 import json
-from corral.services.node_agent.inventory import discover
+from corral.services.node_agent.host.inventory import discover
 from corral.services.node_agent.__main__ import nvml_inventory
 found = discover("n1")
 inv = nvml_inventory("n1", "r1", "z1", None)
@@ -32,7 +32,7 @@ print(json.dumps({"gpus": [[g.index, g.model, g.memory_gib, g.uuid] for g in fou
 
 WATCH = """
 import json, sys, time
-from corral.services.node_agent.gpu_health import NvmlWatcher
+from corral.services.node_agent.host.gpu_health import NvmlWatcher
 def said(problems):
     print(json.dumps([[p.gpu, p.code, p.xid] for p in problems]), flush=True)
 w = NvmlWatcher(said, poll_seconds=0.2)
@@ -68,7 +68,7 @@ def test_an_inactive_link_splits_a_domain_and_an_nvswitch_joins_one(fake_nvml: F
 
 def test_without_a_configured_fake_nvml_is_unavailable(fake_nvml: FakeNvml) -> None:
     env = {**os.environ, **fake_nvml.env(), "FAKE_NVML_CONFIG": str(fake_nvml.config) + ".absent"}
-    out = subprocess.run([sys.executable, "-c", "from corral.services.node_agent.inventory import discover; "
+    out = subprocess.run([sys.executable, "-c", "from corral.services.node_agent.host.inventory import discover; "
                           "print(discover('n1'))"], env=env, capture_output=True, text=True, check=True).stdout
     assert "NvmlUnavailable" in out and "Driver Not Loaded" in out
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.services.node_agent.assignment import Assignment, MountBind, RankAssignment, build_rank_env
-from corral.services.node_agent.runtimes import SandboxRuntime
+from corral.services.node_agent.process.assignment import Assignment, MountBind, RankAssignment, build_rank_env
+from corral.services.node_agent.process.runtimes import SandboxRuntime
 from tests.bwrap_probe import BWRAP_PROBLEM
 
 pytestmark = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=BWRAP_PROBLEM or "")

@@ -60,7 +60,7 @@ class BusLimits:
     #: `corral up`'s, which two installations on one server share in tests): raise both together.
     logs_max_bytes: int = 256 * MIB
     #: Largest log chunk message: an agent ships at most 32 KiB of lines per chunk
-    #: (`corral.services.node_agent.log_chunks`), which JSON escaping may grow up to six times.
+    #: (`corral.services.node_agent.reporting.log_chunks`), which JSON escaping may grow up to six times.
     logs_max_msg_bytes: int = 256 * KIB
     #: Servers holding each stream (1..5); None: 1 for a new stream, an existing one keeps its own.
     stream_replicas: int | None = None

@@ -90,7 +90,7 @@ def file_inventories(path: Path, nodes: list[str]) -> list[NodeInventory]:
     such as `2x8:H100`) or a fake inventory (`{node, model, memory_gib, gpus}`, a list of them or
     `{nodes: [...]}`). Every node of the file, or only `nodes` when given."""
     from corral.services.node_agent.__main__ import UsageError, read_cluster
-    from corral.services.node_agent.inventory import load_declared_inventories
+    from corral.services.node_agent.host.inventory import load_declared_inventories
 
     if not path.is_file():
         raise AgentUsageError(f"--inventory {path}: no such file (give nvml, or a file declaring the node's GPUs)")
@@ -220,9 +220,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run this host's node agent (one per GPU host): registers the node with its GPUs, address
         and rendezvous ports, runs the ranks placement gives it, until SIGTERM / Ctrl-C."""
-        from corral.services.node_agent.ephemeral_ports import ephemeral_range, port_range_warning
+        from corral.services.node_agent.host.ephemeral_ports import ephemeral_range, port_range_warning
+        from corral.services.node_agent.process.run_as import RunAs
         from corral.services.node_agent.reservation import AgentRuntime
-        from corral.services.node_agent.run_as import RunAs
         from corral.services.node_agent.service import AgentOptions, run_agents
 
         try:

@@ -43,7 +43,7 @@ def test_an_inventory_file_runs_its_nodes_or_those_named(tmp_path: Path) -> None
 
 def test_without_a_gpu_the_default_says_to_declare_an_inventory(monkeypatch: pytest.MonkeyPatch) -> None:
     import corral.services.node_agent.__main__ as agent_main
-    from corral.services.node_agent.inventory import NvmlUnavailable
+    from corral.services.node_agent.host.inventory import NvmlUnavailable
 
     monkeypatch.setattr(agent_main, "discover", lambda *a, **k: NvmlUnavailable("no driver"))
     with pytest.raises(AgentUsageError, match="--inventory FILE"):

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from corral.contracts import SpecError, validate_job_spec
 from corral.contracts.worker import CHECKPOINT_SIGNALS, RESERVED_ENV, signal_from_name
-from corral.services.node_agent.assignment import Assignment, MountBind, RankAssignment
+from corral.services.node_agent.process.assignment import Assignment, MountBind, RankAssignment
 
 MINIMAL = {"name": "train", "queue": "research/nlp", "command": ["python", "train.py"]}
 

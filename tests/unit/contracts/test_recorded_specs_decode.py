@@ -25,7 +25,7 @@ from corral.contracts.problems import SpecError
 from corral.contracts.registry import decode, encode, validated
 from corral.projection import ClusterView, JobState
 from corral.services.admission.invalid import start_problems
-from corral.services.node_agent.assignment import Assignment, RankAssignment
+from corral.services.node_agent.process.assignment import Assignment, RankAssignment
 from corral.stack.context import Context
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)

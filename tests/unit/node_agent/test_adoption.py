@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from corral.contracts.envelope import Event, Reason, job_stream
 from corral.contracts.events import GangReleased, GangReserved, JobCancelled, JobRequeued, RankPlacement
-from corral.services.node_agent.adoption import ReservationLedger, Verdict, should_stop
+from corral.services.node_agent.process.adoption import ReservationLedger, Verdict, should_stop
 
 R = Reason(code="X", message="x")
 

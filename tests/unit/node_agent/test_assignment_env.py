@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.services.node_agent.assignment import (
+from corral.services.node_agent.process.assignment import (
     AGENT_BIN,
     Assignment,
     RankAssignment,

@@ -17,7 +17,7 @@ import pytest
 
 from corral.core.rendezvous import AGENT_PORT_RANGE, DEFAULT_PORT_RANGE, outside_ephemeral, overlap
 from corral.services.node_agent.__main__ import options, parser
-from corral.services.node_agent.ephemeral_ports import EPHEMERAL_RANGE_FILE, ephemeral_range, port_range_warning
+from corral.services.node_agent.host.ephemeral_ports import EPHEMERAL_RANGE_FILE, ephemeral_range, port_range_warning
 
 
 def test_a_listener_cannot_take_a_port_an_outgoing_connection_holds() -> None:

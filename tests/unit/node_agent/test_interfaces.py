@@ -1,9 +1,9 @@
-"""Gloo's interface is the one holding the node's advertised address (`node_agent.interfaces`):
+"""Gloo's interface is the one holding the node's advertised address (`node_agent.host.interfaces`):
 a host name resolving to loopback otherwise makes gloo offer its peers on other hosts 127.x."""
 
 from __future__ import annotations
 
-from corral.services.node_agent.interfaces import (
+from corral.services.node_agent.host.interfaces import (
     GLOO_IFNAME,
     interface_holding,
     local_addresses,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from corral.services.node_agent.inventory import (
+from corral.services.node_agent.host.inventory import (
     NodeInventory,
     NvmlUnavailable,
     declared_inventory,

@@ -1,4 +1,4 @@
-"""Shipping a rank's output in bounded, rate-limited chunks (`node_agent.log_chunks`), pure."""
+"""Shipping a rank's output in bounded, rate-limited chunks (`node_agent.reporting.log_chunks`), pure."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.contracts.logs import TRUNCATED_MARK
-from corral.services.node_agent.log_chunks import (
+from corral.services.node_agent.reporting.log_chunks import (
     LineSplitter,
     RankCursor,
     ShipLimits,

@@ -37,7 +37,7 @@ def test_a_stepd_gives_the_grace_the_agent_names_whatever_its_own_clock_says(gra
     the node's clock): the command's grace holds; its wall deadline is only for an older agent's."""
     from unittest import mock
 
-    from corral.services.node_agent.stepd import command_grace
+    from corral.services.node_agent.process.stepd import command_grace
 
     sent = {"op": "preempt", "grace": grace, "deadline": 1_000_000.0 + grace}
     with mock.patch("time.time", return_value=1_000_000.0 + off):

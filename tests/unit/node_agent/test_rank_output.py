@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.services.node_agent.rank_output import RankOutput
+from corral.services.node_agent.process.rank_output import RankOutput
 
 
 class Disk:

@@ -12,8 +12,8 @@ import pytest
 
 from corral.contracts import SpecError, load_queues_text
 from corral.services.node_agent.__main__ import options, parser
-from corral.services.node_agent.assignment import Assignment, RankAssignment
-from corral.services.node_agent.run_as import (
+from corral.services.node_agent.process.assignment import Assignment, RankAssignment
+from corral.services.node_agent.process.run_as import (
     RefusalCode,
     Refused,
     RunAs,
@@ -24,7 +24,7 @@ from corral.services.node_agent.run_as import (
     unsearchable,
     user_base_env,
 )
-from corral.services.node_agent.step_files import assignment_from_json, assignment_to_json
+from corral.services.node_agent.process.step_files import assignment_from_json, assignment_to_json
 
 ACCOUNTS = {
     "alice": pwd.struct_passwd(("alice", "x", 1001, 1001, "", "/home/alice", "/bin/bash")),

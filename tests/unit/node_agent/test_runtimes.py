@@ -10,10 +10,9 @@ import pytest
 from corral.contracts.envelope import job_stream
 from corral.contracts.events import GangReserved, RankPlacement
 from corral.contracts.jobspec import Checkpoint, JobSpec, Mount
-from corral.services.node_agent.assignment import Assignment, MountBind, RankAssignment, build_rank_env
-from corral.services.node_agent.reservation import build_assignment
-from corral.services.node_agent.run_as import WorkerUser
-from corral.services.node_agent.runtimes import (
+from corral.services.node_agent.process.assignment import Assignment, MountBind, RankAssignment, build_rank_env
+from corral.services.node_agent.process.run_as import WorkerUser
+from corral.services.node_agent.process.runtimes import (
     USER_FLAG_RUNTIMES,
     ApptainerRuntime,
     DockerRuntime,
@@ -23,7 +22,8 @@ from corral.services.node_agent.runtimes import (
     SandboxRuntime,
     runtime_for,
 )
-from corral.services.node_agent.step_files import assignment_from_json, assignment_to_json
+from corral.services.node_agent.process.step_files import assignment_from_json, assignment_to_json
+from corral.services.node_agent.reservation import build_assignment
 
 CONTROL = Path("/var/lib/corral/run/j/attempt-0/rank-1.control")
 RANK = RankAssignment(rank=1, local_rank=0, gpus=(4, 5))
@@ -196,7 +196,7 @@ def test_gpus_from_a_device_folder_are_its_device_files(name: str) -> None:
 
 @pytest.mark.parametrize("runtime", [PodmanRuntime(), DockerRuntime(), ApptainerRuntime()])
 def test_a_container_gets_the_agents_gloo_interface_on_the_host_network(runtime: object) -> None:
-    """The agent names the interface of its advertised address for gloo (`node_agent.interfaces`);
+    """The agent names the interface of its advertised address for gloo (`node_agent.host.interfaces`);
     a container on the host's network has the same interfaces, and its image's host name resolves
     no better than the host's."""
     a = assignment(runtime=runtime.name)  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ import posixpath
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.services.node_agent.sandbox_layout import Host, Layer, bind_args
+from corral.services.node_agent.process.sandbox_layout import Host, Layer, bind_args
 
 #: The fake node's folders (and one file, one symlink).
 FOLDERS = {"/", "/mnt", "/mnt/nfs", "/home", "/home/alice", "/home/alice/venv", "/srv", "/srv/ds", "/srv/ds/x",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corral.services.node_agent.assignment import Assignment, RankAssignment
-from corral.services.node_agent.step_files import STATE_VERSION, Launch
+from corral.services.node_agent.process.assignment import Assignment, RankAssignment
+from corral.services.node_agent.process.step_files import STATE_VERSION, Launch
 
 
 def assignment(attempt: int) -> Assignment:

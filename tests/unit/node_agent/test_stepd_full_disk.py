@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from corral.services.node_agent import step_files, stepd
-from corral.services.node_agent.assignment import Assignment, RankAssignment
-from corral.services.node_agent.step_files import STATE, Launch
+from corral.services.node_agent.process import step_files, stepd
+from corral.services.node_agent.process.assignment import Assignment, RankAssignment
+from corral.services.node_agent.process.step_files import STATE, Launch
 
 
 def _stepd(folder: Path) -> stepd.Stepd:

@@ -5,9 +5,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-from corral.services.node_agent.assignment import Assignment, RankAssignment, sim_command
-from corral.services.node_agent.supervisor import ExitReason, GangEnd, GangOutcome
-from corral.services.node_agent.timer_supervisor import TimerSupervisor
+from corral.services.node_agent.process.assignment import Assignment, RankAssignment, sim_command
+from corral.services.node_agent.process.supervisor import ExitReason, GangEnd, GangOutcome
+from corral.services.node_agent.process.timer_supervisor import TimerSupervisor
 
 
 class Recorder:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from corral import worker
-from corral.services.node_agent.control import CheckpointReport, ControlChannel
+from corral.services.node_agent.process.control import CheckpointReport, ControlChannel
 
 
 def test_checkpoint_signal_sets_the_flag_the_workload_polls(monkeypatch: pytest.MonkeyPatch) -> None:

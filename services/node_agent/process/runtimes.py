@@ -49,8 +49,8 @@ from typing import Protocol
 
 from corral.contracts.worker import RESERVED_ENV
 
+from ..host.interfaces import GLOO_IFNAME
 from .assignment import Assignment, RankAssignment
-from .interfaces import GLOO_IFNAME
 from .sandbox_layout import Host, Layer, bind_args
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""`python -m corral.services.node_agent.stepd <attempt-dir>`: one gang attempt's ranks on one node.
+"""`python -m corral.services.node_agent.process.stepd <attempt-dir>`: one gang attempt's ranks on one node.
 
 Why: ranks that are children of the node-agent process would be orphans whose exits nobody sees
 after a `kill -9` of the agent, and a graceful stop of the agent (an upgrade, Ctrl-C of `corral
@@ -532,7 +532,7 @@ def main(argv: list[str] | None = None, term_requested: Callable[[], bool] = lam
     logging.basicConfig(level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
                         format="%(asctime)s stepd[%(process)d] %(levelname)s %(message)s")
     if len(args) != 1:
-        print("usage: python -m corral.services.node_agent.stepd <attempt-dir>", file=sys.stderr)
+        print("usage: python -m corral.services.node_agent.process.stepd <attempt-dir>", file=sys.stderr)
         return 2
     folder = Path(args[0])
     launch = read_launch(folder)

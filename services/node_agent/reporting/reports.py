@@ -33,7 +33,7 @@ from corral.contracts.events import CheckpointDone, WorkerExited, WorkerStarted
 from corral.contracts.registry import encode
 from corral.contracts.subjects import Subjects
 
-from .supervisor import ExitReason, GangOutcome
+from ..process.supervisor import ExitReason, GangOutcome
 
 log = logging.getLogger(__name__)
 

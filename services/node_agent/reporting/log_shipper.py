@@ -37,8 +37,8 @@ from pathlib import Path
 
 from corral.contracts.logs import LogChunk, chunk_msg_id, encode_chunk, log_subject
 
+from ..process.supervisor import AgentEvents, ExitReason, GangOutcome
 from .log_chunks import RankCursor, ShipLimits, find_attempt_start
-from .supervisor import AgentEvents, ExitReason, GangOutcome
 
 log = logging.getLogger("corral.node_agent.logs")
 

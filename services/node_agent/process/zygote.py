@@ -1,4 +1,4 @@
-"""`python -m corral.services.node_agent.zygote`: a warm fork server for stepds.
+"""`python -m corral.services.node_agent.process.zygote`: a warm fork server for stepds.
 
 A stepd started as a fresh interpreter (`python -m ...stepd`) would pay an interpreter start and
 its imports for every gang attempt, tens of milliseconds of CPU per job; this process imports the

@@ -32,7 +32,7 @@ class ForkServer:
         if self._proc is not None and self._proc.returncode is None:
             return self._proc
         self._proc = await asyncio.create_subprocess_exec(
-            self._python, "-m", "corral.services.node_agent.zygote", env=self._env, stdin=subprocess.PIPE,
+            self._python, "-m", "corral.services.node_agent.process.zygote", env=self._env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, start_new_session=True, close_fds=True)
         return self._proc
 
@@ -73,7 +73,7 @@ class ForkServer:
                 self._disabled = True
         with (folder / STEPD_LOG).open("ab") as out:
             proc = subprocess.Popen(
-                [self._python, "-m", "corral.services.node_agent.stepd", str(folder)], env=self._env,
+                [self._python, "-m", "corral.services.node_agent.process.stepd", str(folder)], env=self._env,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 close_fds=True)
         return proc.pid, process_start_time(proc.pid), proc
