@@ -7,6 +7,7 @@ it the way a pipeline or the CLI does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -20,6 +21,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from corral.bus import Bus
 from corral.client import Client
 from corral.contracts.queues import validate_queues
 from corral.stack.context import Context
@@ -84,6 +86,25 @@ async def cluster(make_stack: StackFactory) -> AsyncIterator[Cluster]:
         await client.close()
 
 
+async def handled(bus: Bus, kinds: tuple[str, ...] = ("inbox", "events"), timeout: float = 30.0) -> None:
+    """Returns once every durable consumer of the `kinds` streams (each service's, each agent's) has
+    taken and acknowledged every message it reads there: what was published before this call is
+    handled, and so are the events that handling published. Waits on the server's count, not on a
+    clock: a test asserting that a message changed nothing asserts after its consumers are done."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        busy = [f"{info.name}: {info.num_pending} not taken, {info.num_ack_pending} not acknowledged"
+                for kind in kinds for info in await bus.js.consumers_info(bus.names.stream(kind))
+                if info.config.durable_name and not info.name.endswith("-history")
+                and (info.num_pending or info.num_ack_pending)]
+        if not busy:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"consumers still busy after {timeout} s: {busy}")
+        await asyncio.sleep(0.05)
+
+
 def with_database(dsn: str, database: str) -> str:
     return dsn.rpartition("/")[0] + "/" + database
 
@@ -137,4 +158,4 @@ def dump_logs(stack: Stack) -> str:
     return "\n".join(out)
 
 
-__all__ = ["Cluster", "Context", "connect", "dump_logs", "with_queues"]
+__all__ = ["Cluster", "Context", "connect", "dump_logs", "handled", "with_queues"]

@@ -37,6 +37,8 @@ from corral.stack.up import Stack, StackOptions
 from tests.e2e.conftest import StackFactory, connect, dump_logs, with_queues
 from tests.e2e.test_cli import as_json, corral
 
+#: The give-up window of `outage_stack`'s knobs: 3 deliveries, 0.2 s then 0.5 s apart, and handling.
+GIVE_UP = 1.0
 SMALL_JOB = {"name": "small", "queue": "team-a", "gpus_per_replica": 1, "runtime": "sim", "duration_seconds": 1}
 
 
@@ -60,8 +62,9 @@ async def dead_letter_count(bus: Bus) -> int:
 @pytest.fixture
 async def outage_stack(tmp_path: Path, nats_url: str, namespace: str,
                        private_postgres: PostgresServer) -> AsyncIterator[Stack]:
-    # The landed code gave up after max_deliver deliveries spaced by the backoff (0.5+2+10+30 s);
-    # these knobs shrink that window to ~1.5 s, so an outage of a few seconds is "longer than it".
+    # A consumer that counted failures while Postgres is down would give up after max_deliver
+    # deliveries spaced by the backoff; these knobs shrink that window to GIVE_UP, so an outage of a
+    # few seconds is "longer than it".
     stack = Stack(StackOptions(
         data_dir=tmp_path / "stack", cluster="1x8:H100", nats_url=nats_url, postgres_dsn=private_postgres.dsn,
         namespace=namespace, runtime="sim", placement_standby=False, write_user_context=False,
@@ -85,7 +88,8 @@ async def test_a_submission_made_while_postgres_is_down_is_admitted_when_it_is_b
         job = await client.submit(validate_job_spec(SMALL_JOB))  # the bus only: accepted while the log is down
         cancelled = await client.submit(validate_job_spec({**SMALL_JOB, "duration_seconds": 600}))
         await client.cancel(cancelled)
-        await asyncio.sleep(5)  # three times the shortened give-up window
+        await _held(bus, "admission-inbox")
+        await asyncio.sleep(3 * GIVE_UP)  # from the first delivery: a consumer counting failures gives up in it
         assert await dead_letter_count(bus) == 0, "an unavailable Postgres is not bad input\n" + dump_logs(stack)
         private_postgres.start()
         for process in stack.dead():  # as `corral up` does: placement exits when it loses its lease
@@ -104,6 +108,15 @@ async def test_a_submission_made_while_postgres_is_down_is_admitted_when_it_is_b
         raise
     finally:
         await client.close()
+
+
+async def _held(bus: Bus, durable: str, timeout: float = 30.0) -> None:
+    """Returns once the inbox consumer `durable` has taken a request it has not acknowledged yet."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (await bus.js.consumer_info(bus.names.stream("inbox"), durable)).num_ack_pending:
+        assert loop.time() < deadline, f"{durable} took no request in {timeout} s"
+        await asyncio.sleep(0.05)
 
 
 async def _settled(read: Callable[[], Awaitable[int]], quiet: float = 3.0, timeout: float = 45.0) -> int:

@@ -37,7 +37,7 @@ from corral.contracts.registry import encode
 from corral.contracts.subjects import Subjects
 from corral.stack.context import Context
 from corral.stack.up import Stack
-from tests.e2e.conftest import own_site
+from tests.e2e.conftest import handled, own_site
 
 NS = "corral"
 
@@ -123,8 +123,8 @@ async def test_forged_gang_reserved_starts_nothing(secured: Stack, who: str) -> 
                                        world_size=1, master_addr="127.0.0.1", master_port=29500)
         assert await _refused(bus, subjects.event("JobSubmitted"), submitted)
         assert await _refused(bus, subjects.event("GangReserved"), reserved)
-    async with await Client.connect(_ctx(secured, None), bus=False) as reader:
-        await asyncio.sleep(1.0)
+    async with await Client.connect(_ctx(secured, None)) as reader:
+        await handled(reader.bus)
         assert job_id not in (await reader.view()).jobs
 
 
@@ -156,7 +156,7 @@ async def test_forged_events_change_nothing(secured: Stack, forged: str) -> None
                     event = msgspec.structs.replace(event, node=other)
                 event = msgspec.structs.replace(event, actor=f"node-agent/{other}")
                 assert not await _refused(bus, Subjects(NS).node_report(other, forged), event)
-        await asyncio.sleep(2.0)
+        await handled(client.bus)  # the report taken by its consumer and what it led to, if anything
         after = (await client.view()).jobs[job_id]
         assert after.state.name == "RUNNING", after
         assert after.attempt == job.attempt
@@ -180,8 +180,8 @@ async def test_node_cannot_report_as_another_node(secured: Stack) -> None:
         assert await _refused(bus, Subjects(NS).node_report("evil", "NodeRegistered"), fake)
         assert await _refused(bus, Subjects(NS).inbox("NodeRegistered"), fake)
         assert not await _refused(bus, Subjects(NS).node_report("node-0", "NodeRegistered"), fake)
-    await asyncio.sleep(1.5)
-    async with await Client.connect(_ctx(secured, None), bus=False) as reader:
+    async with await Client.connect(_ctx(secured, None)) as reader:
+        await handled(reader.bus)
         assert "evil" not in (await reader.view()).nodes
 
 
