@@ -30,7 +30,7 @@ from corral.contracts.subjects import Subjects
 from corral.stack.context import Context
 from corral.stack.credentials import NatsCredentials
 from corral.stack.up import Stack
-from tests.e2e.conftest import own_site
+from tests.e2e.conftest import handled, own_site
 from tests.e2e.test_security import _refused, _spec
 
 NS = "corral"
@@ -57,8 +57,8 @@ def _admin_name(stack: Stack) -> str:
 
 
 async def _settled(client: Client) -> None:
-    """Long enough for a request the bus took to be recorded (admission and placement take ms)."""
-    await asyncio.sleep(2.0)
+    """Every request the bus took is handled (its consumers are done) and the view has caught up."""
+    await handled(client.bus)
     await client.wait_for(lambda v: True, 5)
 
 

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from corral.contracts.envelope import job_stream
 from corral.contracts.jobspec import validate_job_spec
 from corral.contracts.registry import encode
 from corral.projection import JobState
-from tests.e2e.conftest import StackFactory, connect, with_queues
+from tests.e2e.conftest import StackFactory, connect, handled, with_queues
 from tests.e2e.test_cli import as_json, cli_env, corral, job_yaml, wait_state, write
 
 
@@ -129,7 +128,7 @@ async def test_non_utf8_spec_bytes_are_a_clear_error(make_stack: StackFactory, t
                                         job_id="jlatin", spec=spec, user="x")
         raw = encode(submitted).replace(b'"latin"', b'"lat\xe9n"')
         await c.bus.publish(c.subjects.inbox("JobSubmitted"), raw, "latin-1")
-        await asyncio.sleep(2)
+        await handled(c.bus)
         assert "jlatin" not in (await c.view()).jobs
         admission_log = stack.process("admission").log_path.read_text(errors="replace")
         assert "Traceback" not in admission_log
