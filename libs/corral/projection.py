@@ -74,6 +74,16 @@ class JobState(StrEnum):
         return self in (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING)
 
 
+#: The states of a job an operator's request acts on: a hold a pending job, a release a held one,
+#: a requeue one starting or running; in any other state admission records nothing (the request's
+#: verdict is UNCHANGED) and `corral hold|release|requeue` says so before sending it.
+ACTS_ON: dict[type[Event], tuple[JobState, ...]] = {
+    ev.JobHeld: (JobState.PENDING,),
+    ev.JobHoldReleased: (JobState.HELD,),
+    ev.JobRequeueRequested: (JobState.STARTING, JobState.RUNNING),
+}
+
+
 class Applied(Enum):
     APPLIED = "applied"
     DUPLICATE = "duplicate"  # at or below the stream's known version: already folded

@@ -38,7 +38,7 @@ from corral.contracts.subjects import Subjects
 from corral.core.placement import shape_index
 from corral.core.submit_limits import SubmitLedger
 from corral.eventstore import Tracking
-from corral.projection import JobState, submission_key
+from corral.projection import ACTS_ON, submission_key
 from corral.services.admission.feasibility import ShapeVerdicts
 from corral.services.admission.invalid import invalid_message, invalid_submission, start_problems
 from corral.services.admission.limits import UserLimitsFold
@@ -321,9 +321,7 @@ class Admission(Service):
         stream = job_stream(request.job_id)
         await self.refresh_stream(stream)
         job = self.view.jobs.get(request.job_id)
-        wanted = {ev.JobHeld: (JobState.PENDING,), ev.JobHoldReleased: (JobState.HELD,),
-                  ev.JobRequeueRequested: (JobState.STARTING, JobState.RUNNING)}[type(request)]
-        if job is None or job.state not in wanted:
+        if job is None or job.state not in ACTS_ON[type(request)]:
             log.info("job %s: %s ignored: the job is %s", request.job_id, request.type,
                      job.state.value if job else "unknown")
             await self.append({}, tracking=tracking)

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from corral.cli.cluster import state_of
+from corral.cli.commands.cluster import state_of
 from corral.client import Client
 from corral.projection import JobState
 from corral.readmodel.codec import SCHEMA

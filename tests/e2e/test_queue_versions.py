@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.cli import queue_config as qc
+from corral.cli.commands import queue_tree
 from corral.contracts import events as ev
 from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM
 from corral.contracts.jobspec import validate_job_spec
@@ -72,7 +72,7 @@ async def test_what_if_gate_versions_and_rollback(cluster: Cluster, tmp_path: Pa
     assert applied["evidence"][0]["passed"] is True
     now = {q["queue"]: q for q in as_json(corral(stack, "queues", "--json"))}
     assert now["team-a"]["guaranteed"] == 16 and now["team-b"]["max"] == 32
-    history = qc.history_rows(await c.view())  # what `corral queues --history --json` prints
+    history = queue_tree.history_rows(await c.view())  # what `corral queues --history --json` prints
     assert history[2]["rollback_of"] == 1 and history[2]["message"] == "rollback to v1"
 
     # The log shows both: replay before the rollback has version 2's tree, replay now version 3's.

@@ -1,4 +1,7 @@
-"""Cluster commands: nodes, queues, apply, events, replay (sinfo / sacct / the audit log)."""
+"""Cluster commands: nodes, queues, apply, events, replay (sinfo / sacct / the audit log).
+
+The typer declarations and how each prints; their work is `corral.cli.commands.cluster`'s and
+`corral.cli.commands.queue_tree`'s."""
 
 from __future__ import annotations
 
@@ -10,14 +13,14 @@ from typing import Annotated, Any
 import typer
 
 from corral.cli import queue_config as qc
+from corral.cli.commands import CommandError, queue_tree
+from corral.cli.commands import cluster as commands
 from corral.cli.output import console, print_json, print_table
-from corral.cli.present import JOB_COLUMNS, SUMMARY_ABOVE, job_row, node_rows, queue_rows, rack_rows
-from corral.cli.session import context, require_admin, with_client
+from corral.cli.present import JOB_COLUMNS, SUMMARY_ABOVE, rack_rows
+from corral.cli.session import command_failed, context, require_admin, with_client
 from corral.cli.verdict_report import report
 from corral.client import Client
 from corral.contracts.queues import parse_gate
-from corral.projection import ClusterView
-from corral.verdicts import Verdict
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -38,19 +41,6 @@ def parse_time(text: str) -> datetime:
     except ValueError:
         raise typer.BadParameter(f"{text!r} is not a time: use now, -10m, or 2026-12-02T11:00:00Z") from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def state_of(view: ClusterView) -> dict[str, Any]:
-    """The cluster state a replay and the live services agree on (used by `replay` and its tests)."""
-    return {
-        "position": view.position,
-        "jobs": {j.job_id: {"state": j.state.value, "attempt": j.attempt,
-                            "ranks": [[r.rank, r.node, list(r.gpus)] for r in j.ranks] if j.holding else [],
-                            "quota_gpus": j.quota_gpus, "reason": j.reason.code if j.reason else None}
-                 for j in sorted(view.jobs.values(), key=lambda j: j.job_id)},
-        "nodes": {n["node"]: {"state": n["state"], "allocations": n["allocations"]} for n in node_rows(view)},
-        "queues": {q["queue"]: q["in_use"] for q in queue_rows(view)},
-    }
 
 
 def _print_racks(rows: list[dict[str, Any]]) -> None:
@@ -78,8 +68,7 @@ def register(app: typer.Typer) -> None:
         under `pressure` (disk or memory, measured by its agent) takes no new work: why is under the table,
         as for a GPU unhealthy (X: XID, ECC, fallen off the bus) or drained (D; `!` after a job on one).
         Above 64 nodes: one row per rack, unless --all, --rack or --state picks the nodes to show."""
-        rows = with_client(lambda c: _view_rows(c, node_rows), bus=False)
-        picked = [r for r in rows if (rack is None or r["rack"] == rack) and (state is None or r["state"] == state)]
+        picked = with_client(lambda c: commands.nodes(c, rack=rack, state=state), bus=False)
         if json_out:
             print_json(picked)
             return
@@ -110,16 +99,16 @@ def register(app: typer.Typer) -> None:
                json_out: JsonOpt = False) -> None:
         """The queue tree: guaranteed, max, GPUs in use (placed), quota reserved (pending jobs too),
         borrowed, lendable, pending jobs, share of the cluster in use."""
-        if history or diff:
-            view = with_client(lambda c: c.live_view(), bus=False)
-            if diff:
-                changes = qc.diff_rows(view, diff[0], diff[1])
-                print_json(changes) if json_out else qc.print_diff(diff[0], diff[1], changes)
-                return
-            versions = qc.history_rows(view)
+        if diff:
+            first, second = diff
+            changes = with_client(lambda c: queue_tree.diff(c, first, second), bus=False)
+            print_json(changes) if json_out else qc.print_diff(first, second, changes)
+            return
+        if history:
+            versions = with_client(queue_tree.history, bus=False)
             print_json(versions) if json_out else qc.print_history(versions)
             return
-        rows = with_client(lambda c: _view_rows(c, queue_rows), bus=False)
+        rows = with_client(commands.queues, bus=False)
         if json_out:
             print_json(rows)
             return
@@ -156,48 +145,35 @@ def register(app: typer.Typer) -> None:
             for text in require or []:
                 parse_gate(text)
         except ValueError as exc:
-            qc._fail(str(exc))
+            command_failed(CommandError(str(exc)))
         if not what_if:
             require_admin("corral apply")
-        view, events = with_client(qc.read_log, bus=False)
-        change = qc.load_change(file, rollback, message, view)
-        proposed = qc.merged(view, change)
         start = parse_time(f"-{since}" if since[:1].isdigit() and since[-1:] in "smhd" else since)
         if what_if:  # a preview only: quota checks the gates of a change itself
-            texts = qc.gate_texts(view, change, require or [])
-            result, checks = qc.what_if_for(events, list(view.queues.values()), proposed, start, texts)
+            preview = with_client(lambda c: queue_tree.what_if(c, file, rollback=rollback, message=message,
+                                                               require=require or [], since=start), bus=False)
             if json_out:
-                print_json({"what_if": qc.what_if_json(result, checks), "applied": False,
-                            "refused": not all(c.passed for c in checks)})
+                print_json({"what_if": queue_tree.what_if_json(preview), "applied": False,
+                            "refused": preview.refused})
             else:
-                qc.print_what_if(result, checks)
+                qc.print_what_if(preview.result, preview.checks)
             return
-        before = len(view.tree_versions)
-
-        names = [q.name for q in change.queues]
-
-        async def go(c: Client) -> Verdict | None:
-            request = await c.request_queue_tree(change.queues, message=change.message,
-                                                 rollback_of=change.rollback_of, gates=change.gates,
-                                                 require=require or [], what_if_since=start)
-            return await c.await_verdict(request, timeout) if wait else None
-
-        verdict = with_client(go)
-        evidence = qc.recorded_evidence(verdict)
+        applied = with_client(lambda c: queue_tree.apply_tree(c, file, rollback=rollback, message=message,
+                                                              require=require or [], since=start, wait=wait,
+                                                              timeout=timeout), lazy_bus=True)
+        verdict, names = applied.verdict, applied.names
         if verdict is not None and verdict.refused and not json_out:
-            qc.print_checks(evidence)
-        version = before + 1 if verdict is None else verdict.version
-        what = f"Rolled back to v{change.rollback_of}" if change.rollback_of else f"Applied {len(names)} queues"
-        fields = {"applied": names, "version": version, "rollback_of": change.rollback_of,
-                  "evidence": qc.evidence_json(evidence)}
+            qc.print_checks(applied.evidence)
+        what = f"Rolled back to v{applied.rollback_of}" if applied.rollback_of else f"Applied {len(names)} queues"
+        done = f"{what}: {', '.join(names)} (queue tree v{applied.version})"
         if verdict is None:  # --no-wait: the version it will be, unless another apply comes first
             if json_out:
-                print_json(fields)
+                print_json(applied.fields())
             else:
-                console.print(f"{what}: {', '.join(names)} (queue tree v{version})", highlight=False)
+                console.print(done, highlight=False)
             return
-        report(verdict, "queue tree", fields=fields, waited=timeout, json_out=json_out,
-               done=f"{what}: {', '.join(names)} (queue tree v{version})", unchanged="quota recorded nothing")
+        report(verdict, "queue tree", fields=applied.fields(), waited=timeout, json_out=json_out, done=done,
+               unchanged="quota recorded nothing")
 
     @app.command()
     def events(
@@ -220,45 +196,19 @@ def register(app: typer.Typer) -> None:
             else:
                 console.print(f"Exported {count} event(s) with their hash chain to {export}")
             return
-        types = [t.strip() for t in type_.split(",")] if type_ else None
-        start = parse_time(since) if since else None
-
-        def keep(stored: Any, event: Any) -> bool:
-            if job and stored.correlation_id != job and getattr(event, "job_id", None) != job \
-                    and getattr(event, "victim_job_id", None) != job:
-                return False
-            return start is None or stored.occurred_at >= start
-
-        def row(stored: Any, event: Any) -> dict[str, Any]:
-            reason = getattr(event, "reason", None) or getattr(event, "blocker", None)  # WaitExceeded: its blocker
-            return {"position": stored.position, "at": stored.occurred_at.isoformat(), "stream": stored.stream,
-                    "type": stored.type, "actor": event.actor,
-                    "job": getattr(event, "job_id", None) or getattr(event, "victim_job_id", None),
-                    "reason": f"{reason.code}: {reason.message}" if reason is not None else ""}
+        where = commands.EventFilter(job=job, types=[t.strip() for t in type_.split(",")] if type_ else None,
+                                     start=parse_time(since) if since else None)
 
         async def go(c: Client) -> None:
-            rows = [row(s, e) for s, e in await c.events(types=types) if keep(s, e)]
-            if limit:
-                rows = rows[-limit:]
+            rows = await commands.events(c, where, limit)
             if json_out and not follow:
                 print_json(rows)
                 return
             _emit(rows, json_out)
             if not follow:
                 return
-            after = rows[-1]["position"] if rows else (await c.store.head_position())
-            while True:
-                new = []
-                for stored in await c.store.read_all(after, limit=1000):
-                    after = stored.position
-                    from corral.contracts.registry import decode
-
-                    event = decode(stored.data)
-                    if (types is None or stored.type in types) and keep(stored, event):
-                        new.append(row(stored, event))
-                if new:
-                    _emit(new, json_out, header=False)
-                await asyncio.sleep(0.5)
+            async for new in commands.follow(c, where, rows[-1]["position"] if rows else None):
+                _emit(new, json_out, header=False)
 
         try:
             with_client(go, bus=False)
@@ -272,17 +222,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The cluster's state at a past moment, rebuilt only from the Postgres event log."""
         moment = parse_time(until)
-
-        async def go(c: Client) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-            view = await c.view(until=moment)
-            rows = [job_row(j, moment) for j in sorted(view.jobs.values(), key=lambda j: j.job_id)
-                    if not j.state.terminal]  # AGE as it was at that moment
-            tree = {"version": len(view.tree_versions),
-                    "queues": {q.name: {"guaranteed_gpus": q.guaranteed_gpus, "max_gpus": q.max_gpus,
-                                        "weight": q.weight} for q in view.queues.values()}}
-            return state_of(view), rows, tree
-
-        state, rows, tree = with_client(go, bus=False)
+        replayed = with_client(lambda c: commands.replay(c, moment), bus=False)
+        state, rows, tree = replayed.state, replayed.jobs, replayed.tree
         if json_out:
             print_json({"until": moment.isoformat(), **state, "queue_tree": tree})
             return
@@ -293,10 +234,6 @@ def register(app: typer.Typer) -> None:
         print_table("nodes", ["NODE", "STATE", "ALLOCATED GPUS"],
                     [(n, s["state"], ", ".join(f"{g}:{j}" for g, j in s["allocations"].items()))
                      for n, s in state["nodes"].items()])
-
-
-async def _view_rows(c: Client, fn: Any) -> Any:
-    return fn(await c.live_view())
 
 
 def _emit(rows: list[dict[str, Any]], json_out: bool, header: bool = True) -> None:

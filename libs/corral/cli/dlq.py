@@ -6,15 +6,13 @@ queue) an operator had no way to send it again. See `corral.bus.dead_letters`.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from corral.bus.dead_letters import list_dead_letters
+from corral.cli.commands import observe as commands
 from corral.cli.output import console, fail, print_json, print_table
 from corral.cli.session import require_admin, with_client
-from corral.client import Client
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -35,15 +33,7 @@ def register(app: typer.Typer) -> None:
     @dlq.command("list")
     def list_(json_out: JsonOpt = False) -> None:
         """List dead letters: SEQ, SUBJECT, CONSUMER, DELIVERIES, ERROR, AGE."""
-
-        async def go(c: Client) -> list[dict[str, Any]]:
-            now = datetime.now(UTC)
-            return [{"seq": d.seq, "subject": d.subject, "consumer": d.consumer, "deliveries": d.deliveries,
-                     "error": d.error, "age_seconds": d.age_seconds(now), "origin_stream": d.origin_stream,
-                     "origin_seq": d.origin_seq, "msg_id": d.msg_id, "bytes": len(d.data)}
-                    for d in await list_dead_letters(c.bus)]
-
-        rows = with_client(go)
+        rows = with_client(commands.dead_letters)
         if json_out:
             print_json(rows)
             return
@@ -64,14 +54,7 @@ def register(app: typer.Typer) -> None:
             fail("give one SEQ or --all (see `corral dlq list`)", code=2)
         require_admin("corral dlq replay")
 
-        async def go(c: Client) -> list[dict[str, Any]]:
-            try:
-                return await c.replay_dead_letters(None if all_letters else seq)
-            except RuntimeError as exc:
-                fail(str(exc))
-                raise
-
-        rows = with_client(go)
+        rows = with_client(lambda c: commands.replay_dead_letters(c, None if all_letters else seq))
         if json_out:
             print_json(rows)
         else:

@@ -12,11 +12,10 @@ from typing import Annotated
 
 import typer
 
-from corral.cli.operator import JsonOpt, Message, VerdictWait, _answered
+from corral.cli.commands import operator as commands
+from corral.cli.operator import JsonOpt, Message, VerdictWait
 from corral.cli.session import require_admin, with_client
 from corral.cli.verdict_report import VERDICT_WAIT, report
-from corral.client import Client
-from corral.verdicts import Verdict
 
 Target = Annotated[str, typer.Argument(metavar="NODE:INDEX", help="The GPU: its node and its index there, e.g. "
                                                                  "node-3:5.")]
@@ -33,17 +32,8 @@ def parse_target(target: str) -> tuple[str, int]:
 def _drain_gpu(target: str, undrain: bool, message: str, json_out: bool, waited: float) -> None:
     require_admin("corral gpu undrain" if undrain else "corral gpu drain")
     node, gpu = parse_target(target)
-
-    async def go(c: Client) -> tuple[Verdict, str] | str:
-        found = (await c.live_view()).nodes.get(node)
-        if found is None:
-            return f"no node {node!r} (corral nodes lists them)"
-        if gpu >= found.gpu_count:
-            return f"node {node} has no GPU {gpu} (its GPUs: 0-{found.gpu_count - 1})"
-        verdict = await c.await_verdict(await c.drain_gpu(node, gpu, undrain=undrain, message=message), waited)
-        return verdict, ""
-
-    verdict, _ = _answered(with_client(go))
+    verdict = with_client(lambda c: commands.drain_gpu(c, node, gpu, undrain=undrain, message=message,
+                                                       waited=waited))
     state = "in service" if undrain else "drained"
     done = (f"GPU {node}:{gpu} takes new work again" if undrain else
             f"GPU {node}:{gpu} drained: no new work on it; what runs there goes on")

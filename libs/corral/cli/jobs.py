@@ -1,15 +1,17 @@
 """Job commands: submit, jobs, show, cancel, why (sbatch / squeue / scontrol / scancel); logs in `logs`.
 
-The typer declarations; the work of submit, jobs, show and cancel is `corral.cli.job_commands`'."""
+The typer declarations; the work of submit, jobs, show and cancel is `corral.cli.job_commands`',
+why's `corral.cli.commands.jobs`'."""
 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from corral.cli import job_commands as commands
+from corral.cli.commands import jobs as why_command
 from corral.cli.job_commands import (  # noqa: F401 (their home for other modules)
     JOBS_PAGE,
     _details,
@@ -21,11 +23,8 @@ from corral.cli.job_commands import (  # noqa: F401 (their home for other module
     read_spec,
 )
 from corral.cli.output import console, err_console, print_json, print_table
-from corral.cli.present import release_hint, unblock_detail
 from corral.cli.session import EXIT_FAILURE, with_client
 from corral.cli.verdict_report import VERDICT_WAIT
-from corral.client import Client
-from corral.projection import JobState
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -81,39 +80,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def why(job: str, json_out: JsonOpt = False) -> None:
         """The decision trail of a job: every event, who decided, why; for a pending job, what blocks it."""
-
-        async def go(c: Client) -> dict[str, Any] | None:
-            trail = await c.job_events(job)
-            if not trail:
-                return None
-            view = await c.live_view(job_ids=[job])
-            j = view.jobs.get(job)
-            if j is None:
-                return None
-            steps = []
-            for stored, event in trail:
-                reason = getattr(event, "reason", None)
-                steps.append({
-                    "at": stored.occurred_at.isoformat(), "version": stored.version, "event": stored.type,
-                    "actor": event.actor, "code": reason.code if reason is not None else None,
-                    "message": reason.message if reason is not None else _summary(event),
-                    "details": dict(reason.details) if reason is not None else _details(event),
-                })
-            blocker: dict[str, Any] | None = None
-            if j.state is JobState.HELD and j.reason is not None:
-                blocker = {"code": j.reason.code, "message": j.reason.message, "unblock": f"corral release {job}",
-                           "after_release": release_hint(view, j, time.time())}
-            elif j.state is JobState.PENDING:
-                blocker = {"code": j.reason.code if j.reason else "WAITING",
-                           "message": j.reason.message if j.reason else "waiting for the next scheduling cycle",
-                           **(unblock_detail(view, j, time.time()) or {"unblock": None})}
-                if j.wait_exceeded is not None:
-                    blocker["wait_exceeded"] = _details(j.wait_exceeded) | {
-                        "at": j.wait_exceeded.occurred_at.isoformat(),
-                        "words": _waited(j.wait_exceeded)}
-            return {"id": job, "state": j.state.value, "trail": steps, "blocker": blocker}
-
-        result = with_client(go, bus=False)
+        result = with_client(lambda c: why_command.why(c, job, time.time()), bus=False)
         if result is None:
             err_console.print(f"[red]error:[/red] no job {job!r}", highlight=False)
             raise SystemExit(EXIT_FAILURE)

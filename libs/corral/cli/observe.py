@@ -2,50 +2,30 @@
 
 Both read the log only: usage folds it with `corral.accounting`, top folds it into a
 `ClusterView` (like `corral nodes` and `corral queues`) and draws one screen (`corral.cli.top_screen`).
+The typer declarations; the reading is `corral.cli.commands.observe`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from corral.accounting import EVENT_TYPES, GroupBy, Window, grouped, job_usage, total
+from corral.accounting import GroupBy, Window
 from corral.bus import is_unavailable
 from corral.cli.cluster import JsonOpt, parse_time
+from corral.cli.commands import observe as commands
 from corral.cli.output import console, print_json, print_table
 from corral.cli.session import with_client
 from corral.cli.top_screen import render, snapshot
 from corral.client import Client
-from corral.contracts.problems import ContractError
-from corral.contracts.registry import decode
-from corral.projection import ClusterView
 
 
 def _hours(value: float) -> str:
     return f"{value:,.2f}"
-
-
-class _Following:
-    """The cluster view kept up to date by folding only what was appended since the last frame
-    (refolding the whole log every refresh would cost O(log) per frame)."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.view = ClusterView()
-        self.after = 0
-
-    async def now(self) -> ClusterView:
-        while batch := await self.client.store.read_all(self.after, limit=5000):
-            for stored in batch:
-                with contextlib.suppress(ContractError):
-                    self.view.apply(decode(stored.data), stored.version, stored.position)
-            self.after = batch[-1].position
-        return self.view
 
 
 def register(app: typer.Typer) -> None:
@@ -62,19 +42,7 @@ def register(app: typer.Typer) -> None:
         the attempt's last checkpoint (or start) thrown away by a preemption or a failure."""
         window = Window(until=parse_time(until) if until else datetime.now(UTC),
                         since=parse_time(since) if since else None)
-
-        async def go(c: Client) -> list[Any]:
-            events, after = [], 0
-            while batch := await c.store.read_all(after, limit=5000, types=EVENT_TYPES):
-                for stored in batch:
-                    with contextlib.suppress(ContractError):
-                        events.append(decode(stored.data))
-                after = batch[-1].position
-            return events
-
-        usages = job_usage(with_client(go, bus=False), window)
-        rows = grouped(usages.values(), by)
-        overall = total(rows)
+        rows, overall = with_client(lambda c: commands.usage(c, window, by), bus=False)
         if json_out:
             print_json({"since": window.since.isoformat() if window.since else None, "until": window.until.isoformat(),
                         "by": by.value, "rows": [r.as_dict(by) for r in rows], "total": overall.as_dict(by)})
@@ -93,12 +61,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """A live view of the cluster (like top): the nodes' GPU map, the queues' use against their
         guarantee and fair share, the pending jobs with their reasons. Ctrl-C quits."""
-
-        async def frame(c: Client) -> dict[str, Any]:
-            return snapshot(await c.view(), datetime.now(UTC))
-
         if once or json_out:
-            data = with_client(frame, bus=False)
+            data = snapshot(with_client(lambda c: c.view(), bus=False), datetime.now(UTC))
             if json_out:
                 print_json(data)
             else:
@@ -108,7 +72,7 @@ def register(app: typer.Typer) -> None:
         async def live(c: Client) -> None:
             from rich.live import Live
 
-            view = _Following(c)
+            view = commands.Following(c)
             data = snapshot(await view.now(), datetime.now(UTC))
             with Live(render(data, console.width), console=console, screen=True, auto_refresh=False) as screen:
                 while True:

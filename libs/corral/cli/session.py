@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
+from corral.cli.commands import CommandError
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import err_console
 from corral.client import Client
@@ -44,9 +45,9 @@ def context(*, need_postgres: bool = True) -> Context:
 
 
 def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True, lazy_bus: bool = False) -> T:
-    """Run `fn` with a connected client; a cluster that does not answer is one line, exit 3.
-    `lazy_bus`: NATS is reached only to publish (`Client.connect`), for commands that only publish
-    requests."""
+    """Run `fn` with a connected client; a cluster that does not answer is one line, exit 3, and
+    a `CommandError` its line, its problems and its exit code. `lazy_bus`: NATS is reached only to
+    publish (`Client.connect`), for commands that only publish requests."""
     from corral.client import BusUnreachable
 
     ctx = context()
@@ -80,6 +81,17 @@ def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True, lazy_
     except GatewayError as exc:  # a person without a credential, through the local gateway
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise SystemExit(EXIT_NO_CLUSTER if exc.code == "UNREACHABLE" else EXIT_FAILURE) from None
+    except CommandError as exc:
+        command_failed(exc)
+
+
+def command_failed(exc: CommandError) -> NoReturn:
+    """A command's `CommandError` on stderr: its line, each problem with its fix; exit its code."""
+    err_console.print(f"[red]error:[/red] {exc.message}", highlight=False)
+    for p in exc.problems:
+        err_console.print(f"  [bold]{p.path}[/bold]: {p.message}" + (f"\n    hint: {p.hint}" if p.hint else ""),
+                          highlight=False)
+    raise SystemExit(exc.code)
 
 
 async def connect(ctx: Context, *, bus: bool = True, timeout: float = 5.0, lazy_bus: bool = False) -> Client:

@@ -12,19 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from corral.cli.commands.operator import job_now  # noqa: F401 (its home for the job commands)
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import console, err_console, print_json
-from corral.client import Client
 from corral.verdicts import OWNERS, Verdict, VerdictKind
 
 #: Seconds a command waits for its request's verdict (`--verdict-timeout`).
 VERDICT_WAIT = 15.0
-
-
-async def job_now(c: Client, job: str) -> str:
-    """What a job is now, in words: what a request that changed nothing found."""
-    j = await c.job(job)
-    return f"the job is {j.state.value}" if j is not None else f"no job {job!r}"
 
 
 def exit_code(verdict: Verdict, *, unchanged_ok: bool = False) -> ExitCode:

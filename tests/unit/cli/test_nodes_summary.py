@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+from unittest.mock import AsyncMock
 
 import pytest
 from rich.console import Console
@@ -10,6 +12,7 @@ from typer.testing import CliRunner
 
 from corral.cli.top_screen import render, snapshot
 from corral.summary import node_rows, rack_rows
+from tests.unit.cli.commands.fakes import FakeClient
 from tests.unit.cli.test_unblock_hint import T0, cluster, run
 
 
@@ -42,7 +45,9 @@ def test_nodes_on_a_thousand_nodes_is_a_rack_summary_and_filters_show_nodes(
     from corral.cli.main import app
 
     rows = node_rows(big)
-    monkeypatch.setattr(cluster_cli, "with_client", lambda fn, bus=True: rows)
+    client = FakeClient()
+    client.view = AsyncMock(return_value=big)  # type: ignore[method-assign]
+    monkeypatch.setattr(cluster_cli, "with_client", lambda fn, bus=True: asyncio.run(fn(client)))
     summary = CliRunner().invoke(app, ["nodes"], env={"COLUMNS": "120"})
     assert summary.exit_code == 0, summary.output
     assert "1000 nodes in" in summary.output and "node-999" not in summary.output
