@@ -33,7 +33,7 @@ class RunningIndex:
     """Running jobs by id (`jobs`, sorted by id), their priorities per queue, and the keys of the
     attained-service bound per GPU count. Ids are unique (the owner checks)."""
 
-    __slots__ = ("_by_id", "_ids", "_keys", "_prios", "_starts", "jobs")
+    __slots__ = ("_by_id", "_ids", "_keys", "_prios", "_queue_keys", "_starts", "jobs")
 
     def __init__(self) -> None:
         self._ids: list[str] = []
@@ -43,6 +43,7 @@ class RunningIndex:
         # GPU count -> (`attained - start x GPUs`, job id), sorted: attained service order at any time
         self._keys: dict[int, list[tuple[float, str]]] = {}
         self._starts: list[float] = []  # sorted start times
+        self._queue_keys: dict[str, dict[int, list[tuple[float, str]]]] = {}  # `_keys`, per queue
 
     def add(self, r: RunningJob) -> None:
         i = bisect_left(self._ids, r.job.id)
@@ -82,16 +83,17 @@ class RunningIndex:
         """Per queue: the lowest priority of its running jobs."""
         return {q: min(counts) for q, counts in self._prios.items()}
 
-    def most_attained_bound(self, now: float) -> float | None:
-        """At least the most attained service of any running job at `now` (-inf when none runs);
-        None when some job starts after `now` (its service is not growing yet: ask each job)."""
+    def most_attained_bound(self, now: float, queue: str | None = None) -> float | None:
+        """At least the most attained service of any running job at `now` (of `queue`, when
+        named; -inf when none runs); None when some job starts after `now` (its service is not
+        growing yet: ask each job)."""
         if not self._starts:
             return -math.inf
         if self._starts[-1] > now:
             return None
         span = abs(now) + max(abs(self._starts[0]), abs(self._starts[-1]))
         best = -math.inf
-        for g, keys in self._keys.items():
+        for g, keys in (self._keys if queue is None else self._queue_keys.get(queue, {})).items():
             top = keys[-1][0]
             best = max(best, top + now * g + _MARGIN * (1.0 + abs(top) + span * g))
         return best
@@ -116,15 +118,25 @@ class RunningIndex:
 
     def _time_add(self, r: RunningJob) -> None:
         g = r.job.total_gpus
-        insort(self._keys.setdefault(g, []), (r.attained_gpu_seconds - r.start_time * g, r.job.id))
+        key = (r.attained_gpu_seconds - r.start_time * g, r.job.id)
+        insort(self._keys.setdefault(g, []), key)
+        insort(self._queue_keys.setdefault(r.job.queue, {}).setdefault(g, []), key)
         insort(self._starts, r.start_time)
 
     def _time_remove(self, r: RunningJob) -> None:
         g = r.job.total_gpus
         keys = self._keys[g]
-        del keys[bisect_left(keys, (r.attained_gpu_seconds - r.start_time * g, r.job.id))]
+        key = (r.attained_gpu_seconds - r.start_time * g, r.job.id)
+        del keys[bisect_left(keys, key)]
         if not keys:
             del self._keys[g]
+        mine = self._queue_keys[r.job.queue]
+        keys = mine[g]
+        del keys[bisect_left(keys, key)]
+        if not keys:
+            del mine[g]
+            if not mine:
+                del self._queue_keys[r.job.queue]
         del self._starts[bisect_left(self._starts, r.start_time)]
 
 

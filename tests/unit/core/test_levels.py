@@ -83,3 +83,20 @@ def test_fair_las_never_preempts_another_queues_job_for_service() -> None:
                     queues=[QueueConfig("a", 0), QueueConfig("b", 1)])
     assert SchedulerConfig.named("fair-las").order is OrderPolicy.FAIR_LAS
     assert not [d for d in schedule(snap, _config((1.0,))) if isinstance(d, Preempt)]
+
+
+def test_a_level_preemption_takes_no_victim_larger_than_the_preemptor() -> None:
+    """1x8: queue a runs `gang` (4 GPUs since t=0, level 1 of (500,)) and `one` (1 GPU since t=0,
+    level 1), 3 GPUs free. A new 4-GPU job fits only once `one` is gone: it preempts `one` (no
+    larger than it), never `gang`. With the node full (`rest`, 3 GPUs, level 0), a new 2-GPU job
+    preempts nobody: `one` frees 1 GPU of its 2, and `gang` (4 GPUs) is larger than it."""
+    cluster = Cluster.uniform(1, 8, "H100")
+    runs = [running(job("gang", gpus=4, queue="a"), [("n000", (0, 1, 2, 3))], start=0.0),
+            running(job("one", queue="a"), [("n000", (4,))], start=0.0)]
+    queues = [QueueConfig("a", 8)]
+    snap = snapshot(cluster, [job("new", gpus=4, queue="a", submit_time=950.0)], runs, queues=queues)
+    assert [(d.job_id, d.victims) for d in schedule(snap, _config((500.0,))) if isinstance(d, Preempt)] == [
+        ("new", ("one",))]
+    full = [*runs, running(job("rest", gpus=3, queue="a"), [("n000", (5, 6, 7))], start=900.0)]
+    snap = snapshot(cluster, [job("pair", gpus=2, queue="a", submit_time=950.0)], full, queues=queues)
+    assert not [d for d in schedule(snap, _config((500.0,))) if isinstance(d, Preempt)]  # `one` frees 1 of 2

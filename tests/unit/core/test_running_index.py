@@ -61,6 +61,10 @@ def test_running_index_matches_the_plain_definitions(seed: int) -> None:
         most = max((r.attained(now) for r in jobs.values()), default=-math.inf)
         bound = index.most_attained_bound(now)
         assert bound is not None and bound >= most
+        for q in {r.job.queue for r in jobs.values()} | {"nobody"}:  # and per queue
+            mine = [r.attained(now) for r in jobs.values() if r.job.queue == q]
+            in_q = index.most_attained_bound(now, q)
+            assert in_q is not None and in_q >= max(mine, default=-math.inf)
         for need in (most, most - 1.0, most * 0.5, rng.random() * (abs(most) + 1.0), -math.inf):
             maybe = index.attained_at_least(need, now)
             assert maybe is not None and len({r.job.id for r in maybe}) == len(maybe)

@@ -46,10 +46,11 @@ class Candidates:
     ) -> None:
         self.running, self.now, self.config, self.kept = running, now, config, kept
         self._eligible: list[RunningJob] | None = None
-        self._by_queue: dict[str, list[RunningJob]] = {}
+        self._by_queue: dict[str, list[RunningJob]] = {}  # `in_queue`'s lists
+        self._running_by_queue: dict[str, list[RunningJob]] | None = None
         self._attained: list[tuple[RunningJob, float]] | None = None
         self._lowest = None if kept is None else kept.lowest_priority()
-        self._las: dict[tuple[float, str, int], list[RunningJob]] = {}
+        self._las: dict[tuple[float, str, int] | tuple[float, str, int, int], list[RunningJob]] = {}
         self._most_attained = None if kept is None else kept.most_attained_bound(now)
         self._facts: dict[str, tuple[bool, float, tuple[float, int, int, str]]] = {}  # `_las_kept`'s
         self._top_level: dict[str, int] | None = None  # FAIR_LAS: per queue, its running jobs' highest level
@@ -62,16 +63,31 @@ class Candidates:
             costed = [(victim_cost_key(r, now), r) for r in self.running if statically_eligible(r, now, config)]
             costed.sort(key=_FIRST)
             self._eligible = [r for _, r in costed]
+            by_queue: dict[str, list[RunningJob]] = {}
             for r in self._eligible:
-                self._by_queue.setdefault(r.job.queue, []).append(r)
+                by_queue.setdefault(r.job.queue, []).append(r)
+            self._by_queue = by_queue
         return self._eligible
 
-    @property
-    def by_queue(self) -> dict[str, list[RunningJob]]:
-        """`eligible`, per queue."""
-        if self._eligible is None:
-            _ = self.eligible
-        return self._by_queue
+    def in_queue(self, queue: str) -> list[RunningJob]:
+        """`eligible`'s jobs of one queue, in its order (the cost key is unique: a queue's jobs
+        sorted alone are in the order the whole list has them); only that queue's jobs costed
+        while the whole list is not needed."""
+        found = self._by_queue.get(queue)
+        if found is None:
+            if self._eligible is not None:
+                return []
+            if self._running_by_queue is None:
+                grouped: dict[str, list[RunningJob]] = {}
+                for r in self.running:
+                    grouped.setdefault(r.job.queue, []).append(r)
+                self._running_by_queue = grouped
+            now, config = self.now, self.config
+            costed = [(victim_cost_key(r, now), r) for r in self._running_by_queue.get(queue, ())
+                      if statically_eligible(r, now, config)]
+            costed.sort(key=_FIRST)
+            found = self._by_queue[queue] = [r for _, r in costed]
+        return found
 
     def for_job(self, p: PendingJob, tree: QueueTree, usage: QueueUsage) -> list[RunningJob]:
         """Running jobs worth examining: everyone when LAS or reclaim may apply, else the queue's."""
@@ -166,7 +182,7 @@ class Candidates:
         victims' cost order is not built."""
         job, config = p.job, self.config
         if config.order is OrderPolicy.LAS:
-            return self.by_queue.get(job.queue, [])
+            return self.in_queue(job.queue)
         low = self._lowest_priority().get(job.queue)
         lower = low is not None and low < job.priority
         if config.order is OrderPolicy.FAIR_LAS:
@@ -175,24 +191,31 @@ class Candidates:
                 return self._outserving(p, mine)
         if not lower:
             return []
-        return [r for r in self.by_queue.get(job.queue, []) if same_queue_outranks(job, r.job)]
+        return [r for r in self.in_queue(job.queue) if same_queue_outranks(job, r.job)]
 
     def _outserving(self, p: PendingJob, mine: int) -> list[RunningJob]:
-        """FAIR_LAS: the job's queue's victims of lower priority or a higher level, cheapest
-        first; one list per (queue, priority, level) a cycle (the filter reads nothing else)."""
+        """FAIR_LAS: the job's queue's victims of lower priority or a higher level (and no more
+        GPUs), cheapest first; one list per (queue, priority, level, GPUs) a cycle (the filter
+        reads nothing else)."""
         job, now, config = p.job, self.now, self.config
-        key = (float(mine), job.queue, job.priority)
+        key = (float(mine), job.queue, job.priority, job.total_gpus)
         found = self._las.get(key)
         if found is None:
-            found = self._las[key] = [r for r in self.by_queue.get(job.queue, [])
+            found = self._las[key] = [r for r in self.in_queue(job.queue)
                                       if same_queue_outranks(job, r.job) or outserved(config, p, r, now)]
         return found
 
     def _may_outserve(self, queue: str, mine: int) -> bool:
-        """FAIR_LAS: whether a running job of `queue` (eligible or not) is above level `mine`; the
-        running jobs' levels are worked out once a cycle."""
+        """FAIR_LAS: whether a running job of `queue` (eligible or not) may be above level `mine`
+        (True may be a false alarm: the caller filters exactly). From the kept index's bound on
+        the queue's most attained service, else each running job's level, worked out once a cycle."""
+        th = self.config.las_thresholds
+        if self.kept is not None:
+            bound = self.kept.most_attained_bound(self.now, queue)
+            if bound is not None:
+                return level(bound, th) > mine
         if self._top_level is None:
-            now, th = self.now, self.config.las_thresholds
+            now = self.now
             top: dict[str, int] = {}
             for r in self.running:
                 lv = level(r.attained(now), th)

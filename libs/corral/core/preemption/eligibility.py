@@ -61,9 +61,13 @@ def same_queue_outranks(job: Job, victim: Job) -> bool:
 
 
 def outserved(config: SchedulerConfig, pending: PendingJob, r: RunningJob, now: float) -> bool:
-    """FAIR_LAS: `r`, of the waiting job's queue, has reached a strictly higher service level."""
+    """FAIR_LAS: `r`, of the waiting job's queue and no larger than it, has reached a strictly
+    higher service level. No larger: a victim's GPUs the preemptor does not take are released to
+    whoever comes next in the fair-share order, often another queue's job, so a larger victim
+    would move GPUs from its queue to others (a swap inside a queue keeps the queues' shares)."""
     th = config.las_thresholds
     return (config.order is OrderPolicy.FAIR_LAS and r.job.queue == pending.job.queue
+            and r.placement.gpu_count <= pending.job.total_gpus
             and level(r.attained(now), th) > level(pending.attained_gpu_seconds, th))
 
 
