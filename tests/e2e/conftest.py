@@ -38,6 +38,10 @@ class Cluster:
 
 StackFactory = Callable[..., Stack]
 
+#: The agents' workers outlive a graceful stop (an upgrade); a test's stack must not leave any, also
+#: when its last test's cancel has not reached the agent yet as the stack stops.
+STOP_WORKERS = {"CORRAL_AGENT_STOP_WORKERS_ON_EXIT": "1"}
+
 
 @pytest.fixture
 def make_stack(tmp_path: Path, nats_url: str, postgres_dsn: str, namespace: str) -> Iterator[StackFactory]:
@@ -49,9 +53,7 @@ def make_stack(tmp_path: Path, nats_url: str, postgres_dsn: str, namespace: str)
             data_dir=tmp_path / f"stack{len(stacks)}", cluster=cluster, cluster_file=cluster_file, agents=agents,
             nats_url=nats_url, postgres_dsn=postgres_dsn, namespace=namespace, runtime=runtime,
             write_user_context=False,
-            # the agents' workers outlive a graceful stop (an upgrade); a test's stack must not leave any
-            extra_env={"CORRAL_NODE_LOST_SECONDS": "6", "CORRAL_LOG_LEVEL": "INFO",
-                       "CORRAL_AGENT_STOP_WORKERS_ON_EXIT": "1", **(env or {})}))
+            extra_env={"CORRAL_NODE_LOST_SECONDS": "6", "CORRAL_LOG_LEVEL": "INFO", **STOP_WORKERS, **(env or {})}))
         stack.start()
         stacks.append(stack)
         return stack
@@ -126,7 +128,8 @@ async def own_site(postgres_server_dsn: str, prefix: str, *, data_mode: int | No
     if data_mode is not None:
         os.chmod(data, data_mode)
     stack = Stack(StackOptions(data_dir=data, cluster="2x8:H100", postgres_dsn=with_database(postgres_server_dsn, name),
-                               namespace="corral", extra_env={"CORRAL_LOG_LEVEL": "INFO", **(env or {})}, **options))
+                               namespace="corral", **options,
+                               extra_env={"CORRAL_LOG_LEVEL": "INFO", **STOP_WORKERS, **(env or {})}))
     stack.start()
     try:
         async with await Client.connect(stack.context) as client:  # type: ignore[arg-type]
