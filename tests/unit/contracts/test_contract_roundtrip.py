@@ -14,7 +14,8 @@ from corral.contracts.registry import REGISTRY
 
 from .strategies import struct_strategy
 
-ROUND_TRIP = settings(max_examples=40, deadline=None,
+#: Per class: every class is drawn on its own (the cost is drawing its nested specs, not the check).
+ROUND_TRIP = settings(max_examples=20, deadline=None,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 
