@@ -176,7 +176,7 @@ async def _consume(service: Service, bus: Bus, ns: str) -> list[RunningConsumer]
         f"{cls.name}-events",
         [f"{ns}.events.{t}" for t in cls.consumes] if cls.consumes is not None else [f"{ns}.events.*"],
         service.on_event, batch=256, max_deliver=delivery.events_max_deliver, backoff=delivery.backoff,
-        linger=cls.events_linger)]
+        linger=cls.events_linger, batch_handler=service.on_events)]
     if cls.inbox:
         consumers.append(await bus.consume(
             f"{cls.name}-inbox", [f"{ns}.inbox.{s}" for s in cls.inbox], service.on_inbox,

@@ -88,3 +88,27 @@ def test_any_headers_are_sent_as_nats_py_sends_them(headers: dict[str, str] | No
 def test_nats_py_still_sends_headers_from_the_method_corral_overrides() -> None:
     source = inspect.getsource(NatsClient.publish)
     assert "_send_publish(" in source, "nats-py no longer publishes through _send_publish: update corral.bus.client"
+
+
+async def test_acks_sent_together_are_the_bytes_nats_py_sends_for_each() -> None:
+    from nats.aio.msg import Msg
+
+    from corral.bus.client import ack_many
+
+    sent: list[bytes] = []
+
+    async def keep(cmd: bytes, priority: bool = False) -> None:
+        sent.append(cmd)
+
+    client = Client()
+    client._status = Client.CONNECTED
+    client._send_command = keep  # type: ignore[method-assign]
+    client._flush_queue = None
+    replies = [f"$JS.ACK.CORRAL_EVENTS.quota-events.1.{n}.{n}.1765000000000000000.{9 - n}" for n in range(3)]
+    for reply in replies:
+        await Msg(_client=client, subject="corral.events.JobAdmitted", reply=reply).ack()
+    one_by_one, sent[:] = b"".join(sent), []
+    msgs = [Msg(_client=client, subject="corral.events.JobAdmitted", reply=reply) for reply in replies]
+    await ack_many(msgs)
+    assert sent == [one_by_one]
+    assert all(m._ackd for m in msgs)

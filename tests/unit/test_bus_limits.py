@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from corral.bus import Outgoing
 from corral.bus.limits import BusLimits
@@ -52,6 +54,15 @@ def test_message_size_counts_payload_and_headers() -> None:
     bare = message_size(Outgoing("s", b"x" * 100, "id"))
     assert bare > 100
     assert message_size(Outgoing("s", b"x" * 100, "id", {"K": "v" * 50})) == bare + len("K") + 50 + 4
+
+
+@given(headers=st.dictionaries(st.text(min_size=1, max_size=20), st.text(max_size=40), max_size=8),
+       msg_id=st.text(min_size=1, max_size=30))
+def test_message_size_is_the_utf8_bytes_of_every_header_line(headers: dict[str, str], msg_id: str) -> None:
+    """ASCII headers are counted in characters, others in bytes: the same sum either way."""
+    every = {**headers, "Nats-Msg-Id": msg_id}
+    expected = 100 + len("NATS/1.0\r\n\r\n") + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in every.items())
+    assert message_size(Outgoing("s", b"x" * 100, msg_id, headers)) == expected
 
 
 def test_the_not_relayed_alert_is_the_same_event_for_the_same_skipped_event() -> None:

@@ -1,7 +1,7 @@
 """The pull loop of one durable JetStream consumer: fetch, hand to the handler, settle each message.
 
 Settling rules (explicit ack, one message at a time, so per-subject order is kept):
-- handler returns        -> ack
+- handler returns        -> ack (a fetched batch's acks leave in one write, the last confirmed)
 - handler fails because a dependency is unavailable (`corral.bus.unavailable.is_unavailable`:
   Postgres or NATS not answering, `Unavailable`)
                          -> never dead-lettered, never counted: the consumer stops fetching,
@@ -38,6 +38,7 @@ from typing import Any
 
 import nats.errors
 
+from corral.bus.client import ack_many
 from corral.bus.delivery import (
     Delivery,
     Handler,
@@ -135,6 +136,8 @@ class RunningConsumer:
         self._behind = False
         #: True while a dependency is down and this consumer holds a message, waiting for it.
         self.waiting_for_dependency = False
+        #: Messages handled and not yet acknowledged: sent together (`_send_acks`).
+        self._acks: list[Any] = []
         self.task: asyncio.Task[None] = asyncio.create_task(self._run(), name=f"consumer:{durable}")
 
     async def backlog(self) -> tuple[int, int]:
@@ -195,6 +198,7 @@ class RunningConsumer:
                                 await unhandled.nak()
                         break
                     await self._settle(msg, confirm=index == len(msgs) - 1, waiting=msgs[index + 1:])
+                await self._send_acks(confirm=True)
                 if self._linger > 0 and fetched < self._batch and not self._behind and not self._stopping:
                     # A partial batch means we are keeping up: let the next one gather for a moment
                     # (one fetch round trip, one confirmed ack, one handler pass per batch instead
@@ -288,7 +292,8 @@ class RunningConsumer:
                 return [exc] * len(deliveries)
 
         outcomes = await handle([d for _, d in todo])
-        # Settle what has an answer; then hold what met an unavailable dependency until it has one.
+        # Settle what has an answer; then hold what met an unavailable dependency until it has one
+        # (the acknowledgements of the rest are sent before the hold begins).
         settled = [(item, outcome) for item, outcome in zip(todo, outcomes, strict=True)
                    if outcome is None or not is_unavailable(outcome)]
         unavailable = [(item, outcome) for item, outcome in zip(todo, outcomes, strict=True)
@@ -307,6 +312,10 @@ class RunningConsumer:
             except Exception:
                 log.exception("consumer %s: could not settle message %s", self.durable,
                               delivery.stream_sequence)
+        try:
+            await self._send_acks(confirm=not held)
+        except Exception:
+            log.exception("consumer %s: could not acknowledge %d messages", self.durable, len(self._acks))
 
     async def _hold(self, items: Sequence[tuple[Any, Delivery]], outcomes: Sequence[BaseException | None],
                     handle: Callable[[list[Delivery]], Awaitable[list[BaseException | None]]],
@@ -317,6 +326,8 @@ class RunningConsumer:
         held messages are nak'ed: another consumer takes them, without a delivery counted here).
         Nothing is fetched meanwhile: the consumer takes no new message while it cannot work."""
         self.waiting_for_dependency = True
+        with contextlib.suppress(Exception):
+            await self._send_acks(confirm=False)  # what was handled before is not held with these
         started = time.monotonic()
         first = next(o for o in outcomes if o is not None)
         log.warning("consumer %s: a dependency is unavailable (%s: %s); holding %d message(s) from seq %d "
@@ -386,14 +397,25 @@ class RunningConsumer:
                             self.durable, delivery.subject, delivery.delivery_count, delay, reason)
             await msg.nak(delay=delay)
             return
-        # Wait for the server to confirm the last ack of a batch (and any ack while stopping):
-        # the server handles one connection's acks in order, so that confirms the earlier ones
-        # too, and once `stop()` returns nothing handled comes back. One round trip per batch
-        # instead of per message: that round trip was most of a busy consumer's time.
+        self._acks.append(msg)
         if confirm or self._stopping:
-            await msg.ack_sync(timeout=_ACK_TIMEOUT)
-        else:
-            await msg.ack()
+            await self._send_acks(confirm=True)
+
+    async def _send_acks(self, confirm: bool) -> None:
+        """Acknowledge the messages handled since the last call, in one socket write (`ack_many`).
+
+        `confirm`: the last one waits for the server's reply: the server handles one connection's
+        acks in order, so that confirms the earlier ones too, and once `stop()` returns nothing
+        handled comes back. One round trip per batch instead of per message: that round trip
+        was most of a busy consumer's time. Until sent, a handled message is only redelivered
+        after a crash, as one whose ack was lost would be (consumers are idempotent)."""
+        msgs, self._acks = self._acks, []
+        if not msgs:
+            return
+        last = msgs.pop() if confirm or self._stopping else None
+        await ack_many(msgs)
+        if last is not None:
+            await last.ack_sync(timeout=_ACK_TIMEOUT)
 
     async def _give_up(self, msg: Any, delivery: Delivery, error: str) -> None:
         log.error("consumer %s: dead-lettering %s seq %d: %s", self.durable, delivery.subject,

@@ -67,30 +67,21 @@ Points, per batch read from the log: "before_publish" for each event before the 
 _RETRY = UnavailableBackoff(first=0.5, cap=5.0)
 _MESSAGE_TOO_LARGE = 10054  # JetStream error code: message size exceeds the stream's max_msg_size
 
-# Headers describing the event, so consumers can route without decoding the payload.
-TYPE = "Corral-Event-Type"
-SCHEMA_VERSION = "Corral-Schema-Version"
+# Headers that a consumer reads without decoding the payload: where the event stands in its stream
+# (a service skips an event it folded already, `Service.on_event`), its log position (where a relay
+# resumes, `newest_position_on_bus`; a node agent's fold), and the job it is about (log lines,
+# traces). The type is the subject's last token; anything else is in the payload. Each header is
+# built by the relay and parsed by every consumer of every event, so there are no others.
 STREAM = "Corral-Stream"
 STREAM_VERSION = "Corral-Stream-Version"
 POSITION = "Corral-Position"
 CORRELATION_ID = tracing.CORRELATION  # "Corral-Correlation-Id"
-CAUSATION_ID = "Corral-Causation-Id"
-OCCURRED_AT = "Corral-Occurred-At"
 
 
 def event_headers(event: StoredEvent) -> dict[str, str]:
-    headers = {
-        TYPE: event.type,
-        SCHEMA_VERSION: str(event.schema_version),
-        STREAM: event.stream,
-        STREAM_VERSION: str(event.version),
-        POSITION: str(event.position),
-        OCCURRED_AT: event.occurred_at.isoformat(),
-    }
+    headers = {STREAM: event.stream, STREAM_VERSION: str(event.version), POSITION: str(event.position)}
     if event.correlation_id is not None:
         headers[CORRELATION_ID] = event.correlation_id
-    if event.causation_id is not None:
-        headers[CAUSATION_ID] = event.causation_id
     return headers
 
 
@@ -109,12 +100,21 @@ async def newest_position_on_bus(bus: Bus) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+_BLOCK = len("NATS/1.0\r\n\r\n")
+#: Bytes of a header line besides its name and value (`: ` and CRLF).
+_LINE = 4
+
+
 def message_size(message: Outgoing) -> int:
     """Bytes of `message` as NATS counts them against its limits: payload plus the header block
-    (`NATS/1.0` line, one `key: value` line each, the msg id included, a blank line)."""
+    (`NATS/1.0` line, one `key: value` line each, the msg id included, a blank line).
+
+    Counted in characters when the headers are ASCII (as the relay's are: one `isascii` over them
+    all), else in UTF-8 bytes: the relay asks this of every message it publishes."""
     headers = {**(message.headers or {}), MSG_ID: message.msg_id}
-    header_block = len("NATS/1.0\r\n\r\n") + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
-    return len(message.data) + header_block
+    text = "".join(headers) + "".join(headers.values())
+    chars = len(text.encode()) if not text.isascii() else len(text)
+    return len(message.data) + _BLOCK + chars + _LINE * len(headers)
 
 
 def not_relayed_alert(event: StoredEvent, size: int, limit: int, why: str) -> ev.EventNotRelayed:

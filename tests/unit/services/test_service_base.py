@@ -128,3 +128,28 @@ async def test_an_event_folded_already_is_not_decoded_again() -> None:
         await svc.on_event(delivery(folded))
     with pytest.raises(Poison):
         await svc.on_event(delivery(4))
+
+
+async def test_a_batch_of_events_holds_every_event_after_one_that_met_an_unavailable_dependency() -> None:
+    """`on_events` folds a fetched batch in order: a bad event is its own failure and the rest are
+    folded; an event that meets a dependency down is held together with every later one (the
+    consumer hands them back in order once it answers)."""
+    from corral.bus import Delivery, Poison, Unavailable
+
+    svc = service(Clock(), Clock())
+    seen: list[int] = []
+
+    async def on_event(delivery: Delivery) -> None:
+        seen.append(delivery.stream_sequence)
+        if delivery.stream_sequence == 2:
+            raise Poison("undecodable")
+        if delivery.stream_sequence == 4:
+            raise Unavailable("Postgres")
+
+    svc.on_event = on_event  # type: ignore[method-assign]
+    batch = [Delivery(subject="ns.events.JobAdmitted", data=b"", headers={}, delivery_count=1, stream="ns-events",
+                      stream_sequence=n, consumer_sequence=n, timestamp=None) for n in range(1, 7)]
+    outcomes = await svc.on_events(batch)
+    assert seen == [1, 2, 3, 4]
+    assert outcomes[0] is None and outcomes[2] is None and isinstance(outcomes[1], Poison)
+    assert all(isinstance(o, Unavailable) for o in outcomes[3:])
