@@ -41,10 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from live import (
+    PENDING_BY,
     RUNTIMES,
     LiveStack,
     collect,
     cpu_delta,
+    deliveries,
+    events_by_type,
     job_run,
     latency_ms,
     log_position,
@@ -123,6 +126,7 @@ async def phase(client: Client, live: LiveStack, rate: float, seconds: float, du
     await drain(client, ids, timeout)  # so that GPU hold times (placed -> completed) are all known
     cpu = cpu_delta(cpu_before, stack_cpu(live))
     times = await collect(client, ids, after)
+    counts = await events_by_type(client, after)
     placed = [t.placed for t in times.values() if t.placed is not None]
     result = {
         "rate": rate, "seconds": seconds, "jobs": len(jobs), "duration_seconds": duration,
@@ -134,6 +138,7 @@ async def phase(client: Client, live: LiveStack, rate: float, seconds: float, du
         "submit_to_placed_ms": latency_ms(times.values(), "placed"),
         "submit_to_running_ms": latency_ms(times.values(), "running"),
         "cpu_seconds": cpu, "cpu_ms_per_job": sum(cpu.values()) / len(jobs) * 1e3,
+        "events_by_type": counts, "deliveries": deliveries(counts),
         "gpu_hold_s": _mean([(t.ended - t.placed).total_seconds() for t in times.values() if t.placed and t.ended]),
         "mean_gpus": sum(spec.gpus_per_replica * spec.replicas for _, spec in jobs) / len(jobs),
     }
@@ -198,6 +203,17 @@ def render(result: dict[str, Any]) -> str:
         parts = ", ".join(f"{k} {v / p['jobs'] * 1e3:.1f}" for k, v in sorted(p["cpu_seconds"].items(),
                                                                        key=lambda kv: -kv[1]) if v > 0)
         lines.append(f"{p['rate']:6.0f}/s: {p['cpu_ms_per_job']:6.1f} ms = {parts}")
+    lines.append("Events per job (the log during the phase) and what the bus delivered of them to the services:")
+    for p in result["phases"]:
+        counts = p.get("events_by_type") or {}
+        types = {t: n for t, n in counts.items() if not t.startswith(PENDING_BY)}
+        parts = ", ".join(f"{t} {n / p['jobs']:.2f}" for t, n in sorted(types.items(), key=lambda kv: -kv[1]))
+        lines.append(f"{p['rate']:6.0f}/s: {sum(types.values()) / p['jobs']:5.1f} events, "
+                     f"{p.get('deliveries', 0) / p['jobs']:5.1f} deliveries = {parts}")
+        pending = {t.removeprefix(PENDING_BY): n for t, n in counts.items() if t.startswith(PENDING_BY)}
+        if pending:
+            lines.append("         PlacementPending by writer and code: " + ", ".join(
+                f"{t} {n / p['jobs']:.2f}" for t, n in sorted(pending.items(), key=lambda kv: -kv[1])))
     best = max((p["placements"].get("steady_per_s", 0.0) for p in result["phases"]), default=0.0)
     lines.append("")
     verdict = "MET (stretch too)" if best >= STRETCH_PLACEMENTS else "MET" if best >= TARGET_PLACEMENTS else "MISSED"

@@ -333,6 +333,39 @@ async def collect(client: Client, job_ids: Iterable[str], after: int) -> dict[st
                 t.ended = stored.recorded_at
 
 
+#: `events_by_type`'s keys for PlacementPending by writer and reason code start with this.
+PENDING_BY = "PlacementPending by "
+
+
+async def events_by_type(client: Client, after: int) -> dict[str, int]:
+    """How many events of each type the log holds after position `after`; PlacementPending also by
+    writer and reason code (keys `PENDING_BY` + "<writer> <code>": a backlog's reasons)."""
+    counts: dict[str, int] = {}
+    position = after
+    while True:
+        batch = await client.store.read_all(position, limit=10000)
+        if not batch:
+            return counts
+        position = batch[-1].position
+        for stored in batch:
+            counts[stored.type] = counts.get(stored.type, 0) + 1
+            if stored.type == "PlacementPending":
+                event = decode(stored.data)
+                assert isinstance(event, ev.PlacementPending)
+                key = f"{PENDING_BY}{event.actor} {event.reason.code}"
+                counts[key] = counts.get(key, 0) + 1
+
+
+def deliveries(counts: dict[str, int]) -> int:
+    """Messages those events make the bus deliver to the services (each type's `flow` consumers;
+    the node agents' copies not included)."""
+    from corral.contracts.flow import NODE_AGENT, flow_of
+    from corral.contracts.registry import REGISTRY
+
+    consumers = {cls.__name__: [c for c in flow_of(cls).consumers if c != NODE_AGENT] for cls in REGISTRY.classes()}
+    return sum(n * len(consumers.get(t, ())) for t, n in counts.items() if not t.startswith(PENDING_BY))
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
     ordered = sorted(values)
