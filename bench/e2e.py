@@ -44,6 +44,7 @@ from live import (
     PENDING_BY,
     RUNTIMES,
     LiveStack,
+    bus_messages,
     collect,
     cpu_delta,
     deliveries,
@@ -118,13 +119,14 @@ async def phase(client: Client, live: LiveStack, rate: float, seconds: float, du
                 timeout: float, runtime: str = "sim-timer") -> dict[str, Any]:
     jobs = job_stream(round(rate * seconds), duration, seed, runtime, live.data_dir)
     after = await log_position(client)
-    cpu_before = stack_cpu(live)
+    cpu_before, bus_before = stack_cpu(live), bus_messages(live)
     print(f"  phase {rate:g} jobs/s x {seconds:g}s: {len(jobs)} jobs ...", flush=True)
     submit_seconds = await submit_paced(client, jobs, rate)
     ids = [j for j, _ in jobs]
     _, complete = await wait_placed(client, ids, after, timeout)
     await drain(client, ids, timeout)  # so that GPU hold times (placed -> completed) are all known
     cpu = cpu_delta(cpu_before, stack_cpu(live))
+    bus_in, bus_out = (after_ - before_ for after_, before_ in zip(bus_messages(live), bus_before, strict=True))
     times = await collect(client, ids, after)
     counts = await events_by_type(client, after)
     placed = [t.placed for t in times.values() if t.placed is not None]
@@ -138,7 +140,8 @@ async def phase(client: Client, live: LiveStack, rate: float, seconds: float, du
         "submit_to_placed_ms": latency_ms(times.values(), "placed"),
         "submit_to_running_ms": latency_ms(times.values(), "running"),
         "cpu_seconds": cpu, "cpu_ms_per_job": sum(cpu.values()) / len(jobs) * 1e3,
-        "events_by_type": counts, "deliveries": deliveries(counts),
+        "events_by_type": counts, "deliveries": deliveries(counts), "bus_messages_in": bus_in,
+        "bus_messages_out": bus_out,
         "gpu_hold_s": _mean([(t.ended - t.placed).total_seconds() for t in times.values() if t.placed and t.ended]),
         "mean_gpus": sum(spec.gpus_per_replica * spec.replicas for _, spec in jobs) / len(jobs),
     }
@@ -210,6 +213,9 @@ def render(result: dict[str, Any]) -> str:
         parts = ", ".join(f"{t} {n / p['jobs']:.2f}" for t, n in sorted(types.items(), key=lambda kv: -kv[1]))
         lines.append(f"{p['rate']:6.0f}/s: {sum(types.values()) / p['jobs']:5.1f} events, "
                      f"{p.get('deliveries', 0) / p['jobs']:5.1f} deliveries = {parts}")
+        if "bus_messages_in" in p:
+            lines.append(f"         nats-server: {p['bus_messages_in'] / p['jobs']:.1f} messages in, "
+                         f"{p['bus_messages_out'] / p['jobs']:.1f} out per job (every client, heartbeats included)")
         pending = {t.removeprefix(PENDING_BY): n for t, n in counts.items() if t.startswith(PENDING_BY)}
         if pending:
             lines.append("         PlacementPending by writer and code: " + ", ".join(

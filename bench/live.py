@@ -333,6 +333,17 @@ async def collect(client: Client, job_ids: Iterable[str], after: int) -> dict[st
                 t.ended = stored.recorded_at
 
 
+def bus_messages(live: LiveStack) -> tuple[int, int]:
+    """(messages in, messages out) nats-server counted since it started (its `/varz`): publishes,
+    acks and pull requests in; deliveries, replies and publish acks out."""
+    import urllib.request
+
+    port = json.loads((live.data_dir / "ports.json").read_text())["nats-monitor"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=5) as answer:
+        varz = json.loads(answer.read())
+    return int(varz["in_msgs"]), int(varz["out_msgs"])
+
+
 #: `events_by_type`'s keys for PlacementPending by writer and reason code start with this.
 PENDING_BY = "PlacementPending by "
 
