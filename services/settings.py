@@ -1,16 +1,18 @@
 """Where a service finds its infrastructure, and how often its consumers retry a failing message.
 
 Why: every service process reads the same environment (`corral up` sets it), and a
-setting read in several places drifts. Both are read here, once per process, by the run loop
-(`corral.services.run_loop`).
+setting read in several places drifts. A service's settings are gathered here, once per process,
+by the run loop (`corral.services.run_loop`), through `corral.environment`, the one module that
+reads the environment (what the libraries below read, the bus's credentials or the telemetry's
+log format, is read there too).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from corral import environment
 from corral.core.model import POLICIES, SchedulerConfig
 from corral.lifecycle import Limits
 
@@ -27,7 +29,7 @@ class PlacementSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PlacementSettings:
-        env = os.environ if environ is None else environ
+        env = environment.mapping() if environ is None else environ
         return cls(node_lost_seconds=float(env.get("CORRAL_NODE_LOST_SECONDS", "10")),
                    master_addr=env.get("CORRAL_MASTER_ADDR", "127.0.0.1"), limits=Limits.from_env(env))
 
@@ -56,7 +58,7 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if environ is None else environ
+        env = environment.mapping() if environ is None else environ
         missing = [k for k in ("CORRAL_NATS_URL", "CORRAL_POSTGRES_DSN") if not env.get(k)]
         if missing:
             raise SystemExit(f"set {' and '.join(missing)} (or start everything with `corral up`)")
@@ -78,7 +80,7 @@ class DeliveryLimits:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> DeliveryLimits:
-        env = os.environ if environ is None else environ
+        env = environment.mapping() if environ is None else environ
         limits = cls()
         if env.get("CORRAL_MAX_DELIVER"):
             n = int(env["CORRAL_MAX_DELIVER"])

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from corral import environment
 from corral.bus.limits import BusLimits
 from corral.contracts import events as ev
 from corral.contracts.envelope import QUEUE_TREE_STREAM, Event, job_stream, new_event_id
@@ -58,7 +58,7 @@ def _user() -> str:
     import getpass
 
     try:
-        return os.environ.get("USER") or getpass.getuser()
+        return environment.get("USER") or getpass.getuser()
     except (KeyError, OSError):
         return "unknown"
 

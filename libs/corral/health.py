@@ -16,12 +16,13 @@ process's own endpoint (`probe_url`; a bare path is on `CORRAL_METRICS_ADDR` of 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+from corral import environment
 
 HEALTH_FILE_ENV = "CORRAL_HEALTH_FILE"
 BEAT_SECONDS = 5.0
@@ -38,7 +39,7 @@ async def beat(path: Path, connected: Callable[[], bool], interval: float = BEAT
 
 def start_beat(connected: Callable[[], bool]) -> asyncio.Task[None] | None:
     """The beat task when `CORRAL_HEALTH_FILE` is set, else None (nothing to do)."""
-    where = os.environ.get(HEALTH_FILE_ENV)
+    where = environment.get(HEALTH_FILE_ENV)
     if not where:
         return None
     return asyncio.create_task(beat(Path(where), connected), name="health-beat")

@@ -13,13 +13,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from corral import environment
+
 PROFILE_DIR_ENV = "CORRAL_PROFILE_DIR"
 
 
 @contextmanager
 def profiled(name: str) -> Iterator[None]:
     """Profile the block when CORRAL_PROFILE_DIR is set; write the stats on leaving it."""
-    folder = os.environ.get(PROFILE_DIR_ENV)
+    folder = environment.get(PROFILE_DIR_ENV)
     if not folder:
         yield
         return

@@ -14,6 +14,7 @@ import os
 import signal
 from pathlib import Path
 
+from corral import environment
 from corral.bus import Bus
 from corral.eventstore import EventStore
 from corral.gateway.protocol import DEFAULT_SOCKET, SOCKET_ENV
@@ -51,7 +52,7 @@ async def run(settings: Settings, path: str, stop: asyncio.Event) -> None:
     async def metrics() -> tuple[int, str, bytes]:
         return 200, "text/plain; version=0.0.4", gateway.metrics_text()
 
-    telemetry = await endpoint.start(os.environ.get(METRICS_ADDR_ENV),
+    telemetry = await endpoint.start(environment.get(METRICS_ADDR_ENV),
                                      {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics}, NAME)
     beat = start_beat(lambda: bool(bus.nc.is_connected))
     try:
@@ -71,7 +72,7 @@ async def run(settings: Settings, path: str, stop: asyncio.Event) -> None:
 
 def _secret() -> bytes | None:
     """The gateway's credentials file (its NATS password in it): what keys its message ids."""
-    path = os.environ.get(CREDENTIALS_ENV)
+    path = environment.get(CREDENTIALS_ENV)
     try:
         return Path(path).read_bytes() if path else None
     except OSError:
@@ -81,7 +82,7 @@ def _secret() -> bytes | None:
 def main() -> None:
     logs.configure(NAME)
     settings = Settings.from_env()
-    path = os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+    path = environment.get(SOCKET_ENV) or DEFAULT_SOCKET
 
     async def _main() -> None:
         stop = asyncio.Event()

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from corral import environment
 from corral.contracts.cluster import (
     GPU_MEMORY_GIB,
     ClusterSpec,
@@ -153,23 +153,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-grace", type=float, default=10.0,
                    help="seconds between SIGTERM and SIGKILL when a gang is stopped (default 10)")
     p.add_argument("--stop-workers-on-exit", action="store_true",
-                   default=os.environ.get("CORRAL_AGENT_STOP_WORKERS_ON_EXIT", "") not in ("", "0", "false"),
+                   default=(environment.get("CORRAL_AGENT_STOP_WORKERS_ON_EXIT") or "") not in ("", "0", "false"),
                    help="on SIGTERM/SIGINT stop every gang first (default: leave them running for the next "
                    "agent to adopt; env CORRAL_AGENT_STOP_WORKERS_ON_EXIT=1)")
     p.add_argument("--disk-pressure-below", type=float,
-                   default=float(os.environ.get("CORRAL_AGENT_DISK_PRESSURE_BELOW", "0.10")),
+                   default=float(environment.get("CORRAL_AGENT_DISK_PRESSURE_BELOW") or "0.10"),
                    help="report DiskPressure (no new work here) while a folder the agent writes has less than "
                    "this share free (default 0.10; env CORRAL_AGENT_DISK_PRESSURE_BELOW)")
     p.add_argument("--memory-pressure-below-mib", type=float,
-                   default=float(os.environ.get("CORRAL_AGENT_MEMORY_PRESSURE_BELOW_MIB", "256")),
+                   default=float(environment.get("CORRAL_AGENT_MEMORY_PRESSURE_BELOW_MIB") or "256"),
                    help="report MemoryPressure while less memory is available (default 256; env "
                    "CORRAL_AGENT_MEMORY_PRESSURE_BELOW_MIB)")
     p.add_argument("--pressure-hold-seconds", type=float,
-                   default=float(os.environ.get("CORRAL_AGENT_PRESSURE_HOLD_SECONDS", "10")),
+                   default=float(environment.get("CORRAL_AGENT_PRESSURE_HOLD_SECONDS") or "10"),
                    help="a pressure clears only once its measure has been back above its clear threshold "
                    "(the entry one plus half) this long (default 10; env CORRAL_AGENT_PRESSURE_HOLD_SECONDS)")
     p.add_argument("--conditions-seconds", type=float,
-                   default=float(os.environ.get("CORRAL_AGENT_CONDITIONS_SECONDS", "5")),
+                   default=float(environment.get("CORRAL_AGENT_CONDITIONS_SECONDS") or "5"),
                    help="how often the node's conditions are measured (default 5; env "
                    "CORRAL_AGENT_CONDITIONS_SECONDS)")
     p.add_argument("--run-as", choices=[m.value for m in RunAs], default=None,
@@ -177,14 +177,14 @@ def parser() -> argparse.ArgumentParser:
                    "(default); agent: run every job as this agent's user (a single-user box; `corral up`). "
                    f"Env {RUN_AS_ENV}")
     p.add_argument("--work-subjects", choices=("node", "broadcast"),
-                   default=os.environ.get("CORRAL_AGENT_WORK_SUBJECTS", "node"),
+                   default=environment.get("CORRAL_AGENT_WORK_SUBJECTS") or "node",
                    help="node: consume only this node's work, <ns>.events.node.<node>.> (default); broadcast: "
                    "every job's events, for a control plane whose relay does not send node work yet "
                    "(docs/operations.md; env CORRAL_AGENT_WORK_SUBJECTS)")
     return p
 
 
-def options(args: argparse.Namespace, environ: os._Environ[str] | dict[str, str]) -> AgentOptions:
+def options(args: argparse.Namespace, environ: Mapping[str, str]) -> AgentOptions:
     log_dir = args.log_dir
     if log_dir is None and environ.get("CORRAL_LOG_DIR"):
         log_dir = Path(environ["CORRAL_LOG_DIR"]) / "workers"
@@ -212,15 +212,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logs.configure("node-agent")  # text, or JSON lines with CORRAL_LOG_FORMAT=json
     try:
-        url = os.environ.get("CORRAL_NATS_URL")
+        url = environment.get("CORRAL_NATS_URL")
         if not url:
             raise UsageError("set CORRAL_NATS_URL (or start everything with `corral up`)")
         nodes = inventories(args)
-        opts = options(args, os.environ)
+        opts = options(args, environment.mapping())
     except UsageError as exc:
         print(f"node agent: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    namespace = os.environ.get("CORRAL_NAMESPACE", "corral")
+    namespace = environment.get("CORRAL_NAMESPACE") or "corral"
 
     async def _main() -> None:
         stop = asyncio.Event()

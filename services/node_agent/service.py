@@ -57,6 +57,7 @@ import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from corral import environment
 from corral.bus import Bus, Delivery, Poison, Retry
 from corral.bus.naming import EVENTS, durable_name, history_consumer
 from corral.bus.relay import POSITION, STREAM_VERSION
@@ -720,7 +721,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
     shipper = LogShipper(publish_log, namespace) if options.runtime != "sim-timer" else None
     # One stepd fork server for the process's agents (their stepds start from the same environment).
     # Gloo's sockets on the interface of the advertised address (see `interfaces`).
-    base_env, gloo = with_gloo_interface(os.environ, options.advertise_address)
+    base_env, gloo = with_gloo_interface(environment.mapping(), options.advertise_address)
     if gloo is not None:
         log.info("node agents: ranks' gloo sockets on %s, the interface of %s (GLOO_SOCKET_IFNAME)",
                  gloo, options.advertise_address)

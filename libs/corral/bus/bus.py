@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from nats.js.api import (
 )
 from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError
 
+from corral import environment
 from corral.bus.client import connect
 from corral.bus.consumer import BatchHandler, RunningConsumer, dead_letter_publisher
 from corral.bus.delivery import MSG_ID, Handler
@@ -196,7 +196,7 @@ class Bus:
         default: the file named by `$CORRAL_NATS_CREDENTIALS`, if set. `ca`: the CA file the server's
         certificate must chain to (TLS, see `corral.stack.tls`); default: `$CORRAL_NATS_CA`, if set."""
         names = Namespace(namespace)
-        identity = identity_options(credentials or os.environ.get("CORRAL_NATS_CREDENTIALS"))
+        identity = identity_options(credentials or environment.get("CORRAL_NATS_CREDENTIALS"))
         url_user, url_password = first_credentials(url)
         if not identity and url_user:
             # nats://user:password@host: replies only on the user's inbox. The user and password
@@ -204,7 +204,7 @@ class Bus:
             # URL) is connected to with them, not refused as anonymous.
             identity = {"inbox_prefix": f"_INBOX.{url_user}", "user": url_user, "password": url_password}
         role = identity.pop("role", None)
-        tls = tls_context(ca or os.environ.get(CA_ENV))
+        tls = tls_context(ca or environment.get(CA_ENV))
         if tls is not None:
             # TLS before anything else (the server's `handshake_first`): an impostor on the address
             # that does not hold a certificate of this CA never receives the password.

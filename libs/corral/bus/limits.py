@@ -19,9 +19,10 @@ or an agent without the setting must never shrink a deployment's R3 streams to R
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+
+from corral import environment
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -84,7 +85,7 @@ class BusLimits:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BusLimits:
-        env = os.environ if environ is None else environ
+        env = environment.mapping() if environ is None else environ
         values: dict[str, float | int] = {}
         for f in fields(cls):
             raw = env.get(f"CORRAL_{f.name.upper()}")

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from corral import environment
 from corral.bus.options import CA_ENV, identity_options, tls_context
 from corral.bus.urls import server_urls
 
@@ -79,10 +79,10 @@ async def publish(url: str, subject: str, data: bytes, headers: Mapping[str, str
 async def _publish(url: str, subject: str, data: bytes, headers: Mapping[str, str], *, credentials: str | None,
                    ca: str | None, name: str) -> Acked:
     host, port, url_user, url_password = _target(url)
-    identity: dict[str, Any] = identity_options(credentials or os.environ.get("CORRAL_NATS_CREDENTIALS"))
+    identity: dict[str, Any] = identity_options(credentials or environment.get("CORRAL_NATS_CREDENTIALS"))
     if not identity and url_user:
         identity = {"user": url_user, "password": url_password, "inbox_prefix": f"_INBOX.{url_user}"}
-    tls = tls_context(ca or os.environ.get(CA_ENV))
+    tls = tls_context(ca or environment.get(CA_ENV))
     reader, writer = await asyncio.open_connection(host, port, ssl=tls, server_hostname=host if tls else None,
                                                    limit=_MAX_LINE)
     try:

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import msgspec
 import typer
 
+from corral import environment
 from corral.bus.naming import durable_name
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import err_console
@@ -166,7 +167,7 @@ def nats_target(ca: str | None) -> tuple[str, str, str | None]:
 def default_state_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/var/lib/corral/agent")
-    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "corral" / "agent"
+    return Path(environment.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "corral" / "agent"
 
 
 def register(app: typer.Typer) -> None:
@@ -241,7 +242,7 @@ def register(app: typer.Typer) -> None:
                 parse_address(metrics_address)
             except ValueError as exc:
                 raise AgentUsageError(f"--metrics-address: {exc}") from None
-            os.environ[METRICS_ADDR_ENV] = metrics_address
+            environment.put(METRICS_ADDR_ENV, metrics_address)
             if runtime not in ("process", "sim", "sim-timer"):
                 raise AgentUsageError(f"--runtime {runtime!r}: use process, sim or sim-timer")
             try:

@@ -10,13 +10,13 @@ themselves are the pure `corral.audit` module.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Annotated, Any
 
 import typer
 
+from corral import environment
 from corral.audit import DEFAULT_CHECKS as _DEFAULT
 from corral.audit import Accounting, AllocationRow, AuditReport, Entry, audit, compare_allocations
 from corral.cli.output import console, err_console, print_json, print_table
@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
         live attempt per job, no job lost or stuck, no preemption loop, no wait escalated twice,
         allocations table = fold. Exit 1 at the first violation."""
         # Only the log is read: a --postgres DSN (or CORRAL_POSTGRES_DSN) is enough, e.g. for a restored copy.
-        dsn = ConnectionOptions.postgres or os.environ.get("CORRAL_POSTGRES_DSN") or context().postgres_dsn
+        dsn = ConnectionOptions.postgres or environment.get("CORRAL_POSTGRES_DSN") or context().postgres_dsn
         try:
             report, undecodable = asyncio.run(read_log(dsn, grace))
             chain = asyncio.run(verify_chain(dsn))

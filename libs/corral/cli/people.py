@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from corral import environment
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.session import ConnectionOptions, context
@@ -198,14 +199,14 @@ def identity_of(ctx: Context, context_file: Path | None) -> dict[str, Any]:
         return {"user": who(socket_path), "kind": "unix account", "role": None, "source": f"gateway {socket_path}",
                 "context": str(context_file) if context_file else None}
     if not ctx.credentials:
-        user = os.environ.get("USER") or getpass.getuser()
+        user = environment.get("USER") or getpass.getuser()
         return {"user": user, "kind": None, "role": None, "source": "$USER (no identity: an open bus)",
                 "context": str(context_file) if context_file else None}
     raw = json.loads(Path(ctx.credentials).read_text())
     raw = (raw.get("nats_identity") or raw) if isinstance(raw, dict) else raw
     if not isinstance(raw, dict) or not isinstance(raw.get("user"), str):
         raise ValueError('not a credentials file (a JSON object with "user" and "password")')
-    env = os.environ.get("CORRAL_CREDENTIALS")
+    env = environment.get("CORRAL_CREDENTIALS")
     source = f"CORRAL_CREDENTIALS={env}" if env else ctx.credentials
     role = raw.get("role")
     return {"user": raw["user"], "kind": raw.get("kind") or ("admin" if role == "admin" else "person"),

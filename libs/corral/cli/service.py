@@ -8,7 +8,6 @@ own `/healthz`, where a probe must be a command) or `--file` (the health file; s
 
 from __future__ import annotations
 
-import os
 import runpy
 from enum import StrEnum
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from corral import environment
 from corral.cli.session import ConnectionOptions
 from corral.telemetry.endpoint import DEFAULT_ADDRESS, METRICS_ADDR_ENV, parse_address
 
@@ -49,12 +49,12 @@ def register(app: typer.Typer) -> None:
             parse_address(metrics_address)
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--metrics-address") from None
-        os.environ[METRICS_ADDR_ENV] = metrics_address
+        environment.put(METRICS_ADDR_ENV, metrics_address)
         for var, value in (("CORRAL_NATS_URL", ConnectionOptions.nats),
                            ("CORRAL_POSTGRES_DSN", ConnectionOptions.postgres),
                            ("CORRAL_NAMESPACE", ConnectionOptions.namespace)):
             if value:
-                os.environ[var] = value
+                environment.put(var, value)
         runpy.run_module(f"corral.services.{name.value}", run_name="__main__", alter_sys=True)
 
     @app.command("healthcheck")
@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
 
         if url is not None:
             try:
-                target = endpoint_url(url, os.environ.get(METRICS_ADDR_ENV))
+                target = endpoint_url(url, environment.get(METRICS_ADDR_ENV))
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--url") from None
             healthy, seen = probe_url(target, timeout=max(1.0, min(max_age, 10.0)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from corral import environment
 from corral.stack.context import GATEWAY_SOCKET_ENV, Context
 
 
@@ -28,7 +29,7 @@ def usable_credentials(path: str | None) -> bool:
 def gateway_socket(ctx: Context) -> str | None:
     """The gateway socket this process should use: the context's (or `CORRAL_GATEWAY`'s) when the
     context names no credential this uid can read; None when it has one, or no gateway is known."""
-    socket_path = os.environ.get(GATEWAY_SOCKET_ENV) or ctx.gateway
+    socket_path = environment.get(GATEWAY_SOCKET_ENV) or ctx.gateway
     if not socket_path or usable_credentials(ctx.credentials):
         return None
     return socket_path

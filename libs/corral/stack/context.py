@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from urllib.parse import quote
 
+from corral import environment
+
 DEFAULT_NAMESPACE = "corral"
 #: Environment variable naming the gateway's socket (the service's, and a client's when its
 #: context names none).
@@ -127,7 +129,7 @@ def project_context(start: Path | None = None) -> Path | None:
 
 def locate(explicit: Path | str | None = None) -> Path | None:
     """The context file to use: `explicit`, else `CORRAL_CONTEXT`, else the project's; None if none."""
-    given = explicit or os.environ.get("CORRAL_CONTEXT") or None
+    given = explicit or environment.get("CORRAL_CONTEXT") or None
     return context_file(Path(given)) if given else project_context()
 
 
@@ -143,13 +145,13 @@ def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
     then a missing explicit file, or a file whose `corral up` has exited, is a NoClusterError that
     says which file and what to do.
     """
-    nats = nats_url or os.environ.get("CORRAL_NATS_URL")
-    dsn = postgres_dsn or os.environ.get("CORRAL_POSTGRES_DSN")
+    nats = nats_url or environment.get("CORRAL_NATS_URL")
+    dsn = postgres_dsn or environment.get("CORRAL_POSTGRES_DSN")
     path = locate(context_path)
     saved: Context | None = None
     if path is not None and path.is_file():
         saved = Context.load(path)
-    gateway = os.environ.get("CORRAL_GATEWAY")
+    gateway = environment.get("CORRAL_GATEWAY")
     if gateway and saved is None and not (nats and dsn):
         # A login node's person: the local gateway is all their CLI reaches (corral.gateway.client).
         return Context(nats_url=nats or "", postgres_dsn=dsn or "", namespace=namespace or DEFAULT_NAMESPACE,
@@ -172,18 +174,18 @@ def resolve(nats_url: str | None = None, postgres_dsn: str | None = None,
     dsn = dsn or (saved.postgres_dsn if saved else None)
     dsn = dsn or ""
     assert nats and (dsn or not need_postgres)
-    ns = namespace or os.environ.get("CORRAL_NAMESPACE") or (saved.namespace if saved else DEFAULT_NAMESPACE)
+    ns = namespace or environment.get("CORRAL_NAMESPACE") or (saved.namespace if saved else DEFAULT_NAMESPACE)
     same = saved is not None and saved.nats_url == nats and saved.postgres_dsn == dsn
     embedded = saved if same and saved is not None and saved.nats_identity else None
     if same and saved is not None and saved.postgres_password:
         dsn = with_password(dsn, saved.postgres_password)
     return Context(nats_url=nats, postgres_dsn=dsn, namespace=ns,
                    data_dir=saved.data_dir if same and saved else None,
-                   log_dir=os.environ.get("CORRAL_LOG_DIR") or (saved.log_dir if same and saved else None),
+                   log_dir=environment.get("CORRAL_LOG_DIR") or (saved.log_dir if same and saved else None),
                    pid=saved.pid if same and saved else None, host=saved.host if same and saved else None,
-                   credentials=os.environ.get("CORRAL_CREDENTIALS") or (
+                   credentials=environment.get("CORRAL_CREDENTIALS") or (
                        str(path) if embedded else saved.credentials if same and saved else None),
-                   nats_ca=os.environ.get("CORRAL_NATS_CA") or (
+                   nats_ca=environment.get("CORRAL_NATS_CA") or (
                        embedded.nats_ca_pem if embedded else saved.nats_ca if same and saved else None),
                    metrics=saved.metrics if same and saved else None,
                    gateway=saved.gateway if same and saved else None)

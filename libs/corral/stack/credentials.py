@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from corral import environment
+
 if TYPE_CHECKING:
     from corral.bus import auth
 
@@ -171,7 +173,7 @@ def admin_name() -> str:
     import re
 
     try:
-        name = os.environ.get("USER") or getpass.getuser()
+        name = environment.get("USER") or getpass.getuser()
     except (KeyError, OSError):
         name = "admin"
     return re.sub(r"[^A-Za-z0-9_-]", "_", name) or "admin"

@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corral import environment
+
 
 class ServerStartError(RuntimeError):
     """An embedded server did not come up; the message carries its log tail."""
@@ -186,7 +188,7 @@ _SYNC_VALUE = re.compile(r"always|[1-9][0-9]*(ms|s|m)")
 
 def nats_sync_interval(environ: Mapping[str, str] | None = None) -> str:
     """`$CORRAL_NATS_SYNC` if set (`always`, or an interval such as `200ms`, `1s`, `2m`), else `1s`."""
-    value = (os.environ if environ is None else environ).get(NATS_SYNC_ENV, "").strip() or "1s"
+    value = (environment.mapping() if environ is None else environ).get(NATS_SYNC_ENV, "").strip() or "1s"
     if not _SYNC_VALUE.fullmatch(value):
         raise ValueError(f"{NATS_SYNC_ENV}={value!r}: give `always` (fsync every message) or an interval "
                          "such as 200ms, 1s or 2m")

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
+from corral import environment
 from corral.bus import auth
 from corral.bus.bus import CA_ENV
 from corral.bus.naming import durable_name
@@ -280,7 +281,7 @@ class Stack:
             credentials=str(people.credentials_file(admin)) if keyring else None,
             nats_ca=str(tls_files.ca) if tls_files else None, gateway=gateway_socket))
         self._save_ports()
-        env = {**os.environ, **opts.extra_env,
+        env = {**environment.mapping(), **opts.extra_env,
                "CORRAL_NATS_URL": nats_url, "CORRAL_POSTGRES_DSN": dsn,
                "CORRAL_NAMESPACE": opts.namespace, "CORRAL_LOG_DIR": str(log_dir.resolve()),
                "PYTHONUNBUFFERED": "1"}

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
+
+from corral import environment
 
 READY_MAX_PENDING_ENV = "CORRAL_READY_MAX_PENDING"
 
@@ -54,7 +55,7 @@ class Readiness:
     lease: str | None = None
     phase: Phase = Phase.STARTING
     consumers: Sequence[Backlog] = field(default_factory=list)
-    max_pending: int = field(default_factory=lambda: int(os.environ.get(READY_MAX_PENDING_ENV, "100")))
+    max_pending: int = field(default_factory=lambda: int(environment.get(READY_MAX_PENDING_ENV) or "100"))
 
     async def backlogs(self) -> dict[str, tuple[int, int] | None]:
         """Each consumer's (not delivered, delivered but not acknowledged); None if unknown now."""

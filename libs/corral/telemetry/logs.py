@@ -25,11 +25,12 @@ import contextlib
 import contextvars
 import json
 import logging
-import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
+
+from corral import environment
 
 LOG_FORMAT_ENV = "CORRAL_LOG_FORMAT"
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -140,8 +141,8 @@ class JsonFormatter(logging.Formatter):
 def configure(service: str = "", level: str | None = None) -> None:
     """Configure the root logger as every Corral process does: text by default, JSON lines with
     `CORRAL_LOG_FORMAT=json`; the level from `CORRAL_LOG_LEVEL` (INFO)."""
-    level = level or os.environ.get("CORRAL_LOG_LEVEL", "INFO")
-    if os.environ.get(LOG_FORMAT_ENV, "text").strip().lower() == "json":
+    level = level or environment.get("CORRAL_LOG_LEVEL") or "INFO"
+    if (environment.get(LOG_FORMAT_ENV) or "text").strip().lower() == "json":
         handler = logging.StreamHandler()
         handler.setFormatter(JsonFormatter(service))
         logging.basicConfig(level=level, handlers=[handler], force=True)

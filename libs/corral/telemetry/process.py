@@ -7,13 +7,13 @@ the STOPPING phase before the endpoint closes); each adds only its own families.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from corral import environment
 from corral.telemetry import endpoint
 from corral.telemetry.health import Backlog, Phase, Readiness
 
@@ -50,7 +50,7 @@ class ProcessTelemetry:
         self.readiness.phase = Phase.CONSUMING
 
     async def start(self, address: str | None = None) -> endpoint.Endpoint | None:
-        where = address if address is not None else os.environ.get(endpoint.METRICS_ADDR_ENV)
+        where = address if address is not None else environment.get(endpoint.METRICS_ADDR_ENV)
         routes = dict(zip(endpoint.PATHS, (self.metrics, self.readiness.healthz, self.readiness.readyz),
                           strict=True))
         self.endpoint = await endpoint.start(where, routes, self.label)

@@ -36,6 +36,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from corral import environment
+
 log = logging.getLogger(__name__)
 
 TRACEPARENT = "traceparent"
@@ -59,7 +61,7 @@ class Appended(Protocol):
 
 def wanted(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the environment asks for traces (see the module doc)."""
-    env = os.environ if environ is None else environ
+    env = environment.mapping() if environ is None else environ
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
     exporters = [e.strip() for e in env.get("OTEL_TRACES_EXPORTER", "").split(",") if e.strip()]
@@ -97,7 +99,7 @@ def configure(service_name: str) -> bool:
         return _state.on
     with _state.lock:
         if _state.tracer is None:
-            _setup(os.environ.get("OTEL_SERVICE_NAME") or service_name)
+            _setup(environment.get("OTEL_SERVICE_NAME") or service_name)
     return True
 
 
@@ -108,15 +110,16 @@ def _setup(service_name: str) -> None:
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
-    for name in [e.strip() for e in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",") if e.strip()]:
+    for name in [e.strip() for e in (environment.get("OTEL_TRACES_EXPORTER") or "").split(",") if e.strip()]:
         if name == "otlp":
             provider.add_span_processor(BatchSpanProcessor(_otlp_exporter()))
         elif name == "console":
             provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
         elif name != "none":
             log.warning("OTEL_TRACES_EXPORTER: unknown exporter %r ignored (use otlp, console or none)", name)
-    if os.environ.get(FILE_ENV):
-        exporter: Any = JsonLinesExporter(Path(os.environ[FILE_ENV]), service_name)  # a SpanExporter by duck typing
+    trace_file = environment.get(FILE_ENV)
+    if trace_file:
+        exporter: Any = JsonLinesExporter(Path(trace_file), service_name)  # a SpanExporter by duck typing
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     _state.provider = provider
     _state.propagator = TraceContextTextMapPropagator()
@@ -124,7 +127,7 @@ def _setup(service_name: str) -> None:
 
 
 def _otlp_exporter() -> Any:
-    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    protocol = environment.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environment.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     if protocol == "grpc":
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc

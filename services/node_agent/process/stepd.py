@@ -49,6 +49,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from corral import environment
 from corral.contracts.worker import CHECKPOINTED_EXIT_CODE, signal_from_name
 
 from .assignment import build_rank_env, rank_log_path
@@ -312,7 +313,7 @@ class Stepd:
         read_end, write_end = os.pipe()
         try:
             control = control_path(self.folder, spec.rank)
-            base = os.environ if user is None else user_base_env(os.environ, user)
+            base = environment.mapping() if user is None else user_base_env(environment.mapping(), user)
             if user is not None:
                 # As the submitter (see `run_as`): the stepd stays root to signal the ranks; the
                 # rank gets its own checkpoint directory and control file, nothing else of ours.
@@ -329,7 +330,7 @@ class Stepd:
             elif self.a.runtime != "process":  # a bind's source must exist
                 self.a.checkpoint_dir.mkdir(parents=True, exist_ok=True)
                 os.close(os.open(control, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-            runtime = runtime_for(self.a.runtime, os.environ.get(GPU_DEVICES_ENV))
+            runtime = runtime_for(self.a.runtime, environment.get(GPU_DEVICES_ENV))
             launch = runtime.launch(self.a, spec, build_rank_env(self.a, spec, control, base), control)
             missing = [str(p) for p in launch.needs if not p.exists()]
             if missing:
@@ -529,7 +530,7 @@ def _nothing(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None, term_requested: Callable[[], bool] = lambda: False) -> int:
     args = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=os.environ.get("CORRAL_LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=environment.get("CORRAL_LOG_LEVEL") or "INFO",
                         format="%(asctime)s stepd[%(process)d] %(levelname)s %(message)s")
     if len(args) != 1:
         print("usage: python -m corral.services.node_agent.process.stepd <attempt-dir>", file=sys.stderr)

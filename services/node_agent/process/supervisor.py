@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from corral import environment
+
 from .assignment import Assignment
 from .control import CheckpointReport
 from .fork_server import ForkServer
@@ -198,7 +200,7 @@ class Supervisor:
         self._run_dir = run_dir
         self._kill_grace = kill_grace
         self._poll_interval = poll_interval
-        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._base_env = dict(environment.mapping() if base_env is None else base_env)
         self._python = python
         self._own_launcher = launcher is None
         self._launcher = launcher or ForkServer(python, self._base_env)

@@ -21,10 +21,10 @@ Pure and deterministic: the caller reads the file and passes the bytes and the t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+from corral import environment
 from corral.contracts.logs import TRUNCATED_MARK, LogChunk
 
 KIB = 1024
@@ -58,7 +58,7 @@ class ShipLimits:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ShipLimits:
-        env = os.environ if environ is None else environ
+        env = environment.mapping() if environ is None else environ
         values: dict[str, int] = {}
         for f in fields(cls):
             raw = env.get(f"CORRAL_LOG_{f.name.upper()}")
