@@ -42,7 +42,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import msgspec
+from cli import wait_quiet
 from live import LiveStack, collect, latency_ms, log_position, machine_line, stack_cpu, stack_roots, wait_placed
+from machine_probe import Probe, fdatasync_ms, python_ms, steal_pct
 
 from corral.bus import Bus, Delivery
 from corral.client import Client
@@ -97,7 +100,8 @@ class SimAgent:
         await self.report(self.registration())
 
     async def report(self, event: Any) -> None:
-        await self.bus.publish(self.subjects.node_report(self.node, event.type), encode(event), event.event_id)
+        await self.bus.publish(self.subjects.node_report(self.node, event.type), encode(event), event.event_id,
+                               timeout=30.0)
 
     async def heartbeat(self) -> None:
         self.beats += 1
@@ -143,28 +147,37 @@ class SimAgent:
 
 
 async def agents_worker(config_path: Path) -> None:
-    """A process hosting some nodes' SimAgents until SIGTERM; then writes their counts."""
+    """A process hosting some nodes' SimAgents until SIGTERM; SIGUSR1 writes their counts so far
+    (the driver asks at the end of the measured run, before the reads' standing load)."""
     config = json.loads(config_path.read_text())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, lambda: Path(config["out"]).write_text(
+        json.dumps({a.node: dict(a.deliveries) for a in agents})))
     gate = asyncio.Semaphore(16)
     agents: list[SimAgent] = []
 
     async def one(node: str, rack: str, creds: str) -> None:
         async with gate:
-            for attempt in range(1, 6):  # a loaded server may drop a TLS handshake: try again, as an agent would
+            # a loaded server may drop a TLS handshake or answer a create or a publish late: try
+            # again, as an agent would (the durable and the registration's event id make it safe)
+            for attempt in range(1, 11):
+                bus = None
                 try:
                     bus = await Bus.connect(config["nats_url"], NAMESPACE, name=f"sim-agent-{node}",
                                             credentials=creds, ca=config.get("ca"))
-                    break
+                    agent = SimAgent(node, rack, bus)
+                    await agent.start()
+                    agents.append(agent)
+                    return
                 except Exception:
-                    if attempt == 5:
+                    if bus is not None:
+                        with contextlib.suppress(Exception):
+                            await bus.close()
+                    if attempt == 10:
                         raise
-                    await asyncio.sleep(attempt)
-            agent = SimAgent(node, rack, bus)
-            await agent.start()
-            agents.append(agent)
+                    await asyncio.sleep(min(attempt, 5))
 
     async def beats() -> None:  # from the first registration on: placement counts a node lost after 10 s
         while True:
@@ -178,7 +191,6 @@ async def agents_worker(config_path: Path) -> None:
     Path(config["ready"]).write_text(str(len(agents)))
     await stop.wait()
     task.cancel()
-    Path(config["out"]).write_text(json.dumps({a.node: dict(a.deliveries) for a in agents}))
     await asyncio.gather(*(a.bus.close() for a in agents), return_exceptions=True)
 
 
@@ -251,25 +263,66 @@ def backlog(monitor_port: int | None) -> dict[str, int]:
     return total
 
 
-def command_ms(data_dir: Path, *args: str, tries: int = 2) -> dict[str, float] | None:
-    """Wall and CPU time (ms) of `corral <args>` against the stack, the best of `tries` (None: it
-    failed). CPU: the command's own (its children's usage once reaped), what a loaded machine
-    changes least."""
+#: The reads timed at each size (`corral <args>`), as a person runs them: a summary by default, a
+#: rack's nodes by filter, one frame of top, the first page of jobs.
+READS = {"nodes": ("nodes",), "nodes --rack": ("nodes", "--rack", "rack-0"), "top --once": ("top", "--once"),
+         "jobs": ("jobs",)}
+#: What `corral nodes` and `corral top` answer within on 1,000 nodes (the issue's target).
+READ_TARGET_MS = 500.0
+
+
+def command_ms(data_dir: Path, args: Sequence[str], runs: int = 3) -> dict[str, float] | None:
+    """Wall and CPU time (ms, p50 of `runs` after one uncounted warm-up run) of `corral <args>`
+    against the stack, as a fresh process whose output goes to a pipe (None: it failed). CPU: the
+    process's own (its rusage), what a loaded machine changes least. Its modules' bytecode is
+    cached, as for an installed CLI (a shell exporting PYTHONDONTWRITEBYTECODE would compile every
+    module on every call)."""
     corral = Path(sys.executable).parent / "corral"
-    best: dict[str, float] | None = None
-    for _ in range(tries):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(COLUMNS="120", CORRAL_LOG_LEVEL="WARNING")
+    walls, cpus = [], []
+    for i in range(runs + 1):
         start = time.monotonic()
-        done = subprocess.run([str(corral), "--context", str(data_dir), *args], capture_output=True,
-                              env={**os.environ, "COLUMNS": "120"}, timeout=120)
+        proc = subprocess.Popen([str(corral), "--context", str(data_dir), *args], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        proc.stdout.read()
+        proc.stdout.close()
+        _, status, usage = os.wait4(proc.pid, 0)
         wall = (time.monotonic() - start) * 1e3
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if done.returncode != 0:
+        if os.waitstatus_to_exitcode(status) != 0:
             return None
-        cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1e3
-        if best is None or cpu < best["cpu"]:
-            best = {"wall": round(wall, 1), "cpu": round(cpu, 1)}
-    return best
+        if i > 0:
+            walls.append(wall)
+            cpus.append((usage.ru_utime + usage.ru_stime) * 1e3)
+    return {"wall": round(sorted(walls)[len(walls) // 2], 1), "cpu": round(sorted(cpus)[len(cpus) // 2], 1)}
+
+
+def process_cpu(pids: Sequence[int]) -> float:
+    """CPU seconds used so far by the processes `pids` (user + system)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def trend(samples: Sequence[int]) -> dict[str, Any]:
+    """Whether a backlog sampled at even intervals grows over the run: its mean over the last
+    third against the first third's (growing: more than twice it and 100 messages more)."""
+    if len(samples) < 3:
+        return {"samples": list(samples), "growing": None}
+    third = max(1, len(samples) // 3)
+    first, last = sum(samples[:third]) / third, sum(samples[-third:]) / third
+    return {"samples": list(samples), "first_third": round(first, 1), "last_third": round(last, 1),
+            "growing": last > 2 * first + 100}
 
 
 def workload(count: int, nodes: int, rate: float, load: float, seed: int) -> list[tuple[str, JobSpec]]:
@@ -311,6 +364,63 @@ def start_agents(live: LiveStack, nodes: list[str], per_process: int, work: Path
     return workers
 
 
+def delivery_counts(workers: Sequence[Worker], timeout: float = 60.0) -> dict[str, dict[str, int]]:
+    """node -> kind -> deliveries so far, from every agents' process (SIGUSR1: each writes its file)."""
+    for _, _, out in workers:
+        out.unlink(missing_ok=True)
+    for proc, _, _ in workers:
+        proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + timeout
+    counts: dict[str, dict[str, int]] = {}
+    for _, _, out in workers:
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                counts.update(json.loads(out.read_text()))
+                break
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    return counts
+
+
+async def submit_paced(client: Client, jobs: Sequence[tuple[str, JobSpec]], rate: float) -> None:
+    """Submit `jobs` at `rate` a second (at most 256 waiting for their acknowledgement)."""
+    gate = asyncio.Semaphore(256)
+
+    async def one(job_id: str, spec: JobSpec) -> None:
+        try:
+            await client.submit(spec, job_id=job_id, user="bench")
+        finally:
+            gate.release()
+
+    tasks = []
+    t0 = time.monotonic()
+    for i, (job_id, spec) in enumerate(jobs):
+        delay = t0 + i / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await gate.acquire()
+        tasks.append(asyncio.create_task(one(job_id, spec)))
+    await asyncio.gather(*tasks)
+
+
+async def sample_backlog(monitor: int | None, every: float, into: list[dict[str, int]]) -> None:
+    """Append the consumers' backlog (`backlog`) every `every` seconds until cancelled."""
+    while True:
+        into.append(await asyncio.to_thread(backlog, monitor))
+        await asyncio.sleep(every)
+
+
+async def standing_load(client: Client, live: LiveStack, nodes: int, rate: float, seed: int) -> int:
+    """Fill the cluster for the reads: 2 jobs per node of an hour each (most of them run, the rest
+    wait), then wait for the stack to settle. Returns the number of jobs."""
+    jobs = [(f"r{job_id[1:]}", msgspec.structs.replace(spec, duration_seconds=3600.0))
+            for job_id, spec in workload(2 * nodes, nodes, rate, 0.5, seed)]
+    await submit_paced(client, jobs, rate)
+    await asyncio.to_thread(wait_quiet, live, 0.5, 120.0)
+    return len(jobs)
+
+
 async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="corral-scale-"))
     names = node_names(nodes)
@@ -323,6 +433,7 @@ async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
     workers: list[Worker] = []
     try:
         workers = start_agents(live, names, args.agents_per_process, root)
+        agent_pids = [proc.pid for proc, _, _ in workers]
         client = await Client.connect(ctx)
         try:
             await client.apply_queues(validate_queues({"queues": [{"name": "bench", "guaranteed_gpus": 0}]}))
@@ -332,46 +443,37 @@ async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
             jobs = workload(int(args.rate * args.seconds), nodes, args.rate, args.load, args.seed)
             after = await log_position(client)
             placement = next((p for p in stack.processes if p.name == "placement"), None)
+            monitor = getattr(stack.nats, "monitor_port", None)
             hist_before = cycle_histogram(placement.metrics_url if placement else None)
             cpu_before = stack_cpu(live)
+            agents_before, driver_before = process_cpu(agent_pids), own_cpu()
             wall = time.monotonic()
-            gate = asyncio.Semaphore(256)
-
-            async def one(job_id: str, spec: JobSpec) -> None:
-                try:
-                    await client.submit(spec, job_id=job_id, user="bench")
-                finally:
-                    gate.release()
-
-            tasks = []
-            t0 = time.monotonic()
-            for i, (job_id, spec) in enumerate(jobs):
-                delay = t0 + i / args.rate - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                await gate.acquire()
-                tasks.append(asyncio.create_task(one(job_id, spec)))
-            await asyncio.gather(*tasks)
-            monitor = getattr(stack.nats, "monitor_port", None)
-            behind = backlog(monitor)  # at the end of the submissions
+            samples: list[dict[str, int]] = []
+            sampler = asyncio.create_task(sample_backlog(monitor, args.sample_every, samples))
+            await submit_paced(client, jobs, args.rate)
+            submitted = len(samples)
             _, all_placed = await wait_placed(client, [j for j, _ in jobs], after, args.timeout, progress=False)
             await asyncio.sleep(max(1.0, max(s.duration_seconds or 0 for _, s in jobs) + 1.0))
+            sampler.cancel()
             cpu = stack_cpu(live)
+            agents_cpu, driver_cpu = process_cpu(agent_pids) - agents_before, own_cpu() - driver_before
             wall = time.monotonic() - wall
             hist_after = cycle_histogram(placement.metrics_url if placement else None)
+            deliveries = await asyncio.to_thread(delivery_counts, workers)
+            behind = await asyncio.to_thread(backlog, monitor)
             times = await collect(client, [j for j, _ in jobs], after)
+            standing = await standing_load(client, live, nodes, args.rate, args.seed + 1) if args.reads else 0
         finally:
             await client.close()
-        reads = {"nodes": command_ms(root, "nodes"), "top": command_ms(root, "top", "--once")}
+        reads = {name: command_ms(root, argv) for name, argv in READS.items()} if args.reads else {}
+        probe_line = Probe(python_ms(), *fdatasync_ms(root), steal_pct(), os.getloadavg()[0]).line()
         roots = stack_roots(live)
         rss = {name: round(rss_mib(pid), 1) for pid, name in roots.items()}
-        deliveries: dict[str, dict[str, int]] = {}
-        for proc, _, out in workers:
+        rss["agents"] = round(sum(rss_mib(pid) for pid in agent_pids), 1)
+        for proc, _, _ in workers:
             proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(30)
-            if out.is_file():
-                deliveries.update(json.loads(out.read_text()))
         placed_nodes = [len(t.gpus_by_node) or -(-t.gpus // GPUS_PER_NODE) for t in times.values() if t.placed]
         total = sum(sum(c.values()) for c in deliveries.values())
         kinds: Counter[str] = Counter()
@@ -381,6 +483,8 @@ async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
         njobs = len(jobs)
         touched = sum(placed_nodes) / max(1, len(placed_nodes))
         used = {k: round(cpu.get(k, 0.0) - cpu_before.get(k, 0.0), 2) for k in sorted(cpu)}
+        used[f"agents ({len(workers)} processes)"] = round(agents_cpu, 2)
+        used["bench driver"] = round(driver_cpu, 2)
         return {
             "nodes": nodes, "gpus": nodes * GPUS_PER_NODE, "jobs": njobs, "rate": args.rate, "seconds": args.seconds,
             "start_seconds": round(start_seconds, 1), "all_placed": all_placed, "wall_seconds": round(wall, 1),
@@ -395,8 +499,12 @@ async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
             "placement_decision_ms": {q: (None if (v := histogram_quantile(hist_before, hist_after, q / 100)) is None
                                           else round(v * 1e3, 1)) for q in (50, 99)},
             "submit_to_placed_ms": latency_ms(times.values(), "placed"),
-            "backlog_at_end_of_submissions": behind,
+            "backlog": {who: trend([b.get(who, 0) for b in samples[:max(submitted, 1)]])
+                        for who in ("services", "agents")} | {"every_seconds": args.sample_every},
+            "backlog_after_run": behind,
+            "standing_jobs_for_reads": standing,
             "command_ms": reads,
+            "probe_after": probe_line,
         }
     finally:
         for proc, _, _ in workers:
@@ -408,40 +516,65 @@ async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
 
 def render(results: list[dict[str, Any]]) -> str:
     def row(label: str, values: Sequence[object]) -> str:
-        return f"{label:<34}" + "".join(f"{v!s:>16}" for v in values)
+        return f"{label:<38}" + "".join(f"{v!s:>18}" for v in values)
 
     def fmt(v: float | None, unit: str = "") -> str:
         return "-" if v is None else f"{v:,.1f}{unit}"
 
+    def share(r: dict[str, Any], name: str) -> str:
+        return fmt(100 * r["cpu_seconds"].get(name, 0) / max(r["wall_seconds"], 1e-9), "%")
+
     lines = [row("nodes x 8 GPUs", [r["nodes"] for r in results])]
     lines.append(row("jobs (rate/s x s)", [f"{r['jobs']} ({r['rate']:g}x{r['seconds']:g})" for r in results]))
     lines.append(row("start (stack + agents), s", [r["start_seconds"] for r in results]))
+    lines.append(row("run (submissions to the last end), s", [r["wall_seconds"] for r in results]))
     lines.append(row("deliveries per job", [r["deliveries_per_job"] for r in results]))
     lines.append(row("nodes touched per job", [r["nodes_touched_per_job"] for r in results]))
     lines.append(row("deliveries per node touched", [r["deliveries_per_node_touched"] for r in results]))
     lines.append(row("per agent over the run mean/max", [f"{r['per_agent']['mean']}/{r['per_agent']['max']}"
                                                           for r in results]))
     lines.append(row("nats-server CPU ms/job", [fmt(r["cpu_ms_per_job"].get("nats-server")) for r in results]))
-    lines.append(row("nats-server CPU share of a core", [
-        fmt(100 * r["cpu_seconds"].get("nats-server", 0) / max(r["wall_seconds"], 1e-9), "%") for r in results]))
+    lines.append(row("nats-server CPU, share of a core", [share(r, "nats-server") for r in results]))
     lines.append(row("nats-server RSS MiB", [fmt(r["rss_mib"].get("nats-server")) for r in results]))
-    services = sorted({k for r in results for k in r["cpu_ms_per_job"] if k not in ("nats-server",)})
-    for name in services:
-        lines.append(row(f"{name} CPU ms/job", [fmt(r["cpu_ms_per_job"].get(name)) for r in results]))
-        lines.append(row(f"{name} RSS MiB", [fmt(r["rss_mib"].get(name)) for r in results]))
+    names = sorted({k for r in results for k in r["cpu_ms_per_job"] if k != "nats-server"},
+                   key=lambda k: (k.startswith(("agents", "bench")), k))
+    for name in names:
+        label = "agents" if name.startswith("agents") else name
+        lines.append(row(f"{name[:24]} CPU ms/job", [fmt(r["cpu_ms_per_job"].get(name)) for r in results]))
+        lines.append(row(f"{name[:24]} CPU, share of a core", [share(r, name) for r in results]))
+        if label in results[0]["rss_mib"]:
+            lines.append(row(f"{label} RSS MiB", [fmt(r["rss_mib"].get(label)) for r in results]))
     lines.append(row("placement decision p50/p99 ms (<=)", [
         f"{fmt(r['placement_decision_ms'][50])}/{fmt(r['placement_decision_ms'][99])}" for r in results]))
     lines.append(row("submit->placed p50/p99 ms", [
         f"{fmt(r['submit_to_placed_ms'].get('p50'))}/{fmt(r['submit_to_placed_ms'].get('p99'))}" for r in results]))
-    behind = [r["backlog_at_end_of_submissions"] for r in results]
-    lines.append(row("backlog at end: services/agents", [f"{b.get('services', '-')}/{b.get('agents', '-')}"
-                                                          for b in behind]))
-    for name in ("nodes", "top"):
+    for who in ("services", "agents"):
+        thirds = [(r["backlog"][who].get("first_third", "-"), r["backlog"][who].get("last_third", "-"))
+                  for r in results]
+        lines.append(row(f"{who}' backlog first/last third", [f"{a}/{b}" for a, b in thirds]))
+        lines.append(row(f"{who}' backlog growing", [r["backlog"][who]["growing"] for r in results]))
+    lines.append(row("backlog after the run: services/agents", [
+        f"{r['backlog_after_run'].get('services', '-')}/{r['backlog_after_run'].get('agents', '-')}" for r in results]))
+    for name in READS:
         lines.append(row(f"corral {name} ms, wall/CPU", [
-            "-" if (c := r["command_ms"][name]) is None else f"{fmt(c['wall'])}/{fmt(c['cpu'])}" for r in results]))
+            "-" if (c := r["command_ms"].get(name)) is None else f"{fmt(c['wall'])}/{fmt(c['cpu'])}" for r in results]))
     lines.append(row("every job placed", [r["all_placed"] for r in results]))
-    bound = [r["deliveries_per_job"] <= 3 * r["nodes_touched_per_job"] + 2 for r in results]
-    lines.append(row("deliveries <= 3 x touched + 2", bound))
+    lines.append(row("deliveries <= 3 x touched + 2", [
+        r["deliveries_per_job"] <= 3 * r["nodes_touched_per_job"] + 2 for r in results]))
+    lines.append(row("placed p99 < 500 ms", [(r["submit_to_placed_ms"].get("p99") or 1e9) < 500 for r in results]))
+    lines.append(row("nats-server under one core", [
+        r["cpu_seconds"].get("nats-server", 0) < r["wall_seconds"] for r in results]))
+    lines.append(row("reads (nodes, top) CPU < 500 ms", [
+        all((c := r["command_ms"].get(n)) is not None and c["cpu"] < READ_TARGET_MS for n in ("nodes", "top --once"))
+        if r["command_ms"] else "-" for r in results]))
+    lines.append("")
+    lines.append("backlog samples (services' consumers, every "
+                 f"{results[0]['backlog']['every_seconds']:g} s of the submissions):")
+    for r in results:
+        lines.append(f"  {r['nodes']:>5} nodes: {' '.join(str(x) for x in r['backlog']['services']['samples'])}")
+    lines.append("probe after each size:")
+    for r in results:
+        lines.append(f"  {r['nodes']:>5} nodes: {r['probe_after']}")
     return "\n".join(lines)
 
 
@@ -456,6 +589,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for every job to be placed")
     p.add_argument("--start-timeout", type=float, default=600.0, help="seconds for the nodes to register")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--sample-every", type=float, default=5.0, help="seconds between backlog samples")
+    p.add_argument("--no-reads", dest="reads", action="store_false",
+                   help="skip timing corral nodes/top/jobs (and the standing load they are timed on)")
     p.add_argument("--json", type=Path, help="also write the figures here")
     p.add_argument("--smoke", action="store_true", help="10 and 20 nodes, a few seconds each (the test suite)")
     p.add_argument("--agents-worker", type=Path, help=argparse.SUPPRESS)
@@ -464,7 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(agents_worker(args.agents_worker))
         return 0
     if args.smoke:
-        args.nodes, args.rate, args.seconds, args.timeout = [10, 20], 5.0, 3.0, 120.0
+        args.nodes, args.rate, args.seconds, args.timeout, args.sample_every = [10, 20], 5.0, 3.0, 120.0, 1.0
     print(machine_line(), flush=True)
     results = []
     for nodes in args.nodes:

@@ -31,7 +31,7 @@ from corral.contracts.subjects import ADMIN_REQUEST_TYPES, USER_REQUEST_TYPES, S
 from corral.eventstore import EventStore, StoredEvent
 from corral.projection import ClusterView, JobView
 from corral.readmodel.pages import JobFilter
-from corral.readmodel.snapshots import read_job, read_page, read_view
+from corral.readmodel.snapshots import read_job, read_nodes, read_page, read_view
 from corral.stack.context import Context
 from corral.stack.credentials import NatsCredentials
 from corral.submission_ids import submission_msg_id
@@ -449,6 +449,12 @@ class Client:
         those named in `job_ids` or in one of `states` (`FINISHED`: all of them). O(answer + the
         events since the last snapshot); without a stored view of this code, the whole log."""
         return await read_view(self.store, job_ids=job_ids, states=states)
+
+    async def nodes_view(self) -> ClusterView:
+        """The nodes now, from the read model: every node and queue, and of the jobs only those
+        whose released GPUs are still held (`corral.readmodel.snapshots.read_nodes`): what
+        `corral nodes` shows, without reading the active jobs."""
+        return await read_nodes(self.store)
 
     async def job(self, job_id: str) -> JobView | None:
         """One job as it is now (None: no such job), from the read model: its row and the log

@@ -120,7 +120,10 @@ def test_scale_bench_runs() -> None:
     """bench/scale.py --smoke: 10 and 20 nodes, each its own connection, identity and durable."""
     out = run("bench/scale.py", "--smoke", timeout=480)
     assert "deliveries per job" in out and "submit->placed" in out and "nats-server RSS" in out
-    assert "probe:   python" in out
+    assert "probe:   python" in out and "services' backlog growing" in out and "agents (1 processes) CPU" in out
+    for read in ("corral nodes ms", "corral top --once ms", "corral jobs ms"):
+        line = next(line for line in out.splitlines() if line.startswith(read))
+        assert "-" not in line.split()[-2:], out  # each read answered
     bound = next(line for line in out.splitlines() if line.startswith("deliveries <= 3 x touched"))
     assert bound.split()[-2:] == ["True", "True"], out
 

@@ -22,6 +22,7 @@ from corral.readmodel.snapshots import (
     StoredViewChanged,
     forget_other_schemas,
     read_job,
+    read_nodes,
     read_page,
     read_view,
 )
@@ -65,6 +66,8 @@ async def test_stored_view_plus_tail_answers_as_the_whole_log(postgres_dsn: str)
         truth = whole(log)
 
         assert_same_now(await read_view(store), truth)
+        nodes = await read_nodes(store)  # `corral nodes`: the fenced jobs and the tail's, no other
+        assert nodes.nodes == truth.nodes and nodes.releasing_gpus() == truth.releasing_gpus()
         everything = await read_view(store, states=FINISHED)
         assert everything.jobs.keys() == truth.jobs.keys()
         assert_same_now(everything, truth)

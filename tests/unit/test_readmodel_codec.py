@@ -31,8 +31,8 @@ def test_stored_view_and_tail_fold_as_the_whole_log(seed: int, data: st.DataObje
     base = codec.encode_base(before)
     rows = {j: codec.encode_job(v) for j, v in before.jobs.items()}  # every job a row, active or over
 
-    view, held = codec.decode_base(base)
-    assert set(held) | {j for j, v in before.jobs.items() if not v.state.terminal} == before.active.keys()
+    view, stored = codec.decode_base(base)
+    assert set(stored.held) | {j for j, v in before.jobs.items() if not v.state.terminal} == before.active.keys()
     tail = log[split:]
     for wanted in (before.active.keys() | {j for e in tail for j in codec.touched_jobs(e)}) & rows.keys():
         job = view.jobs[wanted] = codec.decode_job(rows[wanted])
@@ -49,6 +49,33 @@ def test_stored_view_and_tail_fold_as_the_whole_log(seed: int, data: st.DataObje
         assert codec.decode_job(rows[job_id]) == whole.jobs[job_id], job_id
     assert view.nodes == whole.nodes and view.queues == whole.queues and view.ports == whole.ports
     assert view.position == whole.position == len(log)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.sampled_from(sorted(LOGS)), data=st.data())
+def test_a_view_of_the_nodes_needs_only_the_fenced_jobs_and_the_tails(seed: int, data: st.DataObject) -> None:
+    """`read_nodes`: the stored nodes, the jobs stored with a fence and those the tail is about,
+    folded with the tail, give each node and its releasing GPUs as the whole log does."""
+    log = LOGS[seed]
+    split = data.draw(st.integers(0, len(log)))
+    before = folded(log[:split])
+    rows = {j: codec.encode_job(v) for j, v in before.jobs.items()}
+    view, stored = codec.decode_base(codec.encode_base(before))
+    assert set(stored.fenced) == {j.job_id for j in before.fenced_jobs()}
+    tail = log[split:]
+    for wanted in (set(stored.fenced) | {j for e in tail for j in codec.touched_jobs(e)}) & rows.keys():
+        job = view.jobs[wanted] = codec.decode_job(rows[wanted])
+        if job.active:
+            view.active[wanted] = job
+    for position, event in enumerate(tail, split + 1):
+        view.apply(event, None, position)
+    whole = folded(log)
+    assert view.nodes == whole.nodes and view.releasing_gpus() == whole.releasing_gpus()
+
+
+def test_the_varied_logs_hold_fences() -> None:
+    """The logs above release gangs whose ranks are not gone yet at some position (a fence to read)."""
+    assert any(folded(log[:split]).fenced_jobs() for log in LOGS.values() for split in range(len(log)))
 
 
 def test_the_schema_names_the_folding_code() -> None:

@@ -12,11 +12,12 @@ from typing import Annotated, Any
 
 import typer
 
+from corral.cli import nodes_top
 from corral.cli import queue_config as qc
 from corral.cli.commands import CommandError, queue_tree
 from corral.cli.commands import cluster as commands
 from corral.cli.output import console, print_json, print_table
-from corral.cli.present import JOB_COLUMNS, SUMMARY_ABOVE, rack_rows
+from corral.cli.present import JOB_COLUMNS
 from corral.cli.session import command_failed, context, require_admin, with_client
 from corral.cli.verdict_report import report
 from corral.client import Client
@@ -43,19 +44,6 @@ def parse_time(text: str) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def _print_racks(rows: list[dict[str, Any]]) -> None:
-    """A large cluster at a glance: one row per rack, the totals, and how to see nodes."""
-    racks = rack_rows(rows)
-    print_table(None, ["RACK", "NODES", "READY", "DRAINING", "PRESSURE", "LOST", "GPUS", "IN USE", "FREE",
-                       "RELEASING", "MODEL"],
-                [(r["rack"], r["nodes"], r["ready"], r["draining"], r["pressure"], r["lost"], r["gpus"], r["used"],
-                  r["free"], r["releasing"], ",".join(r["models"])) for r in racks])
-    total = {k: sum(r[k] for r in racks) for k in ("nodes", "ready", "lost", "gpus", "used", "free")}
-    console.print(f"{total['nodes']} nodes in {len(racks)} racks ({total['ready']} ready, {total['lost']} lost); "
-                  f"GPUs {total['used']}/{total['gpus']} in use, {total['free']} free. Each node: "
-                  "corral nodes --rack RACK, --state STATE or --all", highlight=False, soft_wrap=True)
-
-
 def register(app: typer.Typer) -> None:
     @app.command()
     def nodes(all_nodes: Annotated[bool, typer.Option("--all", help="Every node, however many.")] = False,
@@ -68,28 +56,7 @@ def register(app: typer.Typer) -> None:
         under `pressure` (disk or memory, measured by its agent) takes no new work: why is under the table,
         as for a GPU unhealthy (X: XID, ECC, fallen off the bus) or drained (D; `!` after a job on one).
         Above 64 nodes: one row per rack, unless --all, --rack or --state picks the nodes to show."""
-        picked = with_client(lambda c: commands.nodes(c, rack=rack, state=state), bus=False)
-        if json_out:
-            print_json(picked)
-            return
-        if len(picked) > SUMMARY_ABOVE and not (all_nodes or rack or state):
-            _print_racks(picked)
-            return
-        print_table(None, ["NODE", "STATE", "RACK", "MODEL", "GPUS", "FREE", "RELEASING",
-                           "GPU MAP (job per GPU, ~: releasing, |: NVLink)"],
-                    [(r["node"], r["state"], r["rack"], r["model"], r["gpus"], r["free"], len(r["releasing"]),
-                      r["map"]) for r in picked])
-        for r in picked:
-            for c in r["conditions"]:
-                console.print(f"{r['node']}: {c['type']}: {c['message']}; no new work until it clears",
-                              highlight=False, soft_wrap=True)
-            for g, p in r["unhealthy"].items():
-                console.print(f"{r['node']}:{g} unhealthy (X): {p['code']}: {p['message']}; no new work on it",
-                              highlight=False, soft_wrap=True)
-            for g, d in r["drained_gpus"].items():
-                why = f": {d['message']}" if d["message"] else ""
-                console.print(f"{r['node']}:{g} drained (D) by {d['user']}{why}; corral gpu undrain {r['node']}:{g}",
-                              highlight=False, soft_wrap=True)
+        nodes_top.nodes(all_nodes, rack, state, json_out)
 
     @app.command()
     def queues(history: Annotated[bool, typer.Option("--history", help="The numbered versions of the tree: "

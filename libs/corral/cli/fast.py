@@ -1,10 +1,13 @@
-"""The hot job commands without typer: `corral submit FILE`, `jobs`, `show JOB`, `cancel JOB`.
+"""The hot commands without typer: `corral submit FILE`, `jobs`, `show JOB`, `cancel JOB`,
+`nodes` and one frame of `top`.
 
 Why: importing typer and building a command costs a call ~40 ms of CPU, a quarter of a
 `corral jobs`. Only plain arguments are taken here: the connection options before the command,
-its one argument, `--json` (and `jobs`' `--all`). Anything else (help, another option, a
-mistake) is left to typer, which says what is wrong. The work is done by the functions the typer
-commands call (`corral.cli.job_commands`), with typer's defaults, so both give the same output.
+its one argument, `--json` (and `jobs`' `--all`, `nodes`' `--all`, `--rack RACK` and
+`--state STATE`, `top`'s `--once`). Anything else (help, another option, a mistake, `top` live)
+is left to typer, which says what is wrong. The work is done by the functions the typer commands
+call (`corral.cli.job_commands`, `corral.cli.nodes_top`), with typer's defaults, so both
+give the same output.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ from typing import TextIO, cast
 CONNECTION = {"--nats": "CORRAL_NATS_URL", "--postgres": "CORRAL_POSTGRES_DSN", "--namespace": "CORRAL_NAMESPACE",
               "--context": "CORRAL_CONTEXT"}
 #: Each hot command's flags taken here, and how many arguments it takes.
-FLAGS = {"submit": ("--json",), "jobs": ("--json", "--all", "-a"), "show": ("--json",), "cancel": ("--json",)}
-ARGUMENTS = {"submit": 1, "jobs": 0, "show": 1, "cancel": 1}
+FLAGS = {"submit": ("--json",), "jobs": ("--json", "--all", "-a"), "show": ("--json",), "cancel": ("--json",),
+         "nodes": ("--json", "--all"), "top": ("--json", "--once")}
+#: Each hot command's options that take a value (`--rack RACK` or `--rack=RACK`).
+VALUED = {"nodes": ("--rack", "--state")}
+ARGUMENTS = {"submit": 1, "jobs": 0, "show": 1, "cancel": 1, "nodes": 0, "top": 0}
 
 
 @dataclass
@@ -31,6 +37,7 @@ class Call:
     connection: dict[str, str] = field(default_factory=dict)
     arguments: list[str] = field(default_factory=list)
     flags: set[str] = field(default_factory=set)
+    options: dict[str, str] = field(default_factory=dict)
 
 
 def parse(args: Sequence[str]) -> Call | None:
@@ -48,13 +55,24 @@ def parse(args: Sequence[str]) -> Call | None:
     if i >= len(args) or args[i] not in FLAGS:
         return None
     call = Call(args[i], connection)
-    for arg in args[i + 1:]:
-        if arg.startswith("-") and arg != "-":
+    rest = list(args[i + 1:])
+    while rest:
+        arg = rest.pop(0)
+        name, eq, value = arg.partition("=")
+        if name in VALUED.get(call.command, ()):
+            if not eq:
+                value = rest.pop(0) if rest else ""
+            if name in call.options or not value or value.startswith("-"):
+                return None
+            call.options[name] = value
+        elif arg.startswith("-") and arg != "-":
             if arg not in FLAGS[call.command]:
                 return None
             call.flags.add(arg)
         else:
             call.arguments.append(arg)
+    if call.command == "top" and not call.flags:
+        return None  # top live: typer's
     return call if len(call.arguments) == ARGUMENTS[call.command] else None
 
 
@@ -63,9 +81,7 @@ def run(args: Sequence[str]) -> bool:
     call = parse(args)
     if call is None:
         return False
-    from corral.cli import job_commands as commands
     from corral.cli.session import ConnectionOptions
-    from corral.cli.verdict_report import VERDICT_WAIT
 
     def option(name: str) -> str | None:
         return call.connection.get(name) or os.environ.get(CONNECTION[name]) or None
@@ -75,6 +91,17 @@ def run(args: Sequence[str]) -> bool:
     ConnectionOptions.namespace, ConnectionOptions.context = option("--namespace"), Path(context) if context else None
     json_out = "--json" in call.flags
     try:
+        if call.command in ("nodes", "top"):
+            from corral.cli import nodes_top
+
+            if call.command == "nodes":
+                nodes_top.nodes("--all" in call.flags, call.options.get("--rack"), call.options.get("--state"),
+                                       json_out)
+            else:
+                nodes_top.top_once(json_out)
+            return True
+        from corral.cli import job_commands as commands
+
         if call.command == "submit":
             commands.submit(call.arguments[0], False, False, 600.0, False, json_out)
         elif call.command == "jobs":
@@ -82,6 +109,8 @@ def run(args: Sequence[str]) -> bool:
         elif call.command == "show":
             commands.show(call.arguments[0], json_out)
         else:
+            from corral.cli.verdict_report import VERDICT_WAIT
+
             commands.cancel(call.arguments[0], json_out, VERDICT_WAIT)
     except OSError as exc:  # as click does: a reader that went away (`| head`) ends the call quietly
         if exc.errno != errno.EPIPE:

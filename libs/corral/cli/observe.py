@@ -1,7 +1,8 @@
 """`corral usage` (sreport/sacct: who used what) and `corral top` (the cluster, live).
 
-Both read the log only: usage folds it with `corral.accounting`, top folds it into a
-`ClusterView` (like `corral nodes` and `corral queues`) and draws one screen (`corral.cli.top_screen`).
+Both read the log only: usage folds it with `corral.accounting`; top reads the cluster now for
+each frame from the read model (like `corral nodes` and `corral queues`) and draws one screen
+(`corral.cli.top_screen`).
 The typer declarations; the reading is `corral.cli.commands.observe`'s.
 """
 
@@ -16,6 +17,7 @@ import typer
 
 from corral.accounting import GroupBy, Window
 from corral.bus import is_unavailable
+from corral.cli import nodes_top
 from corral.cli.cluster import JsonOpt, parse_time
 from corral.cli.commands import observe as commands
 from corral.cli.output import console, print_json, print_table
@@ -62,24 +64,19 @@ def register(app: typer.Typer) -> None:
         """A live view of the cluster (like top): the nodes' GPU map, the queues' use against their
         guarantee and fair share, the pending jobs with their reasons. Ctrl-C quits."""
         if once or json_out:
-            data = snapshot(with_client(lambda c: c.view(), bus=False), datetime.now(UTC))
-            if json_out:
-                print_json(data)
-            else:
-                console.print(render(data, console.width))
+            nodes_top.top_once(json_out)
             return
 
         async def live(c: Client) -> None:
             from rich.live import Live
 
-            view = commands.Following(c)
-            data = snapshot(await view.now(), datetime.now(UTC))
+            data = snapshot(await commands.top_view(c), datetime.now(UTC))
             with Live(render(data, console.width), console=console, screen=True, auto_refresh=False) as screen:
                 while True:
                     started = time.monotonic()
                     note = None
                     try:
-                        data = snapshot(await view.now(), datetime.now(UTC))
+                        data = snapshot(await commands.top_view(c), datetime.now(UTC))
                     except Exception as exc:  # the log unreachable for a moment: keep the last frame
                         if not is_unavailable(exc):
                             raise

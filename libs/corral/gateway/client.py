@@ -137,6 +137,10 @@ class GatewayClient(Client):
             view.jobs[job.job_id] = job
         return view
 
+    async def nodes_view(self) -> ClusterView:
+        """The gateway's view (every active job with the nodes): the fenced ones among them."""
+        return await self.live_view()
+
     async def job(self, job_id: str) -> JobView | None:
         return (await self.live_view(job_ids=[job_id])).jobs.get(job_id)
 

@@ -57,7 +57,8 @@ SCHEMA = _schema()
 class BaseView(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The stored view without its jobs (each job is a row: `encode_job`). `held`: the jobs that are
     over but still hold GPUs or quota (active all the same; the other active jobs are those whose
-    state is not terminal)."""
+    state is not terminal). `fenced`: the jobs with a released attempt whose GPUs are still held
+    (`ClusterView.fenced_jobs`), all that a view of the nodes needs of the jobs (`read_nodes`)."""
 
     position: int
     last_event_at: datetime | None
@@ -66,6 +67,7 @@ class BaseView(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ports: dict[str, dict[int, tuple[str, int]]]
     tree_versions: list[ev.QueueTreeApplied] = msgspec.field(default_factory=list)
     held: list[str] = msgspec.field(default_factory=list)
+    fenced: list[str] = msgspec.field(default_factory=list)
 
 
 class HotView(BaseView, kw_only=True):
@@ -100,7 +102,8 @@ def _fields(view: ClusterView) -> dict[str, object]:
         node._core_node = None
     return {"position": view.position, "last_event_at": view.last_event_at, "nodes": list(view.nodes.values()),
             "queues": list(view.queues.values()), "ports": view.ports, "tree_versions": view.tree_versions,
-            "held": sorted(j for j, job in view.active.items() if job.state.terminal)}
+            "held": sorted(j for j, job in view.active.items() if job.state.terminal),
+            "fenced": sorted(j.job_id for j in view.fenced_jobs())}
 
 
 def encode_base(view: ClusterView) -> bytes:
@@ -108,13 +111,13 @@ def encode_base(view: ClusterView) -> bytes:
     return _ENCODER.encode(BaseView(**_fields(view)))  # type: ignore[arg-type]
 
 
-def decode_base(data: bytes) -> tuple[ClusterView, list[str]]:
-    """A `ClusterView` with no jobs, and the ids of `BaseView.held`; msgspec.ValidationError if it
-    does not parse."""
+def decode_base(data: bytes) -> tuple[ClusterView, BaseView]:
+    """A `ClusterView` with no jobs, and the stored view it was made of (its `held` and `fenced`
+    jobs); msgspec.ValidationError if it does not parse."""
     base: BaseView = _decoder(BaseView).decode(data)
     return (ClusterView(nodes={n.name: n for n in base.nodes}, queues={q.name: q for q in base.queues},
                         ports=base.ports, position=base.position, last_event_at=base.last_event_at,
-                        tree_versions=base.tree_versions), base.held)
+                        tree_versions=base.tree_versions), base)
 
 
 def encode_hot(view: ClusterView) -> bytes:

@@ -4,8 +4,9 @@ plus the log's tail.
 Why: a question about now must cost what its answer holds, not the log (a million events take
 ~20 s to fold) nor the backlog (20,000 waiting jobs, to show one). A question reads the snapshot
 of its schema (`codec.SCHEMA`: the nodes, queues and ports, and the position P folded), the rows
-of the jobs it asks about (one job, one page of a listing, or every active job for a view of the
-whole cluster), and folds only the events after P.
+of the jobs it asks about (one job, one page of a listing, every active job for a view of the
+whole cluster, or the jobs whose released GPUs are still held for a view of the nodes), and
+folds only the events after P.
 
 Why this is never wrong, only slower:
 - The log is the truth and the snapshot only a shortcut: the events after P are always folded,
@@ -40,7 +41,16 @@ from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
 from corral.eventstore import EventStore
 from corral.projection import ClusterView, JobState, JobView
-from corral.readmodel.codec import SCHEMA, decode_base, decode_job, encode_base, encode_job, job_columns, touched_jobs
+from corral.readmodel.codec import (
+    SCHEMA,
+    BaseView,
+    decode_base,
+    decode_job,
+    encode_base,
+    encode_job,
+    job_columns,
+    touched_jobs,
+)
 from corral.readmodel.pages import JobFilter, first_by_submission, page_of
 
 log = logging.getLogger(__name__)
@@ -74,6 +84,19 @@ async def read_view(store: EventStore, *, job_ids: Collection[str] = (), states:
             return await _read(conn, set(job_ids), list(states), "", every_active)
 
 
+async def read_nodes(store: EventStore, schema: str = SCHEMA) -> ClusterView:
+    """Every node and queue now, and of the jobs only those whose released GPUs are still held
+    (`BaseView.fenced`) and those the log's tail is about: all that each node's GPUs, allocations
+    and releasing GPUs need (`corral nodes`), at the cost of the nodes, not of the active jobs."""
+    async with store.connection() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        try:
+            return await _read(conn, set(), [], schema, every_active=False, fenced=True)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            log.warning("the stored view (schema %s) does not decode (%s); folding the log from the start",
+                        schema, exc)
+            return await _read(conn, set(), [], "", every_active=False, fenced=True)
+
+
 async def read_job(store: EventStore, job_id: str, schema: str = SCHEMA) -> JobView | None:
     """One job as it is now (None: the log knows no such job): its row and the log after it."""
     return (await read_view(store, job_ids=[job_id], schema=schema, every_active=False)).jobs.get(job_id)
@@ -92,8 +115,9 @@ async def read_page(store: EventStore, where: JobFilter, limit: int | None,
             return await _page(conn, where, limit, "")
 
 
-async def _based(conn: Any, schema: str) -> tuple[int, tuple[ClusterView, list[str]] | None]:
-    """The log's head, and the stored view without its jobs with `BaseView.held` (None: none usable)."""
+async def _based(conn: Any, schema: str) -> tuple[int, tuple[ClusterView, BaseView] | None]:
+    """The log's head, and the stored view without its jobs with the `BaseView` it was made of
+    (None: none usable)."""
     head = int(await conn.fetchval("SELECT position FROM event_log_head WHERE id"))
     row = await conn.fetchrow("SELECT position, data FROM view_snapshots WHERE schema = $1", schema)
     if row is None or row["position"] > head:
@@ -115,15 +139,18 @@ def _fold(view: ClusterView, tail: list[tuple[int, Event]]) -> None:
     view.position = max(view.position, tail[-1][0] if tail else 0)
 
 
-async def _read(conn: Any, job_ids: set[str], states: list[str], schema: str, every_active: bool) -> ClusterView:
+async def _read(conn: Any, job_ids: set[str], states: list[str], schema: str, every_active: bool,
+                fenced: bool = False) -> ClusterView:
+    """`fenced`: also the jobs whose released GPUs are still held (a fence is made and opened only
+    by its own job's events, so these and the tail's jobs are every job with a fence now)."""
     head, based = await _based(conn, schema)
     if based is None:
         return await _whole_log(conn, head)
-    view, held = based
+    view, base = based
     tail = [item async for batch in _tail(conn, view.position, head) for item in batch]
     if every_active:
-        await _load_jobs(conn, view, schema, held, list(UNFINISHED))
-    wanted = job_ids | {j for _, event in tail for j in touched_jobs(event)}
+        await _load_jobs(conn, view, schema, base.held, list(UNFINISHED))
+    wanted = job_ids | {j for _, event in tail for j in touched_jobs(event)} | set(base.fenced if fenced else ())
     await _load_jobs(conn, view, schema, wanted - view.jobs.keys(), states)
     _fold(view, tail)
     return view

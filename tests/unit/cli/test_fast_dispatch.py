@@ -1,4 +1,4 @@
-"""`corral.cli.fast`: the hot job commands run without typer only when their arguments are plain,
+"""`corral.cli.fast`: the hot commands run without typer only when their arguments are plain,
 with typer's defaults for everything else (the e2e `test_cli` compares both paths' output)."""
 
 from __future__ import annotations
@@ -19,12 +19,19 @@ def test_plain_hot_calls_are_taken() -> None:
     assert fast.parse(["submit", "-"]) == fast.Call("submit", arguments=["-"])
     assert fast.parse(["--context", "/d", "--nats=nats://h:4222", "cancel", "j1"]) == fast.Call(
         "cancel", {"--context": "/d", "--nats": "nats://h:4222"}, ["j1"])
+    assert fast.parse(["nodes"]) == fast.Call("nodes")
+    assert fast.parse(["nodes", "--rack", "r1", "--state=lost", "--json"]) == fast.Call(
+        "nodes", flags={"--json"}, options={"--rack": "r1", "--state": "lost"})
+    assert fast.parse(["top", "--once"]) == fast.Call("top", flags={"--once"})
+    assert fast.parse(["top", "--json"]) == fast.Call("top", flags={"--json"})
 
 
 def test_anything_else_is_left_to_typer() -> None:
     for args in ([], ["--help"], ["jobs", "--help"], ["show"], ["show", "a", "b"], ["jobs", "extra"],
                  ["jobs", "--limit", "5"], ["jobs", "--stuck"], ["submit", "f", "--wait"], ["cancel", "j", "-h"],
-                 ["cancel", "j", "--verdict-timeout", "3"], ["why", "j"], ["nodes"], ["show", "--", "j"],
+                 ["cancel", "j", "--verdict-timeout", "3"], ["why", "j"], ["nodes", "x"], ["show", "--", "j"],
+                 ["top"], ["top", "--once", "--interval", "1"], ["nodes", "--rack"], ["nodes", "--rack", "--json"],
+                 ["nodes", "--rack", "a", "--rack", "b"], ["nodes", "--rack="], ["jobs", "--rack", "r"],
                  ["--nats"], ["--nats", "--json", "jobs"], ["--nats=", "jobs"], ["--nats", "a", "--nats", "b", "jobs"],
                  ["--bogus", "x", "jobs"], ["jobs", "--nats", "x"], ["show", "j", "--json=1"], ["jobs", "-aj"]):
         assert fast.parse(args) is None, args
@@ -36,10 +43,11 @@ def test_the_flags_taken_are_the_typer_commands_and_the_rest_keep_typer_defaults
     assert isinstance(group, typer.core.TyperGroup)
     fixed = {"submit": {"wait": False, "until_done": False, "timeout": 600.0, "no_wait_admission": False},
              "jobs": {"queue": None, "state": None, "user": None, "stuck": False, "limit": None},
-             "show": {}, "cancel": {"waited": VERDICT_WAIT}}
+             "show": {}, "cancel": {"waited": VERDICT_WAIT}, "nodes": {}, "top": {"interval": 2.0}}
     for name, flags in fast.FLAGS.items():
         command = group.commands[name]
         options = {o: p for p in command.params for o in p.opts}
+        flags = (*flags, *fast.VALUED.get(name, ()))
         assert set(flags) <= set(options), name
         arguments = [p for p in command.params if p.param_type_name == "argument"]
         assert len(arguments) == fast.ARGUMENTS[name]

@@ -41,13 +41,13 @@ def test_top_on_a_thousand_nodes_draws_racks_not_nodes(big: Any) -> None:
 
 def test_nodes_on_a_thousand_nodes_is_a_rack_summary_and_filters_show_nodes(
         big: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from corral.cli import cluster as cluster_cli
+    from corral.cli import nodes_top
     from corral.cli.main import app
 
     rows = node_rows(big)
     client = FakeClient()
     client.view = AsyncMock(return_value=big)  # type: ignore[method-assign]
-    monkeypatch.setattr(cluster_cli, "with_client", lambda fn, bus=True: asyncio.run(fn(client)))
+    monkeypatch.setattr(nodes_top, "with_client", lambda fn, bus=True: asyncio.run(fn(client)))
     summary = CliRunner().invoke(app, ["nodes"], env={"COLUMNS": "120"})
     assert summary.exit_code == 0, summary.output
     assert "1000 nodes in" in summary.output and "node-999" not in summary.output

@@ -18,8 +18,9 @@ FOLLOW_POLL = 0.5
 
 
 async def nodes(c: Client, *, rack: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
-    """Each node's row (`present.node_rows`), only those of `rack` and in `state` when given."""
-    return [r for r in node_rows(await c.live_view())
+    """Each node's row (`present.node_rows`), only those of `rack` and in `state` when given: from
+    the nodes and the jobs whose released GPUs are still held (`Client.nodes_view`), not every job."""
+    return [r for r in node_rows(await c.nodes_view())
             if (rack is None or r["rack"] == rack) and (state is None or r["state"] == state)]
 
 

@@ -1,5 +1,5 @@
-"""`corral usage`, `corral top` and `corral dlq`: GPU-hours from the log, the cluster view kept up
-to date frame after frame, and the messages the services could never process."""
+"""`corral usage`, `corral top` and `corral dlq`: GPU-hours from the log, the cluster now for each
+frame, and the messages the services could never process."""
 
 from __future__ import annotations
 
@@ -29,22 +29,11 @@ async def usage(c: Client, window: Window, by: GroupBy) -> tuple[list[UsageRow],
     return rows, total(rows)
 
 
-class Following:
-    """The cluster view kept up to date by folding only what was appended since the last frame
-    (refolding the whole log every refresh would cost O(log) per frame)."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.view = ClusterView()
-        self.after = 0
-
-    async def now(self) -> ClusterView:
-        while batch := await self.client.store.read_all(self.after, limit=BATCH):
-            for stored in batch:
-                with contextlib.suppress(ContractError):
-                    self.view.apply(decode(stored.data), stored.version, stored.position)
-            self.after = batch[-1].position
-        return self.view
+async def top_view(c: Client) -> ClusterView:
+    """The cluster now for a frame of `corral top`, read again for each frame: the read model's
+    view (`Client.live_view`: the stored view and the log after it), which costs the active jobs
+    and the nodes, not the log."""
+    return await c.live_view()
 
 
 async def dead_letters(c: Client, now: datetime | None = None) -> list[dict[str, Any]]:

@@ -70,6 +70,9 @@ class FakeClient:
     async def live_view(self, *, job_ids: Collection[str] = (), states: Collection[str] = ()) -> ClusterView:
         return await self.view()
 
+    async def nodes_view(self) -> ClusterView:
+        return await self.view()
+
     async def job(self, job_id: str) -> JobView | None:
         return (await self.view()).jobs.get(job_id)
 

@@ -1,4 +1,4 @@
-"""`corral usage`, `corral top`'s following view and `corral dlq` as functions over a client."""
+"""`corral usage`, `corral top`'s view and `corral dlq` as functions over a client."""
 
 from __future__ import annotations
 
@@ -19,13 +19,11 @@ def test_usage_is_a_row_per_queue_and_their_total() -> None:
     assert overall.used == pytest.approx(8.0, rel=0.01)  # r's 8 GPUs for an hour
 
 
-def test_the_following_view_folds_only_what_was_appended() -> None:
+def test_each_frame_of_top_reads_the_cluster_now() -> None:
     c = FakeClient(two_nodes_one_running_one_pending())
-    following = commands.Following(c)
-    assert run(following.now()).jobs["r"].state.value == "RUNNING"
-    seen = following.after
+    assert run(commands.top_view(c)).jobs["r"].state.value == "RUNNING"
     c.append(job_event("r", ev.JobCompleted, 40))
-    assert run(following.now()).jobs["r"].state.value == "COMPLETED" and following.after == seen + 1
+    assert run(commands.top_view(c)).jobs["r"].state.value == "COMPLETED"
 
 
 def test_a_dead_letter_replay_the_services_cannot_take_is_a_command_error() -> None:
