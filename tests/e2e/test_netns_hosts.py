@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from corral.cli.audit import read_log
+from corral.cli.commands.audit import read_log
 from corral.contracts import events as ev
 from corral.contracts.jobspec import validate_job_spec
 from corral.contracts.logs import LogChunk

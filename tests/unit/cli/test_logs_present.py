@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from corral.cli.logs import Printer, chunk_text, group
+from corral.cli.commands.logs import group
+from corral.cli.logs import Printer, chunk_text
 from corral.contracts.logs import LogChunk
 
 
