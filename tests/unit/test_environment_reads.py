@@ -60,3 +60,11 @@ def test_every_allowed_module_exists_and_still_reads_it() -> None:
 def test_the_finder_sees_each_way_in() -> None:
     code = "import os\nfrom os import getenv\na = os.environ['X']\nb = os.getenv('Y')\nc = {**os.environ}\n"
     assert sorted(reads(ast.parse(code))) == [2, 3, 4, 5]
+
+
+def test_the_environment_module_sits_below_every_floor() -> None:
+    """It imports nothing of Corral: telemetry, the bus and the stack all read through it."""
+    tree = ast.parse((REPO / "libs" / "corral" / "environment.py").read_text())
+    imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in imported if m.startswith("corral")], imported
