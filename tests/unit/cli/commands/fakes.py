@@ -50,6 +50,9 @@ class FakeClient:
         self.log.append(stored)
         return stored
 
+    async def close(self) -> None:
+        pass
+
     # ---- the log ----
     async def events(self, *, after: int = 0, until: datetime | None = None,
                      types: list[str] | None = None) -> list[tuple[StoredEvent, Event]]:
