@@ -73,11 +73,31 @@ async def _bus_as(stack: Stack, user: str) -> AsyncIterator[Bus]:
 
 
 async def _refused(bus: Bus, subject: str, event: ev.Event) -> bool:
-    """True when the server refuses the publish (no stream ack ever comes back)."""
+    """True when the server refuses the publish: its permissions violation for the subject comes
+    back at once (nats.py hands it to the connection's error callback, lowercased); without one, no
+    stream ack within the timeout counts as refused too."""
+    violation = asyncio.get_running_loop().create_future()
+    previous = bus.nc._error_cb
+
+    async def on_error(exc: Exception) -> None:
+        if f'permissions violation for publish to "{subject.lower()}"' in str(exc) and not violation.done():
+            violation.set_result(True)
+        await previous(exc)
+
+    bus.nc._error_cb = on_error
+    publish = asyncio.ensure_future(bus.publish(subject, encode(event), event.event_id, timeout=1.5))
     try:
-        await bus.publish(subject, encode(event), event.event_id, timeout=1.5)
+        await asyncio.wait({publish, violation}, return_when=asyncio.FIRST_COMPLETED)
+        if violation.done():
+            return True
+        publish.result()
     except (TimeoutError, nats.errors.Error):
         return True
+    finally:
+        bus.nc._error_cb = previous
+        publish.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await publish
     return False
 
 
