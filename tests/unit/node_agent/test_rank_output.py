@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.services.node_agent.process.rank_output import RankOutput
@@ -67,6 +67,7 @@ def test_a_log_that_cannot_be_opened_for_another_reason_fails_the_start(tmp_path
         out.open()
 
 
+@settings(deadline=None)  # a folder and a file per example: on a loaded machine a deadline times the disk
 @given(st.lists(st.binary(min_size=1, max_size=300), max_size=20))
 def test_what_comes_through_the_pipe_is_the_log_in_order(chunks: list[bytes]) -> None:
     import tempfile
