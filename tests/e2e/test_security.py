@@ -38,6 +38,7 @@ from corral.contracts.subjects import Subjects
 from corral.stack.context import Context
 from corral.stack.up import Stack
 from tests.e2e.conftest import handled, own_site
+from tests.nats_refusals import refused
 
 NS = "corral"
 
@@ -73,32 +74,8 @@ async def _bus_as(stack: Stack, user: str) -> AsyncIterator[Bus]:
 
 
 async def _refused(bus: Bus, subject: str, event: ev.Event) -> bool:
-    """True when the server refuses the publish: its permissions violation for the subject comes
-    back at once (nats.py hands it to the connection's error callback, lowercased); without one, no
-    stream ack within the timeout counts as refused too."""
-    violation = asyncio.get_running_loop().create_future()
-    previous = bus.nc._error_cb
-
-    async def on_error(exc: Exception) -> None:
-        if f'permissions violation for publish to "{subject.lower()}"' in str(exc) and not violation.done():
-            violation.set_result(True)
-        await previous(exc)
-
-    bus.nc._error_cb = on_error
-    publish = asyncio.ensure_future(bus.publish(subject, encode(event), event.event_id, timeout=1.5))
-    try:
-        await asyncio.wait({publish, violation}, return_when=asyncio.FIRST_COMPLETED)
-        if violation.done():
-            return True
-        publish.result()
-    except (TimeoutError, nats.errors.Error):
-        return True
-    finally:
-        bus.nc._error_cb = previous
-        publish.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await publish
-    return False
+    """True when the server refuses the publish (a permissions violation, or no stream ack)."""
+    return await refused(bus, subject, bus.publish(subject, encode(event), event.event_id, timeout=1.5))
 
 
 def _spec(**kw: Any) -> JobSpec:
@@ -335,11 +312,14 @@ async def test_the_cli_login_only_reads(secured: Stack) -> None:
 
 async def _api(bus: Bus, subject: str, body: dict[str, Any]) -> dict[str, Any] | None:
     """A JetStream API request; None when the server refuses the publish (no reply comes)."""
-    try:
-        reply = await bus.nc.request(subject, json.dumps(body).encode(), timeout=1.0)
-    except (TimeoutError, nats.errors.Error):
+    replies: list[Any] = []
+
+    async def ask() -> None:
+        replies.append(await bus.nc.request(subject, json.dumps(body).encode(), timeout=1.0))
+
+    if await refused(bus, subject, ask()):
         return None
-    answer: dict[str, Any] = json.loads(reply.data)
+    answer: dict[str, Any] = json.loads(replies[0].data)
     return answer
 
 
@@ -416,14 +396,12 @@ async def test_log_lines_come_only_from_the_node_that_ran_the_rank_and_only_an_a
         async with _bus_as(secured, _agent_user(secured)) as agent:
             for node in ("evil", "node-9"):
                 subject, data, msg_id = chunk(node)
-                with pytest.raises((TimeoutError, nats.errors.Error)):
-                    await agent.publish(subject, data, msg_id, timeout=1.0)
+                assert await refused(agent, subject, agent.publish(subject, data, msg_id, timeout=1.0))
             subject, data, msg_id = chunk(mine)
             await agent.publish(subject, data, msg_id, timeout=5.0)  # its own node: taken
         async with _bus_as(secured, "bob") as bob:
             subject, data, msg_id = chunk(mine)
-            with pytest.raises((TimeoutError, nats.errors.Error)):
-                await bob.publish(subject, data, msg_id, timeout=1.0)
+            assert await refused(bob, subject, bob.publish(subject, data, msg_id, timeout=1.0))
             with pytest.raises(LogStreamUnavailable, match="admin"):
                 await read_chunks(bob, LogQuery(job_id), lambda _: None, timeout=1.0)
     finally:

@@ -35,6 +35,7 @@ import yaml
 
 from corral.bus import Bus
 from corral.stack.servers import free_port, nats_server_binary
+from tests.nats_refusals import refused
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -128,8 +129,7 @@ async def _connect(url: str, credentials: Path) -> Bus:
 
 
 async def _refused(bus: Bus, subject: str) -> None:
-    with pytest.raises((TimeoutError, nats.errors.Error)):
-        await bus.publish(subject, b"{}", f"forged-{subject}", timeout=1.0)
+    assert await refused(bus, subject, bus.publish(subject, b"{}", f"forged-{subject}", timeout=1.0)), subject
 
 
 def _publish_allows(auth_conf: str) -> dict[str, list[str]]:
