@@ -29,6 +29,20 @@ def thresholds_of(config: SchedulerConfig) -> tuple[float, ...]:
     return config.las_thresholds if config.order is OrderPolicy.FAIR_LAS else ()
 
 
+def service_read(config: SchedulerConfig) -> tuple[float, ...] | None:
+    """What of a waiting job's attained service a cycle under `config` reads: all of it (None:
+    LAS ranks and preempts by the exact value), its level (FAIR_LAS: the thresholds), or nothing
+    (the other orders: `()`)."""
+    return None if config.order is OrderPolicy.LAS else thresholds_of(config)
+
+
+def service_class(attained: float, read: tuple[float, ...] | None) -> float:
+    """The part of `attained` a cycle reads under `read` (`service_read`): equal values, equal answers."""
+    if read is None:
+        return attained
+    return float(bisect_right(read, attained)) if read else 0.0
+
+
 def in_queue_key(p: PendingJob, thresholds: Sequence[float]) -> InQueueKey:
     """Highest priority first, then the lowest level, then the oldest, then the id."""
     job = p.job

@@ -19,7 +19,7 @@ from operator import attrgetter
 from corral.core.backfill import Release
 from corral.core.gpuset import FreeGpus
 from corral.core.ledger import add_masks
-from corral.core.levels import thresholds_of
+from corral.core.levels import service_read, thresholds_of
 from corral.core.model import PendingJob, RunningJob, SchedulerConfig, Snapshot
 from corral.core.ordering import iter_pending, tree_for
 from corral.core.preemption.eligibility import NONE_SPARED, spared
@@ -79,6 +79,7 @@ def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Pre
         return iter_pending(snapshot, config, tree=tree, usage=usage)
 
     thresholds = thresholds_of(config)
+    read = service_read(config)
     spared = _spared(snapshot.pending, running)
     per_user = tree.per_user
 
@@ -91,7 +92,7 @@ def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Pre
         releasing=releasing,
         spared=spared,
         order=order,
-        classes={p.job.id: memo.class_id(p, per_user, thresholds, spared.get(p.job.id, NONE_SPARED))
+        classes={p.job.id: memo.class_id(p, per_user, read, spared.get(p.job.id, NONE_SPARED))
                  for p in snapshot.pending},
         releases=_releases(running, fi) if config.backfill else {},
         thresholds=thresholds,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from corral.core import reasons
 from corral.core.decisions import Decision, Pending, Reason, ReasonCode
-from corral.core.levels import level
+from corral.core.levels import service_class
 from corral.core.model import Job, PendingJob
 
 if TYPE_CHECKING:
@@ -37,18 +37,19 @@ _QUIET_BEFORE_PROBING = 8
 
 
 def class_key(
-    p: PendingJob, by_user: bool = False, thresholds: tuple[float, ...] = (), spared: frozenset[str] = frozenset()
+    p: PendingJob, by_user: bool = False, read: tuple[float, ...] | None = None,
+    spared: frozenset[str] = frozenset(),
 ) -> tuple[object, ...]:
     """Everything about a pending job that its decision reads, except its id and its place in the
     order: jobs with equal keys get equal answers while the cycle's state is unchanged. Its user
     only `by_user` (a queue sets `max_gpus_per_user`, the one rule that reads it): otherwise the
-    same job of two users is one class. With service `thresholds` (FAIR_LAS, which reads a job's
-    service only as its level) the level stands for the attained service. Of who preempted whom
-    the decision reads only `spared` (`eligibility.spared`: the running jobs it may not preempt for
-    their history with it), not `preempted_by`: a job preempted by one that has ended since is in
-    the class of a job never preempted."""
+    same job of two users is one class. Its attained service as much as the policy reads it
+    (`levels.service_read`: all of it under LAS, the level under FAIR_LAS, none under the others).
+    Of who preempted whom the decision reads only `spared` (`eligibility.spared`: the running
+    jobs it may not preempt for their history with it), not `preempted_by`: a job preempted by one
+    that has ended since is in the class of a job never preempted."""
     job = p.job
-    service = level(p.attained_gpu_seconds, thresholds) if thresholds else p.attained_gpu_seconds
+    service = service_class(p.attained_gpu_seconds, read)
     return (
         job.queue,
         job.replicas,
@@ -97,21 +98,21 @@ class ClassMemo:
     def __init__(self, limit: int = 200_000) -> None:
         self.limit = limit
         self._ids: dict[tuple[object, ...], int] = {}
-        self._of: dict[int, tuple[PendingJob, int, bool, tuple[float, ...], frozenset[str]]] = {}
+        self._of: dict[int, tuple[PendingJob, int, bool, tuple[float, ...] | None, frozenset[str]]] = {}
 
     def class_id(
-        self, p: PendingJob, by_user: bool = False, thresholds: tuple[float, ...] = (),
+        self, p: PendingJob, by_user: bool = False, read: tuple[float, ...] | None = None,
         spared: frozenset[str] = frozenset(),
     ) -> int:
         hit = self._of.get(id(p))
-        if (hit is not None and hit[0] is p and hit[2] is by_user and hit[3] == thresholds
+        if (hit is not None and hit[0] is p and hit[2] is by_user and hit[3] == read
                 and (hit[4] is spared or hit[4] == spared)):
             return hit[1]
-        key = class_key(p, by_user, thresholds, spared)
+        key = class_key(p, by_user, read, spared)
         n = self._ids.get(key)
         if n is None:
             n = self._ids[key] = len(self._ids)
-        self._of[id(p)] = (p, n, by_user, thresholds, spared)
+        self._of[id(p)] = (p, n, by_user, read, spared)
         return n
 
     def between_cycles(self) -> None:

@@ -28,7 +28,7 @@ from corral.core.cycle import Cycle
 from corral.core.decisions import Decision
 from corral.core.gpuset import ClusterIndex, FreeGpus
 from corral.core.ledger import add_masks
-from corral.core.levels import in_queue_key, thresholds_of
+from corral.core.levels import in_queue_key, service_read, thresholds_of
 from corral.core.model import (
     Cluster,
     NodeState,
@@ -80,6 +80,7 @@ class SchedulerState:
     def __init__(self, cluster: Cluster, queues: Sequence[QueueConfig], config: SchedulerConfig) -> None:
         self.config = config
         self._thresholds = thresholds_of(config)
+        self._read = service_read(config)  # what of a job's attained service its class reads
         self.queues = tuple(queues)
         self._configured = {q.name for q in self.queues}
         self._pending: dict[str, PendingJob] = {}
@@ -162,7 +163,7 @@ class SchedulerState:
         return p
 
     def _class_id(self, p: PendingJob, found: frozenset[str]) -> int:
-        key = class_key(p, self._by_user, self._thresholds, found)
+        key = class_key(p, self._by_user, self._read, found)
         k = self._class_ids.get(key)
         if k is None:
             k = self._class_ids[key] = len(self._class_ids)

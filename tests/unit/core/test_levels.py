@@ -100,3 +100,21 @@ def test_a_level_preemption_takes_no_victim_larger_than_the_preemptor() -> None:
     full = [*runs, running(job("rest", gpus=3, queue="a"), [("n000", (5, 6, 7))], start=900.0)]
     snap = snapshot(cluster, [job("pair", gpus=2, queue="a", submit_time=950.0)], full, queues=queues)
     assert not [d for d in schedule(snap, _config((500.0,))) if isinstance(d, Preempt)]  # `one` frees 1 of 2
+
+
+def test_a_class_reads_attained_service_as_much_as_its_policy_does() -> None:
+    """Jobs that differ only in attained service are one class under fair share (nothing reads
+    it), one class per level under fair-las, and apart under LAS (the exact value ranks them)."""
+    from corral.core.prepared import prepare
+    from corral.core.shortcuts import ClassMemo
+
+    waiting = [PendingJob(job("a"), 0.0), PendingJob(job("b"), 100.0), PendingJob(job("c"), 900.0)]
+    snap = snapshot(Cluster.uniform(1, 1, "H100"), waiting, queues=[QueueConfig("q", 1)])
+
+    def partition(config: SchedulerConfig) -> list[int]:
+        classes = prepare(snap, config, ClassMemo()).classes
+        return [classes[i] - classes["a"] for i in "abc"]
+
+    assert partition(SchedulerConfig()) == [0, 0, 0]
+    assert partition(_config((500.0,))) == [0, 0, partition(_config((500.0,)))[2]] != [0, 0, 0]
+    assert len(set(partition(SchedulerConfig.named("las")))) == 3
