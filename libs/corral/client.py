@@ -9,7 +9,6 @@ start from the read model the projector keeps (`live_view`) and fold only the lo
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -88,11 +87,12 @@ class Client:
     """Connections to one Corral installation (open with `await Client.connect(ctx)`)."""
 
     def __init__(self, ctx: Context, store: EventStore, bus: Bus | None, *, lazy_bus: bool = False,
-                 timeout: float = 5.0) -> None:
+                 timeout: float = 5.0, blocking: bool = False) -> None:
         self.ctx = ctx
         self.store = store
         self._bus = bus
         self._lazy_bus = lazy_bus
+        self._blocking = blocking
         self._timeout = timeout
         self.subjects = Subjects(ctx.namespace)
         self._key: bytes | None = None
@@ -103,6 +103,8 @@ class Client:
         published, and a request published without nats-py when it can be (`corral.bus.request`):
         a command that publishes one request (`corral submit`). A person with no credential of
         their own goes through the local gateway instead (`corral.cli.session.connect`)."""
+        import asyncio
+
         store = await asyncio.wait_for(EventStore.open(ctx.postgres_dsn, pool_size=4, min_size=1), timeout)
         if lazy_bus:
             tracing.configure(_CLI_CONNECTION)  # its spans carry the CLI's name before the bus is reached
@@ -116,6 +118,20 @@ class Client:
                 raise
         return cls(ctx, store, nats, timeout=timeout)
 
+    @classmethod
+    def blocking(cls, ctx: Context, *, timeout: float = 5.0) -> Client | None:
+        """A client for one command-line call with no event loop: Postgres over one blocking
+        connection (`EventStore.blocking`), NATS reached only to publish a request, without nats-py
+        (`corral.bus.request.send`). Its coroutines never suspend: run them with
+        `corral.eventstore.wire.finish`. Only the reads and requests of `submit` (without `--wait`),
+        `jobs`, `show` and `cancel` are made to run so. `wire.Unsupported` for a DSN that
+        connection does not speak, None with migrations pending: `connect` then."""
+        store = EventStore.blocking(ctx.postgres_dsn, timeout)
+        if store is None:
+            return None
+        tracing.configure(_CLI_CONNECTION)  # its spans carry the CLI's name before the bus is reached
+        return cls(ctx, store, None, lazy_bus=True, timeout=timeout, blocking=True)
+
     @staticmethod
     async def _connect_bus(ctx: Context) -> Bus:
         from corral.bus import Bus  # nats-py: loaded only by the commands that publish
@@ -127,6 +143,8 @@ class Client:
         """The bus, connected now if this client was opened with `lazy_bus`; BusUnreachable when
         it cannot be reached within the client's timeout."""
         if self._bus is None and self._lazy_bus:
+            import asyncio
+
             try:
                 self._bus = await asyncio.wait_for(self._connect_bus(self.ctx), self._timeout)
             except (TimeoutError, OSError, ConnectionError) as exc:
@@ -210,25 +228,43 @@ class Client:
         if self._bus is None and self._lazy_bus and not tracing.enabled():
             from corral.bus import request
 
+            sent = (self.ctx.nats_url, subject, data, {**headers, request.MSG_ID: msg_id})
+            options = {"credentials": self.ctx.credentials, "ca": self.ctx.nats_ca, "name": _CLI_CONNECTION,
+                       "timeout": self._timeout}
             try:
-                await request.publish(self.ctx.nats_url, subject, data, {**headers, request.MSG_ID: msg_id},
-                                      credentials=self.ctx.credentials, ca=self.ctx.nats_ca, name=_CLI_CONNECTION,
-                                      timeout=self._timeout)
+                if self._blocking:
+                    request.send(*sent, **options)  # type: ignore[arg-type]
+                else:
+                    await request.publish(*sent, **options)  # type: ignore[arg-type]
                 return
             except request.NotPublished:
                 pass  # the bus below says why, or publishes it (the msg id makes that harmless)
+        if self._blocking:  # no event loop runs this client: the bus gets one of its own, for this request
+            import asyncio
+
+            asyncio.run(self._publish_through_bus(subject, data, msg_id, headers, close=True))
+            return
+        await self._publish_through_bus(subject, data, msg_id, headers)
+
+    async def _publish_through_bus(self, subject: str, data: bytes, msg_id: str, headers: dict[str, str], *,
+                                   close: bool = False) -> None:
         bus = await self._connected_bus()
         from corral.bus import StreamMissing, is_unavailable
 
         try:
-            await bus.publish(subject, data, msg_id, headers)
-            return
-        except StreamMissing:
-            await bus.ensure_streams()
-        except Exception as exc:
-            if not is_unavailable(exc):
-                raise
-        await bus.publish(subject, data, msg_id, headers, retry_for=self.REQUEST_RETRY_SECONDS)
+            try:
+                await bus.publish(subject, data, msg_id, headers)
+                return
+            except StreamMissing:
+                await bus.ensure_streams()
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    raise
+            await bus.publish(subject, data, msg_id, headers, retry_for=self.REQUEST_RETRY_SECONDS)
+        finally:
+            if close:
+                self._bus = None
+                await bus.close()
 
     def submission(self, spec: JobSpec, *, job_id: str | None = None, user: str | None = None) -> ev.JobSubmitted:
         """The JobSubmitted that `submit_request` publishes (checked for size and for what the node
@@ -299,7 +335,7 @@ class Client:
                     return event
             if time.monotonic() > deadline:
                 return None
-            await asyncio.sleep(interval)
+            await self.store.pause(interval)
             interval = min(interval * 2, 0.5)
 
     async def cancel(self, job_id: str, *, user: str | None = None, message: str = "") -> Event:
@@ -494,4 +530,4 @@ class Client:
                 return view
             if time.monotonic() > deadline:
                 raise TimeoutError(f"condition not met within {timeout}s")
-            await asyncio.sleep(interval)
+            await self.store.pause(interval)

@@ -20,7 +20,6 @@ Deciding the kind from what was read is pure (`decide`); `read_verdict` does the
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -161,7 +160,7 @@ async def read_verdict(store: EventStore, request: Event, msg_id: str, timeout: 
             return verdict
         if time.monotonic() > deadline:
             return Verdict(request, VerdictKind.NO_VERDICT, job_id=getattr(request, "job_id", None))
-        await asyncio.sleep(interval)
+        await store.pause(interval)
         interval = min(interval * 2, POLL_SECONDS[1])
 
 

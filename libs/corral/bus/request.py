@@ -1,14 +1,15 @@
 """One JetStream publish for a command-line request, without nats-py.
 
 Why: `corral submit` and `corral cancel` are fresh processes that publish one message and wait for
-JetStream's ack. Importing nats-py (its client loads its JetStream API, a module of dataclasses)
-cost ~85 ms of CPU of such a call, more than connecting with TLS (~8 ms). A publish needs only a
-few lines of the NATS protocol (docs.nats.io, "Client Protocol"): the server's INFO, CONNECT with
-the identity, SUB to a reply subject on the identity's own inbox prefix, HPUB with the
-`Nats-Msg-Id` header, and the ack that JetStream sends to the reply subject. Anything else (no
-stream for the subject, an error, a server that wants what this does not speak, a lost connection)
-is `NotPublished`: the caller publishes again through `corral.bus.Bus`, which handles all of it,
-and the msg id makes a second publish of the same request harmless.
+JetStream's ack, with no event loop (`send`; `publish` runs it from one). Importing nats-py (its
+client loads its JetStream API, a module of dataclasses) cost ~85 ms of CPU of such a call, more
+than connecting with TLS (~8 ms). A publish needs only a few lines of the NATS protocol
+(docs.nats.io, "Client Protocol"): the server's INFO, CONNECT with the identity, SUB to a reply
+subject on the identity's own inbox prefix, HPUB with the `Nats-Msg-Id` header, and the ack that
+JetStream sends to the reply subject. Anything else (no stream for the subject, an error, a server
+that wants what this does not speak, a lost connection) is `NotPublished`: the caller publishes
+again through `corral.bus.Bus`, which handles all of it, and the msg id makes a second publish of
+the same request harmless.
 
 The connection is made as the bus makes it (`corral.bus.options`): the context's identity, TLS
 first with the installation's CA, the first server of the URL.
@@ -16,9 +17,10 @@ first with the installation's CA, the first server of the URL.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
+import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -63,30 +65,43 @@ def _headers(headers: Mapping[str, str]) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-async def publish(url: str, subject: str, data: bytes, headers: Mapping[str, str], *, credentials: str | None,
-                  ca: str | None, name: str, timeout: float = 5.0) -> Acked:
+def send(url: str, subject: str, data: bytes, headers: Mapping[str, str], *, credentials: str | None,
+         ca: str | None, name: str, timeout: float = 5.0) -> Acked:
     """Publish `data` to `subject` with `headers` (which hold the `Nats-Msg-Id`) and wait for
-    JetStream's ack; NotPublished when this path cannot say it was stored."""
+    JetStream's ack, blocking (no event loop: a command-line process does nothing else meanwhile);
+    NotPublished when this path cannot say it was stored."""
     try:
-        return await asyncio.wait_for(_publish(url, subject, data, headers, credentials=credentials, ca=ca,
-                                               name=name), timeout)
+        return _send(url, subject, data, headers, credentials=credentials, ca=ca, name=name, timeout=timeout)
     except NotPublished:
         raise
-    except (OSError, TimeoutError, EOFError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+    except (OSError, EOFError, ValueError) as exc:  # TimeoutError and ssl's errors are OSErrors
         raise NotPublished(f"{type(exc).__name__}: {exc}") from None
 
 
-async def _publish(url: str, subject: str, data: bytes, headers: Mapping[str, str], *, credentials: str | None,
-                   ca: str | None, name: str) -> Acked:
+async def publish(url: str, subject: str, data: bytes, headers: Mapping[str, str], *, credentials: str | None,
+                  ca: str | None, name: str, timeout: float = 5.0) -> Acked:
+    """`send` from an event loop, in a worker thread (the loop goes on meanwhile)."""
+    import asyncio
+
+    return await asyncio.to_thread(send, url, subject, data, headers, credentials=credentials, ca=ca, name=name,
+                                   timeout=timeout)
+
+
+def _send(url: str, subject: str, data: bytes, headers: Mapping[str, str], *, credentials: str | None,
+          ca: str | None, name: str, timeout: float) -> Acked:
     host, port, url_user, url_password = _target(url)
     identity: dict[str, Any] = identity_options(credentials or environment.get("CORRAL_NATS_CREDENTIALS"))
     if not identity and url_user:
         identity = {"user": url_user, "password": url_password, "inbox_prefix": f"_INBOX.{url_user}"}
     tls = tls_context(ca or environment.get(CA_ENV))
-    reader, writer = await asyncio.open_connection(host, port, ssl=tls, server_hostname=host if tls else None,
-                                                   limit=_MAX_LINE)
+    deadline = time.monotonic() + timeout
+    sock = socket.create_connection((host, port), timeout=timeout)
     try:
-        line = await reader.readline()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            sock = tls.wrap_socket(sock, server_hostname=host)
+        lines = _Lines(sock, deadline)
+        line = lines.readline()
         if not line.startswith(b"INFO "):
             raise NotPublished(f"the server said {line[:80]!r}, not INFO")
         info = json.loads(line[5:])
@@ -99,37 +114,65 @@ async def _publish(url: str, subject: str, data: bytes, headers: Mapping[str, st
             connect.update(user=identity["user"], **{"pass": identity.get("password") or ""})
         reply = f"{identity.get('inbox_prefix') or '_INBOX'}.{secrets.token_hex(11)}"
         head = _headers(headers)
-        writer.write(b"".join([
+        sock.sendall(b"".join([
             b"CONNECT ", json.dumps(connect, separators=(",", ":")).encode(), b"\r\n",
             f"SUB {reply} 1\r\n".encode(),
             f"HPUB {subject} {reply} {len(head)} {len(head) + len(data)}\r\n".encode(), head, data, b"\r\n",
             b"PING\r\n"]))
-        await writer.drain()
-        return await _ack(reader, writer)
+        return _ack(lines, sock)
     finally:
-        writer.close()
-        try:
-            await writer.wait_closed()
-        except (OSError, asyncio.CancelledError):
-            pass
+        sock.close()
 
 
-async def _ack(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Acked:
+class _Lines:
+    """The server's lines and payloads from a blocking socket, within one deadline."""
+
+    def __init__(self, sock: Any, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self.buffer = b""
+
+    def _more(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no ack within the timeout")
+        self.sock.settimeout(left)
+        chunk = self.sock.recv(_MAX_LINE)
+        if not chunk:
+            raise EOFError("the server closed the connection")
+        self.buffer += chunk
+
+    def readline(self) -> bytes:
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > _MAX_LINE:
+                raise ValueError("a line over the limit")
+            self._more()
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line + b"\n"
+
+    def read(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            self._more()
+        data, self.buffer = self.buffer[:n], self.buffer[n:]
+        return data
+
+
+def _ack(lines: _Lines, sock: Any) -> Acked:
     """Read until the message on the reply subject (the ack), answering the server's pings."""
     while True:
-        line = (await reader.readline()).rstrip(b"\r\n")
+        line = lines.readline().rstrip(b"\r\n")
         if not line:
             raise NotPublished("the server closed the connection")
         op = line.split(b" ", 1)[0].upper()
         if op == b"PING":
-            writer.write(b"PONG\r\n")
+            sock.sendall(b"PONG\r\n")
         elif op == b"-ERR":
             raise NotPublished(line.decode(errors="replace"))
         elif op in (b"MSG", b"HMSG"):
             parts = line.split()
             total = int(parts[-1])
             head_size = int(parts[-2]) if op == b"HMSG" else 0
-            body = await reader.readexactly(total + 2)
+            body = lines.read(total + 2)
             return _acked(body[:head_size], body[head_size:total])
         # +OK, PONG, INFO (a cluster's news): nothing to do
 

@@ -110,7 +110,7 @@ def submit(file: str, wait: bool, until_done: bool, timeout: float, no_wait_admi
         return job_row(view.jobs[job_id])
 
     try:
-        result = with_client(go, lazy_bus=True)
+        result = with_client(go, lazy_bus=True, blocking=not wait)
     except TimeoutError:
         err_console.print(f"[red]error:[/red] the job did not get there within {timeout:.0f}s; "
                           "see `corral why`", highlight=False)
@@ -150,7 +150,7 @@ def jobs(queue: str | None, state: str | None, user: str | None, all_jobs: bool,
         now = datetime.now(UTC)
         return [job_row(j, now) for j in page], matched
 
-    rows, matched = with_client(go, bus=False)
+    rows, matched = with_client(go, bus=False, blocking=True)
     if json_out:
         print_json(rows)
     else:
@@ -173,7 +173,7 @@ def show(job: str, json_out: bool) -> None:
         submitted = next((e for _, e in await c.job_events(job) if isinstance(e, ev.JobSubmitted)), None)
         return job_detail(replace(j, spec=submitted.spec) if submitted is not None else j)
 
-    detail = with_client(go, bus=False)
+    detail = with_client(go, bus=False, blocking=True)
     if detail is None:
         err_console.print(f"[red]error:[/red] no job {job!r} (see `corral jobs --all`)", highlight=False)
         raise SystemExit(EXIT_FAILURE)
@@ -202,7 +202,7 @@ def cancel(job: str, json_out: bool, waited: float) -> None:
         verdict = await c.await_verdict(await c.cancel(job), waited)
         return verdict, await job_now(c, job)
 
-    answered = with_client(go, lazy_bus=True)
+    answered = with_client(go, lazy_bus=True, blocking=True)
     if answered is None:
         err_console.print(f"[red]error:[/red] no job {job!r}", highlight=False)
         raise SystemExit(EXIT_FAILURE)

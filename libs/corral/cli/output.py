@@ -10,15 +10,64 @@ import json
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from corral.cli import plain
 
-console = Console()
-err_console = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+
+class _Console:
+    """rich's console, made on first use: a line of the hot commands' markup printed to a pipe is
+    written as rich writes it without importing rich (`corral.cli.plain`); anything else is rich's."""
+
+    def __init__(self, *, stderr: bool = False) -> None:
+        self._stderr = stderr
+        self._rich: Console | None = None
+
+    @property
+    def rich(self) -> Console:
+        if self._rich is None:
+            from rich.console import Console
+
+            self._rich = Console(stderr=self._stderr)
+        return self._rich
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.rich, name)
+
+    @property
+    def width(self) -> int:
+        if self._rich is None and plain.stream(self._stderr) is not None:
+            columns = plain.width()
+            if columns is not None:
+                return columns
+        return self.rich.width
+
+    def plain(self, lines: Sequence[str]) -> bool:
+        """Write `lines` of markup as rich would to a stream that is not a terminal (True), or
+        nothing (False: rich prints them)."""
+        out, columns = plain.stream(self._stderr), plain.width()
+        if self._rich is not None or out is None or columns is None:
+            return False
+        texts = [plain.render(line, columns) for line in lines]
+        if any(t is None for t in texts):
+            return False
+        out.write("".join(texts))  # type: ignore[arg-type]
+        out.flush()
+        return True
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        if len(objects) == 1 and isinstance(objects[0], str) and set(options) <= {"highlight"} \
+                and self.plain([objects[0]]):
+            return
+        self.rich.print(*objects, **options)
+
+
+console: Any = _Console()
+err_console: Any = _Console(stderr=True)
 
 
 def print_json(data: Any) -> None:
@@ -41,6 +90,9 @@ def make_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequenc
     while that leaves room, and long text (names, node lists, reasons) wraps, breaking long words:
     the long text always gives way first and an id stays whole.
     """
+    from rich import box
+    from rich.table import Table
+
     width = width or console.width
     table = Table(title=title, show_edge=False, header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
     widest = [max([len(col), *(len(r[i]) for r in rows)]) for i, col in enumerate(columns)]
@@ -73,7 +125,10 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
         for row in cells:
             table.add_row(*row)
         console.print(table)
-    if notes:  # one print: rich's per-call cost (~0.5 ms) was most of `corral jobs` with 1,000 jobs
+    if notes and not (isinstance(console, _Console) and console.plain([f"{key}: {text}" for key, text in notes])):
+        from rich.text import Text
+
+        # one print: rich's per-call cost (~0.5 ms) was most of `corral jobs` with 1,000 jobs
         console.print(Text("\n").join(Text.from_markup(f"{key}: {text}") for key, text in notes), highlight=False)
 
 
@@ -92,6 +147,17 @@ def _print_plain(title: str | None, columns: Sequence[str], cells: Sequence[Sequ
     if not all(v.isascii() and v.isprintable() and "[" not in v and not _EMOJI_CODE.search(v)
                for r in cells for v in r):
         return False
+    if isinstance(console, _Console) and console._rich is None:
+        out = plain.stream(stderr=False)
+        if out is not None:  # rich would print it unstyled: the same characters, without rich
+            head = [] if title is None else [_centered(title, total)]
+            out.write("\n".join([*head, " ".join(c.ljust(w + 1) for c, w in zip(columns, widths, strict=True)),
+                                 "─" * total, *(" ".join(v.ljust(w + 1) for v, w in zip(r, widths, strict=True))
+                                                for r in cells)]) + "\n")
+            out.flush()
+            return True
+    from rich.text import Text
+
     text = Text()
     if title is not None:
         text.append(_centered(title, total), style="italic")

@@ -7,8 +7,7 @@ expected failures into one line and a documented exit code.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
@@ -44,13 +43,24 @@ def context(*, need_postgres: bool = True) -> Context:
         raise SystemExit(EXIT_NO_CLUSTER) from None
 
 
-def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True, lazy_bus: bool = False) -> T:
+def with_client(fn: Callable[[Client], Coroutine[object, object, T]], *, bus: bool = True, lazy_bus: bool = False,
+                blocking: bool = False) -> T:
     """Run `fn` with a connected client; a cluster that does not answer is one line, exit 3, and
     a `CommandError` its line, its problems and its exit code. `lazy_bus`: NATS is reached only to
-    publish (`Client.connect`), for commands that only publish requests."""
+    publish (`Client.connect`), for commands that only publish requests. `blocking`: `fn` awaits
+    only what a blocking client runs without an event loop (`Client.blocking`: reads,
+    `await_verdict`, requests), and runs so when the context allows it (its own credential, a DSN
+    that client speaks), else as without it."""
     from corral.client import BusUnreachable
 
     ctx = context()
+    if blocking and (lazy_bus or not bus) and gateway_socket(ctx) is None:
+        client = _blocking_client(ctx)
+        if client is not None:
+            try:
+                return _run_blocking(fn, client, ctx)
+            except CommandError as exc:
+                command_failed(exc)
 
     async def run() -> T:
         try:
@@ -73,6 +83,8 @@ def with_client(fn: Callable[[Client], Awaitable[T]], *, bus: bool = True, lazy_
         finally:
             await client.close()
 
+    import asyncio
+
     try:
         return asyncio.run(run())
     except _Unreachable as exc:
@@ -92,6 +104,41 @@ def command_failed(exc: CommandError) -> NoReturn:
         err_console.print(f"  [bold]{p.path}[/bold]: {p.message}" + (f"\n    hint: {p.hint}" if p.hint else ""),
                           highlight=False)
     raise SystemExit(exc.code)
+
+
+def _blocking_client(ctx: Context) -> Client | None:
+    """`Client.blocking` for `ctx`, None when it does not speak its DSN or migrations are pending;
+    a cluster that does not answer is one line, exit 3."""
+    from corral.eventstore import wire
+
+    try:
+        return Client.blocking(ctx, timeout=5.0)
+    except wire.Unsupported:
+        return None
+    except (TimeoutError, OSError, ConnectionError) as exc:
+        fail_unreachable(f"cannot reach the Corral cluster at {redacted(ctx.postgres_dsn)} ({type(exc).__name__}: "
+                         f"{exc}); is `corral up` running?")
+    except wire.PostgresError as exc:
+        fail_unreachable(f"cannot reach the Corral cluster ({type(exc).__name__}: {exc}); is `corral up` running?")
+
+
+def _run_blocking(fn: Callable[[Client], Coroutine[object, object, T]], client: Client, ctx: Context) -> T:
+    from corral.client import BusUnreachable
+    from corral.eventstore.wire import finish
+
+    try:
+        try:
+            return finish(fn(client))
+        finally:
+            finish(client.close())
+    except BusUnreachable as exc:
+        fail_unreachable(f"cannot reach the Corral cluster at {ctx.nats_url} / {redacted(ctx.postgres_dsn)} "
+                         f"({exc}); is `corral up` running?")
+
+
+def fail_unreachable(message: str) -> NoReturn:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    raise SystemExit(EXIT_NO_CLUSTER)
 
 
 async def connect(ctx: Context, *, bus: bool = True, timeout: float = 5.0, lazy_bus: bool = False) -> Client:

@@ -20,10 +20,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
-
-import asyncpg
+from typing import TYPE_CHECKING
 
 from corral.eventstore.errors import MigrationError
+
+if TYPE_CHECKING:
+    import asyncpg
 
 MIGRATION_LOCK_KEY = 0x636F7272616C  # "corral" in ASCII; any constant bigint shared by all starters
 _NAME = re.compile(r"^(\d+)_[A-Za-z0-9_]+\.sql$")
@@ -88,6 +90,8 @@ async def migrate_if_needed(conn: asyncpg.Connection) -> list[str]:
     apply are a MigrationError that says who applies them."""
     if not await pending_migrations(conn):
         return []
+    import asyncpg
+
     try:
         return await apply_migrations(conn)
     except (MigrationError, asyncpg.InsufficientPrivilegeError) as exc:
@@ -102,6 +106,8 @@ async def migrate_if_needed(conn: asyncpg.Connection) -> list[str]:
 async def apply_migrations(conn: asyncpg.Connection,
                            migrations: Sequence[Migration] | None = None) -> list[str]:
     """Apply what is missing, each file in its own transaction; return the names applied now."""
+    import asyncpg
+
     todo = ordered(migrations) if migrations is not None else bundled_migrations()
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
     try:

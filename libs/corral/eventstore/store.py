@@ -45,13 +45,11 @@ import json
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, overload
-
-import asyncpg
+from typing import TYPE_CHECKING, Any, overload
 
 from corral.eventstore import pool_logs
 from corral.eventstore.errors import ConcurrencyError, DuplicateEvent, EventStoreError, InvalidEventData
-from corral.eventstore.migrate import migrate_if_needed
+from corral.eventstore.migrate import migrate_if_needed, pending_migrations
 from corral.eventstore.records import (
     ANY,
     AlreadyProcessed,
@@ -60,11 +58,13 @@ from corral.eventstore.records import (
     StoredEvent,
     Tracking,
 )
-from corral.eventstore.wakeups import AppendWakeups
 from corral.telemetry import tracing
 
 _COLUMNS = ("event_id, stream, type, schema_version, data::text AS data, correlation_id, causation_id,"
             " occurred_at, version, position, recorded_at, trace_context")
+
+if TYPE_CHECKING:
+    from corral.eventstore.wakeups import AppendWakeups
 
 Plan = list[tuple[str, ExpectedVersion, list[NewEvent]]]
 
@@ -166,9 +166,46 @@ class EventStore:
 
     def __init__(self, pool: Any, dsn: str, *, poll_interval: float) -> None:
         self._pool = pool
-        self._wakeups = AppendWakeups(dsn)
+        self._dsn = dsn
+        self._wakeups: AppendWakeups | None = None  # made by the first follower: a reader needs none
         self._poll_interval = poll_interval
         self._observers: list[AppendObserver] = []
+
+    @classmethod
+    def blocking(cls, dsn: str, timeout: float = 5.0) -> EventStore | None:
+        """A store over one blocking connection (`corral.eventstore.wire`) for a command-line
+        reader: its coroutines never suspend (run them with `wire.finish`), no event loop, no
+        asyncpg. `wire.Unsupported` when the DSN asks for what that connection does not speak;
+        None when migrations are pending (`open` says what to do about them)."""
+        from corral.eventstore import wire
+
+        conn = wire.Connection.open(dsn, timeout)
+        try:
+            if wire.finish(pending_migrations(conn)):
+                conn.close()
+                return None
+        except BaseException:
+            conn.close()
+            raise
+        return cls(wire.Pool(conn), dsn, poll_interval=1.0)
+
+    def _follower_wakeups(self) -> AppendWakeups:
+        if self._wakeups is None:
+            from corral.eventstore.wakeups import AppendWakeups
+
+            self._wakeups = AppendWakeups(self._dsn)
+        return self._wakeups
+
+    async def pause(self, seconds: float) -> None:
+        """Wait between two polls of the log: the event loop's sleep, or the thread's for a
+        blocking store (which runs with no loop)."""
+        pause = getattr(self._pool, "pause", None)
+        if pause is not None:
+            await pause(seconds)
+            return
+        import asyncio
+
+        await asyncio.sleep(seconds)
 
     def observe_appends(self, observer: AppendObserver) -> None:
         """Call `observer` after every append (see `AppendObserver`)."""
@@ -192,6 +229,8 @@ class EventStore:
         """
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        import asyncpg  # here: a command-line reader opens its store without it (`wire`)
+
         pool_logs.install()  # an outage's reconnect tries in one line each, not a traceback
         # The migration check runs on the pool's first connection: each connection costs a scram
         # handshake, and a CLI command (`corral jobs`) is over in a few queries.
@@ -206,7 +245,8 @@ class EventStore:
         return cls(pool, dsn, poll_interval=poll_interval)
 
     async def close(self) -> None:
-        await self._wakeups.close()
+        if self._wakeups is not None:
+            await self._wakeups.close()
         await self._pool.close()
 
     async def __aenter__(self) -> EventStore:
@@ -261,6 +301,8 @@ class EventStore:
         return await self._append(_plan(batches), tracking)
 
     async def _append(self, plan: Plan, tracking: Tracking | None) -> dict[str, int] | AlreadyProcessed:
+        import asyncpg
+
         streams = [stream for stream, _, _ in plan]
         async with self._pool.acquire() as conn:
             started = time.perf_counter()
@@ -307,6 +349,8 @@ class EventStore:
         if len(consumers) != 1:
             raise ValueError(f"append_handled needs tracking keys of exactly one consumer, got {sorted(consumers)}")
         consumer = consumers.pop()
+        import asyncpg
+
         plan = _plan(batches)
         streams = [stream for stream, _, _ in plan]
         keys = [t.key for t in trackings]
@@ -460,7 +504,7 @@ class EventStore:
         `after_position`. Wakes on NOTIFY, re-reads every `poll_interval` in any case."""
         after = after_position
         while True:
-            armed = await self._wakeups.arm()
+            armed = await self._follower_wakeups().arm()
             head = await self.head_position() if types is not None else None
             batch = await self.read_all(after, limit, types)
             if batch:
@@ -470,7 +514,7 @@ class EventStore:
             if head is not None:
                 # Nothing of these types up to `head`: skip the non-matching events for good.
                 after = max(after, head)
-            await self._wakeups.wait(armed, self._poll_interval)
+            await self._follower_wakeups().wait(armed, self._poll_interval)
 
     async def follow(self, after_position: int = 0, *,
                      types: Sequence[str] | None = None) -> AsyncGenerator[StoredEvent, None]:

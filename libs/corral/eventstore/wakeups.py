@@ -12,8 +12,6 @@ import asyncio
 import contextlib
 from typing import Any
 
-import asyncpg
-
 CHANNEL = "corral_events"
 _RECONNECT_DELAY = 5.0
 
@@ -63,6 +61,8 @@ class AppendWakeups:
         async with self._lock:
             if self._conn is not None and not self._conn.is_closed():
                 return
+            import asyncpg
+
             try:
                 conn = await asyncpg.connect(self._dsn)
                 await conn.add_listener(CHANNEL, self._wake)

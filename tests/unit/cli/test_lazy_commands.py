@@ -83,15 +83,16 @@ def test_a_request_command_loads_neither_nats_nor_the_job_decoder() -> None:
 def test_the_hot_commands_load_neither_typer_nor_the_gateway_client_nor_the_core_model() -> None:
     """`corral.cli.fast` runs them without typer; decoding a stored job needs no core type
     (`JobView`'s caches are Any at run time); only a person without a credential of their own
-    uses the gateway's client."""
+    uses the gateway's client; they read and publish without an event loop, asyncpg or nats-py
+    (`Client.blocking`)."""
     code = (
         "import sys\n"
-        "import corral.cli.fast, corral.cli.job_commands\n"
+        "import corral.cli.fast, corral.cli.job_commands, corral.eventstore.wire, corral.bus.request\n"
         "from corral.projection import JobView\n"
         "from corral.readmodel import codec\n"
         "codec._decoder(JobView); codec._decoder(codec.BaseView)\n"
         "loaded = [m for m in ('typer', 'click', 'corral.gateway.client', 'corral.gateway.protocol', "
-        "'corral.core.model', 'nats') if m in sys.modules]\n"
+        "'corral.core.model', 'nats', 'asyncio', 'asyncpg') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
     _runs_clean(code)
