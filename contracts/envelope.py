@@ -141,8 +141,10 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         """The class's schema_version (its default), cached: every decode checks it."""
         version = _VERSIONS.get(cls)
         if version is None:
-            (field,) = [f for f in msgspec.structs.fields(cls) if f.name == "schema_version"]
-            version = _VERSIONS[cls] = int(field.default)
+            # The field's default read from the class itself: `msgspec.structs.fields` resolves
+            # every annotation of the class (the registry asks each event class at import).
+            names, defaults = cls.__struct_fields__, cls.__struct_defaults__
+            version = _VERSIONS[cls] = int(defaults[names.index("schema_version") - len(names) + len(defaults)])
         return version
 
     @classmethod

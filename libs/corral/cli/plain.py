@@ -80,9 +80,16 @@ def _balanced(tags: list[str]) -> bool:
     return True
 
 
+#: What rich's emoji names are made of (ASCII), and those made of digits alone (`rich._emoji_codes`).
+EMOJI_ALPHABET = frozenset("!#&()*+-.0123456789_abcdefghijklmnopqrstuvwxyz")
+DIGIT_EMOJI = frozenset({"100", "1234"})
+
+
 def _emoji_in(text: str) -> bool:
-    """Whether rich replaces an emoji code in `text` (looked up only when one could be there)."""
+    """Whether rich replaces an emoji code in `text`; rich's table of names is read only for a
+    name that could be one (a time's `:02:` is not, a URL's `://host:` is not)."""
     names = [m.group(2).lower() for m in _EMOJI.finditer(text)]
+    names = [n for n in names if n and not set(n) - EMOJI_ALPHABET and (not n.isdigit() or n in DIGIT_EMOJI)]
     if not names:
         return False
     from rich._emoji_codes import EMOJI  # a table only: not rich's console

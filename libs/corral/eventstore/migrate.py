@@ -84,6 +84,17 @@ async def pending_migrations(conn: asyncpg.Connection,
     return [m for m in todo if m.name not in applied]
 
 
+async def pending_names(conn: asyncpg.Connection) -> list[str]:
+    """The names of the bundled migrations not applied: a reader's check (the files are listed,
+    not read; `pending_migrations`, which the owner's start runs, also finds an edited one)."""
+    names = sorted(entry.name for entry in (resources.files("corral.eventstore") / "migrations").iterdir()
+                   if entry.name.endswith(".sql"))
+    if await conn.fetchval("SELECT to_regclass('schema_migrations')") is None:
+        return names
+    applied = {row["name"] for row in await conn.fetch("SELECT name FROM schema_migrations")}
+    return [name for name in names if name not in applied]
+
+
 async def migrate_if_needed(conn: asyncpg.Connection) -> list[str]:
     """Apply pending migrations, if any; with nothing pending, only reads (a login without DDL
     rights opens the store of a migrated database). Pending migrations that this login may not

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from corral.eventstore import pool_logs
 from corral.eventstore.errors import ConcurrencyError, DuplicateEvent, EventStoreError, InvalidEventData
-from corral.eventstore.migrate import migrate_if_needed, pending_migrations
+from corral.eventstore.migrate import migrate_if_needed, pending_names
 from corral.eventstore.records import (
     ANY,
     AlreadyProcessed,
@@ -181,7 +181,7 @@ class EventStore:
 
         conn = wire.Connection.open(dsn, timeout)
         try:
-            if wire.finish(pending_migrations(conn)):
+            if wire.finish(pending_names(conn)):
                 conn.close()
                 return None
         except BaseException:

@@ -43,6 +43,14 @@ def test_the_lines_of_the_hot_commands_are_printed_without_rich() -> None:
     assert plain.render("[link=x]y[/link]", 80) is None
 
 
+def test_the_emoji_names_rich_knows_are_made_of_the_alphabet_read_here() -> None:
+    from rich._emoji_codes import EMOJI
+
+    ascii_names = [name for name in EMOJI if name.isascii()]
+    assert not {c for name in ascii_names for c in name} - plain.EMOJI_ALPHABET
+    assert {name for name in ascii_names if name.isdigit()} == plain.DIGIT_EMOJI
+
+
 def test_a_console_writing_to_a_terminal_is_left_to_rich(monkeypatch: object) -> None:
     import pytest
 
