@@ -17,6 +17,8 @@ import re
 import sys
 from typing import TextIO
 
+from corral import environment
+
 #: The markup the hot commands print; any other tag is rich's to read.
 _TAGS = re.compile(r"\[(?:/?(?:bold|red|yellow))\]")
 _EMOJI = re.compile(r"(:(\S*?)(?:(?:\-)(emoji|text))?:)")  # rich._emoji_replace's
@@ -29,10 +31,11 @@ def stream(stderr: bool) -> TextIO | None:
     out = sys.stderr if stderr else sys.stdout
     if "get_ipython" in vars(builtins) or getattr(sys.stdin, "__module__", "").startswith("idlelib"):
         return None
-    tty_compatible = os.environ.get("TTY_COMPATIBLE", "")
-    if tty_compatible == "1" or (tty_compatible != "0" and os.environ.get("FORCE_COLOR", "") != ""):
+    env = environment.mapping()
+    tty_compatible = env.get("TTY_COMPATIBLE", "")
+    if tty_compatible == "1" or (tty_compatible != "0" and env.get("FORCE_COLOR", "") != ""):
         return None
-    if tty_compatible != "0" and "FORCE_COLOR" not in os.environ:
+    if tty_compatible != "0" and "FORCE_COLOR" not in env:
         try:
             if out.isatty():
                 return None
@@ -45,7 +48,7 @@ def width() -> int | None:
     """The width rich gives a console that is not a terminal (`Console.size`): $COLUMNS, else the
     size of the first of stdin, stdout and stderr that is a terminal, else 80; None for a
     $COLUMNS of 0 (rich's own arithmetic)."""
-    columns = os.environ.get("COLUMNS")
+    columns = environment.get("COLUMNS")
     if columns is not None and columns.isdigit():
         return int(columns) or None
     for fd in (0, 1, 2):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
 import secrets
 import socket
 import struct
@@ -32,6 +31,8 @@ from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+from corral import environment
 
 T = TypeVar("T")
 
@@ -87,7 +88,7 @@ class Target:
         unknown = set(query) - _OPTIONS
         if unknown:
             raise Unsupported(f"DSN options {sorted(unknown)}")
-        env = os.environ
+        env = environment.mapping()
         host = query.get("host") or (unquote(parts.hostname) if parts.hostname else None) or env.get("PGHOST") \
             or "/run/postgresql"
         if "," in host:
