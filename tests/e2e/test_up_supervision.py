@@ -32,6 +32,7 @@ from corral.contracts.jobspec import validate_job_spec
 from corral.projection import JobState
 from corral.stack.context import Context
 from corral.stack.servers import PostgresServer, process_state
+from tests.e2e.conftest import handled
 from tests.e2e.test_up import start_up
 
 
@@ -230,9 +231,14 @@ def test_the_next_up_continues_the_jobs_of_a_ctrl_c(tmp_path: Path) -> None:
 
     async def continued() -> None:
         async with await Client.connect(ctx) as c:
-            view = await c.wait_for(lambda v: v.jobs[job].state in (JobState.RUNNING, JobState.FAILED)
-                                    and v.jobs[job].attempt >= 0 and v.position > 0, 60)
-            await asyncio.sleep(8)  # exits reported at the stop would have failed it by now
+            # The next up's agents adopt the job's stepd; then every report (one the stop made, one
+            # the adopting agent made) is handled once its consumers are done.
+            agents_log = data / "logs" / "node-agents.log"
+            deadline = time.monotonic() + 60
+            while f"adopted {job} attempt" not in agents_log.read_text(errors="replace"):
+                assert time.monotonic() < deadline, "the next up's agents adopted nothing"
+                await asyncio.sleep(0.2)
+            await handled(c.bus)
             view = await c.view()
             assert view.jobs[job].state is JobState.RUNNING, view.jobs[job]
 
