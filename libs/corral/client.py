@@ -28,9 +28,7 @@ from corral.contracts.registry import decode, encode
 from corral.contracts.sizes import recorded_size, size_problem
 from corral.contracts.subjects import ADMIN_REQUEST_TYPES, USER_REQUEST_TYPES, Subjects
 from corral.eventstore import EventStore, StoredEvent
-from corral.projection import ClusterView, JobView
 from corral.readmodel.pages import JobFilter
-from corral.readmodel.snapshots import read_job, read_nodes, read_page, read_view
 from corral.stack.context import Context
 from corral.stack.credentials import NatsCredentials
 from corral.submission_ids import submission_msg_id
@@ -39,6 +37,7 @@ from corral.verdicts import Verdict, read_verdict
 
 if TYPE_CHECKING:
     from corral.bus import Bus
+    from corral.projection import ClusterView, JobView
 
 #: The events that answer a submission.
 _SUBMISSION_VERDICTS = names((ev.JobAdmitted, ev.JobRejected))
@@ -474,6 +473,8 @@ class Client:
 
     async def view(self, until: datetime | None = None) -> ClusterView:
         """The cluster folded from the log, as of `until` (recorded time) or now."""
+        from corral.projection import ClusterView  # the fold: loaded by the commands that show jobs
+
         view = ClusterView()
         for stored, event in await self.events(until=until):
             view.apply(event, stored.version, stored.position)
@@ -484,17 +485,23 @@ class Client:
         the log after it): every active job, node and queue, and of the jobs that are over only
         those named in `job_ids` or in one of `states` (`FINISHED`: all of them). O(answer + the
         events since the last snapshot); without a stored view of this code, the whole log."""
+        from corral.readmodel.snapshots import read_view
+
         return await read_view(self.store, job_ids=job_ids, states=states)
 
     async def nodes_view(self) -> ClusterView:
         """The nodes now, from the read model: every node and queue, and of the jobs only those
         whose released GPUs are still held (`corral.readmodel.snapshots.read_nodes`): what
         `corral nodes` shows, without reading the active jobs."""
+        from corral.readmodel.snapshots import read_nodes
+
         return await read_nodes(self.store)
 
     async def job(self, job_id: str) -> JobView | None:
         """One job as it is now (None: no such job), from the read model: its row and the log
         after it, whatever the backlog (`corral.readmodel.snapshots.read_job`)."""
+        from corral.readmodel.snapshots import read_job
+
         return await read_job(self.store, job_id)
 
     async def knows_job(self, job_id: str) -> bool:
@@ -505,6 +512,8 @@ class Client:
     async def jobs_page(self, where: JobFilter, limit: int | None) -> tuple[list[JobView], int]:
         """The first `limit` jobs (None: all) that `where` matches, oldest submission first, and how
         many match: one page of rows of the read model (`corral.readmodel.snapshots.read_page`)."""
+        from corral.readmodel.snapshots import read_page
+
         return await read_page(self.store, where, limit)
 
     async def wait_for(self, predicate: Callable[[ClusterView], bool], timeout: float,
@@ -514,6 +523,8 @@ class Client:
         With `job_ids`, the view starts from the read model (`live_view`) instead of the whole log:
         only those jobs (and the active ones) are whole in it, so `predicate` must look at no other."""
         deadline = time.monotonic() + timeout
+        from corral.projection import ClusterView
+
         view, after = ClusterView(), 0
         if job_ids is not None:
             view = await self.live_view(job_ids=job_ids)

@@ -77,3 +77,26 @@ async def _write_in_read_only(conn: wire.Connection) -> None:
 def test_a_server_that_is_not_there_is_an_os_error() -> None:
     with pytest.raises(OSError):
         wire.Connection.open("postgresql://nobody@127.0.0.1:9/corral?connect_timeout=2")
+
+
+async def test_a_pause_ends_when_an_append_is_committed(postgres_dsn: str) -> None:
+    import time
+
+    from corral.eventstore.wakeups import CHANNEL
+
+    store = await EventStore.open(postgres_dsn)
+    blocking = EventStore.blocking(postgres_dsn)
+    assert blocking is not None
+    try:
+        assert blocking._pool.channel == CHANNEL
+        began = time.monotonic()
+        wire.finish(blocking.pause(0.2))  # listens from here; nothing appended: the whole pause
+        assert time.monotonic() - began >= 0.19
+        await append(store, varied_log(1)[:1])
+        began = time.monotonic()
+        wire.finish(blocking.pause(30))  # the append's NOTIFY is waiting: ends at once
+        assert time.monotonic() - began < 5
+        assert wire.finish(blocking.head_position()) == 1  # and the connection reads on
+    finally:
+        wire.finish(blocking.close())
+        await store.close()

@@ -16,15 +16,6 @@ from typing import Any, Literal
 
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import console, err_console, print_json, print_table
-from corral.cli.present import (
-    JOB_COLUMNS,
-    STUCK_COLUMNS,
-    job_detail,
-    job_row,
-    seconds_text,
-    stuck_rows,
-    stuck_table_row,
-)
 from corral.cli.session import EXIT_FAILURE, with_client
 from corral.cli.verdict_report import job_now, report
 from corral.client import Client, check_spec_size
@@ -32,9 +23,11 @@ from corral.contracts import events as ev
 from corral.contracts.jobspec import JobSpec, validate_job_spec
 from corral.contracts.problems import SpecError
 from corral.contracts.validation import parse_document, utf8_text
-from corral.projection import JobState
 from corral.readmodel.pages import JobFilter
-from corral.verdicts import Verdict
+from corral.verdicts import Verdict, VerdictKind
+
+# The presentation (`corral.cli.present`) and the fold (`corral.projection`) are imported by the
+# commands that show a job: `submit` and `cancel` send a request and read its verdict only.
 
 
 def in_folder(doc: Any, folder: str) -> Any:
@@ -91,6 +84,9 @@ def submit(file: str, wait: bool, until_done: bool, timeout: float, no_wait_admi
         judged = verdict_row(job_id, verdict.event) | {"verdict": verdict.kind.value}
         if not wait or judged["state"] != "ADMITTED":
             return judged
+        from corral.cli.present import job_row
+        from corral.projection import JobState
+
         done = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED}
         goal = done if until_done else done | {JobState.RUNNING}
         seen: set[str] = set()
@@ -144,6 +140,8 @@ def jobs(queue: str | None, state: str | None, user: str | None, all_jobs: bool,
     states = {s.strip().upper() for s in state.split(",")} if state else None
     shown = limit if limit is not None else (0 if json_out else JOBS_PAGE)
 
+    from corral.cli.present import JOB_COLUMNS, job_row
+
     async def go(c: Client) -> tuple[list[dict[str, Any]], int]:
         page, matched = await c.jobs_page(JobFilter(queue=queue, user=user, states=states, all_jobs=all_jobs),
                                           shown or None)
@@ -163,6 +161,7 @@ def jobs(queue: str | None, state: str | None, user: str | None, all_jobs: bool,
 
 def show(job: str, json_out: bool) -> None:
     """Everything about one job: spec, state, placement (rank -> node, GPUs), checkpoint."""
+    from corral.cli.present import job_detail
 
     async def go(c: Client) -> dict[str, Any] | None:
         j = await c.job(job)
@@ -200,7 +199,8 @@ def cancel(job: str, json_out: bool, waited: float) -> None:
         if not await c.knows_job(job):
             return None
         verdict = await c.await_verdict(await c.cancel(job), waited)
-        return verdict, await job_now(c, job)
+        # what the job is now: the words for a request that changed nothing (a job read, decoded)
+        return verdict, await job_now(c, job) if verdict.kind is VerdictKind.UNCHANGED else ""
 
     answered = with_client(go, lazy_bus=True, blocking=True)
     if answered is None:
@@ -214,6 +214,7 @@ def cancel(job: str, json_out: bool, waited: float) -> None:
 
 def _stuck(queue: str | None, user: str | None, json_out: bool) -> None:
     """`corral jobs --stuck`: the jobs past their queue's max_wait (escalated or about to be)."""
+    from corral.cli.present import STUCK_COLUMNS, stuck_rows, stuck_table_row
 
     async def go(c: Client) -> list[dict[str, Any]]:
         view = await c.view()
@@ -295,6 +296,8 @@ def _details(event: Any) -> dict[str, Any]:
 
 def _waited(event: Any) -> str:
     """A WaitExceeded in words: how long, since when, which limit."""
+    from corral.cli.present import seconds_text
+
     where = event.queue if event.limit_queue == event.queue else f"{event.queue} (set on {event.limit_queue})"
     return (f"waited {seconds_text(event.waited_seconds)} since {event.waiting_since.isoformat()[11:19]}, past "
             f"max_wait {seconds_text(event.max_wait_seconds)} of queue {where}")

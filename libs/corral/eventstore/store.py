@@ -66,6 +66,9 @@ _COLUMNS = ("event_id, stream, type, schema_version, data::text AS data, correla
 if TYPE_CHECKING:
     from corral.eventstore.wakeups import AppendWakeups
 
+#: The channel every append NOTIFYs at commit (`corral.eventstore.wakeups.CHANNEL`).
+APPEND_CHANNEL = "corral_events"
+
 Plan = list[tuple[str, ExpectedVersion, list[NewEvent]]]
 
 AppendObserver = Callable[[float, int], None]
@@ -187,7 +190,7 @@ class EventStore:
         except BaseException:
             conn.close()
             raise
-        return cls(wire.Pool(conn), dsn, poll_interval=1.0)
+        return cls(wire.Pool(conn, APPEND_CHANNEL), dsn, poll_interval=1.0)
 
     def _follower_wakeups(self) -> AppendWakeups:
         if self._wakeups is None:

@@ -21,6 +21,7 @@ import base64
 import hashlib
 import hmac
 import secrets
+import select
 import socket
 import struct
 import time
@@ -253,6 +254,7 @@ class Connection:
         try:
             conn = cls(_tls(sock, target))
             conn._start(target)
+            conn._sock.settimeout(None)  # connected: a statement takes what it takes, as asyncpg's do
         except BaseException:
             sock.close()
             raise
@@ -346,6 +348,26 @@ class Connection:
                 return rows, status
         raise AssertionError("unreachable")
 
+    def wait_notified(self, deadline: float) -> bool:
+        """Wait until a NotificationResponse arrives (True) or `deadline` (False); the notices and
+        parameter changes the server may send meanwhile are read and dropped."""
+        while True:
+            while len(self._buffer) >= 5:
+                size = struct.unpack("!i", self._buffer[1:5])[0] + 1
+                if len(self._buffer) < size:
+                    break
+                kind, self._buffer = self._buffer[:1], self._buffer[size:]
+                if kind == b"A":
+                    return True
+            pending = getattr(self._sock, "pending", None)  # TLS: bytes already decrypted
+            left = deadline - time.monotonic()
+            if not (pending and pending()) and (left <= 0 or not select.select([self._sock], [], [], left)[0]):
+                return False
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("Postgres closed the connection")
+            self._buffer += chunk
+
     # ---- asyncpg's methods -------------------------------------------------------------------
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
         return self._run(sql, args)[0]
@@ -382,10 +404,12 @@ class Connection:
 
 class Pool:
     """asyncpg's pool as `EventStore` uses it, over one connection (a command runs one statement
-    at a time)."""
+    at a time). `channel`: what every append NOTIFYs (`pause` wakes on it)."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, channel: str | None = None) -> None:
         self.conn = conn
+        self.channel = channel
+        self._listening = False
 
     @asynccontextmanager
     async def acquire(self) -> Any:
@@ -395,8 +419,17 @@ class Pool:
         self.conn.close()
 
     async def pause(self, seconds: float) -> None:
-        """`EventStore.pause`: this thread waits (nothing else runs in it)."""
-        time.sleep(seconds)
+        """`EventStore.pause`: this thread waits (nothing else runs in it) `seconds`, or less: until
+        an append's NOTIFY on `channel` (a poll then reads what it wrote at once: a verdict is
+        seen when it is recorded, not at the poll after). The first pause starts listening; what
+        was appended before is read by the poll that follows it in any case."""
+        if self.channel is None:
+            time.sleep(seconds)
+            return
+        if not self._listening:
+            self.conn._simple(f'LISTEN "{self.channel}"')
+            self._listening = True
+        self.conn.wait_notified(time.monotonic() + seconds)
 
 
 def _fields(data: bytes) -> dict[str, str]:

@@ -96,3 +96,15 @@ def test_the_hot_commands_load_neither_typer_nor_the_gateway_client_nor_the_core
         "assert not loaded, loaded\n"
     )
     _runs_clean(code)
+
+
+def test_submit_and_cancel_load_neither_the_fold_nor_the_presentation() -> None:
+    """`corral submit` and `corral cancel` send a request and read its verdict: no job is shown."""
+    code = (
+        "import sys\n"
+        "import corral.cli.fast, corral.cli.job_commands, corral.eventstore.wire, corral.bus.request\n"
+        "loaded = [m for m in ('corral.projection', 'corral.lifecycle', 'corral.readmodel.snapshots', "
+        "'corral.cli.present', 'rich') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    _runs_clean(code)

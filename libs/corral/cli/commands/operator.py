@@ -10,15 +10,21 @@ words for a request that changed nothing).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from corral.cli.commands import CommandError
 from corral.client import Client
 from corral.contracts import events as ev
-from corral.projection import ACTS_ON, JobView
 from corral.verdicts import Verdict
+
+if TYPE_CHECKING:
+    from corral.projection import JobView
 
 
 async def hold(c: Client, job: str, *, release: bool, message: str, waited: float) -> tuple[Verdict, str]:
     """Hold a pending job, or (`release`) let a held one wait again."""
+    from corral.projection import ACTS_ON  # the fold: not loaded by `cancel`, which reports only its verdict
+
     j = await _job(c, job)
     if j.state not in ACTS_ON[ev.JobHoldReleased if release else ev.JobHeld]:
         verb = "release" if release else "hold"
@@ -31,6 +37,8 @@ async def hold(c: Client, job: str, *, release: bool, message: str, waited: floa
 
 async def requeue(c: Client, job: str, *, message: str, waited: float) -> tuple[Verdict, str]:
     """Ask a starting or running job to checkpoint, stop and wait again."""
+    from corral.projection import ACTS_ON
+
     j = await _job(c, job)
     if j.state not in ACTS_ON[ev.JobRequeueRequested]:
         raise CommandError(f"cannot requeue {job}: it is {j.state.value}; only a starting or running job is "
