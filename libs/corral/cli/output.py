@@ -17,6 +17,7 @@ from corral.cli import plain
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
 
 class _Console:
@@ -156,11 +157,34 @@ def _print_plain(title: str | None, columns: Sequence[str], cells: Sequence[Sequ
                                                 for r in cells)]) + "\n")
             out.flush()
             return True
+    text = plain_table(title, columns, cells, console.width)
+    if text is None:
+        return False
+    console.print(text, soft_wrap=True, highlight=False, markup=False, emoji=False)
+    return True
+
+
+def plain_table(title: str | None, columns: Sequence[str], cells: Sequence[Sequence[str]], width: int, *,
+                title_left: bool = False) -> Text | None:
+    """The table rich draws for these cells (`make_table`'s box and padding) as one `Text`, or None
+    for any table this cannot draw exactly as rich does (one wider than `width`, which rich wraps;
+    a title wider than it; text rich reads as markup or emoji codes, or measures differently).
+    `title_left`: the title bold on the left (`corral top`'s tables), not centred in italics."""
     from rich.text import Text
 
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    total = sum(widths) + 2 * len(widths) - 1
+    if total > width or (title is not None and (len(title) > total or title != title.strip())):
+        return None  # rich wraps, or trims a title's edge spaces its own way
+    if not all(v.isascii() and v.isprintable() and "[" not in v and not _EMOJI_CODE.search(v)
+               for r in cells for v in r):
+        return None
     text = Text()
     if title is not None:
-        text.append(_centered(title, total), style="italic")
+        if title_left:
+            text.append(title.ljust(total), style="bold")
+        else:
+            text.append(_centered(title, total), style="italic")
         text.append("\n")
     last = len(columns) - 1
     for i, (col, w) in enumerate(zip(columns, widths, strict=True)):
@@ -169,8 +193,7 @@ def _print_plain(title: str | None, columns: Sequence[str], cells: Sequence[Sequ
             text.append(" ")
     text.append("\n" + "─" * total + ("\n" if cells else ""))
     text.append("\n".join(" ".join(v.ljust(w + 1) for v, w in zip(r, widths, strict=True)) for r in cells))
-    console.print(text, soft_wrap=True, highlight=False, markup=False, emoji=False)
-    return True
+    return text
 
 
 def _centered(title: str, width: int) -> str:

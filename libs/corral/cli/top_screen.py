@@ -14,6 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from corral.cli.output import plain_table
 from corral.cli.present import SUMMARY_ABOVE, age, natural_key, node_rows, queue_rows, rack_rows
 from corral.projection import ClusterView, JobState
 
@@ -61,6 +62,18 @@ def _table(title: str, columns: list[str]) -> Table:
     return table
 
 
+def _drawn(title: str, columns: list[str], rows: list[list[str]], width: int) -> RenderableType:
+    """The table as plain text when it fits `width` (`output.plain_table`: what rich draws, without
+    rich's ~1 ms a row: a frame of 1,000 nodes has 63 racks), else as a rich table that wraps."""
+    text = plain_table(title, columns, rows, width, title_left=True)
+    if text is not None:
+        return text
+    table = _table(title, columns)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
 def _bar(used: int, guaranteed: int, share: float, width: int = 20) -> Text:
     """Usage as a bar up to the larger of guarantee and fair share; `|` marks the guarantee and
     `^` the fair share."""
@@ -82,16 +95,16 @@ def render(data: dict[str, Any], width: int = 100, *, note: str | None = None) -
         f"jobs {jobs['running']} running, {jobs['starting']} starting, {jobs['preempting']} preempting, "
         f"{jobs['pending']} pending")
     if data.get("racks"):
-        nodes = _table(f"Racks ({s['nodes']} nodes; each node: corral nodes --rack RACK)",
-                       ["RACK", "NODES", "UP", "NO NEW WORK", "FREE", "IN USE", "RELEASING"])
-        for r in data["racks"]:
-            nodes.add_row(r["rack"], str(r["nodes"]), str(r["nodes"] - r["lost"]), str(r["draining"] + r["pressure"]),
-                          f"{r['free']}/{r['gpus']}", str(r["used"]), str(r["releasing"]))
+        nodes = _drawn(f"Racks ({s['nodes']} nodes; each node: corral nodes --rack RACK)",
+                       ["RACK", "NODES", "UP", "NO NEW WORK", "FREE", "IN USE", "RELEASING"],
+                       [[r["rack"], str(r["nodes"]), str(r["nodes"] - r["lost"]), str(r["draining"] + r["pressure"]),
+                         f"{r['free']}/{r['gpus']}", str(r["used"]), str(r["releasing"])] for r in data["racks"]],
+                       width)
     else:
-        nodes = _table("Nodes (GPU map: job per GPU, . free, ~ releasing, | NVLink)",
-                       ["NODE", "STATE", "RACK", "MODEL", "FREE", "GPU MAP"])
-        for n in sorted(data["nodes"], key=lambda n: natural_key(n["node"])):
-            nodes.add_row(n["node"], n["state"], n["rack"], n["model"], f"{n['free']}/{n['gpus']}", n["map"])
+        nodes = _drawn("Nodes (GPU map: job per GPU, . free, ~ releasing, | NVLink)",
+                       ["NODE", "STATE", "RACK", "MODEL", "FREE", "GPU MAP"],
+                       [[n["node"], n["state"], n["rack"], n["model"], f"{n['free']}/{n['gpus']}", n["map"]]
+                        for n in sorted(data["nodes"], key=lambda n: natural_key(n["node"]))], width)
     queues = _table("Queues (reserved: quota held, waiting jobs' too; bar: # in use, | guarantee, ^ fair share)",
                     ["QUEUE", "IN USE", "RESERVED", "GUARANTEED", "FAIR SHARE", "MAX", "PENDING", "USE"])
     for q in data["queues"]:
