@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +34,7 @@ from corral.projection import JobState
 from corral.services.base import to_new_event
 from corral.stack.servers import PostgresServer
 from corral.stack.up import Stack, StackOptions
-from tests.e2e.conftest import StackFactory, connect, dump_logs, with_queues
+from tests.e2e.conftest import StackFactory, connect, dump_logs, handled, with_queues
 from tests.e2e.test_cli import as_json, corral
 
 #: The give-up window of `outage_stack`'s knobs: 3 deliveries, 0.2 s then 0.5 s apart, and handling.
@@ -119,19 +119,6 @@ async def _held(bus: Bus, durable: str, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _settled(read: Callable[[], Awaitable[int]], quiet: float = 3.0, timeout: float = 45.0) -> int:
-    """The value of `read()` once it has not changed for `quiet` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    value, since = await read(), loop.time()
-    while loop.time() - since < quiet and loop.time() < deadline:
-        await asyncio.sleep(0.5)
-        now = await read()
-        if now != value:
-            value, since = now, loop.time()
-    return value
-
-
 async def test_streams_are_bounded_and_garbage_makes_one_dead_letter_per_message(make_stack: StackFactory) -> None:
     stack = make_stack(cluster="1x8:H100")
     client = await connect(stack)
@@ -153,7 +140,8 @@ async def test_streams_are_bounded_and_garbage_makes_one_dead_letter_per_message
                                  headers={"Nats-Msg-Id": f"garbage-event-{i}"})
             await bus.js.publish(bus.names.inbox_subject("JobSubmitted"), b"{not json %d" % i,
                                  headers={"Nats-Msg-Id": f"garbage-inbox-{i}"})
-        letters = await _settled(lambda: dead_letter_count(bus))
+        await handled(bus)  # every consumer took every garbage message: the dead letters are all written
+        letters = await dead_letter_count(bus)
         assert n <= letters <= 2 * n, f"{letters} dead letters for {2 * n} garbage messages"
 
         # A request on an inbox subject no service reads is refused, never kept where no one reads it.
@@ -237,7 +225,7 @@ async def test_dead_letters_are_listed_and_a_replayed_submission_is_admitted(mak
                            DLQ_ERROR: "failed 5 times; last: ConnectionRefusedError"})
         # And a garbage request, dead-lettered by admission for real.
         await bus.js.publish(inbox, b"{garbage")
-        await _settled(lambda: dead_letter_count(bus), quiet=2.0)
+        await handled(bus)
         listed = as_json(corral(stack, "dlq", "list", "--json"))
         assert len(listed) == 2, listed
         by_consumer = {row["consumer"]: row for row in listed}
