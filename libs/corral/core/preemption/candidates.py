@@ -54,6 +54,7 @@ class Candidates:
         self._most_attained = None if kept is None else kept.most_attained_bound(now)
         self._facts: dict[str, tuple[bool, float, tuple[float, int, int, str]]] = {}  # `_las_kept`'s
         self._top_level: dict[str, int] | None = None  # FAIR_LAS: per queue, its running jobs' highest level
+        self._kept_top: dict[str, int] = {}  # FAIR_LAS: per queue, the level of the kept index's bound (-1: none)
 
     @property
     def eligible(self) -> list[RunningJob]:
@@ -211,9 +212,12 @@ class Candidates:
         the queue's most attained service, else each running job's level, worked out once a cycle."""
         th = self.config.las_thresholds
         if self.kept is not None:
-            bound = self.kept.most_attained_bound(self.now, queue)
-            if bound is not None:
-                return level(bound, th) > mine
+            top = self._kept_top.get(queue)
+            if top is None:
+                bound = self.kept.most_attained_bound(self.now, queue)
+                top = self._kept_top[queue] = -1 if bound is None else level(bound, th)
+            if top >= 0:
+                return top > mine
         if self._top_level is None:
             now = self.now
             top: dict[str, int] = {}
