@@ -62,7 +62,7 @@ def width() -> int | None:
 def render(markup: str, columns: int) -> str | None:
     """What `Console(width=columns).print(markup)` writes to a stream that is not a terminal, or
     None when this cannot say it exactly."""
-    if not all(c.isprintable() or c == "\n" for c in markup) or not markup.isascii() or "\\" in markup:
+    if not markup.isascii() or "\\" in markup or not all(line.isprintable() for line in markup.split("\n")):
         return None
     segments = _TAGS.split(markup)
     if any("[" in s or _emoji_in(s) for s in segments) or not _balanced(_TAGS.findall(markup)):
