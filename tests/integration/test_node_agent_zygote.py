@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from corral.services.node_agent.process.supervisor import GangEnd, Supervisor
 from tests.integration.test_node_agent_supervisor import UNTIL_STOPPED, Recorder, assignment, script, wait_for
@@ -52,8 +55,25 @@ async def test_a_stepd_terminated_as_soon_as_it_is_forked_stops_its_gang(tmp_pat
     await sup.close()
 
 
-async def test_a_forked_stepds_ranks_ignore_no_signal(tmp_path: Path) -> None:
-    """Ignored signals survive exec: a fork server that ignored one would hand it to every rank."""
+INHERITED_IGNORES = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1)
+
+
+@pytest.fixture(params=["agent ignores none", "agent ignores some"])
+def agent_ignores(request: pytest.FixtureRequest) -> Iterator[None]:
+    """An agent started with `&` by a shell, or under nohup, has SIGINT, SIGQUIT or SIGHUP ignored;
+    the fork server and every stepd it forks inherit that."""
+    saved = {sig: signal.getsignal(sig) for sig in INHERITED_IGNORES}
+    if request.param == "agent ignores some":
+        for sig in INHERITED_IGNORES:
+            signal.signal(sig, signal.SIG_IGN)
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+async def test_a_forked_stepds_ranks_ignore_no_signal(tmp_path: Path, agent_ignores: None) -> None:
+    """Ignored signals survive exec: a fork server or stepd that ignored one would hand it to every
+    rank, as slurmstepd's tasks start with every signal at its default."""
     dump = script(tmp_path, "sigs.py", """
         import os
         status = open("/proc/self/status").read()
@@ -68,6 +88,6 @@ async def test_a_forked_stepds_ranks_ignore_no_signal(tmp_path: Path) -> None:
     status = dict(line.split(":\t", 1) for line in (tmp_path / "ckpt" / "status").read_text().splitlines()
                   if ":\t" in line)
     ignored = int(status["SigIgn"], 16)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
         assert not ignored & (1 << (sig - 1)), f"{sig.name} ignored in the rank"
     await sup.close()

@@ -186,6 +186,7 @@ class Stepd:
         if term_requested():
             self.term_requested = True
         # No SIG_IGN here: the ranks would inherit it. In its own session, no terminal signals it.
+        default_inherited_ignores()
         self.spawn_all()
         self.state["phase"] = RUNNING
         self.save()
@@ -522,6 +523,23 @@ class Stepd:
         for rank in self.live_procs():
             log.warning("job %s rank %d still runs (%s); SIGKILL", self.a.job_id, rank, why)
             self.signal(rank, self.procs[rank].pid, signal_module.SIGKILL)
+
+
+#: Ignored by the interpreter itself and restored by `subprocess.Popen` (`restore_signals`) in
+#: every child; at their default here, a write to a closed pipe would end the stepd.
+_INTERPRETER_IGNORES = {signal_module.SIGPIPE, signal_module.SIGXFSZ}
+
+
+def default_inherited_ignores() -> None:
+    """Sets every signal this process inherited ignored back to its default: an ignored signal
+    survives exec, so an agent started with `&` or under nohup (SIGINT, SIGQUIT, SIGHUP ignored)
+    would otherwise hand that to every rank, which then could not be interrupted."""
+    for sig in signal_module.valid_signals():
+        if sig in _INTERPRETER_IGNORES or sig in (signal_module.SIGKILL, signal_module.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            if signal_module.getsignal(sig) == signal_module.SIG_IGN:
+                signal_module.signal(sig, signal_module.SIG_DFL)
 
 
 def _nothing(signum: int, frame: FrameType | None) -> None:
