@@ -78,3 +78,9 @@ def test_a_coroutine_that_suspends_is_refused() -> None:
 
     with pytest.raises(RuntimeError, match="suspends"):
         wire.finish(waits())
+
+
+def test_a_reader_lists_the_migrations_the_owner_applies() -> None:
+    from corral.eventstore.migrate import bundled_migrations, bundled_names
+
+    assert bundled_names() == sorted(m.name for m in bundled_migrations())

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import TYPE_CHECKING
 
 from corral.eventstore.errors import MigrationError
@@ -52,6 +52,8 @@ class Migration:
 
 def bundled_migrations() -> list[Migration]:
     """Every `*.sql` file shipped in `corral.eventstore/migrations`, in number order."""
+    from importlib import resources  # here: a reader lists the folder (`pending_names`) without it
+
     folder = resources.files("corral.eventstore") / "migrations"
     found = [Migration(entry.name, entry.read_text(encoding="utf-8"))
              for entry in folder.iterdir() if entry.name.endswith(".sql")]
@@ -84,11 +86,21 @@ async def pending_migrations(conn: asyncpg.Connection,
     return [m for m in todo if m.name not in applied]
 
 
+def bundled_names() -> list[str]:
+    """The names of `bundled_migrations`, sorted, their files not read."""
+    folder = os.path.join(os.path.dirname(__file__), "migrations")
+    if os.path.isdir(folder):  # installed as files: listed without importlib.resources (~4% of `corral jobs`)
+        return sorted(name for name in os.listdir(folder) if name.endswith(".sql"))
+    from importlib import resources
+
+    return sorted(entry.name for entry in (resources.files("corral.eventstore") / "migrations").iterdir()
+                  if entry.name.endswith(".sql"))
+
+
 async def pending_names(conn: asyncpg.Connection) -> list[str]:
     """The names of the bundled migrations not applied: a reader's check (the files are listed,
     not read; `pending_migrations`, which the owner's start runs, also finds an edited one)."""
-    names = sorted(entry.name for entry in (resources.files("corral.eventstore") / "migrations").iterdir()
-                   if entry.name.endswith(".sql"))
+    names = bundled_names()
     if await conn.fetchval("SELECT to_regclass('schema_migrations')") is None:
         return names
     applied = {row["name"] for row in await conn.fetch("SELECT name FROM schema_migrations")}
