@@ -310,8 +310,9 @@ class Chaos:
         cluster = self.root / "skewed-cluster"
         cluster.write_text(f"{self.plan.nodes}x{self.plan.gpus}:H100\n")
         node = f"node-{self.plan.nodes - 1}"
-        argv = [sys.executable, "-m", "corral.services.node_agent", "--cluster-file", str(cluster), "--node", node,
-                "--runtime", "sim", "--work-dir", str(self.root / "stack" / "nodes")]
+        argv = [sys.executable, "-m", "corral.services.node_agent", "--inventory", str(cluster), "--node", node,
+                "--runtime", "sim", "--state-dir", str(self.root / "stack" / "nodes"), "--advertise-address", "none",
+                "--port-range", "auto", "--metrics-address", "off"]
         env = {k: v for k, v in agents.env.items() if k != METRICS_ADDR_ENV}
         self.clock_offsets.append({"t": round(time.monotonic() - self.t0, 1), "node": node, "offset": offset})
         return ManagedProcess(SKEWED, argv, {**env, **clock_faults.env(offset)}, agents.log_path.with_name(

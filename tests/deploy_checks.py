@@ -77,6 +77,8 @@ def cli_problems(argv: Sequence[str]) -> list[str]:
     command, path, problems = _cli(), ["corral"], []
     args = list(argv[1:])
     while args:
+        if path == ["corral", "agent"]:  # the node agent's own parser holds its options
+            return problems + agent_problems(args)
         token = args.pop(0)
         if token.startswith("-"):
             name = token.split("=", 1)[0]
@@ -98,6 +100,27 @@ def cli_problems(argv: Sequence[str]) -> list[str]:
         # else: an argument of a command
     if hasattr(command, "commands"):
         problems.append(f"{' '.join(path)}: a group, not a command")
+    return problems
+
+
+def agent_problems(args: Sequence[str]) -> list[str]:
+    """Problems of `corral agent ARGS`: an option the node agent's parser does not have."""
+    from corral.services.node_agent.__main__ import parser
+
+    agent = parser()
+    known = {o for action in agent._actions for o in action.option_strings}
+    problems, rest = [], list(args)
+    while rest:
+        token = rest.pop(0)
+        if not token.startswith("-"):
+            continue
+        name = token.split("=", 1)[0]
+        if name not in known:
+            problems.append(f"corral agent: no option {name} (see `corral agent --help`)")
+            continue
+        action = next(a for a in agent._actions if name in a.option_strings)
+        if action.nargs != 0 and "=" not in token and rest:
+            rest.pop(0)  # its value
     return problems
 
 

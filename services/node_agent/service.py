@@ -139,7 +139,7 @@ class AgentOptions:
     `CORRAL_CHECKPOINT_DIR` is `<checkpoint_root>/<job>`; it must be shared storage when a job can
     resume on another machine (on one machine hosting fake nodes it is simply shared).
     `run_as`: whose OS account the ranks run as (see `run_as`); AGENT here, so that code starting
-    agents in-process keeps its behaviour; `python -m corral.services.node_agent` defaults to
+    agents in-process keeps its behaviour; `corral agent` defaults to
     SUBMITTER, which takes effect when the agent is root.
     `advertise_address`: where other hosts reach this machine, sent in NodeRegistered (rank 0's
     node's address is a gang's MASTER_ADDR); None: placement's fallback (`CORRAL_MASTER_ADDR`).

@@ -199,16 +199,17 @@ class NetnsCluster:
             _wait(self.server, 60)
 
 
-#: `corral agent ARGS` once GO exists, its modules imported before (GO.ready says so).
+#: `corral agent ARGS` once GO exists, its modules imported before (GO.ready says so): the agent's
+#: entry point itself, which `corral agent` execs.
 _WARM = """
 import pathlib, sys, time
-import corral.cli.main, corral.cli.agent, corral.services.node_agent.service  # the agent's own imports
+import corral.services.node_agent.__main__ as agent  # the agent's own imports
 go = pathlib.Path(sys.argv[1])
 go.with_suffix(".ready").touch()
 while not go.exists():
     time.sleep(0.02)
-sys.argv = ["corral", *sys.argv[2:]]
-corral.cli.main.main()
+assert sys.argv[2] == "agent", sys.argv
+sys.exit(agent.main(sys.argv[3:]))
 """
 
 

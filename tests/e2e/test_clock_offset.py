@@ -60,8 +60,9 @@ def offset_agents(make_stack: StackFactory, tmp_path: Path) -> Iterator[tuple[St
     base.pop("CORRAL_POSTGRES_DSN", None)
     agents = [ManagedProcess(
         f"agent-{node}",
-        [sys.executable, "-m", "corral.services.node_agent", "--cluster-file", str(cluster), "--node", node,
-         "--runtime", "sim", "--work-dir", str(tmp_path / "nodes")],
+        [sys.executable, "-m", "corral.services.node_agent", "--inventory", str(cluster), "--node", node,
+         "--runtime", "sim", "--state-dir", str(tmp_path / "nodes"), "--advertise-address", "none",
+         "--port-range", "auto", "--metrics-address", "off"],
         {**base, **clock_faults.env(offset)}, Path(stack.context.log_dir) / f"agent-{node}.log")
         for node, offset in OFFSETS.items()]
     for a in agents:

@@ -82,6 +82,13 @@ def test_the_compose_check_fails_on_a_broken_reference(tmp_path: Path, change: s
     assert problems and all("services.placement" in p for p in problems) and named in " ".join(problems), problems
 
 
+def test_corral_agent_is_checked_against_the_node_agents_own_options() -> None:
+    assert checks.cli_problems(["corral", "agent", "--node", "a", "--inventory", "nvml", "--stop-workers-on-exit",
+                                "--port-range=29500-29999"]) == []
+    assert checks.cli_problems(["corral", "agent", "--node", "a", "--work-dir", "/x"]) == [
+        "corral agent: no option --work-dir (see `corral agent --help`)"]
+
+
 def test_every_kubernetes_manifest_validates_and_runs_existing_commands() -> None:
     assert _pending(checks.kubernetes_problems(KUSTOMIZATION)) == []
     kinds = {name: images for name, images in checks.workloads(KUSTOMIZATION).items()}

@@ -118,8 +118,9 @@ async def test_exit_while_the_agent_was_killed_is_reported_by_the_restarted_agen
     shorthand.write_text("1x2:H100\n")
     work = tmp_path / "nodes"
     env = {**os.environ, "CORRAL_NATS_URL": nats_url, "CORRAL_NAMESPACE": namespace}
-    argv = [PY, "-m", "corral.services.node_agent", "--cluster-file", str(shorthand), "--runtime", "sim",
-            "--work-dir", str(work), "--heartbeat-seconds", "0.2", "--run-as", "agent"]
+    argv = [PY, "-m", "corral.services.node_agent", "--inventory", str(shorthand), "--runtime", "sim",
+            "--state-dir", str(work), "--heartbeat-seconds", "0.2", "--run-as", "agent",
+            "--advertise-address", "none", "--port-range", "auto", "--metrics-address", "off"]
     agent = await asyncio.create_subprocess_exec(*argv, env=env)
     again: asyncio.subprocess.Process | None = None
     try:

@@ -416,9 +416,10 @@ async def test_service_process_with_stop_workers_on_exit_stops_its_workers_on_si
     env = {**os.environ, "CORRAL_NATS_URL": nats_url, "CORRAL_NAMESPACE": namespace,
            "CORRAL_LOG_DIR": str(tmp_path / "logs")}
     proc = await asyncio.create_subprocess_exec(
-        PY, "-m", "corral.services.node_agent", "--cluster-file", str(shorthand), "--runtime", "sim",
-        "--work-dir", str(tmp_path / "nodes"), "--heartbeat-seconds", "0.3", "--stop-grace", "3",
-        "--stop-workers-on-exit", "--run-as", "agent", env=env)
+        PY, "-m", "corral.services.node_agent", "--inventory", str(shorthand), "--runtime", "sim",
+        "--state-dir", str(tmp_path / "nodes"), "--heartbeat-seconds", "0.3", "--stop-grace", "3",
+        "--stop-workers-on-exit", "--run-as", "agent", "--advertise-address", "none", "--port-range", "auto",
+        "--metrics-address", "off", env=env)
     try:
         await wait_for(lambda: len(seen.of(NodeRegistered)) == 1)
         c = Cluster(bus, seen, AgentOptions(work_dir=tmp_path))
@@ -445,7 +446,8 @@ def test_nvml_inventory_without_nvml_exits_2_with_a_clear_error(tmp_path: Path) 
         pytest.skip("this machine has NVML")
     import subprocess
     done = subprocess.run([PY, "-m", "corral.services.node_agent", "--node", "gpu-1", "--inventory", "nvml",
-                           "--work-dir", str(tmp_path)], env={**os.environ, "CORRAL_NATS_URL": "nats://127.0.0.1:1"},
+                           "--state-dir", str(tmp_path)], env={**os.environ, "CORRAL_NATS_URL": "nats://127.0.0.1:1"},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "--inventory nvml" in done.stderr and "--cluster-file" in done.stderr
+    assert "--inventory nvml" in done.stderr and "--inventory FILE" in done.stderr
+    assert "Traceback" not in done.stderr

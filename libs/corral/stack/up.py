@@ -303,8 +303,9 @@ class Stack:
         if cluster_file is not None:
             self.processes.append(ManagedProcess(
                 "node-agents",
-                [py, "-m", "corral.services.node_agent", "--cluster-file", str(cluster_file),
-                 "--runtime", opts.runtime, "--work-dir", str((opts.data_dir / "nodes").resolve())],
+                [py, "-m", "corral.services.node_agent", "--inventory", str(cluster_file),
+                 "--runtime", opts.runtime, "--state-dir", str((opts.data_dir / "nodes").resolve()),
+                 "--advertise-address", "none", "--port-range", "auto"],
                 # One box, one user: every job runs as whoever ran `corral up` (export
                 # CORRAL_AGENT_RUN_AS=submitter to run them as their submitters; docs/security.md).
                 {**env, "CORRAL_AGENT_RUN_AS": env.get("CORRAL_AGENT_RUN_AS") or "agent"},

@@ -7,7 +7,7 @@ the same when its agent runs as root.
 
 The submitting user is the one the log records on the job's JobSubmitted (admission sets it from
 the NATS identity that published the request, never from the spec). On a node agent running as
-root with `--run-as submitter` (the default of `python -m corral.services.node_agent`), each rank
+root with `--run-as submitter` (the default of `corral agent`), each rank
 runs as the OS account of that name: its uid, primary gid and supplementary groups, with HOME,
 USER, LOGNAME and SHELL set for it. The job is refused (a WorkerExited naming the user and the
 fix, never a crash) when the job names no user, when the name has no OS account on the node, or
@@ -161,7 +161,7 @@ def reach_problem(paths: Iterable[Path], user: WorkerUser, workdir: Path | None 
         blocked = unsearchable(path, user)
         if blocked is not None:
             return (f"user `{user.name}` (uid {user.uid}) cannot reach {path}: {blocked} is not searchable by it; "
-                    f"make the agent's --work-dir, --checkpoint-dir and their parents searchable "
+                    f"make the agent's --state-dir, --checkpoint-dir and their parents searchable "
                     f"(chmod o+x {blocked}) or choose directories outside private ones")
     if workdir is not None:
         blocked = unsearchable(workdir, user, itself=True)

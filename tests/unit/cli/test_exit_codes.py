@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from corral.cli import agent, credentials, queue_config, session
+import corral.services.node_agent.__main__ as agent
+from corral.cli import credentials, queue_config, session
 from corral.cli.exit_codes import ExitCode
 
 README = Path(__file__).resolve().parents[3] / "README.md"
@@ -24,7 +25,8 @@ def test_each_exit_code_has_one_meaning() -> None:
 def test_the_commands_use_the_shared_codes() -> None:
     assert session.EXIT_FAILURE is ExitCode.FAILURE and session.EXIT_NO_CLUSTER is ExitCode.NO_CLUSTER
     assert queue_config.EXIT_REFUSED is ExitCode.REFUSED
-    assert agent.EXIT_USAGE is ExitCode.USAGE and credentials.EXIT_USAGE is ExitCode.USAGE
+    assert credentials.EXIT_USAGE is ExitCode.USAGE
+    assert agent.USAGE_ERROR == ExitCode.USAGE  # `corral agent` is the node agent's own entry point
 
 
 def test_the_readme_names_every_code() -> None:

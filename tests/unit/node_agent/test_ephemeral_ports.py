@@ -64,7 +64,8 @@ def test_ephemeral_range_is_read_from_the_kernel(tmp_path: Path) -> None:
 
 def test_corral_ups_agents_register_ports_outside_this_machines_ephemeral_range(tmp_path: Path) -> None:
     (tmp_path / "cluster").write_text("2x8:H100\n")
-    args = parser().parse_args(["--cluster-file", str(tmp_path / "cluster"), "--work-dir", str(tmp_path)])
+    args = parser().parse_args(["--inventory", str(tmp_path / "cluster"), "--state-dir", str(tmp_path),
+                                "--port-range", "auto"])
     ports = options(args, {}).rendezvous_ports
     assert ports is not None, "no range registered: placement falls back to 29500-49499"
     kernel = ephemeral_range(EPHEMERAL_RANGE_FILE)

@@ -120,16 +120,16 @@ def test_the_user_travels_in_launch_json(tmp_path: Path) -> None:
 
 
 def _args(*argv: str) -> argparse.Namespace:
-    return parser().parse_args(["--cluster-file", "x", *argv])
+    return parser().parse_args(["--inventory", "x", *argv])
 
 
 def test_the_agent_cli_runs_jobs_as_their_submitters_unless_told_otherwise(tmp_path: Path) -> None:
-    assert options(_args("--work-dir", str(tmp_path)), {}).run_as is RunAs.SUBMITTER
-    assert options(_args("--work-dir", str(tmp_path)), {"CORRAL_AGENT_RUN_AS": "agent"}).run_as is RunAs.AGENT
-    assert options(_args("--work-dir", str(tmp_path), "--run-as", "submitter"),
+    assert options(_args("--state-dir", str(tmp_path)), {}).run_as is RunAs.SUBMITTER
+    assert options(_args("--state-dir", str(tmp_path)), {"CORRAL_AGENT_RUN_AS": "agent"}).run_as is RunAs.AGENT
+    assert options(_args("--state-dir", str(tmp_path), "--run-as", "submitter"),
                    {"CORRAL_AGENT_RUN_AS": "agent"}).run_as is RunAs.SUBMITTER
     with pytest.raises(Exception, match=r"CORRAL_AGENT_RUN_AS='nobody': give one of submitter, agent"):
-        options(_args("--work-dir", str(tmp_path)), {"CORRAL_AGENT_RUN_AS": "nobody"})
+        options(_args("--state-dir", str(tmp_path)), {"CORRAL_AGENT_RUN_AS": "nobody"})
 
 
 def test_allow_root_is_a_checked_queue_field() -> None:
