@@ -1,7 +1,7 @@
 """A rank's output, from its pipe to its log file, never failing the rank for the disk.
 
-A rank whose stdout was its log file itself met a full log folder on its next write: `print`
-raised `OSError: [Errno 28]` and a healthy job crashed of the node's disk. So the stepd holds the
+A rank whose stdout is its log file itself meets a full log folder on its next write: `print`
+raises `OSError: [Errno 28]` and a healthy job crashes of the node's disk. So the stepd holds the
 file and the rank writes into a pipe (as slurmstepd does): `RankOutput` appends what comes through
 to `<log_dir>/<job>/rank-<N>.log`. What the disk refuses (full, or the file cannot be opened) is
 dropped and counted; once a write succeeds again, a marker line says how much was lost and why,
