@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -60,6 +61,9 @@ def parse_document(text: str, fmt: Literal["yaml", "json"] | None = None) -> Any
         except json.JSONDecodeError as e:
             raise SpecError([Problem(path="", message=f"not valid JSON: {e.msg} at line {e.lineno} "
                                      f"column {e.colno}", hint="check brackets, commas and quotes")]) from e
+    flat = flat_yaml(text)
+    if flat is not None:
+        return flat
     import yaml  # the YAML parser (tens of regular expressions) only for a YAML document
 
     try:
@@ -68,6 +72,35 @@ def parse_document(text: str, fmt: Literal["yaml", "json"] | None = None) -> Any
         raise SpecError([Problem(path="", message=f"not valid YAML: {e}",
                                  hint="check indentation and that `key: value` pairs have a space "
                                       "after the colon")]) from e
+
+
+#: A line of a flat YAML mapping read without the YAML parser: `key: value`, the value a decimal
+#: integer or a word that YAML reads as a string.
+_FLAT_LINE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*): +(0|-?[1-9][0-9]*|[A-Za-z][A-Za-z0-9_./-]*) *")
+#: Words YAML 1.1 (PyYAML's resolvers) reads as booleans or null, whatever their case.
+_YAML_WORDS = frozenset({"yes", "no", "true", "false", "on", "off", "null"})
+
+
+def flat_yaml(text: str) -> dict[str, Any] | None:
+    """A YAML document that is one flat mapping of names to integers and plain words (a small job
+    spec: `name: train`, `gpus_per_replica: 8`), read as `yaml.safe_load` reads it; None for
+    anything else (nesting, lists, quotes, comments after a value, another scalar), which is the
+    YAML parser's. Importing that parser costs a `corral submit` about a sixth of its CPU."""
+    out: dict[str, Any] = {}
+    for line in text.split("\n"):
+        line = line.rstrip("\r")
+        if "\t" in line:
+            return None
+        if not line.strip(" ") or line.startswith("#"):
+            continue
+        match = _FLAT_LINE.fullmatch(line)
+        if match is None:
+            return None
+        key, value = match.groups()
+        if key.lower() in _YAML_WORDS or value.lower() in _YAML_WORDS or key in out:
+            return None
+        out[key] = int(value) if value[0] in "-0123456789" else value
+    return out or None
 
 
 def convert_collecting(obj: Any, cls: type[T], *, prefix: str = "") -> T:
