@@ -8,15 +8,23 @@ credentials, consuming `<ns>.events.node.<node>.>` with its node's durable (the 
 identity allows), registering, heartbeating, and reporting its ranks started and, after the
 job's run time, exited. They run no processes: what is measured is the scheduler and the bus.
 
-Each size: submit `--rate` jobs/s of mixed sizes (1 to 32 GPUs, up to 4 nodes) for `--seconds`,
-each running long enough to keep about `--load` of the GPUs busy (at most a minute), then wait for
-the jobs to be placed and to end, and print:
+Each size: submit `--rate` jobs/s of mixed sizes (1 to 32 GPUs, up to 4 nodes) for `--seconds`
+(less on a cluster too small to hold that rate: `size_rate`), each running long enough to keep
+about `--load` of the GPUs busy (at most a minute), then wait for the jobs to be placed and to end,
+and print:
 - deliveries per job to agents (total, per node the job touched, and per agent), counted by the
   agents, beside the acceptance bound 3 x nodes touched + a constant;
-- nats-server's CPU and RSS, each service's CPU per job and RSS;
+- nats-server's CPU and RSS, each service's CPU per job and RSS, and apart the simulated agents'
+  processes and the driver's own (not the control plane, but on the same cores);
 - placement's decision time p50/p99 (its reconcile histogram, `corral_scheduling_cycle_duration_seconds`),
-  submit->placed p50/p99 (from the log),
-and all sizes side by side. `--smoke`: 10 and 20 nodes, a few seconds each (tests/bench).
+  submit->placed p50/p99 (from the log);
+- the durable consumers' backlog (services' and agents', from nats-server's /jsz) every
+  `--sample-every` seconds of the submissions, and whether it grows over them;
+- then, on a standing load of 2 hour-long jobs per node, `corral nodes`, `nodes --rack`,
+  `top --once` and `jobs` as fresh processes (wall and their own CPU, p50 of 3);
+- the machine probe after each size (the load changes while a run lasts),
+and all sizes side by side with the acceptance rows. `--smoke`: 10 and 20 nodes, a few seconds
+each (tests/bench).
 """
 
 from __future__ import annotations
@@ -325,11 +333,28 @@ def trend(samples: Sequence[int]) -> dict[str, Any]:
             "growing": last > 2 * first + 100}
 
 
+def mean_gpus(nodes: int) -> float:
+    sizes = [(s, w) for s, w in SIZES if s <= nodes * GPUS_PER_NODE]
+    return sum(s * w for s, w in sizes) / sum(w for _, w in sizes)
+
+
+#: Seconds a job holds its GPUs at the least: its shortest run time and the way through placement,
+#: start, exit and release.
+HOLD_SECONDS = 1.0
+
+
+def size_rate(rate: float, nodes: int, load: float) -> float:
+    """The submission rate at a size: `rate`, or less when the cluster cannot take it (jobs held
+    `HOLD_SECONDS` keeping `load` of its GPUs busy). 100 jobs/s of 4.7 GPUs on 10 nodes would
+    measure a queue growing for the whole run, not the size."""
+    return min(rate, round(load * nodes * GPUS_PER_NODE / (mean_gpus(nodes) * HOLD_SECONDS), 1))
+
+
 def workload(count: int, nodes: int, rate: float, load: float, seed: int) -> list[tuple[str, JobSpec]]:
     rng = random.Random(seed)
     sizes = [s for s, _ in SIZES if s <= nodes * GPUS_PER_NODE]
     weights = [w for s, w in SIZES if s <= nodes * GPUS_PER_NODE]
-    mean = sum(s * w for s, w in zip(sizes, weights, strict=True)) / sum(weights)
+    mean = mean_gpus(nodes)
     # run time keeping about `load` of the GPUs busy at `rate` (at most a minute: a low rate on a
     # large cluster would otherwise make the run wait minutes for its jobs to end)
     seconds = min(60.0, max(0.5, load * nodes * GPUS_PER_NODE / (rate * mean)))
@@ -440,7 +465,8 @@ async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
             await client.wait_for(lambda v: "bench" in v.queues and len(v.nodes) >= nodes, args.start_timeout)
             start_seconds = time.monotonic() - started
             print(f"  {nodes} nodes up in {start_seconds:.0f} s", flush=True)
-            jobs = workload(int(args.rate * args.seconds), nodes, args.rate, args.load, args.seed)
+            rate = size_rate(args.rate, nodes, args.load)
+            jobs = workload(int(rate * args.seconds), nodes, rate, args.load, args.seed)
             after = await log_position(client)
             placement = next((p for p in stack.processes if p.name == "placement"), None)
             monitor = getattr(stack.nats, "monitor_port", None)
@@ -450,7 +476,7 @@ async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
             wall = time.monotonic()
             samples: list[dict[str, int]] = []
             sampler = asyncio.create_task(sample_backlog(monitor, args.sample_every, samples))
-            await submit_paced(client, jobs, args.rate)
+            await submit_paced(client, jobs, rate)
             submitted = len(samples)
             _, all_placed = await wait_placed(client, [j for j, _ in jobs], after, args.timeout, progress=False)
             await asyncio.sleep(max(1.0, max(s.duration_seconds or 0 for _, s in jobs) + 1.0))
@@ -486,7 +512,7 @@ async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
         used[f"agents ({len(workers)} processes)"] = round(agents_cpu, 2)
         used["bench driver"] = round(driver_cpu, 2)
         return {
-            "nodes": nodes, "gpus": nodes * GPUS_PER_NODE, "jobs": njobs, "rate": args.rate, "seconds": args.seconds,
+            "nodes": nodes, "gpus": nodes * GPUS_PER_NODE, "jobs": njobs, "rate": rate, "seconds": args.seconds,
             "start_seconds": round(start_seconds, 1), "all_placed": all_placed, "wall_seconds": round(wall, 1),
             "deliveries": total, "deliveries_per_job": round(total / max(1, njobs), 2),
             "nodes_touched_per_job": round(touched, 2),
@@ -604,7 +630,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(machine_line(), flush=True)
     results = []
     for nodes in args.nodes:
-        print(f"{nodes} nodes x {GPUS_PER_NODE} GPUs: {args.rate:g} jobs/s for {args.seconds:g} s", flush=True)
+        rate = size_rate(args.rate, nodes, args.load)
+        print(f"{nodes} nodes x {GPUS_PER_NODE} GPUs: {rate:g} jobs/s for {args.seconds:g} s", flush=True)
         results.append(asyncio.run(measure(args, nodes)))
     print()
     print(render(results))
