@@ -1,12 +1,12 @@
 """Run import-linter on the source tree, in the layout the installed package has.
 
-The problem: setup.py maps three folders onto one `corral` package (libs/corral -> corral,
+Why: setup.py maps three folders onto one `corral` package (libs/corral -> corral,
 contracts -> corral.contracts, services -> corral.services). An editable install resolves the
 mapped packages with a meta-path finder, but import-linter (grimp) finds modules by walking
 `corral.__path__` on disk, where contracts/ and services/ are not: in the dev venv, a bare
 `lint-imports` stops at "Module 'corral.services' does not exist".
 
-The fix: build a temporary tree of symlinks with the installed layout (from setup.py's ROOTS, so
+So this builds a temporary tree of symlinks with the installed layout (from setup.py's ROOTS, so
 there is one mapping), put it first on PYTHONPATH and run lint-imports with the repository's
 pyproject.toml. CI also runs lint-imports on a non-editable install (.ci/run); this is the same
 check on the working tree, for `make lint` and for anyone editing the layers.

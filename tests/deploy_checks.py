@@ -1,8 +1,8 @@
-"""Static checks of the deploy files, with no Docker and no Kubernetes (issue 15, item 5).
+"""Static checks of the deploy files, with no Docker and no Kubernetes.
 
-The problem: docker-compose.yml ran the agent with `--cluster 4x8:H100`, which argparse took as an
-abbreviation of `--cluster-file`; the agent exited 2 and restarted forever, and nothing noticed,
-because no check ever read the deploy files. Each function here returns the problems of one kind
+Why: a deploy file is read by nothing else before a deployment; an option argparse takes as an
+abbreviation of another (`--cluster` for `--cluster-file`) makes a container exit 2 and restart
+forever, unnoticed. Each function here returns the problems of one kind
 of file (empty: fine), each naming the file, the place and what is wrong, so a test can show both
 that the real files pass and that a broken copy fails:
 

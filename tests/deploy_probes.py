@@ -1,6 +1,6 @@
 """The deploy files' probes and scrape targets point at a port and a path the process serves.
 
-The problem: a probe or a Prometheus target names a port and a path by hand, while the process
+Why: a probe or a Prometheus target names a port and a path by hand, while the process
 listens where `--metrics-address` or `CORRAL_METRICS_ADDR` says (default 0.0.0.0:9464) and answers
 three paths (`corral.telemetry.endpoint.PATHS`). A manifest with `port: 9465` or `/health`
 validates against every schema, and then Kubernetes restarts the pod forever (or never sends it

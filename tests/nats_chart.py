@@ -1,10 +1,10 @@
 """Checks of deploy/kubernetes/nats-values.yaml against the official NATS chart, without helm.
 
-The problem: the values were never rendered (no helm, no cluster here), so a key the chart does
-not have (silently ignored by helm) or a value it writes into `nats.conf` in a form nats-server
-refuses would only show when the NATS pods crash-loop. `max_payload: 8MB` was one: the chart
-writes it as the JSON string "8MB" and nats-server stops at "interface {} is string, not int64"
-(the chart's `<< 8MB >>` form writes it raw).
+Why: the values are not rendered here (no helm, no cluster), so a key the chart does not have
+(silently ignored by helm) or a value it writes into `nats.conf` in a form nats-server refuses
+would only show when the NATS pods crash-loop. `max_payload: 8MB` is one: the chart writes it as
+the JSON string "8MB" and nats-server stops at "interface {} is string, not int64" (the chart's
+`<< 8MB >>` form writes it raw).
 
 With the chart's own defaults and config templates vendored in tests/vendor/nats_chart (see its
 SOURCE.md):

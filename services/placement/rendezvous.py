@@ -1,8 +1,7 @@
 """A gang's `MASTER_ADDR:MASTER_PORT`, chosen from the projection (placement's part of rendezvous).
 
-Problem: every gang used `CORRAL_MASTER_ADDR` (127.0.0.1) whatever node its rank 0 ran on, so a
-gang spanning hosts could not rendezvous, and its port was a hash with no check that another live
-gang on that host did not hold it. Here the address is the one rank 0's node registered, and the
+Why: a gang spanning hosts rendezvouses at its rank 0's node, on a port no other live gang on that
+host holds. Here the address is the one rank 0's node registered, and the
 port the first free one of that node's range (`corral.core.rendezvous.choose_port`), free meaning
 held neither by a live gang in the log (`ClusterView.ports`) nor by a gang placed earlier in the
 same cycle (`taken`, not yet in the log). Pure: no I/O, the same view gives the same answer.

@@ -1,9 +1,8 @@
 """A chaos run that is stopped (SIGTERM, as `timeout` sends) stops everything it started.
 
-The problem: a `bench/chaos.py --minutes 5` cut short by `timeout 900` left its nats-server, its
-Postgres, the node agents and a worker's step daemon running, on ports and in a temporary
-directory nobody would look at again; only SIGINT went through the run's clean-up. Now SIGTERM
-does the same as Ctrl-C.
+Why: a `bench/chaos.py --minutes 5` cut short by `timeout 900` must not leave its nats-server, its
+Postgres, the node agents or a worker's step daemon running, on ports and in a temporary directory
+nobody looks at again: SIGTERM goes through the run's clean-up as Ctrl-C does.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Faults of the bus and of its dependencies, end to end (issue 11, items 1, 2 and 8).
+"""Faults of the bus and of its dependencies, end to end.
 
 Each test runs the whole stack as processes. The Postgres outage test runs its own private
 Postgres: stopping the session-wide one would break every other test.

@@ -1,4 +1,4 @@
-"""Issue 19 item 5: a job waiting longer than its queue's `max_wait` gets one WaitExceeded with its
+"""A job waiting longer than its queue's `max_wait` gets one WaitExceeded with its
 blocker; `corral jobs --stuck` lists it, `corral why` shows the step, quota's metric counts it, and
 a quota killed (-9) and restarted re-derives from the log that this wait was escalated already.
 

@@ -1,19 +1,19 @@
-"""Issue 19, on a live stack: `corral why` gives the core's exact hint, and lost work is honest.
+"""On a live stack: `corral why` gives the core's exact hint, and lost work is honest.
 
-Reported on the landed code, tried as a new user would (two tests, one stack each for two cases):
-- fair share: job p of team-b was told "node-0 frees 1 when job j ends", j of team-a; when j was
-  cancelled its GPU went to team-a's waiting job k, and p's reason never said team-b was under
-  its guarantee. Now the hint names both jobs that must end and k, which takes the first GPU;
-- preemption: "32 GPU-seconds since their last checkpoint are lost" of a victim that checkpointed
-  at the signal 0.2 s later. Now the reason says the work is lost only without a checkpoint, and
-  the requeue says what was lost, counted from the last checkpoint;
-- rack topology: a rack gang was told "node-1 frees 4, node-2 frees 4 when job s ends; ...", s
-  spanning two racks: the node of the other rack can never help. Now the hint names only nodes of
-  the rack the gang then uses, and ending the jobs it names starts the gang there;
-- two blockers: "queue q regains 4 GPUs when job x ends; then it still needs node-0 frees 4 when
-  job t ends": with x and t gone the queue was still at its ceiling (y). Now the hint names x and
+The cases a new user meets (two tests, one stack each for two cases):
+- fair share: job p of team-b waits behind job j of team-a; when j ends its GPU goes to team-a's
+  waiting job k, and team-b is under its guarantee. The hint names both jobs that must end and k,
+  which takes the first GPU, and p's reason says team-b is under its guarantee;
+- preemption: a victim that checkpoints at the signal loses no work; the reason says the work is
+  lost only without a checkpoint, and the requeue says what is lost, counted from the last
+  checkpoint;
+- rack topology: a rack gang blocked by a job s spanning two racks; the node of the other rack can
+  never help. The hint names only nodes of the rack the gang then uses, and ending the jobs it
+  names starts the gang there;
+- two blockers: with x and t gone the queue q is still at its ceiling (y). The hint names x and
   y, both of queue q; after cancelling x alone the gang still waits, after cancelling y it starts.
-(Both hints as the CLI computed them before, run on this stack, fail the second test's assertions.)
+(A hint that releases running jobs by expected end until the job alone fits fails the second
+test's assertions on this stack.)
 (The first three and a lost node on the folded log: tests/unit/cli/test_exact_hints.py; lost work:
 tests/unit/core/test_exact_hints_core.py.)
 """

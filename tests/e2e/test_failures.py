@@ -79,8 +79,9 @@ async def test_a_node_that_stops_heartbeating_is_lost_and_its_jobs_requeued(make
 
 
 async def test_a_rank_that_ends_while_the_node_agents_are_killed_completes_its_job(make_stack: StackFactory) -> None:
-    # Issue 11 item 3: the exit happened while no agent ran, so nobody reported it; the job stayed
-    # RUNNING forever. The node is not declared lost (the agents are back well within 60 s).
+    # The exit happens while no agent runs, so no agent reports it live; the restarted agent must,
+    # or the job stays RUNNING forever. The node is not declared lost (the agents are back well
+    # within 60 s).
     stack = make_stack(cluster="1x8:H100", env={"CORRAL_NODE_LOST_SECONDS": "60"})
     c = await connect(stack)
     try:

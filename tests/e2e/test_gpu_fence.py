@@ -1,4 +1,4 @@
-"""A GPU is free only when its processes are gone (issue 11, "two jobs' processes on the same GPU").
+"""A GPU is free only when its processes are gone (never two jobs' processes on the same GPU).
 
 Rank 0 of a 2-rank gang crashes; rank 1 ignores SIGTERM for a few seconds. Placement ends the gang
 at once (GangReleased, the job fails), but the node's GPUs stay allocated to it until rank 1's
@@ -45,7 +45,7 @@ async def test_gpus_of_a_crashed_gang_are_placed_again_only_after_every_rank_exi
             "name": "next", "queue": "team-a", "gpus_per_replica": 8, "runtime": "sim",
             "duration_seconds": 1}))
         await c.wait_for(lambda v: waiting in v.jobs and v.jobs[waiting].state.terminal, 90)
-        for _ in range(150):  # rank 1 stops 3 s after its SIGTERM
+        for _ in range(150):  # rank 1 ends 3 s after its SIGTERM
             trail = await c.job_events(crashing)
             if len([e for _, e in trail if isinstance(e, ev.WorkerExited)]) == 2:
                 break

@@ -1,10 +1,10 @@
-"""Answers a person can trust (issue 11, item 7): each case was reported wrong on the landed code.
+"""Answers a person can trust, each case one a person reads wrong otherwise:
 
-- `corral queues` counted pending jobs' quota reservations as GPUs in use (137 % of a cluster);
-- `corral submit` printed "Submitted" and exited 0 for a job admission rejected milliseconds later;
-- a gang larger than the cluster was `TOPOLOGY_UNSATISFIABLE` with no numbers;
-- priorities were unbounded integers, and a queue could not cap them;
-- non-UTF-8 spec bytes gave a traceback.
+- `corral queues` does not count pending jobs' quota reservations as GPUs in use;
+- `corral submit` does not print "Submitted" and exit 0 for a job admission rejects;
+- a gang larger than the cluster is refused with its numbers;
+- priorities are bounded, and a queue can cap them;
+- non-UTF-8 spec bytes are refused with a message, not a traceback.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`corral logs` from a machine that did not run the job: the node agents publish rank output to
-the bus (issue 16, "Logs from anywhere").
+the bus.
 
 The CLI runs in a folder of its own with only the cluster's NATS address: no context, no Postgres
 DSN, no log directory, so the rank files of the agents cannot be what it prints. One stack serves

@@ -1,8 +1,8 @@
-"""Each process's /metrics against the commands, on one stack after a small workload (issue 17).
+"""Each process's /metrics against the commands, on one stack after a small workload.
 
 The workload: a low-priority 4x8 gang of team-a runs, an urgent 2x8 gang of team-a preempts it
 (checkpoint, requeue: it waits again, a pending gang), and a 4x8 gang of team-b waits too. Then
-every family the issue names is on the owning process's page; an idle node is drained and the
+every family of `OWNED` is on the owning process's page; an idle node is drained and the
 team-b gang held (`corral drain`, `corral hold`), and the gauges have the values `corral jobs`,
 `corral queues` and `corral nodes` print at that moment (GPUs `draining`, reason `HELD`); the
 counters equal what the log says.
@@ -26,7 +26,7 @@ from tests.e2e.test_cli import as_json, corral
 from tests.e2e.test_cluster_cases import sim, state
 from tests.metrics_text import Page, readyz, scrape
 
-#: The families of issue 17, item 1, by the process that reports them.
+#: The metric families each process must report, by the process that reports them.
 OWNED = {
     "admission": ["corral_admission_attempts_total"],
     "quota": ["corral_pending_jobs", "corral_quota_reservations_total", "corral_job_wait_to_quota_seconds",

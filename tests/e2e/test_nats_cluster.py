@@ -1,4 +1,4 @@
-"""A NATS server lost mid-run: scheduling continues, nothing lost (issue 15, item 3).
+"""A NATS server lost mid-run: scheduling continues, nothing lost.
 
 A 3-node JetStream cluster (three nats-server processes on loopback), streams with three replicas
 (`CORRAL_STREAM_REPLICAS=3`, as deployed), the whole stack against it with `CORRAL_NATS_URL`

@@ -1,4 +1,4 @@
-"""Seeing a running cluster (issue 17): one trace per job across every process, and the views
+"""Seeing a running cluster: one trace per job across every process, and the views
 built from the log (`corral top`, `corral usage`), on one stack.
 
 The stack's processes and the CLI each append their spans to one JSON-lines file

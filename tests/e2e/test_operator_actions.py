@@ -1,4 +1,4 @@
-"""Issue 19 item 4: drain/undrain a node (with and without --evict), hold/release and requeue a
+"""Operator actions: drain/undrain a node (with and without --evict), hold/release and requeue a
 job; each is an event with its actor and reason, shown by `corral why`, `corral jobs`, `corral nodes`.
 
 One stack (4 nodes x 8 GPUs): three nodes drained leave room for one 8-GPU job; a held job stays

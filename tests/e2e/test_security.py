@@ -1,13 +1,13 @@
-"""Who may do what on the bus: one test per attack demonstrated on the open NATS (issue 12).
+"""Who may do what on the bus: one test per attack possible on an open NATS.
 
-Each attack here succeeded before NATS identities (`corral.bus.auth`): a plain `nats.connect(url)`
-published a GangReserved that ran a forged command as root, forged reports changed jobs, anyone
-submitted as alice or cancelled her jobs. The stack is `corral up`'s, with its own NATS (auth on),
+Without NATS identities (`corral.bus.auth`) each attack here succeeds: a plain `nats.connect(url)`
+publishes a GangReserved that runs a forged command as root, forged reports change jobs, anyone
+submits as alice or cancels her jobs. The stack is `corral up`'s, with its own NATS (auth on),
 on the session Postgres; the attacker holds a stolen node-agent credential or a plain submitter's.
 
-The same stack's Postgres logins (`corral.stack.pglogins`): before, every service connected as the
-superuser and rewrote the log at will (`session_replication_role`, `DISABLE TRIGGER`); now each
-connects with its own login in `corral_service`, the CLI with one in `corral_reader`.
+The same stack's Postgres logins (`corral.stack.pglogins`): a service connected as the superuser
+could rewrite the log at will (`session_replication_role`, `DISABLE TRIGGER`), so each connects
+with its own login in `corral_service`, the CLI with one in `corral_reader`.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ async def _running_job(stack: Stack, user: str | None = None) -> tuple[str, Clie
 
 
 async def test_anonymous_client_cannot_connect(secured: Stack) -> None:
-    """Neither in plain TCP nor over TLS with the CA trusted: an identity is required (issue 12)."""
+    """Neither in plain TCP nor over TLS with the CA trusted: an identity is required."""
     ctx = secured.context
     assert ctx is not None and ctx.nats_ca and ctx.nats_url.startswith("tls://")
     attempts: list[dict[str, Any]] = [

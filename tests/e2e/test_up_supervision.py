@@ -1,10 +1,9 @@
-"""`corral up` keeps the system running and stops it cleanly (issue 11, item 5).
+"""`corral up` keeps the system running and stops it cleanly.
 
-Reported on the landed code: Ctrl-C failed every running job (`FAILED WORKER_FAILED: rank 0 was
-killed; no restarts left`) while placement kept placing during the shutdown; a dead Postgres or
-nats-server was not restarted (zombies stayed; Postgres then refused "postmaster.pid already
-exists"); placement crash-looped 376 times with no backoff; a second `corral up` in the same
-folder printed a Postgres log dump.
+Ctrl-C must not fail the running jobs (`FAILED WORKER_FAILED: rank 0 was killed; no restarts
+left`), and placement places nothing during the shutdown; a dead Postgres or nats-server is
+restarted (no zombies; no "postmaster.pid already exists"); a crashing service is restarted with
+a backoff; a second `corral up` in the same folder says so instead of a Postgres log dump.
 """
 
 from __future__ import annotations

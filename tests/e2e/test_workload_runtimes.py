@@ -1,4 +1,5 @@
-"""Issue 16 end to end, on one stack (a cluster file with a shared dataset, a node-local one and a
+"""Workload runtimes end to end, on one stack (a cluster file with a shared dataset, a node-local
+one and a
 shared checkpoint folder, agents running real processes): a job past its `time_limit` fails
 TIME_LIMIT within seconds and frees its GPUs; a job asking more host CPUs than any node's GPUs
 carry is rejected, naming the need; a job mounting a node-local dataset runs on the node holding

@@ -288,7 +288,7 @@ async def test_a_batch_holds_only_what_met_the_outage_and_settles_the_rest(bus: 
 
 
 async def test_json_log_lines_logged_while_handling_a_message_carry_its_job(bus: Bus) -> None:
-    """Issue 17: the consumer sets the job being handled (`corral.telemetry.logs.handling`), so a
+    """The consumer sets the job being handled (`corral.telemetry.logs.handling`), so a
     handler's line that does not name the job still carries its id, one message or a batch."""
     import json
     import logging

@@ -1,5 +1,5 @@
 """`corral credentials agent NODE...`: per-node agent identities for a deployment, as Kubernetes
-Secrets and the NATS servers' auth.conf (issue 15; deploy/README.md had them written by hand).
+Secrets and the NATS servers' auth.conf, generated rather than written by hand.
 
 The Secrets validate against the Kubernetes schemas (as deploy/kubernetes does) and are the ones
 the manifests mount; the auth.conf, included by deploy/nats/nats.conf, passes `nats-server -t`; a

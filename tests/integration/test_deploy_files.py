@@ -1,8 +1,8 @@
 """The deploy files are checked without Docker or Kubernetes, and the checks catch a broken
-reference (issue 15, item 5; the checks: tests/deploy_checks.py), including a probe or a
-Prometheus target on a port or path the process does not serve (issue 17; tests/deploy_probes.py).
+reference (the checks: tests/deploy_checks.py), including a probe or a Prometheus target on a
+port or path the process does not serve (tests/deploy_probes.py).
 
-`corral agent` (issue 15, items 1-2) lands from another branch: until it is in the CLI, problems
+`corral agent` may not be in the CLI yet: until it is in the CLI, problems
 naming that one command are set aside (and only those); once it is, they count like any other.
 """
 

@@ -1,7 +1,7 @@
 """deploy/prometheus and deploy/grafana are checked without Prometheus or Grafana (no promtool
 here): every metric a dashboard panel or an alert rule reads is one the processes export, every
 expression is balanced, every alert the issue asks for is there, the scrape targets are the
-compose services on the endpoint's default port (issue 17, item 6).
+compose services on the endpoint's default port.
 
 What the processes export is read from their registries themselves (`ServiceTelemetry` of each
 service, `AgentTelemetry`), built around stand-ins of a service: no servers needed.

@@ -1,4 +1,4 @@
-"""A tamper-evident log (issue 12): a row changed or removed by a superuser is detected, and an
+"""A tamper-evident log: a row changed or removed by a superuser is detected, and an
 exported bundle verifies offline."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A service with CORRAL_HEALTH_FILE touches it while it runs and reaches NATS, and
-`corral healthcheck` says so (the probe of docker-compose and the Kubernetes manifests; issue 15)."""
+`corral healthcheck` says so (the probe of docker-compose and the Kubernetes manifests)."""
 
 from __future__ import annotations
 

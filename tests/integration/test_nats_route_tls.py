@@ -1,7 +1,8 @@
-"""Routes between NATS servers over TLS, both sides verified (issue 15; deploy/nats/nats.conf).
+"""Routes between NATS servers over TLS, both sides verified (deploy/nats/nats.conf).
 
-Before, the cluster's route port carried every message (and the JetStream replication) in clear,
-and any process that reached it could join the cluster as a server. With the `cluster { tls {...}
+Without TLS the cluster's route port carries every message (and the JetStream replication) in
+clear, and any process that reaches it can join the cluster as a server. With the
+`cluster { tls {...}
 }` block of `corral.stack.tls.TlsFiles.route_block` (as deploy/nats/nats.conf has it), two servers
 with certificates of one CA form a JetStream cluster, while a server with another CA's certificate,
 or with no TLS at all, is refused by the servers it dials.

@@ -1,7 +1,7 @@
 """Workers outlive their agent: a `kill -9` or a graceful stop of the agent, then a new agent adopts.
 
-Reported bug (issue 11, item 3): after `kill -9` of the node agents, the workers kept running as
-orphans, their exits were never reported, and the restarted agent knew nothing of them. These run
+After `kill -9` of the node agents, the workers keep running; the restarted agent must know them
+and report their exits, or they are orphans. These run
 real agents (in-process or as `python -m corral.services.node_agent`), real stepds and sim workers
 against a real nats-server; the agents' reports are read from the inbox subjects.
 """

@@ -1,7 +1,7 @@
 """A node agent running as root with `--run-as submitter` runs each job as its submitter's OS user.
 
-Issue 12: every rank ran as the agent's own user (root on a real node), so a submitter's command
-could read anything on the node. Now the ranks of a job run as the OS account named by the user its
+A rank run as the agent's own user (root on a real node) lets a submitter's command read anything
+on the node, so the ranks of a job run as the OS account named by the user its
 JobSubmitted records (Slurm's model); a user with no account, or root in a queue without
 `allow_root`, is refused with a WorkerExited naming the user and the fix. Real nats-server, a real
 agent in this process, real stepds; the ranks are `sh` (the venv's interpreter may live in root's

@@ -339,7 +339,7 @@ async def test_node_marked_lost_while_alive_registers_again(cluster: Cluster) ->
 async def test_reservation_delivered_before_its_jobs_submission_waits_for_it(cluster: Cluster) -> None:
     """After a NATS server failover the durable may redeliver a job's JobSubmitted (its first
     delivery lost with the old leader) after the job's GangReserved, with an older stream version
-    (CI, 2026-12-04: the job failed with "never saw this job's JobSubmitted"). The reservation
+    (the job must not fail with "never saw this job's JobSubmitted"). The reservation
     waits for the submission; the submission, knowledge and not an action, is taken in any order."""
     seen = cluster.seen
     submission = submitted("job-late", duration_seconds=0.2)

@@ -316,7 +316,7 @@ async def test_a_second_supervisor_adopts_a_detached_gang_and_reports_it_again(t
 
 
 async def test_a_process_rank_starts_in_its_workdir_or_says_why_not(tmp_path: Path) -> None:
-    """Issue 16: the spec's workdir (`corral submit` fills in the submitter's folder); a folder this
+    """The spec's workdir (`corral submit` fills in the submitter's folder); a folder this
     node does not have is no reason not to run, as for slurmstepd: the rank log says so."""
     here = tmp_path / "project"
     here.mkdir()

@@ -1,7 +1,7 @@
 """`corral up`'s Postgres asks every TCP login for its password, and each process gets its own login.
 
-Before (issue 12): the embedded Postgres trusted loopback TCP, so any local user connected as the
-superuser `postgres` without a password, and every service did, as the superuser.
+An embedded Postgres that trusts loopback TCP lets any local user connect as the superuser
+`postgres` without a password.
 """
 
 from __future__ import annotations

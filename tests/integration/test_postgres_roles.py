@@ -1,5 +1,5 @@
-"""The service role cannot rewrite the log (issue 12): before, every service was a superuser and the
-append-only trigger was bypassed with `session_replication_role` or `DISABLE TRIGGER`."""
+"""The service role cannot rewrite the log: a superuser bypasses the append-only trigger with
+`session_replication_role` or `DISABLE TRIGGER`, so no service is one."""
 
 from __future__ import annotations
 

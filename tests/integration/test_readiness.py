@@ -1,4 +1,4 @@
-"""`/readyz` says whether a service's view is the log's truth yet (issue 17, item 3).
+"""`/readyz` says whether a service's view is the log's truth yet.
 
 A standby waiting for its lease is not ready; once it takes over it folds the whole log, and is
 not ready while it does (held here at its rebuild); it is ready once it consumes. `/healthz` is

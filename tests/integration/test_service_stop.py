@@ -1,9 +1,9 @@
 """A service told to stop (SIGTERM, Ctrl-C of `corral up`) stops at once and decides nothing more.
 
-The problem: the service loop waited for a change or its tick (1 s) before it looked at `stop`, then
-ran one more reconcile. So every stop of placement, preemption, quota and admission took up to a
-tick, and placement could still place a job after `corral up` had begun to shut down (issue 11,
-item 5: the deciders stop first so that nothing is decided while the system goes down).
+Why: a service loop that waits for a change or its tick (1 s) before it looks at `stop`, then runs
+one more reconcile, makes every stop take up to a tick, and placement could still place a job after
+`corral up` has begun to shut down (the deciders stop first so that nothing is decided while the
+system goes down).
 """
 
 from __future__ import annotations

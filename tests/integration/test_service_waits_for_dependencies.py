@@ -1,11 +1,10 @@
 """A service started while Postgres (or NATS) is down waits for it, and starts when it comes up.
 
-The problem: a service exited with a traceback when Postgres did not answer at its start, and
-whatever supervised it started it again every half second (a three-minute chaos run counted 76
-restarts of quota, each a traceback in its log). An unavailable dependency is waited out; the
-service is up as soon as the dependency is. (NATS's client already retried its first connection;
-its test keeps it so.) Real servers: each starts on the port the service has been trying, after
-the service started.
+Why: a service that exits with a traceback when Postgres does not answer at its start is started
+again by whatever supervises it, every half second, each time a traceback in its log. An
+unavailable dependency is waited out; the service is up as soon as the dependency is. (NATS's
+client retries its first connection; its test keeps it so.) Real servers: each starts on the port
+the service has been trying, after the service started.
 """
 
 from __future__ import annotations

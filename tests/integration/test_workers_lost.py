@@ -1,7 +1,8 @@
-"""Placement reconciles the agents' heartbeats with the gangs it believes run (issue 11, item 3).
+"""Placement reconciles the agents' heartbeats with the gangs it believes run.
 
-`kill -9` of the node-agents process left jobs RUNNING forever: the restarted agent heartbeats
-again (no NodeLost), but without the jobs, and nobody read `running_job_ids`. Here the decision
+After `kill -9` of the node-agents process the restarted agent heartbeats again (no NodeLost), but
+without the jobs: unless placement reads `running_job_ids`, they stay RUNNING forever.
+Here the decision
 services run on real NATS and Postgres; the test is the node agent: it registers the node, reports
 ranks, and publishes the heartbeats itself, listing the job or not.
 """

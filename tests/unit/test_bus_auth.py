@@ -1,4 +1,4 @@
-"""The permission sets of `corral.bus.auth` and the sender-naming subjects (issue 12)."""
+"""The permission sets of `corral.bus.auth` and the sender-naming subjects."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """A consumer that the server says is behind fetches with a window long enough to fill its batch.
 
-The problem (bench/README.md, 2026-12-05): nats-py stops collecting a batch when the fetch's
-window ends (the consumer's linger, 10 ms for an inbox), and on a busy event loop the messages the
-server sent arrive slower than that. Under a backlog of hundreds, placement's inbox took 36 of 64
-reports at a time, then lingered as if it had caught up: workers' reports reached it 0.5-1 s late.
+Why (bench/README.md): nats-py stops collecting a batch when the fetch's window ends (the
+consumer's linger, 10 ms for an inbox), and on a busy event loop the messages the server sent
+arrive slower than that. Under a backlog of hundreds, a short window takes a part of a batch at a
+time, then lingers as if it had caught up, and workers' reports reach placement late.
 The subscription here is a stand-in that records each fetch's window; nothing else is faked.
 """
 

@@ -1,4 +1,4 @@
-"""Limits of the bus and of a submission (pure parts of items 2 and 8 of issue 11)."""
+"""Limits of the bus and of a submission (their pure parts)."""
 
 from __future__ import annotations
 

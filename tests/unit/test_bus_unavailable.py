@@ -37,7 +37,7 @@ from corral.bus import Poison, Retry, Unavailable, UnavailableBackoff, is_unavai
     nats.js.errors.NoStreamResponseError(),
     nats.js.errors.ServiceUnavailableError(),
     # a publish retried after a timeout while the stream elects a new leader: the first try is
-    # still being stored (CI, 2026-12-04: a submission failed with it after a leader was killed)
+    # still being stored, as after a leader is killed
     nats.js.errors.APIError(code=409, err_code=10158, description="duplicate message id is in process"),
 ], ids=lambda e: type(e).__name__)
 def test_dependency_failures_are_unavailable(exc: BaseException) -> None:

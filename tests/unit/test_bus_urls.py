@@ -1,4 +1,4 @@
-"""CORRAL_NATS_URL may list the servers of a JetStream cluster (issue 15, item 3)."""
+"""CORRAL_NATS_URL may list the servers of a JetStream cluster."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The health file behind `corral healthcheck` (issue 15, item 4)."""
+"""The health file behind `corral healthcheck`."""
 
 from __future__ import annotations
 

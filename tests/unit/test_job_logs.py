@@ -1,4 +1,4 @@
-"""`corral logs` reads only the job's own log directory (issue 12: it printed /etc/shadow as root)."""
+"""`corral logs` reads only the job's own log directory (never, say, /etc/shadow read as root)."""
 
 from __future__ import annotations
 

@@ -333,7 +333,7 @@ def test_random_reports_never_release_an_attempt_twice_nor_complete_a_crashed_ga
         assert all(r.code is not LifecycleCode.COMPLETED for r in releases)
 
 
-# ---- time limit (issue 16) -----------------------------------------------------------------------
+# ---- time limit ----------------------------------------------------------------------------------
 
 def test_a_running_attempt_past_its_time_limit_fails_with_time_limit() -> None:
     g = gang(time_limit=3.0)  # running since 101

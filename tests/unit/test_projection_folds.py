@@ -285,7 +285,7 @@ def test_each_stream_is_folded_once_and_in_order(versions: list[int], results: l
 
 
 def test_a_released_attempt_lost_the_work_since_its_last_checkpoint() -> None:
-    """Issue 19: lost work counts from the last checkpoint (the one written at the preemption signal)."""
+    """Lost work counts from the last checkpoint (the one written at the preemption signal)."""
     t0 = datetime(2026, 12, 1, tzinfo=UTC)
 
     def at(seconds: float, cls: type[Event], **payload: Any) -> Event:

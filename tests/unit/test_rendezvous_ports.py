@@ -1,8 +1,8 @@
 """Rendezvous ports: MASTER_ADDR is rank 0's node's address, MASTER_PORT a port of its range that no
 live gang holds on that address, held until rank 0's node's GPUs of that attempt are released.
 
-Issue 15: every gang got 127.0.0.1 and a crc32-hashed port with no check, so two gangs could
-collide on one host."""
+Why: two gangs whose rank 0 share a host must not collide on one port, and a gang spanning hosts
+must rendezvous at its rank 0's node."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_node_registered_refuses_a_bad_address_or_port_range() -> None:
         with pytest.raises(Exception, match=words):
             decode(msgspec.json.encode({**raw, field: value}))
     old = {k: v for k, v in raw.items() if k not in ("address", "rendezvous_ports")}
-    assert decode(msgspec.json.encode(old)).address is None  # an agent before issue 15
+    assert decode(msgspec.json.encode(old)).address is None  # an agent that sends no address or range
 
 
 def test_a_registration_with_a_new_address_or_range_is_recorded_again() -> None:

@@ -1,8 +1,9 @@
 """Whether a gang would fit if more GPUs were free, from counts alone: `fits_with` and `Headroom`.
 
-Problem: a backfill reservation asks "does the job fit once these running jobs are gone?" for
-prefixes of the releases, and a preemption plan the same for its candidates; each answer used to
-give the GPUs back on the index (a journal of moves), search a placement and roll back. For a job
+Why: a backfill reservation asks "does the job fit once these running jobs are gone?" for
+prefixes of the releases, and a preemption plan the same for its candidates; giving the GPUs back
+on the index (a journal of moves), searching a placement and rolling back for each answer is the
+costly way. For a job
 without a hard gang level placement fits exactly when enough GPUs are free and the cluster's rank
 capacity (per node, the ranks its free GPUs can hold) reaches the replicas (`placement.fits_now`),
 so adding GPUs only changes those two counts on the nodes they are on: `Headroom` keeps the

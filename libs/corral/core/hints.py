@@ -1,11 +1,11 @@
 """Exact unblock hints: the smallest set of events after which the core itself places a waiting job.
 
-Problem: the hint `corral why` printed was the CLI's own guess (running jobs released in order of
-expected end until the job alone fitted). It was wrong in the ways a new user found at once: it
-named a job of another queue whose GPU then went to the next job in fair-share order; it named
-one of two jobs that had to end; it never said that the job's queue was under its guarantee.
+Why: a guess beside the core (running jobs released in order of expected end until the job alone
+fits) is wrong in the ways a new user finds at once: it names a job of another queue whose GPU then
+goes to the next job in fair-share order; it names one of two jobs that must end; it never says
+that the job's queue is under its guarantee.
 
-The hint is now a search over what-if states (`whatif`), each decided by the cycle itself:
+The hint is a search over what-if states (`whatif`), each decided by the cycle itself:
 - the candidates are events: each running job ends (soonest expected end first, jobs without an
   estimate after them), each lost node comes back, the job's queue gets the quota it lacks;
 - the shortest prefix of that order after which the rerun places the job (bisection; every prefix

@@ -1,9 +1,10 @@
 """GpuLedger: which GPUs a cycle has handed out, and to whom -- the one home of the bitmask code.
 
-Problem: the cycle keeps four GPU books -- free GPUs (the FreeGpus index), GPUs being released
+Why: the cycle keeps four GPU books -- free GPUs (the FreeGpus index), GPUs being released
 by preempted jobs, GPUs claimed for a job that waits for those releases, and the jobs picked as
-victims -- and the bit arithmetic that moves GPUs between them was written out at each step
-(placing, waiting for releasing GPUs, committing a preemption plan, planning one). Like Volcano's
+victims -- and the bit arithmetic that moves GPUs between them belongs in one place, not
+written out at each step (placing, waiting for releasing GPUs, committing a preemption plan,
+planning one). Like Volcano's
 Statement for a gang, the ledger owns the books and offers the moves:
 - `take(placement)`: a placed gang takes its free GPUs;
 - `claim(placement, victims)`: a job that waits holds its GPUs -- free ones are taken now, those

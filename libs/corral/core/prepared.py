@@ -1,6 +1,6 @@
 """Prepared: everything a cycle starts from, derived from a snapshot -- built here, or kept.
 
-Problem: a cycle needs more than the snapshot says -- the queue tree, usage per queue, the
+Why: a cycle needs more than the snapshot says -- the queue tree, usage per queue, the
 free-GPU index, GPUs being released, who preempted whom, the order of the waiting jobs, their
 classes, when each running job's GPUs come back. Deriving them is O(running + waiting) and a
 replay's cycles change one or two jobs each, so `SchedulerState` keeps them current between

@@ -1,8 +1,7 @@
 """The words of the cycle's answers: each Reason a cycle step gives, built in one place.
 
-Problem: the messages and details a user reads (`corral why`) were written inline in the steps
-that decide, so a step read as half rule, half prose. The steps now say which answer; the
-answers are worded here.
+Why: the messages and details a user reads (`corral why`), written inline in the steps that
+decide, make a step half rule, half prose. The steps say which answer; the answers are worded here.
 """
 
 from __future__ import annotations

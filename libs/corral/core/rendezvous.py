@@ -1,9 +1,8 @@
 """Which `MASTER_PORT` a gang rendezvouses on: a port of rank 0's node no live gang holds.
 
-Problem: every gang's rank 0 listens on `MASTER_ADDR:MASTER_PORT` (torch.distributed's TCPStore).
-The port used to be a crc32 hash of the job into one 20,000-port space with no check, so two gangs
-whose rank 0 shared a host could pick the same port, and the second failed to bind (or, worse,
-joined the first one's store). Placement, the single writer of reservations, now chooses the port
+Why: every gang's rank 0 listens on `MASTER_ADDR:MASTER_PORT` (torch.distributed's TCPStore). Two
+gangs whose rank 0 share a host must not pick the same port, or the second fails to bind (or,
+worse, joins the first one's store). Placement, the single writer of reservations, chooses the port
 from the master node's range, skipping the ports held by live gangs on that address (the projection
 keeps them, see `corral.projection.ClusterView.ports`).
 
@@ -18,8 +17,8 @@ import zlib
 from collections.abc import Container
 
 DEFAULT_PORT_RANGE: tuple[int, int] = (29500, 49499)
-"""The range of a node that registered none (agents before issue 15 and simulated nodes): the
-20,000 ports the old hash used."""
+"""The range of a node that registers none (an agent that sends no range, and simulated nodes):
+20,000 ports from 29500."""
 
 AGENT_PORT_RANGE: tuple[int, int] = (29500, 30499)
 """The default of `corral agent --port-range`: one real host rarely masters 1,000 gangs at once."""

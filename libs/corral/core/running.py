@@ -1,6 +1,7 @@
 """RunningIndex: what a cycle's victim search asks of all running jobs, kept between cycles.
 
-Problem: every cycle that looks for victims made O(running) passes before it could answer:
+Why: without an index, every cycle that looks for victims makes O(running) passes before it can
+answer:
 the running jobs sorted by id, the lowest priority running in each queue (outside LAS a
 same-queue victim must rank lower), and under LAS the most attained service of any running job
 (a waiting job that needs more than that finds no LAS victim) and, when some job does qualify,

@@ -1,8 +1,8 @@
 """The cycle's speed-ups, kept apart from its rules: class answers, negative caches, early stop.
 
-Problem: a busy cycle of a replay decides ~1,000 waiting jobs of a few kinds, and most of them
-get the answer the first of their kind got. Deciding each in full is what made replays slow; but
-written inside the rules, the speed-ups hid them. They live here, and each is exact -- it
+Why: a busy cycle of a replay decides ~1,000 waiting jobs of a few kinds, and most of them
+get the answer the first of their kind got. Deciding each in full makes replays slow; but written
+inside the rules, the speed-ups would hide them. They live here, and each is exact -- it
 changes how fast the cycle answers, never what (tests/unit/core/test_core_fast_paths.py):
 - `ClassMemo`: a job's class (`class_key`: everything its decision reads but its id and place in
   the order) as a small int, memoised per PendingJob object. The caller owns the memo (the

@@ -1,10 +1,10 @@
 """What-if states: a snapshot after some events that would unblock a job, and what the core does then.
 
-Problem: `corral why`'s "would unblock" hint was worked out beside the core (the CLI released
-running jobs in order of expected end until the job alone fitted, with the core's backfill), so it
-ignored every other waiting job and the queue tree: it named a job whose GPUs the next job in
-fair-share order then took, one of two jobs that had to end, jobs in racks the gang could never
-use. The answer must be the core's own: apply the events to the snapshot and rerun the cycle.
+Why: a "would unblock" hint worked out beside the core (running jobs released in order of expected
+end until the job alone fits) ignores every other waiting job and the queue tree: it names a job
+whose GPUs the next job in fair-share order then takes, one of two jobs that must end, jobs in
+racks the gang can never use. The answer must be the core's own: apply the events to the snapshot
+and rerun the cycle.
 
 An event is a value: a running job ends (`JobEnds`), a lost node comes back (`NodeBack`), GPUs out
 of service (unhealthy, drained) are back in it (`GpusBack`), a queue's ceiling or guarantee is

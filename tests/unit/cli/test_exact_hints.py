@@ -1,14 +1,14 @@
-"""Issue 19: the wrong "would unblock" hints a new user met, each replayed on the folded log.
+"""The "would unblock" hints a guess beside the core gets wrong, each replayed on the folded log.
 
-Each case was reported on the landed code (the CLI's own "release running jobs until the job alone
-fits"): the hint is now the core's (`core.hints.unblock`: the cycle rerun on what-if states), and
-`corral why` only presents it (`cli/present.py`).
-- fair share: a job of queue B was told "node-0 frees 1 when job J ends", J of queue A; when J
-  ended its GPU went to the A job ahead of it, and the reason never said B was under its guarantee;
-- rack topology: the hint listed nodes in other racks, which can never help;
-- the hint named one of two blockers: after the named job ended the gang still waited;
+A guess ("release running jobs until the job alone fits") misleads a new user in each case; the
+hint is the core's (`core.hints.unblock`: the cycle rerun on what-if states), and `corral why` only
+presents it (`cli/present.py`).
+- fair share: a job of queue B waits behind J of queue A; when J ends its GPU goes to the A job
+  ahead of it, and B is under its guarantee: the answer says both;
+- rack topology: the hint lists no node in another rack, which can never help;
+- two blockers: the hint names both, not one after which the gang still waits;
 - (lost work: tests/unit/core/test_exact_hints_core.py and the e2e smoke).
-A held job was told only "corral release J", not what it would then wait for: it is told that too.
+A held job is told "corral release J" and what it would then wait for.
 """
 
 from __future__ import annotations

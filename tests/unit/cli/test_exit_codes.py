@@ -1,8 +1,8 @@
 """The CLI's exit codes: one meaning each, as the README's table says.
 
-The problem: `corral apply --require` exited 3 when the evidence gate refused a change, the code
-every command uses for "no cluster reachable". A script that waits and retries on 3 (the cluster
-is restarting) retried a refused change forever, and one that reports a refusal reported an
+Why: 3 is the code every command uses for "no cluster reachable". A script that waits and retries
+on 3 (the cluster is restarting) would retry a refused change forever if `corral apply --require`
+exited 3 when the evidence gate refuses a change, and one that reports a refusal would report an
 outage as one."""
 
 from __future__ import annotations

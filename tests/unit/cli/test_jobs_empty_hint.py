@@ -1,8 +1,8 @@
 """An empty `corral jobs` says where the jobs went.
 
-The problem: after `make demo` every example has ended, and the README points a newcomer at
-`corral jobs`: a table of headers only, read as "the cluster lost my jobs". squeue prints the bare
-header too; Corral says one line more, on stderr (the table and `--json` stay as they were).
+Why: after `make demo` every example has ended, and the README points a newcomer at `corral jobs`:
+a table of headers only reads as "the cluster lost my jobs". squeue prints the bare header too;
+Corral says one line more, on stderr (the table and `--json` are unchanged).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Job spec v2 (issue 16): image, runtimes, mounts, workdir, time limit, CPU/memory, checkpoint dir;
+"""Job spec v2: image, runtimes, mounts, workdir, time limit, CPU/memory, checkpoint dir;
 every problem names its field and the fix; JobSubmitted and NodeRegistered v1 stay readable."""
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The core stays readable: no module over 450 lines, no function over 60, no module-level state.
 
-Why: the cycle and preemption had grown to 763 and 438 lines, with an 87-line `_decide`, a
-137-line `_search` of closures and a module-level memo cleared at 200,000 entries (issue 14).
-A newcomer must be able to read each rule on its own; these limits keep it so. Module-level
+Why: a newcomer must be able to read each rule on its own; these limits keep it so. Module-level
 assignments must be immutable (numbers, strings, tuples, frozensets, MappingProxyType tables,
 getters, types): the core is pure, so any memo belongs to its caller.
 """

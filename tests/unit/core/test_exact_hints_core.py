@@ -1,4 +1,4 @@
-"""The unblock hint is exact (issue 19): its events, applied and the cycle rerun, place the job.
+"""The unblock hint is exact: its events, applied and the cycle rerun, place the job.
 
 Minimal, as docs/architecture.md defines it: applying every event of the hint places the job;
 leaving out any one does not; a hint of several events means no single candidate event (of the
@@ -119,8 +119,8 @@ def test_fair_share_the_job_ahead_takes_the_first_gpu_and_both_ends_are_named() 
 
 
 def test_lost_work_counts_from_the_last_checkpoint_and_a_victim_is_asked_to_write_one() -> None:
-    """The preemption reason said "125 GPU-seconds since their last checkpoint are lost" of a victim
-    that then checkpointed at the signal (issue 19): the work is lost only if it stops without one."""
+    """A victim may checkpoint at the signal, so the preemption reason does not call its work since
+    the last checkpoint lost: the work is lost only if it stops without one."""
     cluster = Cluster.uniform(1, 2, "H100")
     low = job("low", gpus=2, priority=0, checkpoint_grace_seconds=30)
     fresh = running(low, [("n000", (0, 1))], start=0.0, checkpoint=995.0)  # checkpointed 5 s ago

@@ -1,4 +1,4 @@
-"""Host CPUs, memory and datasets in placement (issue 16): a rank gets at most its GPUs' share of
+"""Host CPUs, memory and datasets in placement: a rank gets at most its GPUs' share of
 its node's CPUs and memory, so a node is never oversubscribed; a job mounting a node-local dataset
 goes only where the dataset is. Nodes that declare no capacity are not limited."""
 

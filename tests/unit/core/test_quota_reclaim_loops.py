@@ -1,6 +1,6 @@
-"""Quota and preemption must not work against each other (issue 11, item 6).
+"""Quota and preemption must not work against each other: a gang is never quota-reserved,
+placed, then reclaimed at once, over and over.
 
-Reported: "a 3x8 gang was quota-reserved, placed, then reclaimed within 0.3 s, five times over".
 The services take their decisions one after the other on the same state: quota reserves
 (`reserve_quota`), placement places what holds quota (`schedule` with the placement service's
 config), preemption picks victims (`schedule` with the full config). A decision round here is

@@ -1,11 +1,11 @@
 """A gang's MASTER_PORT is never one the kernel may hand out for other sockets.
 
-The problem: `corral up`'s agents (one host, every node of the cluster file) registered no
-rendezvous range, so placement gave their gangs ports of 29500-49499, of which 32768-49499 is in
-Linux's default ephemeral range (32768-60999): the local port of any outgoing connection on the
-machine, or of any listener bound to port 0 (the tests' own nats-server and Postgres). Rank 0's
-TCPStore cannot bind such a port (EADDRINUSE, with or without SO_REUSEADDR: checked below), and
-the gang fails to start: the likely cause of the DDP flake earlier stops could not pin down.
+Why: an agent that registers no rendezvous range gets ports of 29500-49499 for its gangs, of
+which 32768-49499 is in Linux's default ephemeral range (32768-60999): the local port of any
+outgoing connection on the machine, or of any listener bound to port 0 (the tests' own nats-server
+and Postgres). Rank 0's TCPStore cannot bind such a port (EADDRINUSE, with or without
+SO_REUSEADDR: checked below), and the gang fails to start. `corral up`'s agents (one host, every
+node of the cluster file) register a range below it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Worker runtimes (issue 16): one Assignment, the exact command line of each runtime, the same worker
+"""Worker runtimes: one Assignment, the exact command line of each runtime, the same worker
 environment; datasets resolved per node; the spec's workdir, checkpoint dir and limits carried."""
 
 from __future__ import annotations

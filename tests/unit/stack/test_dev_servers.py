@@ -1,4 +1,4 @@
-"""`corral up` without the dev-cluster extra says what to install (issue 15, item 4)."""
+"""`corral up` without the dev-cluster extra says what to install."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """`corral up` prints each process's telemetry endpoint only once it answers.
 
-CI (stop 30) failed `tests/e2e/test_up.py`: the status printed admission's endpoint, and a GET of
-its /healthz was refused. Readiness waited for the nodes and a queue, which placement and the
-agents provide; admission opens its endpoint after connecting to Postgres and NATS, and on a busy
-machine it had not yet. These tests hold the wait that closes that race against real sockets.
+Readiness that waits only for the nodes and a queue (which placement and the agents provide) can
+print admission's endpoint before admission opens it (after connecting to Postgres and NATS), and
+on a busy machine a GET of its /healthz is then refused. These tests hold the wait that closes
+that race against real sockets.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Possible victims, cheapest first: per cycle (`Candidates`) and per plan (`VictimSequence`).
 
-Problem: listing victims is the costly part of preemption (O(running jobs) and a sort by lost
+Why: listing victims is the costly part of preemption (O(running jobs) and a sort by lost
 work), yet most cycles never look for victims and most plans need only the first few. So the
 cycle's list is built on first use and filtered to those the victim rule (`eligibility`) can
 accept for the job at hand; a plan then walks it lazily, applying the rule exactly.

@@ -1,8 +1,7 @@
 """Who may be a victim of whom: the one home of the victim rule.
 
-Problem: the rule used to be split between a "statically eligible" filter (read when the cycle
-lists possible victims) and a per-preemptor `_kind` (read when a plan picks them), with the
-candidate listing repeating parts of both. Here the whole rule lives in one place:
+Why: the rule is read when the cycle lists possible victims and when a plan picks them; split
+between the two it drifts. Here the whole rule lives in one place:
 - `statically_eligible`: whoever the preemptor, never a victim: non-preemptible, younger than
   `min_runtime_seconds`, already preempting, or its preemption budget spent (no loops);
 - `victim_kind`: for one preemptor, the reason a running job may be its victim (priority within

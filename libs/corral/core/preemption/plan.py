@@ -1,7 +1,7 @@
 """A preemption plan for one pending job: `plan_preemption` (the cycle's) and `select_victims`
 (the preemption service's, on a snapshot).
 
-Problem: a plan must never preempt unless the preemptor provably fits once the victims are
+Why: a plan must never preempt unless the preemptor provably fits once the victims are
 gone, and must cost as little lost work as it can. So it lists the eligible victims in cost
 order (`candidates`), searches the cheapest set after which the job fits (`search`: placement
 simulated on the index, quota re-checked) and explains the choice (`PreemptionPlan.reason`).

@@ -1,6 +1,6 @@
 """VictimSearch: the cheapest victim set after which one pending job provably fits.
 
-Problem: trying every subset of victims is exponential; trying prefixes of the cost order one
+Why: trying every subset of victims is exponential; trying prefixes of the cost order one
 by one re-simulates the placement hundreds of times. The search takes victims in cost order
 (least lost work first) and finds the shortest prefix that fits -- no prefix can fit before its
 GPUs add up to the job's size; from there it gallops (1, 2, 4, ... victims further) then bisects,
