@@ -36,13 +36,15 @@ test-deps: $(TEST_STAMP) test-tools
 # Machine tools the tests use, from Debian's packages: bubblewrap (the `sandbox` runtime), Slurm and
 # munge (bench/peer_slurm.py's smoke run beside Slurm), libfaketime (a node with its clock off),
 # iproute2 (`ip netns`: hosts as network namespaces, tests/netns.py), Docker Engine and podman with
-# runc (the `docker` and `podman` runtimes run for real: their image is made by
+# runc and catatonit (podman's --init: with docker.io's tini installed beside it, apt takes tini for
+# podman's "catatonit | tini | dumb-init" and podman looks for catatonit) (the `docker` and `podman`
+# runtimes run for real: their image is made by
 # tests/container_engines.py, no registry), a C compiler (gcc: the fake libnvidia-ml.so.1 the NVML
 # and GPU-health tests load, tests/fakenvml).
 # Installed only where missing, apt-get exists and we are root; elsewhere the tests that need one
 # skip, naming the package to install.
 TEST_TOOLS := bwrap:bubblewrap slurmctld:slurm-wlm munged:munge faketime:faketime ip:iproute2 \
-  dockerd:docker.io podman:podman runc:runc cc:gcc
+  dockerd:docker.io podman:podman runc:runc catatonit:catatonit cc:gcc
 test-tools:
 	@missing=""; for pair in $(TEST_TOOLS); do \
 	  command -v "$${pair%%:*}" >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \

@@ -257,6 +257,9 @@ def podman_engine(folder: Path) -> Engine:
     if shutil.which("podman") is None or shutil.which("runc") is None:
         return Engine("podman", problem="podman or runc is not installed (`make test-deps` installs them as root: "
                                         "apt-get install podman runc)")
+    if not Path("/usr/libexec/podman/catatonit").exists():
+        return Engine("podman", problem="podman's --init needs catatonit (`make test-deps` installs it as root: "
+                                        "apt-get install catatonit)")
     folder.mkdir(parents=True, exist_ok=True)
     limits = []
     for name, which in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):

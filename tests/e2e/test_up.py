@@ -54,7 +54,7 @@ def test_up_starts_from_nothing_registers_nodes_and_a_restart_keeps_state(tmp_pa
         assert {p["name"] for p in status["processes"]} >= {"admission", "quota", "placement", "preemption",
                                                              "node-agents"}
         saved = json.loads((data / "context.json").read_text())
-        assert not (tmp_path / "corral" / "context.json").exists(), "no account-wide context (issue 13)"
+        assert not (tmp_path / "corral" / "context.json").exists(), "no account-wide context"
         assert saved["nats_url"] == status["nats"]
         # the saved context carries the admin's NATS credentials (an anonymous client cannot connect)
         ctx = Context.load(data / "context.json")
