@@ -4,6 +4,8 @@ with the tail, says exactly what folding the whole log says (`corral.readmodel`)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +24,18 @@ def folded(events: list[Event]) -> ClusterView:
     return view
 
 
+def fold_tail(view: ClusterView, rows: dict[str, bytes], jobs: Iterable[str], log: list[Event], split: int) -> None:
+    """As a reader does: load the rows of `jobs` and of the jobs the tail (after `split`) is about,
+    then fold the tail."""
+    tail = log[split:]
+    for wanted in (set(jobs) | {j for e in tail for j in codec.touched_jobs(e)}) & rows.keys():
+        job = view.jobs[wanted] = codec.decode_job(rows[wanted])
+        if job.active:
+            view.active[wanted] = job
+    for position, event in enumerate(tail, split + 1):
+        view.apply(event, None, position)
+
+
 @settings(max_examples=60, deadline=None)
 @given(seed=st.sampled_from(sorted(LOGS)), data=st.data())
 def test_stored_view_and_tail_fold_as_the_whole_log(seed: int, data: st.DataObject) -> None:
@@ -33,13 +47,7 @@ def test_stored_view_and_tail_fold_as_the_whole_log(seed: int, data: st.DataObje
 
     view, stored = codec.decode_base(base)
     assert set(stored.held) | {j for j, v in before.jobs.items() if not v.state.terminal} == before.active.keys()
-    tail = log[split:]
-    for wanted in (before.active.keys() | {j for e in tail for j in codec.touched_jobs(e)}) & rows.keys():
-        job = view.jobs[wanted] = codec.decode_job(rows[wanted])
-        if job.active:
-            view.active[wanted] = job
-    for position, event in enumerate(tail, split + 1):
-        view.apply(event, None, position)
+    fold_tail(view, rows, before.active.keys(), log, split)
 
     whole = folded(log)
     assert view.active.keys() == whole.active.keys()
@@ -62,13 +70,7 @@ def test_a_view_of_the_nodes_needs_only_the_fenced_jobs_and_the_tails(seed: int,
     rows = {j: codec.encode_job(v) for j, v in before.jobs.items()}
     view, stored = codec.decode_base(codec.encode_base(before))
     assert set(stored.fenced) == {j.job_id for j in before.fenced_jobs()}
-    tail = log[split:]
-    for wanted in (set(stored.fenced) | {j for e in tail for j in codec.touched_jobs(e)}) & rows.keys():
-        job = view.jobs[wanted] = codec.decode_job(rows[wanted])
-        if job.active:
-            view.active[wanted] = job
-    for position, event in enumerate(tail, split + 1):
-        view.apply(event, None, position)
+    fold_tail(view, rows, stored.fenced, log, split)
     whole = folded(log)
     assert view.nodes == whole.nodes and view.releasing_gpus() == whole.releasing_gpus()
 
