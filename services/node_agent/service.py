@@ -223,11 +223,13 @@ class NodeAgent:
         self.options = options
         self.reports = NodeReports(self.node, publisher)
         # Each rank's output also goes to the bus (`log_shipper`), when a shipper is given.
+        # Its cursor files go in the attempt folders of the run folder (see `log_shipper`).
+        run_dir = options.work_dir / self.node / "run"
         events: AgentEvents = self.reports if shipper is None else ShippingEvents(
-            self.reports, shipper, self.node, options.logs, options.work_dir / self.node / "logship")
+            self.reports, shipper, self.node, options.logs, run_dir, earlier=options.work_dir / self.node / "logship")
         self.supervisor: Supervisor | TimerSupervisor = (
             TimerSupervisor(self.reports) if options.runtime == "sim-timer" else
-            Supervisor(events, options.work_dir / self.node / "run", kill_grace=options.kill_grace_seconds,
+            Supervisor(events, run_dir, kill_grace=options.kill_grace_seconds,
                        python=options.python, launcher=launcher))
         # Ranks run as their submitter only where there are processes to run and we may switch.
         self.switch_users = options.runtime != "sim-timer" and switches_users(options.run_as)

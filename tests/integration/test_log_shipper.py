@@ -75,6 +75,27 @@ async def test_one_attempt_is_shipped_from_its_header_to_the_exit_and_a_restart_
     await again.close()
 
 
+async def test_a_cursor_kept_in_the_earlier_folder_is_shipped_on_from(bus: Bus, tmp_path: Path) -> None:
+    """An agent that finds a rank's cursor only where cursors were kept apart (`logship/`) ships
+    on from it, and keeps the next one in the attempt's run folder."""
+    log = tmp_path / "logs" / "j2" / "rank-0.log"
+    log.parent.mkdir(parents=True)
+    shipped = _header("j2", 0) + b"already shipped\n"
+    log.write_bytes(shipped + b"new\n")
+    run, earlier = tmp_path / "run", tmp_path / "logship"
+    (earlier / "j2" / "attempt-0").mkdir(parents=True)
+    (earlier / "j2" / "attempt-0" / "rank-0.json").write_text(
+        f'{{"start": 0, "shipped": {len(shipped)}, "done": false}}')
+    (run / "j2" / "attempt-0").mkdir(parents=True)
+
+    shipper = _shipper(bus)
+    assert await shipper.drain(RankKey("j2", 0, "node-0", 0), log, run, timeout=10, earlier=earlier)
+    chunks = await _read(bus, "j2")
+    assert [line for c in chunks for line in c.lines] == ["new"] and chunks[0].offset == len(shipped)
+    assert '"done": true' in (run / "j2" / "attempt-0" / "rank-0.json").read_text()
+    await shipper.close()
+
+
 async def test_a_symlink_in_place_of_the_log_is_never_read(bus: Bus, tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text(_header("j2", 0).decode() + "password\n")

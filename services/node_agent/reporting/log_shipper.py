@@ -15,8 +15,11 @@ file; a rank that exits (or never started: its file says why) is drained to its 
 chunk marked final before its exit is reported (for up to `DRAIN_BEFORE_EXIT`), so a job seen
 ended has its output on the bus. Where each rank got to is kept in
 `<state_dir>/<job>/attempt-<K>/rank-<R>.json` after every published chunk, so a restarted agent
-ships on from there (a chunk sent twice has the same message id: the stream keeps one). An
-unavailable bus is waited out: the file keeps the lines.
+ships on from there (a chunk sent twice has the same message id: the stream keeps one). The agent's
+`state_dir` is its run folder: the cursor files sit in the attempt's folder, which the supervisor
+has made before the rank starts (no folder is made per rank; each costs the disk an inode).
+Cursor files under an `earlier` folder (`logship/`, where agents kept them apart) are read when
+the run folder has none. An unavailable bus is waited out: the file keeps the lines.
 
 The file is opened without following a symlink and must be a regular file: the agent may be root,
 and the file the rank's user's.
@@ -111,22 +114,32 @@ def _find_start(fd: int, key: RankKey) -> int | None:
 
 
 class _Saved:
-    """The cursor file of one rank: where shipping started and got to, and whether it is done."""
+    """The cursor file of one rank: where shipping started and got to, and whether it is done.
+    `earlier`: where the cursor may have been kept instead (read when `path` has none)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, earlier: Path | None = None) -> None:
         self.path = path
+        self.earlier = earlier
 
     def load(self) -> dict[str, int | bool] | None:
-        try:
-            raw = json.loads(self.path.read_text())
-            return {"start": int(raw["start"]), "shipped": int(raw["shipped"]), "done": bool(raw.get("done"))}
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        for path in (self.path, self.earlier):
+            if path is None:
+                continue
+            try:
+                raw = json.loads(path.read_text())
+                return {"start": int(raw["start"]), "shipped": int(raw["shipped"]), "done": bool(raw.get("done"))}
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return None
 
     def save(self, start: int, shipped: int, done: bool) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"start": start, "shipped": shipped, "done": done}))
+        text = json.dumps({"start": start, "shipped": shipped, "done": done})
+        try:
+            tmp.write_text(text)
+        except FileNotFoundError:  # its folder is made on first use only (it is the attempt's, as a rule)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
         tmp.replace(self.path)
 
 
@@ -153,26 +166,29 @@ class LogShipper:
         #: (each rank's exit waited `DRAIN_BEFORE_EXIT` for a bus that did not take them)
         self.failing = False
 
-    def follow(self, key: RankKey, path: Path, state_dir: Path) -> None:
-        """Start shipping `key`'s output from `path` (idempotent)."""
+    def follow(self, key: RankKey, path: Path, state_dir: Path, earlier: Path | None = None) -> None:
+        """Start shipping `key`'s output from `path` (idempotent); its cursor file is kept under
+        `state_dir`, and read from under `earlier` when `state_dir` has none."""
         if key in self._tasks:
             return
         self._finishing[key] = asyncio.Event()
         self._subjects[key] = self._subject_for(self.owner_of(key.job_id))
-        saved = _Saved(state_dir / key.job_id / f"attempt-{key.attempt}" / f"rank-{key.rank}.json")
+        where = Path(key.job_id, f"attempt-{key.attempt}", f"rank-{key.rank}.json")
+        saved = _Saved(state_dir / where, None if earlier is None else earlier / where)
         task = asyncio.create_task(self._ship(key, path, saved), name=f"logs-{key.job_id}-{key.attempt}-{key.rank}")
         self._tasks[key] = task
         task.add_done_callback(lambda _: self._forget(key, task))
 
-    def finish(self, key: RankKey, path: Path, state_dir: Path) -> None:
+    def finish(self, key: RankKey, path: Path, state_dir: Path, earlier: Path | None = None) -> None:
         """The rank exited: ship what is left of its file, then stop (starts it if not followed)."""
-        self.follow(key, path, state_dir)
+        self.follow(key, path, state_dir, earlier)
         self._finishing[key].set()
 
-    async def drain(self, key: RankKey, path: Path, state_dir: Path, timeout: float) -> bool:
+    async def drain(self, key: RankKey, path: Path, state_dir: Path, timeout: float,
+                    earlier: Path | None = None) -> bool:
         """`finish`, and wait up to `timeout` seconds for the rank's last chunk to be published;
         True if it was."""
-        self.finish(key, path, state_dir)
+        self.finish(key, path, state_dir, earlier)
         task = self._tasks.get(key)
         if task is None:
             return True
@@ -304,11 +320,13 @@ class LogShipper:
 class ShippingEvents:
     """The supervisor's `AgentEvents`, passed on to `inner`, that also start and finish shipping
     each rank's output (`LogShipper`). `log_dir`: where the node's rank files are
-    (`<log_dir>/<job>/rank-<N>.log`, `assignment.rank_log_path`); `state_dir`: the cursor files."""
+    (`<log_dir>/<job>/rank-<N>.log`, `assignment.rank_log_path`); `state_dir`: the cursor files;
+    `earlier`: where they may have been kept instead (see the module's docstring)."""
 
-    def __init__(self, inner: AgentEvents, shipper: LogShipper, node: str, log_dir: Path, state_dir: Path) -> None:
+    def __init__(self, inner: AgentEvents, shipper: LogShipper, node: str, log_dir: Path, state_dir: Path,
+                 earlier: Path | None = None) -> None:
         self.inner, self.shipper, self.node = inner, shipper, node
-        self.log_dir, self.state_dir = log_dir, state_dir
+        self.log_dir, self.state_dir, self.earlier = log_dir, state_dir, earlier
 
     def _key(self, job_id: str, attempt: int, rank: int) -> RankKey:
         return RankKey(job_id, attempt, self.node, rank)
@@ -318,7 +336,7 @@ class ShippingEvents:
 
     async def worker_started(self, job_id: str, rank: int, pid: int, attempt: int, *, at: float,
                              cause: str | None) -> None:
-        self.shipper.follow(self._key(job_id, attempt, rank), self._path(job_id, rank), self.state_dir)
+        self.shipper.follow(self._key(job_id, attempt, rank), self._path(job_id, rank), self.state_dir, self.earlier)
         await self.inner.worker_started(job_id, rank, pid, attempt, at=at, cause=cause)
 
     async def worker_exited(self, job_id: str, rank: int, exit_code: int | None, attempt: int,
@@ -327,7 +345,7 @@ class ShippingEvents:
         # (`corral submit --wait`, then `corral logs`) finds them on the bus.
         wait = 0.0 if self.shipper.failing else DRAIN_BEFORE_EXIT
         if not await self.shipper.drain(self._key(job_id, attempt, rank), self._path(job_id, rank),
-                                        self.state_dir, wait):
+                                        self.state_dir, wait, self.earlier):
             log.warning("%s rank %d: its last output is still being shipped as its exit is reported", job_id, rank)
         await self.inner.worker_exited(job_id, rank, exit_code, attempt, reason, at=at, cause=cause,
                                        message=message)
