@@ -454,7 +454,9 @@ async def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
                                agent_nodes=tuple(names), placement_standby=False, gateway=False,
                                extra_env={"CORRAL_LOG_LEVEL": "WARNING"}))
     ctx = stack.start()
-    live = LiveStack(stack, ctx, root)
+    live = LiveStack(stack, ctx, root, args.keep)
+    if args.keep:
+        print(f"  data and logs: {root}", flush=True)
     workers: list[Worker] = []
     try:
         workers = start_agents(live, names, args.agents_per_process, root)
@@ -615,6 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for every job to be placed")
     p.add_argument("--start-timeout", type=float, default=600.0, help="seconds for the nodes to register")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--keep", action="store_true", help="keep each size's data folder (the services' logs)")
     p.add_argument("--sample-every", type=float, default=5.0, help="seconds between backlog samples")
     p.add_argument("--no-reads", dest="reads", action="store_false",
                    help="skip timing corral nodes/top/jobs (and the standing load they are timed on)")
