@@ -66,8 +66,11 @@ demo: $(STAMP)
 up: $(STAMP)
 	$(VENV)/bin/corral up
 
+# The suite starts a few thousand Python processes (services, agents, stepds, CLI calls): with
+# PYTHONDONTWRITEBYTECODE exported by the shell, each would compile every module it imports from
+# source, so the suite writes and reuses bytecode as an installed Corral does.
 test: $(TEST_STAMP) test-tools
-	$(PY) -m pytest
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
