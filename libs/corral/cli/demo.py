@@ -58,7 +58,7 @@ async def _run(client: Client, timeout: float) -> dict[str, str]:
     ids: dict[str, str] = {}
     started = time.monotonic()
     pending = list(SCRIPT)
-    with Live(console=console, refresh_per_second=4) as live:
+    with Live(console=console.rich, refresh_per_second=4) as live:
         while True:
             while pending and time.monotonic() - started >= pending[0][1]:
                 name, _, _ = pending.pop(0)

@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
             from rich.live import Live
 
             data = snapshot(await commands.top_view(c), datetime.now(UTC))
-            with Live(render(data, console.width), console=console, screen=True, auto_refresh=False) as screen:
+            with Live(render(data, console.width), console=console.rich, screen=True, auto_refresh=False) as screen:
                 while True:
                     started = time.monotonic()
                     note = None

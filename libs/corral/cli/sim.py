@@ -162,7 +162,7 @@ def _progress(wanted: bool) -> Iterator[ProgressReport | None]:
     from corral.sim.output import duration
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
+                  console=err_console.rich, transient=True) as bar:
         tasks: dict[str, TaskID] = {}
 
         def report(policy: str, now: float, stats: object) -> None:
