@@ -289,7 +289,8 @@ async def test_three_people_and_a_pipeline_may_do_only_their_own_jobs(site: Stac
     assert all(e.user == "amy" for e in trail if isinstance(e, ev.AccessDenied))
     assert not any(isinstance(e, ev.JobCancelled) for e in trail)
     for job in [j for j in view.jobs.values() if j.user in ctx and j.state.name not in ("COMPLETED", "REJECTED")]:
-        admin(site, "cancel", job.job_id)
+        done = admin(site, "cancel", job.job_id, check=False)  # a short job may end after the view was read
+        assert done.returncode == 0 or "nothing was done: the job is" in done.stderr, done
 
 
 async def test_people_survive_a_restart_of_corral_up(site: Stack, tmp_path: Path) -> None:

@@ -133,14 +133,24 @@ class _Saved:
         return None
 
     def save(self, start: int, shipped: int, done: bool) -> None:
+        """The agent's own file among the stepd's (mode 0600): a rank running as its submitter
+        passes through the attempt's folder but reads none of the agent's files."""
         tmp = self.path.with_suffix(".tmp")
-        text = json.dumps({"start": start, "shipped": shipped, "done": done})
+        text = json.dumps({"start": start, "shipped": shipped, "done": done}).encode()
         try:
-            tmp.write_text(text)
+            _write_private(tmp, text)
         except FileNotFoundError:  # its folder is made on first use only (it is the attempt's, as a rule)
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(text)
+            _write_private(tmp, text)
         tmp.replace(self.path)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 class LogShipper:

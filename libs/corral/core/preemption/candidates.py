@@ -220,12 +220,12 @@ class Candidates:
                 return top > mine
         if self._top_level is None:
             now = self.now
-            top: dict[str, int] = {}
+            levels: dict[str, int] = {}
             for r in self.running:
                 lv = level(r.attained(now), th)
-                if lv > top.get(r.job.queue, -1):
-                    top[r.job.queue] = lv
-            self._top_level = top
+                if lv > levels.get(r.job.queue, -1):
+                    levels[r.job.queue] = lv
+            self._top_level = levels
         return self._top_level.get(queue, -1) > mine
 
 
