@@ -24,7 +24,7 @@ import signal
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +37,7 @@ from corral.contracts import events as ev
 from corral.contracts.envelope import event_id_time
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.registry import decode
+from corral.eventstore.records import StoredEvent
 from corral.stack.context import Context
 from corral.stack.up import Stack, StackOptions
 
@@ -303,34 +304,41 @@ async def collect(client: Client, job_ids: Iterable[str], after: int) -> dict[st
     """Per-job timings from the log after `after` (first occurrence of each event)."""
     wanted = {f"job-{j}": j for j in job_ids}
     times = {j: JobTimes(j) for j in wanted.values()}
+    async for stored in _log_after(client, after):
+        job_id = wanted.get(stored.stream)
+        if job_id is None or stored.type not in TRACKED:
+            continue
+        t = times[job_id]
+        if stored.type == "JobSubmitted":
+            event = decode(stored.data)
+            assert isinstance(event, ev.JobSubmitted)
+            t.submitted, t.gpus, t.queue = event_id_time(event.event_id), event.spec.total_gpus, event.spec.queue
+            t.name = event.spec.name
+        elif stored.type == "JobAdmitted" and t.admitted is None:
+            t.admitted = stored.recorded_at
+        elif stored.type == "JobRejected":
+            t.rejected = True
+        elif stored.type == "QuotaReserved" and t.quota is None:
+            t.quota = stored.recorded_at
+        elif stored.type == "GangReserved" and t.placed is None:
+            t.placed = stored.recorded_at
+        elif stored.type == "JobRunning" and t.running is None:
+            t.running = stored.recorded_at
+        elif stored.type in ("JobCompleted", "JobFailed") and t.ended is None:
+            t.ended = stored.recorded_at
+    return times
+
+
+async def _log_after(client: Client, after: int) -> AsyncIterator[StoredEvent]:
+    """Every stored event after position `after`, read a page at a time."""
     position = after
     while True:
         batch = await client.store.read_all(position, limit=10000)
         if not batch:
-            return times
+            return
         position = batch[-1].position
         for stored in batch:
-            job_id = wanted.get(stored.stream)
-            if job_id is None or stored.type not in TRACKED:
-                continue
-            t = times[job_id]
-            if stored.type == "JobSubmitted":
-                event = decode(stored.data)
-                assert isinstance(event, ev.JobSubmitted)
-                t.submitted, t.gpus, t.queue = event_id_time(event.event_id), event.spec.total_gpus, event.spec.queue
-                t.name = event.spec.name
-            elif stored.type == "JobAdmitted" and t.admitted is None:
-                t.admitted = stored.recorded_at
-            elif stored.type == "JobRejected":
-                t.rejected = True
-            elif stored.type == "QuotaReserved" and t.quota is None:
-                t.quota = stored.recorded_at
-            elif stored.type == "GangReserved" and t.placed is None:
-                t.placed = stored.recorded_at
-            elif stored.type == "JobRunning" and t.running is None:
-                t.running = stored.recorded_at
-            elif stored.type in ("JobCompleted", "JobFailed") and t.ended is None:
-                t.ended = stored.recorded_at
+            yield stored
 
 
 def bus_messages(live: LiveStack) -> tuple[int, int]:
@@ -352,19 +360,14 @@ async def events_by_type(client: Client, after: int) -> dict[str, int]:
     """How many events of each type the log holds after position `after`; PlacementPending also by
     writer and reason code (keys `PENDING_BY` + "<writer> <code>": a backlog's reasons)."""
     counts: dict[str, int] = {}
-    position = after
-    while True:
-        batch = await client.store.read_all(position, limit=10000)
-        if not batch:
-            return counts
-        position = batch[-1].position
-        for stored in batch:
-            counts[stored.type] = counts.get(stored.type, 0) + 1
-            if stored.type == "PlacementPending":
-                event = decode(stored.data)
-                assert isinstance(event, ev.PlacementPending)
-                key = f"{PENDING_BY}{event.actor} {event.reason.code}"
-                counts[key] = counts.get(key, 0) + 1
+    async for stored in _log_after(client, after):
+        counts[stored.type] = counts.get(stored.type, 0) + 1
+        if stored.type == "PlacementPending":
+            event = decode(stored.data)
+            assert isinstance(event, ev.PlacementPending)
+            key = f"{PENDING_BY}{event.actor} {event.reason.code}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def deliveries(counts: dict[str, int]) -> int:
