@@ -33,7 +33,7 @@ from corral.contracts.events import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.services.node_agent.process.step_files import read_json
+from corral.services.node_agent.process.step_files import read_state
 from corral.services.node_agent.service import AgentHost, AgentOptions, durable_name, run_agents
 from corral.worker import CHECKPOINTED_EXIT_CODE
 from tests.integration.test_node_agent_service import Cluster, Seen, _subscribe, reserved, submitted, wait_for
@@ -45,7 +45,7 @@ PY = sys.executable
 def kill_leftovers(work_dir: Path) -> None:
     """Whatever a failed test left running: every stepd and rank group under `work_dir`."""
     for state_file in work_dir.glob("*/run/*/attempt-*/state.json"):
-        state = read_json(state_file) or {}
+        state = read_state(state_file.parent) or {}
         for rec in (state.get("ranks") or {}).values():
             if rec.get("pid") and rec.get("exited_at") is None:
                 with contextlib.suppress(OSError):

@@ -3,18 +3,23 @@
 Why files: the stepd (`stepd.py`, one process per gang attempt on a node) must outlive the agent
 (a `kill -9`, an upgrade). What it knows has to be readable by whichever agent process comes next,
 so it is written down, not held in a socket: `state.json` is the truth about the ranks (pids,
-start and exit times, exit codes and why, checkpoints), rewritten atomically (tmp + rename) on
-every change. The agent reads it (polling its inode and mtime) and reports from it; the agent's
-commands (preempt, stop) go the other way in `commands.json`, an append-only list, each also
+start and exit times, exit codes and why, checkpoints), one JSON record per line, a whole state
+each: every change appends a record to the file the claim created (`append_state`), and the last
+complete line is the state (`read_state`). An append is an in-place write; a replace (tmp +
+rename) makes a new inode, which costs this kind of filesystem tenths of a millisecond, several
+times per gang. A file past `STATE_COMPACT_AT` is replaced by its newest record alone. The agent
+reads it (polling its inode, mtime and size) and reports from it; the agent's commands (preempt,
+stop) go the other way in `commands.json`, an append-only list, each also
 followed by SIGUSR2 to wake the stepd.
 
     <run_dir>/<job>/attempt-<N>/
         launch.json     the agent: the Assignment, the causing event, grace; written before spawning
-        state.json      the stepd (the ONE writer while it lives); first created with a hard link,
-                        so an agent that finds launch.json alone can claim the folder as abandoned
+        state.json      the stepd (the ONE writer while it lives): records appended, the last complete
+                        line the state; first created with a hard link, so an agent that finds
+                        launch.json alone can claim the folder as abandoned
         commands.json   the agent: [{"op": "preempt"|"stop", ...}], never reordered
         reported        the agent: every report of this attempt was published (nothing to redo)
-        stepd.log       the stepd's own output
+        stepd.log       the stepd's own output, made only when it has something to say
         rank-<r>.control  each rank's control file (checkpoint reports, see `control`)
 
 No fsync: the files need to survive the agent process, not the machine; a machine that goes down
@@ -24,6 +29,7 @@ takes its ranks with it, and placement's NodeLost covers that. Stdlib only: the 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal as signal_module
@@ -35,6 +41,7 @@ from .assignment import Assignment, MountBind, RankAssignment
 from .run_as import WorkerUser
 
 STATE_VERSION = 2  # 1: attempts counted from 1 (read back as attempt - 1)
+STATE_COMPACT_AT = 64 * 1024  # bytes of state.json past which the next record replaces the file
 
 LAUNCH = "launch.json"
 STATE = "state.json"
@@ -82,7 +89,7 @@ def write_json(path: Path, content: Any) -> None:
     """Replace `path` atomically: a reader sees the old or the new content, never a mix."""
     tmp = _tmp(path)
     try:
-        _write_private(tmp, json.dumps(content, sort_keys=True))
+        _write_private(tmp, json.dumps(content, sort_keys=True) + "\n")
         os.replace(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):  # a part written before the disk filled
@@ -94,7 +101,7 @@ def create_json(path: Path, content: Any) -> bool:
     """Create `path` atomically unless it exists (a hard link refuses to overwrite): True if created."""
     tmp = _tmp(path)
     try:
-        _write_private(tmp, json.dumps(content, sort_keys=True))
+        _write_private(tmp, json.dumps(content, sort_keys=True) + "\n")
         os.link(tmp, path)
         return True
     except FileExistsError:
@@ -102,6 +109,46 @@ def create_json(path: Path, content: Any) -> bool:
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+def append_state(path: Path, content: Any) -> None:
+    """Append one state record (a line) to `path`; past `STATE_COMPACT_AT` bytes, replace the file
+    by this record alone (`write_json`). A record the disk took only in part is cut off again; one
+    that could not be (a tail with no newline) is ended before the next, so each record is one line."""
+    data = json.dumps(content, sort_keys=True).encode() + b"\n"
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        if size + len(data) > STATE_COMPACT_AT:
+            write_json(path, content)
+            return
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        try:
+            written = os.write(fd, data)
+        except OSError:
+            written = -1
+        if written != len(data):
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise OSError(errno.ENOSPC, f"{path}: the state record was not written")
+    finally:
+        os.close(fd)
+
+
+def last_record(raw: bytes) -> dict[str, Any] | None:
+    """The newest state record in a state file's bytes: its last complete line that is one (a
+    line cut short by a full disk or a crash is not), or the whole file when it holds no newline
+    (one record, as a stepd of an earlier version writes it)."""
+    lines = raw.split(b"\n")
+    for line in reversed(lines[:-1] or lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "phase" in record:
+            return record
+    return None
 
 
 def file_version(path: Path) -> tuple[int, int, int] | None:
@@ -242,8 +289,11 @@ def read_launch(folder: Path) -> Launch | None:
 
 
 def read_state(folder: Path) -> dict[str, Any] | None:
-    raw = read_json(folder / STATE)
-    return raw if isinstance(raw, dict) and "phase" in raw else None
+    try:
+        raw = (folder / STATE).read_bytes()
+    except OSError:
+        return None
+    return last_record(raw)
 
 
 def read_commands(folder: Path) -> list[dict[str, Any]]:

@@ -9,10 +9,11 @@ The agent writes `launch.json` (see `step_files`) and starts this process in its
 then owns the ranks: it launches them through the job's runtime (`runtimes`: a process, a
 bubblewrap sandbox or a container; each in its own process group, env and log exactly as
 before), waits for them, writes every start, checkpoint report and exit (code or signal, and
-why) to `state.json` atomically, carries out the agent's commands from `commands.json` (preempt: the
-checkpoint signal, SIGTERM, SIGKILL at the deadline; stop: SIGTERM, SIGKILL after the grace) and
-tears the local gang down when one rank crashes. It exits once every rank has ended and the final
-state is written. It never talks to NATS: whichever agent runs reports from the state file.
+why) to `state.json` (a record appended per change, see `step_files`), carries out the agent's
+commands from `commands.json` (preempt: the checkpoint signal, SIGTERM, SIGKILL at the deadline;
+stop: SIGTERM, SIGKILL after the grace) and tears the local gang down when one rank crashes. It
+exits once every rank has ended and the final state is written. It never talks to NATS: whichever
+agent runs reports from the state file.
 
 When the Assignment names a `user` (an agent run as root with `--run-as submitter`, see `run_as`),
 the stepd stays root, so that it can signal and kill the ranks, and starts each rank with that
@@ -64,6 +65,7 @@ from .step_files import (
     STATE,
     STATE_VERSION,
     WAKE_SIGNAL,
+    append_state,
     control_path,
     create_json,
     process_start_time,
@@ -71,7 +73,6 @@ from .step_files import (
     read_launch,
     signal_group,
     signal_group_members,
-    write_json,
 )
 from .step_files import Launch as LaunchFile
 
@@ -80,7 +81,7 @@ log = logging.getLogger("corral.stepd")
 POLL_RUNNING = 0.25  # control files while nothing is pending; exits and commands wake us at once
 POLL_BUSY = 0.05  # while preempting (waiting for checkpoint reports)
 LINGER_RETRY = 1.0  # seconds between tries to remove a container its client left behind
-EXIT_AFTER_REPORT = 2.0  # a rank that reported its checkpoint gets this long to exit by itself
+EXIT_AFTER_REPORT = 2.0  # a gang all here whose ranks reported their checkpoint gets this long to exit
 SAVE_RETRY = 0.5  # seconds between tries to write a state the disk refused (full)
 
 # state["mode"]: what the gang is doing; decides the reason of an exit (see `classify`)
@@ -207,7 +208,7 @@ class Stepd:
         self.state["phase"] = ENDED
         self.state["end"] = gang_end(self.state)
         self.save_final()
-        log.info("%s attempt %d ended: %s", self.a.job_id, self.a.attempt, self.state["end"])
+        log.debug("%s attempt %d ended: %s", self.a.job_id, self.a.attempt, self.state["end"])
         return 0
 
     def wait(self, wake_r: int, until: float) -> None:
@@ -238,7 +239,7 @@ class Stepd:
         at the next try (`SAVE_RETRY`); what the ranks did is kept, never lost to the disk."""
         self.state["updated_at"] = time.time()
         try:
-            write_json(self.folder / STATE, self.state)
+            append_state(self.folder / STATE, self.state)
         except OSError as exc:
             self.dirty = True
             if not self.unsaved:
@@ -504,7 +505,8 @@ class Stepd:
         p = self.preempting
         if p is not None and self.procs:
             if not p["termed"]:
-                if p["reported_at"] is None and all(r in self.reported for r in self.procs):
+                reported = self.whole_gang_here() and all(r in self.reported for r in self.procs)
+                if p["reported_at"] is None and reported:
                     p["reported_at"] = now
                 term_time = p["term_at"] if p["reported_at"] is None else min(p["term_at"],
                                                                               p["reported_at"] + EXIT_AFTER_REPORT)
@@ -518,6 +520,12 @@ class Stepd:
         if self.kill_at is not None and now >= self.kill_at and self.procs:
             self.kill_at = None
             self.kill_all("grace over")
+
+    def whole_gang_here(self) -> bool:
+        """Whether every rank of the gang runs under this stepd. Only then do the local reports say
+        the checkpoint is done: a rank that reported may wait in a collective for peers on other
+        nodes still writing theirs, and is termed at the grace's own time, not soon after."""
+        return len(self.a.ranks) >= self.a.world_size
 
     def kill_all(self, why: str) -> None:
         for rank in self.live_procs():

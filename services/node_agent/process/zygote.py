@@ -5,7 +5,8 @@ its imports for every gang attempt, tens of milliseconds of CPU per job; this pr
 stepd once and forks one per request: a fork of a small, already-imported process is a millisecond.
 
 Its promises are the stepd's: each forked stepd runs `stepd.main` in its own session with its
-output in the attempt's `stepd.log`, exactly as a fresh one would, and outlives both this process
+output in the attempt's `stepd.log` (made at its first write: a gang that goes well writes
+nothing there, and a file not made is an inode not paid for), as a fresh one would, and outlives both this process
 and the agent. The agent starts one fork server (`fork_server.ForkServer`) with the environment
 its stepds start from; the server lives as long as the agent: it exits at the end of its standard
 input (the agent stopped or died), leaving its stepds running (they are then reparented, as
@@ -77,18 +78,37 @@ def _name_setter() -> Callable[[bytes], None]:
 _set_name = _name_setter()
 
 
+class _LazyLog:
+    """The stepd's stdout and stderr: `stepd.log`, opened at the first write (text, appended)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd = -1
+
+    def write(self, text: str) -> int:
+        if self._fd < 0:
+            self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                               0o644)
+        data = text.encode(errors="replace")
+        while data:
+            data = data[os.write(self._fd, data):]
+        return len(text)
+
+    def flush(self) -> None:
+        """Every write is the file's already."""
+
+
 def _child(folder: str) -> None:
     """The forked stepd: its own session, its log as stdout and stderr, then `stepd.main`."""
     code = 1
     try:
         signal_module.pthread_sigmask(signal_module.SIG_UNBLOCK, _HELD)  # what came meanwhile is handled now
         os.setsid()
-        out = os.open(Path(folder) / STEPD_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
         os.closerange(3, 1 << 16)
+        sys.stdout = sys.stderr = _LazyLog(Path(folder) / STEPD_LOG)  # type: ignore[assignment]
         _set_name(b"corral-stepd")
         code = stepd.main([folder], term_requested=lambda: _early_term)
     except BaseException:  # whatever it is goes to stepd.log, and the stepd exits

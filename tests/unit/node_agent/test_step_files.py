@@ -26,3 +26,46 @@ def test_a_version_1_launch_counted_from_1_is_read_as_attempt_minus_1() -> None:
     data = Launch(assignment(1), cause=None, kill_grace=5.0, launched_at=1.0).to_json()
     data["version"] = 1
     assert Launch.from_json(data).assignment.attempt == 0
+
+
+def _record(n: int) -> dict[str, object]:
+    return {"phase": "running", "n": n}
+
+
+def test_state_records_are_appended_to_the_claimed_file_and_the_last_complete_one_is_the_state(
+        tmp_path: Path) -> None:
+    from corral.services.node_agent.process import step_files
+
+    path = tmp_path / step_files.STATE
+    assert step_files.create_json(path, _record(0))
+    inode = path.stat().st_ino
+    step_files.append_state(path, _record(1))
+    step_files.append_state(path, _record(2))
+    assert path.stat().st_ino == inode  # no new inode per change
+    assert step_files.read_state(tmp_path) == _record(2)
+    with path.open("ab") as f:  # a record cut short (a crash mid-write) is not the state
+        f.write(b'{"phase": "ended", "n"')
+    assert step_files.read_state(tmp_path) == _record(2)
+    step_files.append_state(path, _record(3))  # the next record is a line of its own all the same
+    assert step_files.read_state(tmp_path) == _record(3)
+    assert [step_files.last_record(line + b"\n") for line in path.read_bytes().splitlines()][-1] == _record(3)
+
+
+def test_a_state_file_of_one_record_without_a_newline_is_read(tmp_path: Path) -> None:
+    """As a stepd of an earlier version writes it (one JSON object, replaced whole)."""
+    import json
+
+    from corral.services.node_agent.process import step_files
+
+    (tmp_path / step_files.STATE).write_text(json.dumps(_record(7)))
+    assert step_files.read_state(tmp_path) == _record(7)
+
+
+def test_a_long_state_file_is_replaced_by_its_newest_record(tmp_path: Path, monkeypatch: object) -> None:
+    from corral.services.node_agent.process import step_files
+
+    path = tmp_path / step_files.STATE
+    for n in range(2000):
+        step_files.append_state(path, _record(n))
+    assert path.stat().st_size <= step_files.STATE_COMPACT_AT
+    assert step_files.read_state(tmp_path) == _record(1999)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ def _stepd(folder: Path) -> stepd.Stepd:
 def test_a_refused_write_keeps_the_state_dirty_and_the_next_one_writes_it(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     s = _stepd(tmp_path)
-    real = step_files.write_json
+    real = step_files.append_state
     full = True
 
     def write(path: Path, content: object) -> None:
@@ -31,7 +30,7 @@ def test_a_refused_write_keeps_the_state_dirty_and_the_next_one_writes_it(tmp_pa
             raise OSError(errno.ENOSPC, "No space left on device")
         real(path, content)
 
-    monkeypatch.setattr(stepd, "write_json", write)
+    monkeypatch.setattr(stepd, "append_state", write)
     s.state["ranks"]["0"] = {"exit_code": 0, "exited_at": 1.0, "reason": "completed"}
     assert s.save() is False
     assert s.dirty and s.unsaved and not (tmp_path / STATE).exists()
@@ -39,7 +38,8 @@ def test_a_refused_write_keeps_the_state_dirty_and_the_next_one_writes_it(tmp_pa
     full = False
     assert s.save() is True
     assert not s.dirty and not s.unsaved
-    assert json.loads((tmp_path / STATE).read_text())["ranks"]["0"]["exit_code"] == 0
+    state = step_files.read_state(tmp_path)
+    assert state is not None and state["ranks"]["0"]["exit_code"] == 0
 
 
 def test_a_failed_atomic_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,7 +57,7 @@ def test_the_final_state_waits_out_a_full_disk_but_not_a_removed_run_folder(tmp_
     folder = tmp_path / "attempt-0"
     folder.mkdir()
     s = _stepd(folder)
-    real = step_files.write_json
+    real = step_files.append_state
     refusals = iter([True, True, False])
 
     def write(path: Path, content: object) -> None:
@@ -66,10 +66,10 @@ def test_the_final_state_waits_out_a_full_disk_but_not_a_removed_run_folder(tmp_
         real(path, content)
 
     monkeypatch.setattr(stepd, "SAVE_RETRY", 0.01)
-    monkeypatch.setattr(stepd, "write_json", write)
+    monkeypatch.setattr(stepd, "append_state", write)
     assert s.save_final() is True  # a full disk is waited out
     assert (folder / STATE).exists()
     (folder / STATE).unlink()
     folder.rmdir()
-    monkeypatch.setattr(stepd, "write_json", real)
+    monkeypatch.setattr(stepd, "append_state", real)
     assert s.save_final() is False  # a removed folder is not: the stepd ends instead of retrying forever
