@@ -1,4 +1,5 @@
-"""Stepds forked by the warm fork server (`zygote`) keep every promise of a fresh one.
+"""Stepds forked by the warm fork server (`zygote`) keep every promise of a fresh one (the host's
+gangs, `stepd_host`, in test_node_agent_stepd_host).
 
 Real processes, no NATS: the supervisor reports through the `Recorder` of the supervisor tests.
 """
@@ -24,7 +25,7 @@ def _parent(pid: int) -> int:
 
 
 async def test_a_forked_stepd_outlives_its_killed_fork_server_and_the_next_start_forks_again(tmp_path: Path) -> None:
-    sup = Supervisor(Recorder(), tmp_path / "run")
+    sup = Supervisor(Recorder(), tmp_path / "run", stepd_host=False)
     first = await sup.start(assignment(tmp_path, UNTIL_STOPPED, ranks=1, job_id="job-1"))
     stepd = sup.stepd_pid("job-1")
     assert stepd is not None and first.ok
@@ -45,7 +46,7 @@ async def test_a_forked_stepd_outlives_its_killed_fork_server_and_the_next_start
 
 async def test_a_stepd_terminated_as_soon_as_it_is_forked_stops_its_gang(tmp_path: Path) -> None:
     """The agent knows the pid when the fork returns, before the stepd set its own SIGTERM handler."""
-    sup = Supervisor(Recorder(), tmp_path / "run")
+    sup = Supervisor(Recorder(), tmp_path / "run", stepd_host=False)
     await sup.start(assignment(tmp_path, UNTIL_STOPPED, ranks=1), wait=False)
     stepd = sup.stepd_pid("job-1")
     assert stepd is not None
@@ -58,20 +59,20 @@ async def test_a_stepd_terminated_as_soon_as_it_is_forked_stops_its_gang(tmp_pat
 INHERITED_IGNORES = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1)
 
 
-@pytest.fixture(params=["agent ignores none", "agent ignores some"])
-def agent_ignores(request: pytest.FixtureRequest) -> Iterator[None]:
+@pytest.fixture(params=["agent ignores none", "agent ignores some", "forked, agent ignores some"])
+def agent_ignores(request: pytest.FixtureRequest) -> Iterator[bool]:
     """An agent started with `&` by a shell, or under nohup, has SIGINT, SIGQUIT or SIGHUP ignored;
     the fork server and every stepd it forks inherit that."""
     saved = {sig: signal.getsignal(sig) for sig in INHERITED_IGNORES}
-    if request.param == "agent ignores some":
+    if request.param.endswith("agent ignores some"):
         for sig in INHERITED_IGNORES:
             signal.signal(sig, signal.SIG_IGN)
-    yield
+    yield request.param.startswith("forked")
     for sig, handler in saved.items():
         signal.signal(sig, handler)
 
 
-async def test_a_forked_stepds_ranks_ignore_no_signal(tmp_path: Path, agent_ignores: None) -> None:
+async def test_a_stepds_ranks_ignore_no_signal(tmp_path: Path, agent_ignores: bool) -> None:
     """Ignored signals survive exec: a fork server or stepd that ignored one would hand it to every
     rank, as slurmstepd's tasks start with every signal at its default."""
     dump = script(tmp_path, "sigs.py", """
@@ -81,7 +82,7 @@ async def test_a_forked_stepds_ranks_ignore_no_signal(tmp_path: Path, agent_igno
         os.makedirs(os.path.dirname(out), exist_ok=True)
         open(out, "w").write(status)
     """)
-    sup = Supervisor(Recorder(), tmp_path / "run")
+    sup = Supervisor(Recorder(), tmp_path / "run", stepd_host=not agent_ignores)
     await sup.start(assignment(tmp_path, dump, ranks=1))
     outcome = await asyncio.wait_for(sup.wait("job-1"), 60)
     assert outcome is not None and outcome.end is GangEnd.COMPLETED

@@ -169,14 +169,6 @@ class Stepd:
     def run(self, term_requested: Callable[[], bool] = lambda: False) -> int:
         """Run the gang to its end. `term_requested`: whether a SIGTERM came before this stepd set
         its own handler (a forked stepd, see `zygote`); it is a stop like any later one."""
-        try:
-            created = create_json(self.folder / STATE, self.state)
-        except OSError as exc:  # nothing started yet: the agent reports the ranks as not started
-            log.error("%s: cannot write its state (%s); not starting the ranks", self.folder, exc)
-            return 1
-        if not created:
-            log.warning("%s: the agent abandoned this attempt before we started; not running it", self.folder)
-            return 0
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -188,34 +180,64 @@ class Stepd:
             self.term_requested = True
         # No SIG_IGN here: the ranks would inherit it. In its own session, no terminal signals it.
         default_inherited_ignores()
-        self.spawn_all()
-        self.state["phase"] = RUNNING
-        self.save()
-        while True:
+        code = self.begin()
+        if code is not None:
+            return code
+        while self.tick(time.monotonic()):
             now = time.monotonic()
-            self.read_commands(now)
-            self.drain_controls()
-            self.reap(now)
-            self.escalate(now)
-            if not self.live():
-                break
-            if self.dirty:
-                self.save()
             self.wait(wake_r, now + self.timeout(now))
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake_r, 512):
                     pass
-        self.state["phase"] = ENDED
-        self.state["end"] = gang_end(self.state)
-        self.save_final()
-        log.debug("%s attempt %d ended: %s", self.a.job_id, self.a.attempt, self.state["end"])
         return 0
+
+    def begin(self) -> int | None:
+        """Claim the attempt's state and start the ranks: None once they run, else the exit code
+        of a stepd that starts nothing (its state cannot be written, or the agent abandoned it)."""
+        try:
+            created = create_json(self.folder / STATE, self.state)
+        except OSError as exc:  # nothing started yet: the agent reports the ranks as not started
+            log.error("%s: cannot write its state (%s); not starting the ranks", self.folder, exc)
+            return 1
+        if not created:
+            log.warning("%s: the agent abandoned this attempt before we started; not running it", self.folder)
+            return 0
+        self.spawn_all()
+        self.state["phase"] = RUNNING
+        self.save()
+        return None
+
+    def tick(self, now: float) -> bool:
+        """One pass: commands, checkpoint reports, exits, escalation, the state written. False once
+        every rank has ended and the end is written (or can never be: its folder is gone)."""
+        if self.state["phase"] != ENDED:
+            self.read_commands(now)
+            self.drain_controls()
+            self.reap(now)
+            self.escalate(now)
+            if self.live():
+                if self.dirty:
+                    self.save()
+                return True
+            self.state["phase"] = ENDED
+            self.state["end"] = gang_end(self.state)
+            log.debug("%s attempt %d ended: %s", self.a.job_id, self.a.attempt, self.state["end"])
+        if self.save():
+            return False
+        if not self.folder.is_dir():
+            log.warning("%s is gone; the attempt's end cannot be written down", self.folder)
+            return False
+        return True  # the disk refused it: tried again at SAVE_RETRY (see `timeout`)
+
+    def pipes(self) -> dict[int, RankOutput]:
+        """The ranks' output pipes still open, by fd."""
+        return {out.pipe: out for out in self.outputs.values() if out.pipe is not None}
 
     def wait(self, wake_r: int, until: float) -> None:
         """Copy the ranks' output to their logs until a signal wakes us or `until` (monotonic):
         output alone does not run the loop's checks (a chatty rank would make them spin)."""
         while True:
-            pipes = {out.pipe: out for out in self.outputs.values() if out.pipe is not None}
+            pipes = self.pipes()
             try:
                 ready = select.select([wake_r, *pipes], [], [], max(0.0, until - time.monotonic()))[0]
             except InterruptedError:
@@ -265,6 +287,8 @@ class Stepd:
         return True
 
     def timeout(self, now: float) -> float:
+        if self.state["phase"] == ENDED:
+            return SAVE_RETRY  # only its end is left to write
         due = [POLL_BUSY if self.preempting else POLL_RUNNING]
         if self.unsaved:
             due.append(SAVE_RETRY)

@@ -166,6 +166,7 @@ class _Gang:
     proc: subprocess.Popen[bytes] | None = None  # the stepd when this process started it
     stepd_pid: int | None = None
     stepd_started: str | None = None
+    shared: bool = False  # the stepd is the node's stepd host, holding other gangs too (`stepd_host`)
     version: tuple[int, int, int] | None = None
     state: dict[str, Any] | None = None
     emitted: set[tuple[Any, ...]] = field(default_factory=set)
@@ -190,12 +191,13 @@ class Supervisor:
     for the peers of a crashed rank. `base_env` is the environment the stepd (and so each rank)
     starts from; `python` the interpreter that runs the stepd. `launcher` starts the stepds (a
     fork server, see `zygote`; shared by the agents of one process); without one, the supervisor
-    starts its own, ended by `close` and `detach`.
+    starts its own, ended by `close` and `detach`. `stepd_host`: a gang of the plain `process`
+    runtime runs in the fork server itself (`stepd_host`) rather than under a stepd of its own.
     """
 
     def __init__(self, events: AgentEvents, run_dir: Path, *, kill_grace: float = 5.0,
                  poll_interval: float = 0.05, base_env: Mapping[str, str] | None = None,
-                 python: str = sys.executable, launcher: ForkServer | None = None) -> None:
+                 python: str = sys.executable, launcher: ForkServer | None = None, stepd_host: bool = True) -> None:
         self._events = events
         self._run_dir = run_dir
         self._kill_grace = kill_grace
@@ -203,7 +205,7 @@ class Supervisor:
         self._base_env = dict(environment.mapping() if base_env is None else base_env)
         self._python = python
         self._own_launcher = launcher is None
-        self._launcher = launcher or ForkServer(python, self._base_env)
+        self._launcher = launcher or ForkServer(python, self._base_env, host=stepd_host)
         self._gangs: dict[str, _Gang] = {}
         self._others: set[_Gang] = set()  # older attempts still ending (adopted next to a newer one)
         self._ended: OrderedDict[str, GangOutcome] = OrderedDict()  # newest outcome per job, bounded
@@ -291,7 +293,8 @@ class Supervisor:
         gang = _Gang(folder=folder, launch=launch)
         self._gangs[job] = gang
         try:
-            gang.stepd_pid, gang.stepd_started, gang.proc = await self._launcher.spawn(folder)
+            gang.stepd_pid, gang.stepd_started, gang.proc, gang.shared = await self._launcher.spawn(
+                folder, assignment.runtime)
         except OSError as exc:
             self._write_start_failed(gang, f"the stepd could not start: {type(exc).__name__}: {exc}")
         gang.task = asyncio.create_task(self._watch(gang), name=f"stepd-{job}")
@@ -354,6 +357,7 @@ class Supervisor:
         if gang.stepd_pid is None or gang.proc is None:
             gang.stepd_pid = state.get("stepd_pid")
         gang.stepd_started = state.get("stepd_started") or gang.stepd_started
+        gang.shared = gang.shared or bool(state.get("stepd_shared"))
         gang.changed.set()
         return True
 
@@ -490,9 +494,10 @@ class Supervisor:
         """Append `command` to the gang's commands.json (atomically) and wake its stepd.
 
         A disk that refuses the write (full) keeps the command in memory, written at the watcher's
-        next tries (`_flush_commands`); a stop does not wait for it: SIGTERM to the stepd is a stop."""
+        next tries (`_flush_commands`); a stop does not wait for it: SIGTERM to the stepd is a stop
+        (not to a shared one: it would stop every gang it holds)."""
         gang.pending.append(command)
-        if not self._flush_commands(gang) and command.get("op") == "stop":
+        if not self._flush_commands(gang) and command.get("op") == "stop" and not gang.shared:
             self._signal_stepd(gang, signal_module.SIGTERM)
 
     def _flush_commands(self, gang: _Gang) -> bool:

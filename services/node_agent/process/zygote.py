@@ -15,8 +15,13 @@ that end while it runs.
 
 It imports the stepd and little else (no asyncio): every page it holds is a page each fork maps.
 
-Protocol, one JSON line each way on stdin/stdout: `{"id": N, "folder": PATH}` in,
-`{"id": N, "pid": PID, "started": START}` or `{"id": N, "error": TEXT}` out.
+It is also the stepd host (`stepd_host`): a request with `"host": true` for a gang of a hosted
+runtime runs that gang in this process's own loop instead of a forked stepd; the host's failure
+domain and lifetime are described there. With gangs held, it outlives the end of its standard
+input until the last of them ends.
+
+Protocol, one JSON line each way on stdin/stdout: `{"id": N, "folder": PATH, "host": BOOL}` in,
+`{"id": N, "pid": PID, "started": START, "shared": BOOL}` or `{"id": N, "error": TEXT}` out.
 
 Signals that reach a stepd before it set its own handlers (the agent learns the pid as soon as
 the fork returns) are the ones it would get later: the wake-up signal is harmless (this process
@@ -33,12 +38,13 @@ import os
 import select
 import signal as signal_module
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from . import stepd
+from . import stepd, stepd_host
 from .step_files import STEPD_LOG, WAKE_SIGNAL, process_start_time
 
 REAP_EVERY = 0.5  # seconds between reaps of ended stepds while no request comes
@@ -47,11 +53,11 @@ _early_term = False
 
 
 def _on_term(signum: int, frame: FrameType | None) -> None:
-    """The server ends on SIGTERM; a stepd forked a moment ago remembers it (a stop)."""
+    """The server stops its hosted gangs and ends on SIGTERM (the wake-up pipe says it); a stepd
+    forked a moment ago remembers it (a stop)."""
     global _early_term
-    if os.getpid() == _SERVER_PID:
-        raise SystemExit(0)
-    _early_term = True
+    if os.getpid() != _SERVER_PID:
+        _early_term = True
 
 
 def _wake(signum: int, frame: FrameType | None) -> None:
@@ -102,13 +108,15 @@ def _child(folder: str) -> None:
     """The forked stepd: its own session, its log as stdout and stderr, then `stepd.main`."""
     code = 1
     try:
+        signal_module.set_wakeup_fd(-1)  # the server's; the stepd sets its own
+        logging.getLogger().handlers.clear()  # the host's; the stepd sets up its own
         signal_module.pthread_sigmask(signal_module.SIG_UNBLOCK, _HELD)  # what came meanwhile is handled now
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         os.closerange(3, 1 << 16)
-        sys.stdout = sys.stderr = _LazyLog(Path(folder) / STEPD_LOG)  # type: ignore[assignment]
+        sys.stdout = sys.stderr = _LazyLog(Path(folder) / STEPD_LOG)
         _set_name(b"corral-stepd")
         code = stepd.main([folder], term_requested=lambda: _early_term)
     except BaseException:  # whatever it is goes to stepd.log, and the stepd exits
@@ -127,7 +135,7 @@ def _child(folder: str) -> None:
 _HELD = {signal_module.SIGTERM, WAKE_SIGNAL}
 
 
-def _fork(folder: str) -> dict[str, object]:
+def _fork(folder: str, forked: set[int]) -> dict[str, object]:
     signal_module.pthread_sigmask(signal_module.SIG_BLOCK, _HELD)
     try:
         pid = os.fork()
@@ -138,38 +146,89 @@ def _fork(folder: str) -> dict[str, object]:
             signal_module.pthread_sigmask(signal_module.SIG_UNBLOCK, _HELD)
     if pid == 0:
         _child(folder)
-    return {"pid": pid, "started": process_start_time(pid)}
+    forked.add(pid)
+    return {"pid": pid, "started": process_start_time(pid), "shared": False}
 
 
-def _reap() -> None:
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] != 0:
-            pass
+def _reap(forked: set[int]) -> None:
+    """Reap the forked stepds that ended (only those: the hosted gangs' ranks are their Popen's)."""
+    for pid in list(forked):
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                continue
+        forked.discard(pid)
+
+
+def _serve_one(request: dict[str, object], host: stepd_host.Host, forked: set[int]) -> dict[str, object]:
+    folder = str(request["folder"])
+    runtime = request.get("runtime")
+    if request.get("host") and runtime in stepd_host.HOSTED_RUNTIMES:
+        error = host.add(Path(folder))
+        if error is not None:
+            return {"error": error}
+        return {"pid": _SERVER_PID, "started": _STARTED, "shared": True}
+    return _fork(folder, forked)
 
 
 def serve() -> int:
+    global _STARTED
+    _STARTED = process_start_time(_SERVER_PID)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal_module.set_wakeup_fd(wake_w)
     signal_module.signal(signal_module.SIGTERM, _on_term)
     signal_module.signal(WAKE_SIGNAL, _wake)
+    signal_module.signal(signal_module.SIGCHLD, _wake)
+    stepd.default_inherited_ignores()
+    gang_log = stepd_host.GangLog()
+    stepd_host.default_log(gang_log)
+    _set_name(b"corral-stepds")
+    host = stepd_host.Host(gang_log)
+    forked: set[int] = set()
     pending = b""
-    while True:
-        ready, _, _ = select.select([0], [], [], REAP_EVERY)
-        _reap()
-        if not ready:
-            continue
-        chunk = os.read(0, 65536)
-        if not chunk:
-            return 0  # the agent is gone: so are we; the stepds stay
-        pending += chunk
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            try:
-                request = json.loads(line)
-                reply = {"id": request.get("id"), **_fork(str(request["folder"]))}
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                reply = {"id": None, "error": f"bad request: {exc}"}
-            data = json.dumps(reply).encode() + b"\n"
-            while data:
-                data = data[os.write(1, data):]
+    reading = True
+    while reading or host.gangs:
+        pipes = host.pipes()
+        now = time.monotonic()
+        wait = min(REAP_EVERY, host.due_in(now))
+        ready = select.select([wake_r, *pipes, *([0] if reading else [])], [], [], wait)[0]
+        signals = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(wake_r, 512):
+                signals += chunk
+        exited, woken, term = stepd_host.wake_signals(signals)
+        host.pump(ready)
+        _reap(forked)
+        if term:
+            if not host.gangs:
+                return 0
+            host.stop_all()
+            if reading:  # no new gangs: the agent finds the pipes closed and starts another server
+                reading = False
+                os.close(0)
+                os.close(1)
+        if reading and 0 in ready:
+            chunk = os.read(0, 65536)
+            if not chunk:
+                reading = False  # the agent is gone: no new gangs; the ones held run to their end
+                os.close(1)
+            pending += chunk
+            while b"\n" in pending and reading:
+                line, pending = pending.split(b"\n", 1)
+                try:
+                    request = json.loads(line)
+                    reply = {"id": request.get("id"), **_serve_one(request, host, forked)}
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    reply = {"id": None, "error": f"bad request: {exc}"}
+                data = json.dumps(reply).encode() + b"\n"
+                while data:
+                    data = data[os.write(1, data):]
+        host.run_due(time.monotonic(), woken=woken, exited=exited)
+    return 0
+
+
+_STARTED: str | None = None
 
 
 if __name__ == "__main__":
