@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import select
 import signal as signal_module
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .rank_output import RankOutput
 from .step_files import ENDED, STEPD_LOG, WAKE_SIGNAL, read_launch, signal_group
 from .stepd import Stepd
 
@@ -77,6 +80,7 @@ class Host:
     def __init__(self, gang_log: GangLog) -> None:
         self.gangs: dict[Stepd, float] = {}
         self._log = gang_log
+        self._outputs: dict[int, tuple[Stepd, RankOutput]] = {}
 
     def add(self, folder: Path) -> str | None:
         """Start the gang of `folder` here; the reason when it is not for the host (None: hosted)."""
@@ -97,25 +101,28 @@ class Host:
             gang.term_requested = True
             self.gangs[gang] = 0.0
 
-    def pipes(self) -> list[int]:
-        return [fd for gang in self.gangs for fd in gang.pipes()]
+    def fds(self) -> list[int]:
+        """The ranks' output pipes, to wait on."""
+        self._outputs = {fd: (gang, out) for gang in self.gangs for fd, out in gang.pipes().items()}
+        return list(self._outputs)
 
     def pump(self, ready: list[int]) -> None:
         """Copy what the ranks wrote to their logs (output alone does not run a gang's loop)."""
-        for gang in self.gangs:
-            for fd, out in gang.pipes().items():
-                if fd in ready:
-                    with self._handling(gang):
-                        out.pump(until_empty=False)
+        for fd in ready:
+            if fd in self._outputs:
+                gang, out = self._outputs[fd]
+                with self._handling(gang):
+                    out.pump(until_empty=False)
 
     def due_in(self, now: float) -> float:
         return max(0.0, min(self.gangs.values(), default=now + 3600.0) - now)
 
-    def run_due(self, now: float, *, woken: bool, exited: bool) -> None:
+    def run_due(self, now: float, *, woken: bool, sigchld: bool) -> None:
         """Run the loop of each gang that is due: its time came, the agent woke us (a command for
-        one of them: every gang looks), or one of its ranks exited."""
+        one of them: every gang looks), or one of its ranks exited (SIGCHLD does not say whose:
+        each gang looks at its own, a waitpid per live rank)."""
         for gang, due in list(self.gangs.items()):
-            if not (woken or now >= due or (exited and any(p.poll() is not None for p in gang.procs.values()))):
+            if not (woken or now >= due or (sigchld and any(p.poll() is not None for p in gang.procs.values()))):
                 continue
             with self._handling(gang):
                 try:
@@ -166,3 +173,17 @@ def default_log(gang_log: GangLog) -> None:
     root = logging.getLogger()
     root.handlers[:] = [gang_log]
     root.setLevel(environment.get("CORRAL_LOG_LEVEL") or "INFO")
+
+
+
+def ready(fds: list[int], timeout: float) -> list[int]:
+    """The descriptors of `fds` ready to read (or closed) within `timeout` seconds. poll, not
+    select: the host holds every hosted rank's pipe and log, fd numbers select cannot take."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    try:
+        events = poller.poll(max(0, math.ceil(timeout * 1000)))
+    except InterruptedError:
+        return []
+    return [fd for fd, _ in events]

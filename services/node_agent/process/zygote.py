@@ -35,7 +35,6 @@ import contextlib
 import json
 import logging
 import os
-import select
 import signal as signal_module
 import sys
 import time
@@ -189,10 +188,9 @@ def serve() -> int:
     pending = b""
     reading = True
     while reading or host.gangs:
-        pipes = host.pipes()
         now = time.monotonic()
         wait = min(REAP_EVERY, host.due_in(now))
-        ready = select.select([wake_r, *pipes, *([0] if reading else [])], [], [], wait)[0]
+        ready = stepd_host.ready([wake_r, *host.fds(), *([0] if reading else [])], wait)
         signals = b""
         with contextlib.suppress(BlockingIOError):
             while chunk := os.read(wake_r, 512):
@@ -224,7 +222,7 @@ def serve() -> int:
                 data = json.dumps(reply).encode() + b"\n"
                 while data:
                     data = data[os.write(1, data):]
-        host.run_due(time.monotonic(), woken=woken, exited=exited)
+        host.run_due(time.monotonic(), woken=woken, sigchld=exited)
     return 0
 
 
