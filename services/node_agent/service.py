@@ -49,7 +49,7 @@ import os
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +123,7 @@ _VERSIONS_KEPT = 100_000  # streams whose last handled version the agent remembe
 _ENDED = (JobCompleted, JobFailed, JobCancelled, JobRejected)
 EVENTS_MAX_DELIVER = 5  # deliveries of an event to the agents' durable (see `AgentHost._await_submission`)
 _HISTORY_FETCH = 512
+_GANGS_KEPT = 100_000  # jobs whose nodes in this process are kept (`AgentHost._gang_nodes`)
 _SPECS_KEPT = 100_000  # job specs kept (node work carries each assignment's own: a bound, not a need)
 
 
@@ -360,12 +361,14 @@ class NodeAgent:
         log.info("%s: stopping %s attempt %d (%s)", self.node, job_id, current, cause.type)
         self.supervisor.send_stop(job_id, self.options.stop_grace_seconds, cause=cause.event_id)
 
-    async def adopt(self, ledger: ReservationLedger, reservations_known_since: float | None) -> None:
+    async def adopt(self, ledger: ReservationLedger, reservations_known_since: float | None) -> list[str]:
         """Follow the stepds an earlier agent process left; stop (and wait for) those the log does
         not keep on this node. `reservations_known_since`: a gang launched after this time would
-        have its GangReserved in the history read (None: nothing can be concluded from absence)."""
+        have its GangReserved in the history read (None: nothing can be concluded from absence).
+        Returns the jobs whose adopted gangs it keeps."""
         adopted = await self.supervisor.adopt()
-        unwanted = []
+        unwanted: list[str] = []
+        kept: list[str] = []
         for gang in adopted:
             if not gang.running:
                 continue
@@ -378,7 +381,9 @@ class NodeAgent:
             else:
                 log.info("%s: adopted %s attempt %d (%s in the log)", self.node, gang.job_id,
                          gang.attempt, verdict.value)
+                kept.append(gang.job_id)
         await asyncio.gather(*(self.supervisor.stop(job, self.options.kill_grace_seconds) for job in unwanted))
+        return kept
 
     async def close(self) -> None:
         """Leave the gangs to their stepds (default), or stop them all (`stop_workers_on_exit`)."""
@@ -407,6 +412,27 @@ class AgentHost:
         self._failed: set[int] = set()  # positions whose handling failed (redelivered later)
         # The newest version handled of each stream (the log's order; see `_in_log_order`).
         self._versions: OrderedDict[str, int] = OrderedDict()
+        # job -> the nodes of this process a gang of it was started on (reserved or adopted): a
+        # stop or a preemption goes to those agents only, not to every agent of the process (one
+        # process hosts every simulated node). A job not held (never started here, or forgotten
+        # for room) goes to every agent, each of which checks whether it runs the job.
+        self._gang_nodes: OrderedDict[str, set[str]] = OrderedDict()
+
+    def started_on(self, job_id: str, nodes: Iterable[str]) -> None:
+        """Record that a gang of `job_id` may run on these nodes of this process."""
+        held = self._gang_nodes.get(job_id)
+        if held is None:
+            held = self._gang_nodes[job_id] = set()
+            while len(self._gang_nodes) > _GANGS_KEPT:
+                self._gang_nodes.popitem(last=False)
+        held.update(node for node in nodes if node in self.agents)
+
+    def agents_of(self, job_id: str) -> list[NodeAgent]:
+        """The agents that may run a gang of `job_id` (see `_gang_nodes`)."""
+        nodes = self._gang_nodes.get(job_id)
+        if nodes is None:
+            return list(self.agents.values())
+        return [self.agents[node] for node in sorted(nodes)]
 
     @property
     def handled_position(self) -> int | None:
@@ -434,7 +460,7 @@ class AgentHost:
         elif isinstance(event, _ENDED):
             self.specs.pop(event.job_id, None)
             self.submitters.pop(event.job_id, None)
-            for agent in self.agents.values():
+            for agent in self.agents_of(event.job_id):
                 agent.reports.forget(event.job_id)
 
     async def load_history(self, durable: str, acked_through: int = 0) -> int:
@@ -583,26 +609,27 @@ class AgentHost:
 
     async def _dispatch(self, event: Event) -> None:
         self.remember(event)
-        agents = list(self.agents.values())
         if isinstance(event, GangReserved):
             spec = self.specs.get(event.job_id)
             queue = self.queues.get(spec.queue) if spec is not None else None
             nodes = {r.node for r in event.ranks}
-            for agent in agents:
-                if agent.node in nodes:
+            self.started_on(event.job_id, nodes)
+            for node in sorted(nodes):
+                agent = self.agents.get(node)
+                if agent is not None:
                     await agent.on_gang_reserved(event, spec, submitter=self.submitters.get(event.job_id),
                                                  allow_root=queue is not None and queue.allow_root)
         elif isinstance(event, PreemptRequested):
-            for agent in agents:
+            for agent in self.agents_of(event.victim_job_id):
                 agent.on_preempt(event)
         elif isinstance(event, GangReleased):
-            for agent in agents:
+            for agent in self.agents_of(event.job_id):
                 agent.on_stop(event.job_id, up_to_attempt=event.attempt, cause=event)
         elif isinstance(event, JobRequeued):
-            for agent in agents:
+            for agent in self.agents_of(event.job_id):
                 agent.on_stop(event.job_id, up_to_attempt=event.attempt - 1, cause=event)
         elif isinstance(event, JobCancelled):
-            for agent in agents:
+            for agent in self.agents_of(event.job_id):
                 agent.on_stop(event.job_id, up_to_attempt=None, cause=event)
         elif isinstance(event, NodeLost) and event.node in self.agents:
             # Placement stopped hearing us (a partition, a stalled loop) and released our jobs
@@ -612,6 +639,8 @@ class AgentHost:
             self.agents[event.node].reported_conditions = None  # said again after the registration
             self.agents[event.node].reported_health = None
             self.report_gpu_health(self.agents[event.node])
+        if isinstance(event, _ENDED):
+            self._gang_nodes.pop(event.job_id, None)
 
     def report_gpu_health(self, agent: NodeAgent) -> None:
         """Send the agent's GPU health if it is news (see `NodeAgent.gpu_health`)."""
@@ -766,7 +795,11 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
         try:
             # Before any event is handled and before the nodes register: placement must not place
             # on GPUs that workers it released still hold.
-            await asyncio.gather(*(agent.adopt(host.ledger, host.reservations_known_since) for agent in agents))
+            kept = await asyncio.gather(*(agent.adopt(host.ledger, host.reservations_known_since)
+                                          for agent in agents))
+            for agent, jobs in zip(agents, kept, strict=True):
+                for job in jobs:
+                    host.started_on(job, (agent.node,))
         finally:
             host.ready.set()
         for agent in agents:
