@@ -112,3 +112,76 @@ async def test_acks_sent_together_are_the_bytes_nats_py_sends_for_each() -> None
     await ack_many(msgs)
     assert sent == [one_by_one]
     assert all(m._ackd for m in msgs)
+
+
+# --- a batch of publishes in one command: nats-py's bytes for each ------------------------------
+
+_subjects = st.sampled_from(["corral.events.JobAdmitted", "corral.events.node.n-1.NodeAssignment", "a.b"])
+
+
+async def _published(client: NatsClient, messages: list[tuple[str, str, bytes, dict[str, str]]],
+                     together: bool) -> tuple[bytes, dict[str, int]] | type[BaseException]:
+    written: list[bytes] = []
+
+    async def capture(cmd: bytes, priority: bool = False) -> None:
+        written.append(cmd)
+
+    client._status = NatsClient.CONNECTED
+    client._max_payload = 1024
+    client._send_command = capture  # type: ignore[method-assign]
+    client._flush_queue = None
+    try:
+        if together:
+            assert isinstance(client, Client)
+            await client.publish_batch(messages)
+        else:
+            for subject, reply, data, headers in messages:
+                await client.publish(subject, data, reply=reply, headers=headers)
+    except Exception as exc:
+        return type(exc)
+    return b"".join(written), {k: client.stats[k] for k in ("out_msgs", "out_bytes")}
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(_subjects, st.sampled_from(["", "_INBOX.r.1"]),
+                          st.binary(max_size=8), st.dictionaries(_name_text, _value_text, max_size=4)), max_size=5))
+def test_a_batch_of_publishes_is_sent_as_nats_py_sends_each(
+        messages: list[tuple[str, str, bytes, dict[str, str]]]) -> None:
+    import asyncio
+
+    ours = asyncio.run(_published(Client(), messages, together=True))
+    theirs = asyncio.run(_published(NatsClient(), messages, together=False))
+    if isinstance(theirs, type):  # a refused message: the batch is refused as a whole, nothing sent
+        assert ours is theirs
+    else:
+        assert ours == theirs
+
+
+def test_a_batch_over_the_payload_limit_sends_nothing() -> None:
+    import asyncio
+
+    from nats import errors
+
+    big = [("corral.events.A", "_INBOX.r.1", b"{}", {"a": "b"}), ("corral.events.B", "", b"x" * 2048, {})]
+    assert asyncio.run(_published(Client(), big, together=True)) is errors.MaxPayloadError
+
+
+async def test_a_direct_subscription_hands_each_message_to_its_callback_in_order() -> None:
+    from corral.bus.client import Client as Ours
+
+    client = Ours()
+    got: list[tuple[str, bytes, dict[str, str] | None]] = []
+
+    async def keep(subject: str, data: bytes, headers: dict[str, str] | None) -> None:
+        got.append((subject, data, headers))
+
+    async def refuse(subject: str, data: bytes, headers: dict[str, str] | None) -> None:
+        raise RuntimeError("a bug in the callback")
+
+    client._direct[7] = keep
+    client._direct[8] = refuse
+    await client._process_msg(7, b"_INBOX.x.1", b"", b'{"stream":"S","seq":1}', b"")
+    await client._process_msg(8, b"_INBOX.y.1", b"", b"{}", b"")  # logged; the read loop goes on
+    await client._process_msg(7, b"_INBOX.x.2", b"", b"", b"NATS/1.0 503\r\n\r\n")
+    assert got == [("_INBOX.x.1", b'{"stream":"S","seq":1}', None), ("_INBOX.x.2", b"", {"Status": "503"})]
+    assert client.stats["in_msgs"] == 3

@@ -29,7 +29,7 @@ from nats.js.api import (
 from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError
 
 from corral import environment
-from corral.bus.client import connect
+from corral.bus.client import Client, connect
 from corral.bus.consumer import BatchHandler, RunningConsumer, dead_letter_publisher
 from corral.bus.delivery import MSG_ID, Handler
 from corral.bus.limits import BusLimits
@@ -409,6 +409,8 @@ class Bus:
         loop = asyncio.get_running_loop()
         tokens: list[str] = []
         futures: list[asyncio.Future[Any]] = []
+        batch = isinstance(self.nc, Client)  # all frames in one command (`Client.publish_batch`)
+        frames: list[tuple[str, str, bytes, dict[str, Any]]] = []
         try:
             for message in messages:
                 if not message.msg_id:
@@ -421,7 +423,12 @@ class Bus:
                 self._acks[token] = future
                 tokens.append(token)
                 futures.append(future)
-                await self.nc.publish(message.subject, message.data, reply=f"{prefix}.{token}", headers=headers)
+                if batch:
+                    frames.append((message.subject, f"{prefix}.{token}", message.data, headers))
+                else:
+                    await self.nc.publish(message.subject, message.data, reply=f"{prefix}.{token}", headers=headers)
+            if frames:
+                await self.nc.publish_batch(frames)
             acks = await asyncio.wait_for(asyncio.gather(*futures), timeout)
         except NoStreamResponseError as exc:
             failed = next((m.subject for m, f in zip(messages, futures, strict=False)
@@ -452,19 +459,26 @@ class Bus:
     async def _ack_inbox(self) -> str:
         if self._ack_prefix is None:
             prefix = self.nc.new_inbox()
-            await self.nc.subscribe(f"{prefix}.*", cb=self._on_ack)
+            if isinstance(self.nc, Client):  # each ack handed over from the read loop
+                await self.nc.subscribe_direct(f"{prefix}.*", self._acknowledged)
+            else:
+                await self.nc.subscribe(f"{prefix}.*", cb=self._on_ack)
             self._ack_prefix = prefix
         return self._ack_prefix
 
     async def _on_ack(self, msg: Any) -> None:
-        future = self._acks.pop(msg.subject.rsplit(".", 1)[-1], None)
+        await self._acknowledged(msg.subject, msg.data, msg.headers)
+
+    async def _acknowledged(self, subject: str, data: bytes, headers: Mapping[str, str] | None) -> None:
+        """A publish acknowledgement (or its error) for the publish waiting on its reply subject."""
+        future = self._acks.pop(subject.rsplit(".", 1)[-1], None)
         if future is None or future.done():
             return
-        if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
+        if headers and headers.get("Status") == _NO_RESPONDERS:
             future.set_exception(NoStreamResponseError())
             return
         try:
-            ack = pub_ack(msg.data)
+            ack = pub_ack(data)
         except (ValueError, TypeError, KeyError) as exc:  # msgspec's errors are ValueErrors
             future.set_exception(exc)
             return
