@@ -24,16 +24,19 @@ from corral.services.preemption.service import Preemption
 from tests.unit.services.test_quota_round_inputs_kept import OPS, T0, event, interleaved
 
 PREEMPTED = Reason(code=LifecycleCode.PREEMPTED.value, message="preempted")
-lifecycles = st.lists(st.tuples(st.booleans(), st.lists(st.sampled_from((*OPS, "release_preempted")), max_size=10)),
+lifecycles = st.lists(st.tuples(st.booleans(), st.lists(st.sampled_from((*OPS, "release_preempted", "ask_requeue")),
+                                                      max_size=10)),
                       min_size=1, max_size=6)
 
 
-def whole_pass(preemption: Preemption) -> tuple[set[str], set[str]]:
-    """What `_requeues` and `_requests` listed from every active job before."""
+def whole_pass(preemption: Preemption) -> tuple[set[str], set[str], set[str]]:
+    """What `_requeues`, `_requests` and `_asked_to_move` listed from every active or running job before."""
     active = list(preemption.view.active.values())
     return ({j.job_id for j in active if j.state is JobState.REQUEUING and j.reason is not None
              and j.reason.code == LifecycleCode.PREEMPTED},
-            {j.job_id for j in active if j.state is JobState.PENDING and j.spec is not None})
+            {j.job_id for j in active if j.state is JobState.PENDING and j.spec is not None},
+            {j.job_id for j in preemption.view.running_jobs()
+             if j.requeue_request is not None and j.requeue_attempt == j.attempt})
 
 
 @settings(max_examples=300, deadline=None)
@@ -47,12 +50,15 @@ def test_the_kept_indices_equal_the_whole_pass_after_every_event(jobs: list[tupl
         if op == "release_preempted":
             e = ev.GangReleased.new(stream=f"job-{job}", actor="test", correlation_id=job, now=at, job_id=job,
                                     reason=PREEMPTED, attempt=view.attempt if view is not None else 0)
+        elif op == "ask_requeue":
+            e = ev.JobRequeueRequested.new(stream=f"job-{job}", actor="test", correlation_id=job, now=at, job_id=job)
         else:
             e = event(op, job, view, at)
         if preemption.view.apply(e) is not None:  # as Service._fold_stored: the view, then `folded`
             preemption.folded(e)
-        requeue, waiting = whole_pass(preemption)
+        requeue, waiting, asked = whole_pass(preemption)
         assert set(preemption._to_requeue) == requeue, op
+        assert set(preemption._requeue_asked) == asked, op
         assert set(preemption._waiting) == waiting, op
         assert all(preemption._waiting[j] is preemption.view.jobs[j] for j in waiting), op
 
@@ -73,3 +79,21 @@ def test_a_released_victim_is_requeued_and_a_waiting_job_listed() -> None:
         preemption.folded(e)
         seen.append(("j" in preemption._to_requeue, "j" in preemption._waiting))
     assert seen[1] == (False, True) and seen[-1] == (True, False)
+
+
+def test_a_running_job_asked_to_requeue_is_asked_to_move_and_others_are_not_looked_at() -> None:
+    """The asked index is not vacuous, and without a node drained with --evict only it is read."""
+    stand_in: Any = object()
+    preemption = Preemption(stand_in, stand_in)
+    at = T0
+    for job in ("j", "k"):
+        for op in ("submit", "admit", "reserve", "place", "running"):
+            at += timedelta(seconds=1)
+            e = event(op, job, preemption.view.jobs.get(job), at)
+            preemption.view.apply(e)
+            preemption.folded(e)
+    asked = ev.JobRequeueRequested.new(stream="job-k", actor="test", correlation_id="k", now=at, job_id="k")
+    preemption.view.apply(asked)
+    assert set(preemption._requeue_asked) == {"k"}
+    moved = preemption._asked_to_move()
+    assert list(moved) == ["job-k"] and moved["job-k"][0].victim_job_id == "k"
