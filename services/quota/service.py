@@ -3,7 +3,7 @@
 Owns the queue tree: QueueTreeApplied (a numbered version of the whole tree, from `corral apply` via
 the inbox) with a QueueConfigured per queue it changes, QueueChangeRefused (a change the evidence
 gate refused, recorded for the audit), QueueConfigured sent alone (older clients); and QuotaReserved
-/ QuotaReleased on job streams. Each reconcile runs the core's quota step (`corral.core.reservation.reserve_quota`, the
+/ QuotaReleased on job streams. Each reconcile runs the core's quota step (`corral.core.reservation.quota_round`, the
 first of the pipeline in `corral.core.steps`): waiting jobs in fair-share order, each checked
 against the tree (guarantee, borrowing, lend limits, max_gpus) with the usage of everything
 already reserved, and none that the same round's preemption step would take back. A job that
@@ -20,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
+from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, Reason, queue_stream
@@ -32,7 +34,7 @@ from corral.contracts.queues import merged_tree, tree_problems
 from corral.contracts.routes import consumed_by, inbox_of
 from corral.contracts.subjects import Subjects
 from corral.core import escalation
-from corral.core.reservation import Reserve, Revoke, reserve_quota
+from corral.core.reservation import QuotaRound, Reserve, Revoke, quota_round
 from corral.projection import JobView, QuotaPhase
 from corral.services.base import Service
 from corral.services.quota import gate
@@ -244,8 +246,8 @@ class Quota(Service):
         # stream name built per waiting job was a tenth of quota's loop with thousands waiting)
         seen = dict(self.view.versions)
         batches: dict[str, list[Event]] = {}
-        decisions = await asyncio.to_thread(reserve_quota, snapshot, self.config, reserved=reserved, held=held)
-        for decision in decisions:
+        round_ = await asyncio.to_thread(quota_round, snapshot, self.config, reserved=reserved, held=held)
+        for decision in round_.decisions:
             job = by_id[decision.job_id]
             if isinstance(decision, Reserve):
                 self._emit(batches, self.new_event(ev.QuotaReserved, job_id=job.job_id, queue=job.queue,
@@ -258,8 +260,30 @@ class Quota(Service):
                     self._emit(batches, why)
             elif (why := self.pending_event(job, decision.reason)) is not None:
                 self._emit(batches, why)
+        self._refusals(round_, snapshot.pending, by_id, reserved, batches)
         # all or nothing, as of the snapshot: after a lost race the next round decides again
         await self.append(batches, expected={stream: seen.get(stream, 0) for stream in batches})
+
+    def _refusals(self, round_: QuotaRound, pending: Sequence[core.PendingJob], by_id: Mapping[str, JobView],
+                  reserved: Container[str], batches: dict[str, list[Event]]) -> None:
+        """A PlacementPending for each waiting job the round refused by class (`QuotaRound.rest`)
+        whose reason is news. Most of a backlog was told its reason word for word already: that
+        is asked here, without a call per job (`ReasonThrottle.news` answers the same)."""
+        rest, by_user = round_.rest, round_.by_user
+        if not rest:
+            return
+        named = {d.job_id for d in round_.decisions}
+        for p in pending:
+            j = p.job
+            if j.id in named or j.id in reserved:
+                continue
+            reason = rest[(j.queue, j.total_gpus, j.user if by_user else None)]
+            job = by_id[j.id]
+            said = job.reason
+            if said is not None and said.code == reason.code and said.message == reason.message:
+                continue
+            if (why := self.pending_event(job, reason)) is not None:
+                self._emit(batches, why)
 
     @staticmethod
     def _emit(batches: dict[str, list[Event]], event: Event) -> None:

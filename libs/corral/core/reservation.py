@@ -17,7 +17,7 @@ a job is reserved only if the preemption decision on the state this round create
 it back. Jobs that no waiting job could ever preempt (within their guarantees at every level, or
 not preemptible, or nothing of higher priority waits in their queue) are reserved on the quota
 check alone, as before, so a big guaranteed gang still reaches placement and its reservation.
-For the others ("exposed": see `_Exposure`) the round is played out with the core's own
+For the others ("exposed": see `Exposure`) the round is played out with the core's own
 decisions, the same ones the services take (`corral.core.steps`):
 1. placement: `placement_step` over every job holding quota, this round's included;
 2. preemption: `preemption_step` on the state where those jobs run;
@@ -42,9 +42,10 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from corral.core.decisions import Pending, Place, Reason, ReasonCode
-from corral.core.model import Job, OrderPolicy, PendingJob, Placement, SchedulerConfig, Snapshot
+from corral.core.exposure import Exposure
+from corral.core.model import Job, PendingJob, Placement, SchedulerConfig, Snapshot
 from corral.core.ordering import iter_pending, tree_for
-from corral.core.quota import ROOT, QueueTree, QueueUsage, quota_check
+from corral.core.quota import QueueTree, QueueUsage, quota_check
 from corral.core.steps import Step, after_placing, placement_step, preemption_step, step_config
 
 
@@ -87,8 +88,69 @@ def reserve_quota(
     given back yet). `config` is the preemption service's: the one whose decisions must not
     undo these. A round in which every waiting job holds quota decides nothing (the quota service
     skips it: with a backlog that all holds quota, each round would replay placement for nothing)."""
+    out, tail, revokes = _decide(snapshot, config, reserved, held)
+    if tail is not None:
+        out.extend(_refusals(tail.order.after(tail.start), tail.refused, tail.check))
+    return [*out, *revokes]
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRound:
+    """`reserve_quota`'s decisions with the refusals of the backlog it did not walk kept per class:
+    `decisions` names some jobs; every other waiting job not in `reserved` waits for its class's
+    reason, `rest[(queue, GPUs, user if by_user else None)]` (`reason_of`).
+
+    Why: behind a full cohort the order is walked a few dozen jobs deep and the thousands after
+    them are refused for one reason per (queue, GPUs); a decision object per waiting job, and a
+    look at each by the quota service, made most of a round's cost (Kueue's shape)."""
+
+    decisions: list[Reserve | Pending | Revoke]
+    rest: dict[tuple[str, int, str | None], Reason]
+    by_user: bool
+
+    def reason_of(self, job: Job) -> Reason:
+        return self.rest[(job.queue, job.total_gpus, job.user if self.by_user else None)]
+
+
+def quota_round(
+    snapshot: Snapshot,
+    config: SchedulerConfig = SchedulerConfig(),
+    *,
+    reserved: Collection[str] = frozenset(),
+    held: Iterable[tuple[str, int]] = (),
+) -> QuotaRound:
+    """`reserve_quota`, its refusals of the jobs it did not walk kept per class (`QuotaRound`)."""
+    out, tail, revokes = _decide(snapshot, config, reserved, held)
+    if tail is None:
+        return QuotaRound([*out, *revokes], {}, False)
+    named = {d.job_id for d in out}
+    jobs = tail.order.jobs
+    out.extend(Pending(i, why) for i, why in tail.refused.items() if i in jobs and i not in named)
+    rest: dict[tuple[str, int, str | None], Reason] = {}
+    for key, n in tail.left.count.items():
+        why = tail.check(tail.order.samples[key]) if n > 0 else None
+        if why is not None:  # always, for a class with jobs left (`_Left.hopeless`)
+            rest[key] = why
+    return QuotaRound([*out, *revokes], rest, tail.order.by_user)
+
+
+@dataclass(frozen=True, slots=True)
+class _Tail:
+    """The jobs after the first `start` of the order, refused without walking them (`_quota_pass`)."""
+
+    order: _Order
+    start: int
+    refused: Mapping[str, Reason]
+    check: _Checks
+    left: _Left
+
+
+def _decide(
+    snapshot: Snapshot, config: SchedulerConfig, reserved: Collection[str], held: Iterable[tuple[str, int]]
+) -> tuple[list[Reserve | Pending], _Tail | None, list[Revoke]]:
+    """`reserve_quota`'s decisions of the jobs walked, the tail not walked, and the Revokes."""
     if all(p.job.id in reserved for p in snapshot.pending):
-        return []
+        return [], None, []
     tree = tree_for(snapshot, config)
     base = QueueUsage.of(tree, snapshot.running)
     for queue, gpus in held:
@@ -99,14 +161,14 @@ def reserve_quota(
     order = _Order(iter_pending(
         Snapshot(snapshot.now, snapshot.cluster, snapshot.queues, tuple(waiting), snapshot.running), config, tree=tree
     ), waiting, by_user=tree.per_user)
-    exposure = _Exposure(snapshot, config, tree)
+    exposure = Exposure(snapshot, config, tree)
     refused: dict[str, Reason] = {}
     while True:
         usage = base.copy()
         for job in holders.values():  # reserved but not yet placed counts too, unless revoked
             if job.id not in refused and tree.known(job.queue):
                 usage.add(job.queue, job.total_gpus, user=job.user)
-        out, admitted, exposed, borrowing = _quota_pass(snapshot, config, order, usage, exposure, refused)
+        out, admitted, exposed, borrowing, tail = _quota_pass(snapshot, config, order, usage, exposure, refused)
         # a reservation held from earlier rounds may be exposed now (a job that may reclaim it
         # arrived since): it is played out too, and given back if it would be taken back at once
         risky = [i for i, job in holders.items() if i not in refused and exposure.of(job, usage)]
@@ -119,7 +181,7 @@ def reserve_quota(
         # the jobs it blocked, and the next round refused it again: nothing started, ever). Each
         # pass refuses at least one more job, so this ends.
         if not more:
-            return [*out, *(Revoke(i, refused[i]) for i in holders if i in refused)]
+            return out, tail, [Revoke(i, refused[i]) for i in holders if i in refused]
 
 
 def _quota_pass(
@@ -127,23 +189,26 @@ def _quota_pass(
     config: SchedulerConfig,
     order: _Order,
     usage: QueueUsage,
-    exposure: _Exposure,
+    exposure: Exposure,
     refused: Mapping[str, Reason],
-) -> tuple[list[Reserve | Pending], list[str], set[str], set[str]]:
+) -> tuple[list[Reserve | Pending], list[str], set[str], set[str], _Tail | None]:
     """Quota for each job in `order` but the `refused` ones (Pending with their reason, counting
-    nothing): the decisions, the jobs reserved, those exposed to preemption, and those exposed
-    already at their turn (`borrowing`: they wait without quota unless they start now).
+    nothing): the decisions, the jobs reserved, those exposed to preemption, those exposed
+    already at their turn (`borrowing`: they wait without quota unless they start now), and the
+    tail of the order refused without being walked (None: all of it was walked).
 
     Once no job left in the order can get quota on the usage as it stands (asked per (queue,
     GPUs) after a run of refusals), none will (only a reservation changes the usage): the rest
-    are refused without walking the order further, in the order's place where it was walked
-    and in the snapshot's after that (`_Order.after`; nothing reads the order of refusals)."""
+    are refused without walking the order further (`_Tail`: listed, by `reserve_quota`, in the
+    order's place where it was walked and in the snapshot's after that, `_Order.after`; nothing
+    reads the order of refusals), each for its class's reason on the round's final usage."""
     tree = exposure.tree
     out: list[Reserve | Pending] = []
     admitted: list[Job] = []
     borrowing: set[str] = set()
     check = _Checks(snapshot, config, tree, usage)
     left = _Left(order, refused)
+    tail: _Tail | None = None
     for at, p in enumerate(order):
         job = p.job
         if job.id in refused:
@@ -154,7 +219,7 @@ def _quota_pass(
         if blocked is not None:
             out.append(Pending(job.id, blocked))
             if left.hopeless(check):
-                out.extend(_refusals(order.after(at + 1), refused, check))
+                tail = _Tail(order, at + 1, refused, check, left)
                 break
             continue
         out.append(Reserve(job.id, job.total_gpus, _borrowed(tree, usage, job)))
@@ -171,7 +236,7 @@ def _quota_pass(
     # with every reservation of the round counted, more may be exposed (a later one pushed their
     # queue over its guarantee): those are checked against preemption too, but may wait with quota
     exposed = {j.id for j in admitted if j.id in borrowing or exposure.of(j, usage)}
-    return out, [j.id for j in admitted], exposed, borrowing
+    return out, [j.id for j in admitted], exposed, borrowing, tail
 
 
 #: Refusals in a row after which a pass asks whether any job left could still get quota.
@@ -300,63 +365,6 @@ class _Checks:
         self.answers.clear()
 
 
-class _Exposure:
-    """Whether a job reserved this round could be preempted by a waiting job once it runs (a
-    superset of what `preemption.eligibility.victim_kind` may accept, given queue usage `usage`):
-    - a waiting job of higher priority in the same queue (priority preemption);
-    - a queue on the job's path above its guarantee, with a waiting job in a sibling subtree of it
-      (reclaim: that job may be entitled); a job of a queue with children (admission refuses
-      those, the core does not) with a waiting job in a child subtree;
-    - any job under LAS with preemption (attained service changes as jobs run), and under
-      FAIR_LAS any job of a queue with a waiting job (its level may rise above theirs).
-    A job that is not preemptible, or is protected by `min_runtime_seconds` right after its start,
-    is never a victim in the round it starts."""
-
-    def __init__(self, snapshot: Snapshot, config: SchedulerConfig, tree: QueueTree):
-        self.tree = tree
-        self.any = config.preemption or config.reclaim
-        self.las = config.preemption and config.order is OrderPolicy.LAS
-        self.fair_las = config.preemption and config.order is OrderPolicy.FAIR_LAS
-        self.priority = config.preemption
-        self.reclaim = config.reclaim and config.quotas
-        self.top_priority: dict[str, int] = {}
-        self.below: dict[str, int] = {}  # known waiting jobs per subtree (ROOT: all of them)
-        self.at: dict[str, int] = {}  # waiting jobs of each queue itself
-        top, at = self.top_priority, self.at
-        # Per job only what is its own (thousands a round); the subtrees are summed per queue.
-        for p in snapshot.pending:
-            job = p.job
-            q, priority = job.queue, job.priority
-            n = at.get(q)
-            if n is None:
-                at[q], top[q] = 1, priority
-            else:
-                at[q] = n + 1
-                if priority > top[q]:
-                    top[q] = priority
-        for q, n in at.items():
-            if tree.known(q):
-                for a in (*tree.path(q), ROOT):
-                    self.below[a] = self.below.get(a, 0) + n
-
-    def of(self, job: Job, usage: QueueUsage) -> bool:
-        if not self.any or not job.preemptible or job.min_runtime_seconds > 0:
-            return False
-        if self.las or (self.fair_las and self.at.get(job.queue, 0) > 0):
-            return True
-        if self.priority and self.top_priority.get(job.queue, job.priority) > job.priority:
-            return True
-        if not self.reclaim or not self.tree.known(job.queue):
-            return False
-        tree, below = self.tree, self.below
-        if below.get(job.queue, 0) > self.at.get(job.queue, 0):
-            return True
-        return any(
-            usage.active.get(q, 0) > tree.guarantee[q] and below.get(tree.parent(q), 0) > below.get(q, 0)
-            for q in tree.path(job.queue)
-        )
-
-
 def _played_out(
     snapshot: Snapshot,
     config: SchedulerConfig,
@@ -367,7 +375,7 @@ def _played_out(
 ) -> dict[str, Reason]:
     """Play the round (placement, then preemption) and return the jobs of `admitted` not to
     reserve after all, with why; see the module docstring. Only `exposed` jobs can be victims
-    (`_Exposure` is a superset of what preemption accepts): when none of them starts and no
+    (`Exposure` is a superset of what preemption accepts): when none of them starts and no
     `borrowing` job waits, the preemption step (a whole cycle over the backlog) is skipped."""
     by_id = {p.job.id: p for p in snapshot.pending}
     keep = set(admitted)

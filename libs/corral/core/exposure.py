@@ -1,0 +1,64 @@
+"""Whether a job reserved in a quota round could be preempted by a waiting job once it runs
+(`corral.core.reservation`): kept apart so the round's module stays small."""
+
+from __future__ import annotations
+
+from corral.core.model import Job, OrderPolicy, SchedulerConfig, Snapshot
+from corral.core.quota import ROOT, QueueTree, QueueUsage
+
+
+class Exposure:
+    """Whether a job reserved this round could be preempted by a waiting job once it runs (a
+    superset of what `preemption.eligibility.victim_kind` may accept, given queue usage `usage`):
+    - a waiting job of higher priority in the same queue (priority preemption);
+    - a queue on the job's path above its guarantee, with a waiting job in a sibling subtree of it
+      (reclaim: that job may be entitled); a job of a queue with children (admission refuses
+      those, the core does not) with a waiting job in a child subtree;
+    - any job under LAS with preemption (attained service changes as jobs run), and under
+      FAIR_LAS any job of a queue with a waiting job (its level may rise above theirs).
+    A job that is not preemptible, or is protected by `min_runtime_seconds` right after its start,
+    is never a victim in the round it starts."""
+
+    def __init__(self, snapshot: Snapshot, config: SchedulerConfig, tree: QueueTree):
+        self.tree = tree
+        self.any = config.preemption or config.reclaim
+        self.las = config.preemption and config.order is OrderPolicy.LAS
+        self.fair_las = config.preemption and config.order is OrderPolicy.FAIR_LAS
+        self.priority = config.preemption
+        self.reclaim = config.reclaim and config.quotas
+        self.top_priority: dict[str, int] = {}
+        self.below: dict[str, int] = {}  # known waiting jobs per subtree (ROOT: all of them)
+        self.at: dict[str, int] = {}  # waiting jobs of each queue itself
+        top, at = self.top_priority, self.at
+        # Per job only what is its own (thousands a round); the subtrees are summed per queue.
+        for p in snapshot.pending:
+            job = p.job
+            q, priority = job.queue, job.priority
+            n = at.get(q)
+            if n is None:
+                at[q], top[q] = 1, priority
+            else:
+                at[q] = n + 1
+                if priority > top[q]:
+                    top[q] = priority
+        for q, n in at.items():
+            if tree.known(q):
+                for a in (*tree.path(q), ROOT):
+                    self.below[a] = self.below.get(a, 0) + n
+
+    def of(self, job: Job, usage: QueueUsage) -> bool:
+        if not self.any or not job.preemptible or job.min_runtime_seconds > 0:
+            return False
+        if self.las or (self.fair_las and self.at.get(job.queue, 0) > 0):
+            return True
+        if self.priority and self.top_priority.get(job.queue, job.priority) > job.priority:
+            return True
+        if not self.reclaim or not self.tree.known(job.queue):
+            return False
+        tree, below = self.tree, self.below
+        if below.get(job.queue, 0) > self.at.get(job.queue, 0):
+            return True
+        return any(
+            usage.active.get(q, 0) > tree.guarantee[q] and below.get(tree.parent(q), 0) > below.get(q, 0)
+            for q in tree.path(job.queue)
+        )
