@@ -34,6 +34,9 @@ __all__ = [
 ]
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+#: ten bits -> their two Crockford digits; a ULID's 130 bits (the top two zero) are 13 pairs
+_DIGIT_PAIRS = [high + low for high in _CROCKFORD for low in _CROCKFORD]
+_PAIR_SHIFTS = tuple(range(120, -1, -10))
 _ULID_PATTERN = "^[0-7][0-9A-HJKMNP-TV-Z]{25}$"
 
 EventId = Annotated[str, msgspec.Meta(pattern=_ULID_PATTERN, description="ULID: 26 Crockford base32 "
@@ -78,11 +81,8 @@ def new_event_id(now: datetime | float, rand: bytes | None = None) -> str:
     if len(rand) != 10:
         raise ValueError(f"rand must be 10 bytes, got {len(rand)}")
     value = (millis << 80) | int.from_bytes(rand, "big")
-    chars = []
-    for _ in range(26):
-        chars.append(_CROCKFORD[value & 31])
-        value >>= 5
-    return "".join(reversed(chars))
+    # two base32 digits (ten bits) at a time: every event of every service gets one
+    return "".join([_DIGIT_PAIRS[(value >> shift) & 1023] for shift in _PAIR_SHIFTS])
 
 
 def event_id_time(event_id: str) -> datetime:

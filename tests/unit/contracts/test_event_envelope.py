@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corral.contracts import (
     ContractError,
@@ -33,6 +35,18 @@ def test_event_ids_are_ulids_sorted_by_time() -> None:
 def test_event_id_is_reproducible_with_given_randomness() -> None:
     assert new_event_id(T0, b"\x00" * 10) == new_event_id(T0.timestamp(), b"\x00" * 10)
     assert new_event_id(T0, b"\x00" * 10) != new_event_id(T0, b"\x00" * 9 + b"\x01")
+
+
+@settings(max_examples=500)
+@given(st.integers(0, (1 << 48) - 1), st.binary(min_size=10, max_size=10))
+def test_an_event_id_is_the_crockford_base32_of_its_130_bits_digit_by_digit(millis: int, rand: bytes) -> None:
+    at = millis / 1000
+    value = (int(at * 1000) << 80) | int.from_bytes(rand, "big")  # the millisecond as it reads `at`
+    digits = []
+    for _ in range(26):
+        digits.append("0123456789ABCDEFGHJKMNPQRSTVWXYZ"[value & 31])
+        value >>= 5
+    assert new_event_id(at, rand) == "".join(reversed(digits))
 
 
 def test_event_ids_in_one_millisecond_differ() -> None:
