@@ -90,7 +90,12 @@ class Host:
         gang = Stepd(folder, launch)
         gang.state["stepd_shared"] = True
         with self._handling(gang):
-            code = gang.begin()
+            try:
+                code = gang.begin()
+            except Exception:
+                log.exception("%s: the host failed starting this gang; killing what started", gang.folder)
+                fail(gang, "the stepd host failed starting this gang")
+                return None
         if code is None:
             self.gangs[gang] = time.monotonic()
         return None
@@ -148,13 +153,13 @@ class Host:
 def fail(gang: Stepd, message: str) -> None:
     """End a gang its handling failed on: its ranks killed and recorded as crashed, its end failed."""
     now = time.time()
-    for rank, proc in gang.procs.items():
+    for proc in gang.procs.values():
         signal_group(proc.pid, signal_module.SIGKILL)
-        rec = gang.state["ranks"].get(str(rank))
-        if rec is not None and rec.get("exited_at") is None:
+    for rank, rec in gang.state["ranks"].items():
+        if rec.get("exited_at") is None:
             rec.update(exited_at=now, exit_code=None, reason="crashed", message=message)
             if gang.state.get("failed_rank") is None:
-                gang.state["failed_rank"] = rank
+                gang.state["failed_rank"] = int(rank)
     for out in gang.outputs.values():
         with contextlib.suppress(OSError):
             out.close()
