@@ -30,6 +30,17 @@ def test_any_header_block_is_parsed_as_nats_py_parses_it(raw: bytes) -> None:
     assert parse_header_lines(raw) == NatsClient._parse_header_lines(raw)
 
 
+_ascii_block = st.lists(st.lists(st.sampled_from([p for p in _PIECES if p.isascii()]), max_size=12).map(b"".join),
+                        max_size=8).map(lambda lines: b"\r\n".join(lines) + b"\r\n\r\n")
+
+
+@settings(max_examples=600)
+@given(_ascii_block)
+def test_any_ascii_header_block_is_parsed_as_nats_py_parses_it(raw: bytes) -> None:
+    """The text split of ASCII blocks (every block Corral sends) against nats-py."""
+    assert parse_header_lines(raw) == NatsClient._parse_header_lines(raw)
+
+
 def test_an_event_message_s_headers_are_parsed_as_they_were_published() -> None:
     from datetime import UTC, datetime
 
