@@ -33,6 +33,7 @@ import errno
 import json
 import os
 import signal as signal_module
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -112,14 +113,20 @@ def create_json(path: Path, content: Any) -> bool:
 
 
 def append_state(path: Path, content: Any) -> None:
-    """Append one state record (a line) to `path`; past `STATE_COMPACT_AT` bytes, replace the file
-    by this record alone (`write_json`). A record the disk took only in part is cut off again; one
-    that could not be (a tail with no newline) is ended before the next, so each record is one line."""
+    """Append one state record (a line) to `path` (see `append_record`)."""
+    append_record(path, content, compact_at=STATE_COMPACT_AT)
+
+
+def append_record(path: Path, content: Any, *, compact_at: int) -> None:
+    """Append one JSON record (a line) to `path`, made mode 0600 if missing; past `compact_at`
+    bytes, replace the file by this record alone (`write_json`). A record the disk took only in
+    part is cut off again; one that could not be (a tail with no newline) is ended before the next,
+    so each record is one line."""
     data = json.dumps(content, sort_keys=True).encode() + b"\n"
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         size = os.fstat(fd).st_size
-        if size + len(data) > STATE_COMPACT_AT:
+        if size + len(data) > compact_at:
             write_json(path, content)
             return
         if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -131,22 +138,26 @@ def append_state(path: Path, content: Any) -> None:
         if written != len(data):
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, size)
-            raise OSError(errno.ENOSPC, f"{path}: the state record was not written")
+            raise OSError(errno.ENOSPC, f"{path}: the record was not written")
     finally:
         os.close(fd)
 
 
-def last_record(raw: bytes) -> dict[str, Any] | None:
-    """The newest state record in a state file's bytes: its last complete line that is one (a
-    line cut short by a full disk or a crash is not), or the whole file when it holds no newline
-    (one record, as a stepd of an earlier version writes it)."""
+def _is_state(record: dict[str, Any]) -> bool:
+    return "phase" in record
+
+
+def last_record(raw: bytes, valid: Callable[[dict[str, Any]], bool] = _is_state) -> dict[str, Any] | None:
+    """The newest record in a file of records (`append_record`): its last complete line that is
+    a `valid` one (a line cut short by a full disk or a crash is not), or the whole file when it
+    holds no newline (one record, as a whole-file write leaves it)."""
     lines = raw.split(b"\n")
     for line in reversed(lines[:-1] or lines):
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and "phase" in record:
+        if isinstance(record, dict) and valid(record):
             return record
     return None
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import stat
@@ -40,6 +39,7 @@ from pathlib import Path
 
 from corral.contracts.logs import LogChunk, chunk_msg_id, encode_chunk, log_subject
 
+from ..process.step_files import append_record, last_record
 from ..process.supervisor import AgentEvents, ExitReason, GangOutcome
 from .log_chunks import RankCursor, ShipLimits, find_attempt_start
 
@@ -126,7 +126,9 @@ class _Saved:
             if path is None:
                 continue
             try:
-                raw = json.loads(path.read_text())
+                raw = last_record(path.read_bytes(), _is_cursor)
+                if raw is None:
+                    continue
                 return {"start": int(raw["start"]), "shipped": int(raw["shipped"]), "done": bool(raw.get("done"))}
             except (OSError, ValueError, KeyError, TypeError):
                 continue
@@ -134,23 +136,21 @@ class _Saved:
 
     def save(self, start: int, shipped: int, done: bool) -> None:
         """The agent's own file among the stepd's (mode 0600): a rank running as its submitter
-        passes through the attempt's folder but reads none of the agent's files."""
-        tmp = self.path.with_suffix(".tmp")
-        text = json.dumps({"start": start, "shipped": shipped, "done": done}).encode()
+        passes through the attempt's folder but reads none of the agent's files. Each save is a
+        line appended (the last complete one is the cursor): one inode per rank, not one per save."""
+        record = {"start": start, "shipped": shipped, "done": done}
         try:
-            _write_private(tmp, text)
+            append_record(self.path, record, compact_at=_CURSOR_COMPACT_AT)
         except FileNotFoundError:  # its folder is made on first use only (it is the attempt's, as a rule)
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            _write_private(tmp, text)
-        tmp.replace(self.path)
+            append_record(self.path, record, compact_at=_CURSOR_COMPACT_AT)
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+_CURSOR_COMPACT_AT = 4096  # bytes of a cursor file past which a save replaces it by its newest line
+
+
+def _is_cursor(record: dict[str, object]) -> bool:
+    return "start" in record and "shipped" in record
 
 
 class LogShipper:
