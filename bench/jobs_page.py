@@ -62,7 +62,7 @@ def main() -> int:
         for argv in LISTINGS:
             walls, cpus = [], []
             for _ in range(args.runs):
-                wall, cpu, code, err = timed([str(CORRAL), *argv], env, live.data_dir)
+                wall, cpu, code, err, _ = timed([str(CORRAL), *argv], env, live.data_dir)
                 if code != 0:
                     raise RuntimeError(f"corral {' '.join(argv)} exited {code}: {err}")
                 walls.append(wall)

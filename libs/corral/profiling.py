@@ -1,5 +1,7 @@
 """An opt-in whole-process profile of a service: `CORRAL_PROFILE_DIR=D` writes `D/<name>-<pid>.prof`
-(cProfile, read with `python -m pstats`) when the process stops cleanly.
+(cProfile, read with `python -m pstats`) when the process stops cleanly; SIGUSR1 writes the profile
+so far as `D/<name>-<pid>-<n>.prof` and starts a new one (a window of a live stack: a signal before
+and one after what is to be looked at).
 
 Why: a live stack's CPU per job is spread over several processes (bench/e2e.py prints it by
 process); finding where one of them spends it needs that process's own profile under the real
@@ -9,6 +11,7 @@ stream of events, and py-spy is not always at hand. Unset, this costs nothing.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,10 +31,23 @@ def profiled(name: str) -> Iterator[None]:
     import cProfile
 
     profile = cProfile.Profile(time.process_time)  # CPU, not wall: the machine may be shared
+    windows = 0
+
+    def window(*_: object) -> None:
+        nonlocal windows
+        profile.disable()
+        windows += 1
+        os.makedirs(folder, exist_ok=True)
+        profile.dump_stats(os.path.join(folder, f"{name}-{os.getpid()}-{windows}.prof"))
+        profile.clear()
+        profile.enable()
+
+    previous = signal.signal(signal.SIGUSR1, window)
     profile.enable()
     try:
         yield
     finally:
         profile.disable()
+        signal.signal(signal.SIGUSR1, previous)
         os.makedirs(folder, exist_ok=True)
         profile.dump_stats(os.path.join(folder, f"{name}-{os.getpid()}.prof"))

@@ -1,0 +1,43 @@
+"""`CORRAL_PROFILE_DIR`: a service's whole-run cProfile, and on SIGUSR1 the profile so far, restarted.
+
+Why: a benchmark looks at what the services do during one command's runs (bench/cli.py
+`--profile-dir`), not during the filling of the stack before them."""
+
+from __future__ import annotations
+
+import os
+import pstats
+import signal
+from pathlib import Path
+
+import pytest
+
+from corral.profiling import PROFILE_DIR_ENV, profiled
+
+
+def _busy(n: int) -> int:
+    return sum(i * i for i in range(n))
+
+
+def test_sigusr1_writes_a_window_and_starts_a_new_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PROFILE_DIR_ENV, str(tmp_path))
+    before = signal.getsignal(signal.SIGUSR1)
+    with profiled("svc"):
+        _busy(10_000)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        _busy(10)
+    assert signal.getsignal(signal.SIGUSR1) is before
+    window, whole = tmp_path / f"svc-{os.getpid()}-1.prof", tmp_path / f"svc-{os.getpid()}.prof"
+    assert window.exists() and whole.exists()
+    first = {f[2] for f in pstats.Stats(str(window)).stats}
+    assert "<genexpr>" in first
+    rest = pstats.Stats(str(whole)).stats
+    assert sum(cc for (_, _, name), (cc, *_) in rest.items() if name == "<genexpr>") < 100, \
+        "the last file holds what ran after the window"
+
+
+def test_unset_profiles_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PROFILE_DIR_ENV, raising=False)
+    before = signal.getsignal(signal.SIGUSR1)
+    with profiled("svc"):
+        assert signal.getsignal(signal.SIGUSR1) is before
