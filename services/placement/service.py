@@ -417,7 +417,13 @@ class Placement(Service):
         return frozenset(n for n in placement.nodes() if (v := self.view.nodes.get(n)) is not None and v.lost)
 
     async def _place(self, now: float) -> None:
-        if not self._place_dirty and self.monotonic() - self._placed_at < self.tick_seconds:
+        # Between ticks the cycle runs after a trigger only if it could place a job: with no GPU
+        # free every answer is a reason, and the tick's cycle gives each job its reason. The
+        # cycle looks at every waiting job, and a new waiting job (or a waiting job cancelled)
+        # on a full cluster changes no placement: a cycle for each would keep a core busy behind
+        # every `corral submit` and `cancel` with a deep backlog.
+        if self.monotonic() - self._placed_at < self.tick_seconds \
+                and (not self._place_dirty or self.view.free_gpus() == 0):
             return
         self._place_dirty, self._placed_at = False, self.monotonic()
         waiting = list(self._waiting.values())  # the snapshot orders them
