@@ -142,6 +142,9 @@ async def read_verdict(store: EventStore, request: Event, msg_id: str, timeout: 
     after = dict.fromkeys(verdict_streams(request), 1)
     recorded: list[tuple[int, Event]] = []
     interval = POLL_SECONDS[0]
+    # Listening before the first look: a verdict recorded while it reads wakes the pause after it
+    # (the owner records it a few ms after the request is stored, often during that look).
+    await store.listen()
     while True:
         handled = await store.was_processed(owner, msg_id)  # first: its records are then visible
         for stream in after:

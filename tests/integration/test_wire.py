@@ -100,3 +100,23 @@ async def test_a_pause_ends_when_an_append_is_committed(postgres_dsn: str) -> No
     finally:
         wire.finish(blocking.close())
         await store.close()
+
+
+async def test_an_append_after_listen_and_before_the_first_pause_ends_it(postgres_dsn: str) -> None:
+    """A verdict's reader listens before its first look: a verdict committed during that look
+    (before any pause) wakes the pause after it, which would otherwise last its whole time."""
+    import time
+
+    store = await EventStore.open(postgres_dsn)
+    blocking = EventStore.blocking(postgres_dsn)
+    assert blocking is not None
+    try:
+        wire.finish(blocking.listen())
+        assert wire.finish(blocking.head_position()) == 0  # the first look: nothing yet
+        await append(store, varied_log(1)[:1])  # recorded after the look, before the pause
+        began = time.monotonic()
+        wire.finish(blocking.pause(30))
+        assert time.monotonic() - began < 5
+    finally:
+        wire.finish(blocking.close())
+        await store.close()

@@ -199,9 +199,17 @@ class EventStore:
             self._wakeups = AppendWakeups(self._dsn)
         return self._wakeups
 
+    async def listen(self) -> None:
+        """Before the first of several polls (`pause` between them): a blocking store's pause
+        then wakes at any append after this, one landing between a poll and the pause after it
+        included; the event loop's pause is a sleep, and this does nothing for it."""
+        listen = getattr(self._pool, "listen", None)
+        if listen is not None:
+            await listen()
+
     async def pause(self, seconds: float) -> None:
         """Wait between two polls of the log: the event loop's sleep, or the thread's for a
-        blocking store (which runs with no loop)."""
+        blocking store (which runs with no loop), which an append's NOTIFY ends (see `listen`)."""
         pause = getattr(self._pool, "pause", None)
         if pause is not None:
             await pause(seconds)

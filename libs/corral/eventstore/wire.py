@@ -418,17 +418,22 @@ class Pool:
     async def close(self) -> None:
         self.conn.close()
 
+    async def listen(self) -> None:
+        """`EventStore.listen`: from now on an append's NOTIFY on `channel` wakes `pause`."""
+        if self.channel is not None and not self._listening:
+            self.conn._simple(f'LISTEN "{self.channel}"')
+            self._listening = True
+
     async def pause(self, seconds: float) -> None:
         """`EventStore.pause`: this thread waits (nothing else runs in it) `seconds`, or less: until
         an append's NOTIFY on `channel` (a poll then reads what it wrote at once: a verdict is
-        seen when it is recorded, not at the poll after). The first pause starts listening; what
-        was appended before is read by the poll that follows it in any case."""
+        seen when it is recorded, not at the poll after). Listening starts at `listen` or else at
+        the first pause; an append before it is read by the poll that follows in any case, but
+        one after the poll before it wakes nothing: the pause then lasts `seconds`."""
         if self.channel is None:
             time.sleep(seconds)
             return
-        if not self._listening:
-            self.conn._simple(f'LISTEN "{self.channel}"')
-            self._listening = True
+        await self.listen()
         self.conn.wait_notified(time.monotonic() + seconds)
 
 
