@@ -4,7 +4,7 @@ Why: every service runs the same life, and its order matters (a service that con
 before folding the log would decide on half the truth; a single writer that decided before its
 lease would be two writers). It is written once, as named steps:
 1. connect to Postgres (the event store; migrations applied) and NATS (streams declared), each
-   waited for while it does not answer (`_when_up`), and
+   waited for while it does not answer (`corral.services.waiting`), and
    start the telemetry endpoint (`corral.telemetry`: /metrics, /healthz, /readyz), the outbox
    relay task (`corral.services.relay`), the read model's projector (`projector_lease`) and the
    health beat;
@@ -24,12 +24,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
-import asyncpg
-
-from corral.bus import Bus, RunningConsumer, UnavailableBackoff, dependency_failure, is_unavailable
+from corral.bus import Bus, RunningConsumer, UnavailableBackoff, dependency_failure
+from corral.bus.urls import addresses
 from corral.eventstore import EventStore
 from corral.health import start_beat
 from corral.services.base import Service
@@ -37,12 +35,11 @@ from corral.services.lease import Lease
 from corral.services.projector_lease import project_forever
 from corral.services.relay import relay_forever
 from corral.services.settings import DeliveryLimits, Settings
+from corral.services.waiting import when_up
 from corral.telemetry.health import Phase
 from corral.telemetry.metrics import ServiceTelemetry
 
 log = logging.getLogger("corral.service")
-
-T = TypeVar("T")
 
 
 async def run_service(cls: type[Service], settings: Settings | None = None,
@@ -51,7 +48,7 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
     settings = settings or Settings.from_env()
     stop = stop or asyncio.Event()
     started = time.monotonic()
-    opened = await _when_up(cls.name, "Postgres", lambda: EventStore.open(settings.postgres_dsn), stop)
+    opened = await when_up(cls.name, "Postgres", lambda: EventStore.open(settings.postgres_dsn), stop)
     if opened is None:
         return
     store = opened
@@ -65,7 +62,7 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
             raise
         return bus
 
-    connected = await _when_up(cls.name, "NATS", connect_bus, stop)
+    connected = await when_up(cls.name, "NATS", connect_bus, stop, where=addresses(settings.nats_url))
     if connected is None:
         await store.close()
         return
@@ -119,34 +116,6 @@ async def run_service(cls: type[Service], settings: Settings | None = None,
             await lease.release()
         await bus.close()
         await store.close()
-
-
-#: Waiting for a dependency at start: short tries, so a service answers soon after it comes up.
-_START_BACKOFF = UnavailableBackoff(first=0.25, cap=2.0)
-
-
-async def _when_up(service: str, what: str, connect: Callable[[], Awaitable[T]], stop: asyncio.Event) -> T | None:
-    """`connect()`, tried again while the dependency does not answer; None if stopped first.
-
-    A service started while Postgres or NATS is down (a restart of either, hosts coming up in
-    another order) waits for it: exiting would have whatever supervises it restart it every half
-    second, a traceback each time. An unavailable dependency is not a reason to exit (`is_unavailable`),
-    nor is a database not created yet (a server that answers before its bootstrap has made it);
-    anything else still is."""
-    failures = 0
-    while not stop.is_set():
-        try:
-            return await connect()
-        except Exception as exc:
-            if not (is_unavailable(exc) or isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError)):
-                raise
-            failures += 1
-            delay = _START_BACKOFF.delay(failures)
-            log.warning("%s: %s does not answer (%s: %s); trying again in %.2fs", service, what,
-                        type(exc).__name__, exc, delay)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay)
-    return None
 
 
 async def _take_lease(service: Service, lease: Lease, stop: asyncio.Event, telemetry: ServiceTelemetry) -> bool:

@@ -80,6 +80,10 @@ class NatsCluster:
         finally:
             await nc.close()
 
+    def logs(self) -> dict[str, Path]:
+        """Each server's log file by name (`nats-server n1`): gone after `stop()`."""
+        return {f"nats-server {name}": server.data_dir / "nats.log" for name, server in self.servers.items()}
+
     def kill(self, name: str) -> None:
         """SIGKILL one server: a host lost, its store unflushed."""
         proc = self.servers[name].proc

@@ -16,12 +16,13 @@ from pathlib import Path
 
 from corral import environment
 from corral.bus import Bus
+from corral.bus.urls import addresses
 from corral.eventstore import EventStore
 from corral.gateway.protocol import DEFAULT_SOCKET, SOCKET_ENV
 from corral.health import start_beat
 from corral.services.gateway.service import Gateway
-from corral.services.run_loop import _when_up
 from corral.services.settings import Settings
+from corral.services.waiting import when_up
 from corral.stack.credentials import CREDENTIALS_ENV
 from corral.telemetry import endpoint, logs
 from corral.telemetry.endpoint import METRICS_ADDR_ENV
@@ -31,11 +32,12 @@ NAME = "gateway"
 
 
 async def run(settings: Settings, path: str, stop: asyncio.Event) -> None:
-    store = await _when_up(NAME, "Postgres", lambda: EventStore.open(settings.postgres_dsn, pool_size=8, min_size=1),
-                           stop)
+    store = await when_up(NAME, "Postgres", lambda: EventStore.open(settings.postgres_dsn, pool_size=8, min_size=1),
+                          stop)
     if store is None:
         return
-    bus = await _when_up(NAME, "NATS", lambda: Bus.connect(settings.nats_url, settings.namespace, name=NAME), stop)
+    bus = await when_up(NAME, "NATS", lambda: Bus.connect(settings.nats_url, settings.namespace, name=NAME), stop,
+                        where=addresses(settings.nats_url))
     if bus is None:
         await store.close()
         return

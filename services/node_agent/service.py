@@ -58,9 +58,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from corral import environment
-from corral.bus import Bus, Delivery, Poison, Retry
+from corral.bus import Bus, Delivery, Poison, Retry, StreamMissing, Unavailable
 from corral.bus.naming import EVENTS, durable_name, history_consumer
 from corral.bus.relay import POSITION, STREAM_VERSION
+from corral.bus.urls import addresses
 from corral.contracts.cluster import NodeInventory
 from corral.contracts.envelope import Event, node_stream
 from corral.contracts.events import (
@@ -95,6 +96,7 @@ from corral.contracts.routes import consumed_by
 from corral.contracts.subjects import Subjects
 from corral.core.conditions import Condition, Held, Thresholds, transition
 from corral.health import start_beat
+from corral.services.waiting import when_up
 from corral.telemetry.agent import AgentTelemetry
 from corral.telemetry.health import Phase
 
@@ -726,6 +728,22 @@ def watch_gpus(host: AgentHost, agent: NodeAgent, every: float) -> NvmlWatcher |
     return watcher
 
 
+async def _open_bus(nats_url: str, namespace: str, credentials: str | None, ca: str | None) -> Bus:
+    """A connection with the streams in place (an agent may not declare them: it waits for them)."""
+    bus = await Bus.connect(nats_url, namespace, name=f"corral-node-agents-{namespace}", credentials=credentials,
+                            ca=ca)
+    try:
+        await bus.ensure_streams()
+    except StreamMissing as exc:
+        await bus.close()
+        raise Unavailable(f"no stream takes {exc.subject!r} yet: the control plane's services declare the "
+                          "streams when they start") from exc
+    except BaseException:
+        await bus.close()
+        raise
+    return bus
+
+
 async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeInventory],
                      options: AgentOptions, stop: asyncio.Event, *,
                      on_ready: Callable[[AgentHost], None] | None = None, credentials: str | None = None,
@@ -742,8 +760,14 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
     if len(set(names)) != len(names):
         raise ValueError(f"run_agents: node names repeat: {sorted(names)}")
     subjects = Subjects(namespace)
-    bus = await Bus.connect(nats_url, namespace, name=f"corral-node-agents-{namespace}", credentials=credentials,
-                            ca=ca)
+    # NATS, and the streams the services declare, are waited for as every service waits for its
+    # dependencies (`corral.services.waiting`): an agent started before them, or without them for
+    # a while, neither exits nor ignores a stop.
+    opened = await when_up("node agents", "NATS", lambda: _open_bus(nats_url, namespace, credentials, ca), stop,
+                           where=addresses(nats_url))
+    if opened is None:
+        return
+    bus = opened
     publisher = ReportPublisher(bus, subjects)
 
     async def publish_log(subject: str, data: bytes, msg_id: str) -> None:
@@ -778,7 +802,6 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
     telemetry = AgentTelemetry(host.agents, lambda: host.handled_position, lambda: bool(bus.nc.is_connected))
     await telemetry.start()  # /metrics, /healthz, /readyz (CORRAL_METRICS_ADDR)
     try:
-        await bus.ensure_streams()
         publisher.start()
         durable = durable_name(names)
         consumer = await bus.consume(durable, host.subjects(), host.on_event,

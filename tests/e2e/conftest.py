@@ -141,23 +141,30 @@ async def own_site(postgres_server_dsn: str, prefix: str, *, data_mode: int | No
         shutil.rmtree(data, ignore_errors=True)
 
 
-def dump_logs(stack: Stack) -> str:
-    """The last lines of every service's log and of every worker rank's output (a job that
-    failed says why only in its ranks' logs)."""
+def dump_logs(stack: Stack, lines: int | None = 40, others: dict[str, Path] | None = None) -> str:
+    """The last `lines` lines (None: all) of every service's log, of each of `others` (a name and
+    its log file: a nats-server's) and of every worker rank's output (a job that failed says why
+    only in its ranks' logs)."""
+
+    def tail(path: Path, keep: int | None) -> str:
+        kept = path.read_text(errors="replace").splitlines()
+        return "\n".join(kept if keep is None else kept[-keep:])
+
     out = []
-    for p in stack.processes:
+    named = [(p.name, p.log_path) for p in stack.processes] + list((others or {}).items())
+    for name, path in named:
         try:
-            out.append(f"==== {p.name}\n" + "\n".join(p.log_path.read_text().splitlines()[-40:]))
+            out.append(f"==== {name}\n" + tail(path, lines))
         except OSError:
             pass
     if stack.context is None:
         return "\n".join(out)
     for rank_log in sorted((Path(stack.context.log_dir) / "workers").glob("*/rank-*.log")):
         try:
-            tail = "\n".join(rank_log.read_text(errors="replace").splitlines()[-25:])
+            text = tail(rank_log, None if lines is None else 25)
         except OSError:
             continue
-        out.append(f"==== worker {rank_log.parent.name} {rank_log.stem}\n{tail}")
+        out.append(f"==== worker {rank_log.parent.name} {rank_log.stem}\n{text}")
     return "\n".join(out)
 
 

@@ -22,7 +22,7 @@ from corral.bus import Bus
 from corral.bus.auth import nats_authorization, superuser
 from corral.bus.limits import BusLimits
 from corral.contracts.jobspec import validate_job_spec
-from corral.projection import JobState
+from corral.projection import ClusterView, JobState
 from corral.stack.up import Stack, StackOptions
 from tests.e2e.conftest import connect, dump_logs, with_queues
 from tests.nats_cluster import NatsCluster
@@ -52,6 +52,7 @@ async def test_killing_the_nats_server_that_leads_the_events_stream_loses_nothin
                    "CORRAL_AGENT_STOP_WORKERS_ON_EXIT": "1"}))
     stack.start()
     client = await connect(stack)
+    seen: dict[str, object] = {}
     try:
         await with_queues(client, [{"name": "team-a", "guaranteed_gpus": 16}], nodes=2,
                           timeout=90)  # R3 streams over TLS routes: a slow start under load is not a loss
@@ -82,12 +83,19 @@ async def test_killing_the_nats_server_that_leads_the_events_stream_loses_nothin
 
         after = [await client.submit(validate_job_spec({**JOB, "name": f"after-{i}"})) for i in range(6)]
         jobs = before + after
-        view = await client.wait_for(
-            lambda v: all(j in v.jobs and v.jobs[j].state.terminal for j in jobs), 150)
+
+        def all_ended(v: ClusterView) -> bool:
+            seen["states"] = {j: v.jobs[j].state.name if j in v.jobs else None for j in jobs}
+            return all(j in v.jobs and v.jobs[j].state.terminal for j in jobs)
+
+        view = await client.wait_for(all_ended, 150)
         states = {j: view.jobs[j].state for j in jobs}
-        assert set(states.values()) == {JobState.COMPLETED}, f"{states}\n{dump_logs(stack)}"
+        assert set(states.values()) == {JobState.COMPLETED}, states
     except BaseException:
-        print(dump_logs(stack))
+        # Every line of every service and server: what happened after the kill is the question.
+        whole = dump_logs(stack, lines=None, others=nats_cluster.logs())
+        (tmp_path / "logs.txt").write_text(whole)
+        print(f"jobs: {seen.get('states')}\n(kept in {tmp_path / 'logs.txt'})\n{whole}")
         raise
     finally:
         await client.close()

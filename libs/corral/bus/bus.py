@@ -103,11 +103,14 @@ async def _connect(url: str, **options: Any) -> Any:
 
     connecting: asyncio.Future[Any] = asyncio.ensure_future(connect(servers, error_cb=on_error, **options))
     waiting: set[asyncio.Future[Any]] = {connecting, failed}
-    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-    if connecting.done():
+    try:
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # cancelled (a process told to stop while it waits for NATS): no connection left trying
+        if not connecting.done():
+            connecting.cancel()
+            await asyncio.gather(connecting, return_exceptions=True)
+    if not connecting.cancelled():
         return connecting.result()
-    connecting.cancel()
-    await asyncio.gather(connecting, return_exceptions=True)
     cause = failed.result()
     where = urlsplit(servers[0])
     raise NatsCertificateError(
@@ -344,7 +347,12 @@ class Bus:
     async def _wait_for_stream(self, config: StreamConfig) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _STREAMS_WAIT
+        said = False
         while not await self._stream_as_declared(config):
+            if not said:
+                said = True
+                _log.info("stream %s: not there as declared yet; waiting up to %.0fs for the services to "
+                          "declare it", config.name, _STREAMS_WAIT)
             if loop.time() > deadline:
                 raise StreamMissing(config.subjects[0] if config.subjects else config.name or "?")
             await asyncio.sleep(0.2)

@@ -42,3 +42,8 @@ def first_credentials(url: str) -> tuple[str | None, str | None]:
     first = urlsplit(server_urls(url)[0])
     return (unquote(first.username) if first.username is not None else None,
             unquote(first.password) if first.password is not None else None)
+
+
+def addresses(url: str) -> str:
+    """`host:port` of each server of `url`, comma-separated, without credentials: for log lines."""
+    return ", ".join(f"{where.hostname}:{where.port or 4222}" for where in map(urlsplit, server_urls(url)))
