@@ -8,6 +8,8 @@ listing the three servers. Jobs are submitted, the server leading the events str
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -21,6 +23,8 @@ import pytest
 from corral.bus import Bus
 from corral.bus.auth import nats_authorization, superuser
 from corral.bus.limits import BusLimits
+from corral.client import Client
+from corral.contracts.envelope import job_stream
 from corral.contracts.jobspec import validate_job_spec
 from corral.projection import ClusterView, JobState
 from corral.stack.up import Stack, StackOptions
@@ -40,6 +44,30 @@ def nats_cluster() -> Iterator[NatsCluster]:
         yield cluster.start()
     finally:
         cluster.stop()
+
+
+async def diagnosis(client: Client, jobs: list[str]) -> str:
+    """What the log holds of each job not ended, and where each durable of the streams stands."""
+    lines = []
+    states = {}
+    with contextlib.suppress(Exception):
+        states = {j: v.state for j, v in (await client.view()).jobs.items() if j in jobs}
+    for job in [j for j in jobs if not (j in states and states[j].terminal)]:
+        with contextlib.suppress(Exception):
+            events = await client.store.read_stream(job_stream(job))
+            lines.append(f"job {job}: " + ", ".join(f"{e.type}@{e.position}" for e in events))
+    for kind in ("events", "inbox"):
+        stream = client.bus.names.stream(kind)
+        with contextlib.suppress(Exception):
+            info = await asyncio.wait_for(client.bus.js.stream_info(stream), 10)
+            lines.append(f"stream {stream}: last seq {info.state.last_seq}, leader "
+                         f"{info.cluster.leader if info.cluster else None}")
+            for name in await asyncio.wait_for(client.bus.js.consumers_info(stream), 10):
+                lines.append(f"  {name.name}: delivered {name.delivered.stream_seq}, ack floor "
+                             f"{name.ack_floor.stream_seq}, pending {name.num_pending}, ack pending "
+                             f"{name.num_ack_pending}, redelivered {name.num_redelivered}, waiting "
+                             f"{name.num_waiting}, leader {name.cluster.leader if name.cluster else None}")
+    return "\n".join(lines)
 
 
 async def test_killing_the_nats_server_that_leads_the_events_stream_loses_nothing(
@@ -92,6 +120,7 @@ async def test_killing_the_nats_server_that_leads_the_events_stream_loses_nothin
         states = {j: view.jobs[j].state for j in jobs}
         assert set(states.values()) == {JobState.COMPLETED}, states
     except BaseException:
+        print(await diagnosis(client, list(seen.get("states") or {})))
         # Every line of every service and server: what happened after the kill is the question.
         whole = dump_logs(stack, lines=None, others=nats_cluster.logs())
         (tmp_path / "logs.txt").write_text(whole)

@@ -44,6 +44,7 @@ _log = logging.getLogger("corral.bus")
 DUPLICATE_WINDOW = 120.0  # seconds; a republish later than this is a new message to JetStream
 _NO_RESPONDERS = "503"  # status header NATS sends to the reply subject when no stream took a publish
 _STREAM_IN_USE = 10058  # JetStream error code: stream name already in use with another config
+_NO_SUITABLE_PEERS = 10005  # JetStream error code: not enough servers for the replicas asked for
 
 
 class _PubAckReply(msgspec.Struct):
@@ -118,6 +119,13 @@ async def _connect(url: str, **options: Any) -> Any:
         f"the NATS server at {where.hostname}:{where.port} did not prove it is the one this CA "
         f"certified ({cause.verify_message}): check CORRAL_NATS_CA / the context's `nats_ca` names the "
         "`tls/ca.pem` of the `corral up` that runs this server") from cause
+
+
+def _cluster_forming(exc: BaseException) -> bool:
+    """JetStream's 10005 "no suitable peers for placement": fewer servers known than the replicas
+    asked for, as while a cluster's servers still find each other (a start beside it), or for
+    good when it has fewer servers (then the wait for the streams ends with this error)."""
+    return isinstance(exc, APIError) and exc.err_code == _NO_SUITABLE_PEERS
 
 
 #: Roles whose identity may only read stream info (see `corral.bus.auth`): they wait for the streams.
@@ -304,7 +312,8 @@ class Bus:
         replica and an existing stream keeps its replicas, also when another limit is updated.
 
         An unavailable JetStream (`is_unavailable`: a timeout, a 503 "insufficient resources" while
-        a cluster still forms or elects) is waited out for up to `_STREAMS_WAIT` seconds per stream:
+        a cluster still forms or elects; or "no suitable peers" while its servers still find each
+        other) is waited out for up to `_STREAMS_WAIT` seconds per stream:
         a service started beside a NATS cluster that was not ready crashed here (CI, the 3-server
         test: `update_stream` timed out) instead of waiting for its dependency."""
         loop = asyncio.get_running_loop()
@@ -316,7 +325,7 @@ class Bus:
                     await self._declare_stream(config)
                     break
                 except Exception as exc:
-                    if not is_unavailable(exc) or loop.time() > deadline:
+                    if not (is_unavailable(exc) or _cluster_forming(exc)) or loop.time() > deadline:
                         raise
                     attempt += 1
                     delay = UnavailableBackoff().delay(attempt)

@@ -188,17 +188,19 @@ class RunningConsumer:
                     self._fetching = False
                 fetched = len(msgs)
                 self._behind = _more_waiting(msgs)
-                if self._batch_handler is not None and not self._stopping:
-                    await self._settle_batch(msgs)
-                    msgs = []
-                for index, msg in enumerate(msgs):
-                    if self._stopping:
-                        for unhandled in msgs[index:]:
-                            with contextlib.suppress(Exception):
-                                await unhandled.nak()
-                        break
-                    await self._settle(msg, confirm=index == len(msgs) - 1, waiting=msgs[index + 1:])
-                await self._send_acks(confirm=True)
+                try:
+                    await self._handle_fetched(msgs)
+                except Exception as exc:
+                    # Never the end of the consumer: a task that ended here would leave its service
+                    # running without consuming, and nothing would say so. What was not settled
+                    # comes back after ack_wait.
+                    failures += 1
+                    delay = self._unavailable_backoff.delay(failures)
+                    log.log(logging.WARNING if is_unavailable(exc) else logging.ERROR,
+                            "consumer %s: settling a fetched batch failed (%s: %s); fetching again in %.1fs",
+                            self.durable, type(exc).__name__, exc, delay, exc_info=not is_unavailable(exc))
+                    await self._pause(delay)
+                    continue
                 if self._linger > 0 and fetched < self._batch and not self._behind and not self._stopping:
                     # A partial batch means we are keeping up: let the next one gather for a moment
                     # (one fetch round trip, one confirmed ack, one handler pass per batch instead
@@ -207,6 +209,20 @@ class RunningConsumer:
         finally:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
+
+    async def _handle_fetched(self, msgs: list[Any]) -> None:
+        """Hand a fetched batch to the handler(s), settle each message, send the acknowledgements."""
+        if self._batch_handler is not None and not self._stopping:
+            await self._settle_batch(msgs)
+            msgs = []
+        for index, msg in enumerate(msgs):
+            if self._stopping:
+                for unhandled in msgs[index:]:
+                    with contextlib.suppress(Exception):
+                        await unhandled.nak()
+                break
+            await self._settle(msg, confirm=index == len(msgs) - 1, waiting=msgs[index + 1:])
+        await self._send_acks(confirm=True)
 
     async def _fetch(self) -> list[Any]:
         """What is there (up to `batch`), else what arrives within a short gathering window, else
