@@ -52,10 +52,18 @@ async def diagnosis(client: Client, jobs: list[str]) -> str:
     states = {}
     with contextlib.suppress(Exception):
         states = {j: v.state for j, v in (await client.view()).jobs.items() if j in jobs}
-    for job in [j for j in jobs if not (j in states and states[j].terminal)]:
+    for job in sorted(j for j in jobs if not (j in states and states[j].terminal)):
         with contextlib.suppress(Exception):
             events = await client.store.read_stream(job_stream(job))
             lines.append(f"job {job}: " + ", ".join(f"{e.type}@{e.position}" for e in events))
+    stuck = {job_stream(j) for j in jobs if not (j in states and states[j].terminal)}
+    with contextlib.suppress(Exception):  # where the bus holds their events, in its order
+        events = client.bus.names.stream("events")
+        last = (await asyncio.wait_for(client.bus.js.stream_info(events), 10)).state.last_seq
+        for seq in range(1, last + 1):
+            msg = await asyncio.wait_for(client.bus.js.get_msg(events, seq), 10)
+            if (msg.headers or {}).get("Corral-Stream") in stuck:
+                lines.append(f"  bus seq {seq}: {msg.subject} position {(msg.headers or {}).get('Corral-Position')}")
     for kind in ("events", "inbox"):
         stream = client.bus.names.stream(kind)
         with contextlib.suppress(Exception):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -136,6 +137,27 @@ def _too_large(exc: BaseException) -> bool:
         return True
     return isinstance(exc, APIError) and (exc.err_code == _MESSAGE_TOO_LARGE
                                           or "maximum" in str(exc.description or "").lower())
+
+
+#: JetStream stores a message carrying it only right after the message of that id.
+EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
+
+
+def chained(messages: list[Outgoing]) -> list[Outgoing]:
+    """`messages`, each after the first carrying the msg id of the one before it as the id the
+    stream's last message must have (`EXPECTED_LAST_MSG_ID`).
+
+    Why: a batch is sent pipelined, and while a stream's leader changes JetStream may refuse a
+    message ("no responders", 503) and store the next. Republished, the refused one would be
+    stored after it: a job's JobAdmitted before its JobSubmitted, and a service that folds only
+    newer versions of a stream skips the submission for good (the job waits forever, nothing
+    logged). Chained, a message whose predecessor is not the stream's last is refused too (10070,
+    retried with the batch: `corral.bus.unavailable`); a message stored already is answered as a
+    duplicate before its chain is looked at, so republishing a batch stays harmless."""
+    out = messages[:1]
+    for before, message in itertools.pairwise(messages):
+        out.append(replace(message, headers={**(message.headers or {}), EXPECTED_LAST_MSG_ID: before.msg_id}))
+    return out
 
 
 class OutboxRelay:
@@ -250,7 +272,7 @@ class OutboxRelay:
             publishable.append((event, True))
         if messages:
             try:
-                await self.bus.publish_many(messages)
+                await self.bus.publish_many(chained(messages))
             except Exception as exc:
                 if not _too_large(exc):
                     raise

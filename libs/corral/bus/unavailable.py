@@ -62,8 +62,9 @@ _NETWORK_ERRNOS = frozenset({
 UNAVAILABLE: tuple[type[BaseException], ...] = (Unavailable, *_POSTGRES, *_NATS, *_SYSTEM)
 # JetStream API errors that say "not now": 10158, a publish retried with the same message id while
 # the first try is still being stored (its stream's leader moved, or a slow replica quorum). The
-# retry that follows is answered as a duplicate: stored once.
-_TRANSIENT_API_ERRORS = frozenset({10158})
+# retry that follows is answered as a duplicate: stored once. 10070, a message chained to one the
+# stream did not store (the relay's batches, `corral.bus.relay.chained`): the batch is sent again.
+_TRANSIENT_API_ERRORS = frozenset({10158, 10070})
 
 
 def is_unavailable(exc: BaseException) -> bool:
