@@ -19,6 +19,11 @@ from enum import Enum
 from corral import core
 from corral.projection import JobState, JobView, QuotaPhase
 
+#: (queue, GPUs, user, code, message): a waiting job's class and the reason its log records (None:
+#: none yet). A round refuses a class for one reason: a group told that reason word for word is
+#: passed over whole (`Quota._refusals`), not job by job.
+Told = tuple[str, int, str | None, str | None, str | None]
+
 
 class Kind(Enum):
     """How a round counts an active job (`classify`)."""
@@ -55,10 +60,14 @@ class RoundInputs:
         self._core: dict[str, core.PendingJob] = {}
         self._ids: list[str] = []  # the keys of `waiting`, sorted
         self._sorted: tuple[core.PendingJob, ...] | None = ()
+        #: the WAITING jobs by (queue, GPUs, user, recorded reason's code, message) (`told`)
+        self.told: dict[Told, set[str]] = {}
+        self._told_as: dict[str, Told] = {}
 
     def update(self, job_id: str, job: JobView | None) -> None:
         """`job` is the view's job after an event of its own was folded (None: no longer active)."""
         kind = classify(job) if job is not None else Kind.NONE
+        self._untell(job_id)
         was = self.waiting.get(job_id)
         if was is not None and job_id not in self.reserved:
             self.unreserved -= 1
@@ -73,11 +82,16 @@ class RoundInputs:
             if job is not None and kind is Kind.HELD:
                 self._held[job_id] = (job.queue, job.quota_gpus)
             return
+        pending = job.core_pending()
         if kind is Kind.RESERVED:
             self.reserved.add(job_id)
         else:
             self.unreserved += 1
-        pending = job.core_pending()
+            said = job.reason
+            told = (pending.job.queue, pending.job.total_gpus, pending.job.user,
+                    said.code if said is not None else None, said.message if said is not None else None)
+            self._told_as[job_id] = told
+            self.told.setdefault(told, set()).add(job_id)
         if was is None:
             self.waiting[job_id] = job
             bisect.insort(self._ids, job_id)
@@ -85,6 +99,14 @@ class RoundInputs:
         elif self._core[job_id] is not pending:
             self._sorted = None
         self._core[job_id] = pending
+
+    def _untell(self, job_id: str) -> None:
+        told = self._told_as.pop(job_id, None)
+        if told is not None:
+            group = self.told[told]
+            group.discard(job_id)
+            if not group:
+                del self.told[told]
 
     def held(self) -> list[tuple[str, int]]:
         """(queue, GPUs) still reserved by jobs that neither run nor wait with it."""

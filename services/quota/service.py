@@ -20,12 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
-from corral import core
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
 from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, Reason, queue_stream
@@ -260,30 +259,32 @@ class Quota(Service):
                     self._emit(batches, why)
             elif (why := self.pending_event(job, decision.reason)) is not None:
                 self._emit(batches, why)
-        self._refusals(round_, snapshot.pending, by_id, reserved, batches)
+        self._refusals(round_, by_id, reserved, batches)
         # all or nothing, as of the snapshot: after a lost race the next round decides again
         await self.append(batches, expected={stream: seen.get(stream, 0) for stream in batches})
 
-    def _refusals(self, round_: QuotaRound, pending: Sequence[core.PendingJob], by_id: Mapping[str, JobView],
-                  reserved: Container[str], batches: dict[str, list[Event]]) -> None:
+    def _refusals(self, round_: QuotaRound, by_id: Mapping[str, JobView], reserved: set[str],
+                  batches: dict[str, list[Event]]) -> None:
         """A PlacementPending for each waiting job the round refused by class (`QuotaRound.rest`)
-        whose reason is news. Most of a backlog was told its reason word for word already: that
-        is asked here, without a call per job (`ReasonThrottle.news` answers the same)."""
+        whose reason is news. The waiting jobs are kept grouped by class and recorded reason
+        (`RoundInputs.told`): a group told its class's reason word for word is passed over whole
+        (`ReasonThrottle.news` would say no to each), so a round over a backlog of thousands looks
+        at a few groups, not at every job. A job that came, or held quota, when the snapshot was
+        taken (not in `by_id`, in `reserved`) is the next round's to decide."""
         rest, by_user = round_.rest, round_.by_user
         if not rest:
             return
         named = {d.job_id for d in round_.decisions}
-        for p in pending:
-            j = p.job
-            if j.id in named or j.id in reserved:
+        for (queue, gpus, user, code, message), ids in self._inputs.told.items():
+            reason = rest.get((queue, gpus, user if by_user else None))
+            if reason is None or (code == reason.code and message == reason.message):
                 continue
-            reason = rest[(j.queue, j.total_gpus, j.user if by_user else None)]
-            job = by_id[j.id]
-            said = job.reason
-            if said is not None and said.code == reason.code and said.message == reason.message:
-                continue
-            if (why := self.pending_event(job, reason)) is not None:
-                self._emit(batches, why)
+            for job_id in sorted(ids):
+                job = by_id.get(job_id)
+                if job is None or job_id in named or job_id in reserved or job is not self.view.active.get(job_id):
+                    continue
+                if (why := self.pending_event(job, reason)) is not None:
+                    self._emit(batches, why)
 
     @staticmethod
     def _emit(batches: dict[str, list[Event]], event: Event) -> None:

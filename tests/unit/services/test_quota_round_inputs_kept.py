@@ -128,6 +128,14 @@ def test_the_kept_inputs_equal_the_whole_pass_after_every_event(jobs: list[tuple
         expected = [quota.view.jobs[j].core_pending() for j in pending]
         assert len(kept.core_pending()) == len(expected), op
         assert all(a is b for a, b in zip(kept.core_pending(), expected, strict=True)), op
+        # the jobs waiting without quota, grouped by class and the reason their log records
+        told: dict[tuple[Any, ...], set[str]] = {}
+        for j in pending:
+            if j not in reserved:
+                core, said = quota.view.jobs[j].core_pending().job, quota.view.jobs[j].reason
+                told.setdefault((core.queue, core.total_gpus, core.user, said and said.code,
+                                 said and said.message), set()).add(j)
+        assert kept.told == told, op
 
 
 def test_every_kind_is_reached() -> None:
