@@ -88,3 +88,19 @@ async def test_consumers_and_publishers_carry_on_when_the_stream_leader_is_lost(
             await asyncio.sleep(0.2)
     finally:
         await bus.close()
+
+
+async def test_a_client_without_a_replicas_setting_creates_three_replica_streams_in_a_cluster(
+        cluster: NatsCluster, namespace: str) -> None:
+    """A CLI run before the services creates the streams as the services declare them: with one
+    replica they would be remapped to three later, and a server lost before the new replicas
+    catch up can leave such a stream without a leader for minutes."""
+    async with await Bus.connect(cluster.url, namespace) as bus:
+        assert bus.limits.stream_replicas is None
+        await bus.ensure_streams()
+        for kind in ("events", "inbox", "dlq", "logs"):
+            assert (await bus.js.stream_info(bus.names.stream(kind))).config.num_replicas == 3, kind
+    one = cluster.url.split(",")[0]
+    async with await Bus.connect(one, f"{namespace}-one") as bus:  # one server named: one replica
+        await bus.ensure_streams()
+        assert (await bus.js.stream_info(bus.names.stream("events"))).config.num_replicas == 1

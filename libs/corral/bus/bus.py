@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import ssl
 from collections.abc import Mapping, Sequence
@@ -44,6 +45,7 @@ _log = logging.getLogger("corral.bus")
 DUPLICATE_WINDOW = 120.0  # seconds; a republish later than this is a new message to JetStream
 _NO_RESPONDERS = "503"  # status header NATS sends to the reply subject when no stream took a publish
 _STREAM_IN_USE = 10058  # JetStream error code: stream name already in use with another config
+_CLUSTER_REPLICAS = 3  # replicas of a new stream when the URL lists this many servers or more
 _NO_SUITABLE_PEERS = 10005  # JetStream error code: not enough servers for the replicas asked for
 
 
@@ -195,6 +197,9 @@ class Bus:
         self._ack_seq = 0
         #: False for identities that may not create streams: `ensure_streams` waits for them instead.
         self.manages_streams = True
+        #: Replicas of a stream this bus creates without a replicas setting (`BusLimits`): three
+        #: when its URL lists a cluster (`Bus.connect`), else one.
+        self.new_stream_replicas = 1
         #: Inbox subjects `_check_subject` found read (a node agent publishes its few, per rank
         #: start and exit: matched against every inbox pattern each time, 7% of the agents' CPU).
         self._readable_inbox: set[str] = set()
@@ -224,6 +229,8 @@ class Bus:
         tracing.configure(_service_name(name or f"corral-{namespace}"))
         bus = cls(nc, names, limits)
         bus.manages_streams = role not in _STREAM_READERS
+        if len(server_urls(url)) >= _CLUSTER_REPLICAS:
+            bus.new_stream_replicas = _CLUSTER_REPLICAS
         return bus
 
     @property
@@ -308,8 +315,9 @@ class Bus:
         A stream already as declared is left alone without a create call, so clients whose identity
         may only read stream info (node agents, submitters: see `corral.bus.auth`) pass here; they
         wait for every stream but the log stream, which only delays their log chunks.
-        Without a replicas setting (`BusLimits.stream_replicas` None) a stream is created with one
-        replica and an existing stream keeps its replicas, also when another limit is updated.
+        Without a replicas setting (`BusLimits.stream_replicas` None) a stream is created with
+        `new_stream_replicas` (three when the URL lists a cluster's servers, else one) and an
+        existing stream keeps its replicas, also when another limit is updated.
 
         An unavailable JetStream (`is_unavailable`: a timeout, a 503 "insufficient resources" while
         a cluster still forms or elects; or "no suitable peers" while its servers still find each
@@ -344,7 +352,11 @@ class Bus:
             await self._wait_for_stream(config)
             return
         try:
-            await self.js.add_stream(config)
+            # A stream made with one replica in a cluster (by a client run before the services)
+            # and raised to three when the services declare theirs is remapped to a new group: a
+            # server lost before the new replicas catch up can leave it without a leader for minutes.
+            await self.js.add_stream(config if config.num_replicas is not None
+                                     else dataclasses.replace(config, num_replicas=self.new_stream_replicas))
         except BadRequestError as exc:
             if exc.err_code != _STREAM_IN_USE:
                 raise

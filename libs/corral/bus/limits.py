@@ -13,8 +13,9 @@ below, values in bytes or seconds). Pure: reading a mapping, no I/O.
 
 Replicas (`stream_replicas`, CORRAL_STREAM_REPLICAS): how many nats-servers of a JetStream cluster
 hold each stream (3 in a deployment: one server may be lost with nothing lost; 1 for `corral up`'s
-single server). Unset, a stream is created with 1 and an existing stream keeps its replicas: a CLI
-or an agent without the setting must never shrink a deployment's R3 streams to R1.
+single server). Unset, a stream is created with 3 when the NATS URL lists three servers or more
+(a cluster), else 1, and an existing stream keeps its replicas: a CLI or an agent without the
+setting must never shrink a deployment's R3 streams to R1 (`corral.bus.Bus.ensure_streams`).
 """
 
 from __future__ import annotations
