@@ -425,7 +425,9 @@ class SchedulerConfig:
     `preemption_budget_seconds` is no victim until the oldest of them ages out (no preemption
     loops: a low-priority job in a busy cluster is otherwise taken back each time it restarts;
     Slurm's PreemptExemptTime and KAI's min-runtime protect the same way). 0 turns it off;
-    las_thresholds: under FAIR_LAS, the attained GPU-seconds that end each service level (`levels`).
+    las_thresholds: under FAIR_LAS, the attained GPU-seconds that end each service level (`levels`);
+    level_victim_fresh_seconds: under FAIR_LAS, a running job is a level victim only this long
+    after its last checkpoint (or its start), so little work is lost (0: at any time).
     """
 
     order: OrderPolicy = OrderPolicy.FAIR_SHARE
@@ -438,6 +440,7 @@ class SchedulerConfig:
     preemption_budget: int = 2
     preemption_budget_seconds: float = 600.0
     las_thresholds: tuple[float, ...] = (28800.0,)
+    level_victim_fresh_seconds: float = 600.0
 
     @classmethod
     def named(cls, policy: str) -> SchedulerConfig:

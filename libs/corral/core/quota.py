@@ -201,6 +201,19 @@ def within_guarantee(tree: QueueTree, usage: QueueUsage, queue: str, gpus: int, 
     return True
 
 
+def below_guarantee(tree: QueueTree, usage: QueueUsage, queue: str, upto: str | None = None) -> bool:
+    """Whether `queue` (and its ancestors, up to and including `upto`) hold strictly less than
+    their guarantees in active usage: short of what they are owed, whatever the request's size."""
+    if not tree.known(queue):
+        return False
+    for q in tree.path(queue):
+        if usage.active.get(q, 0) >= tree.guarantee[q]:
+            return False
+        if q == upto:
+            break
+    return True
+
+
 def quota_check(
     snapshot: Snapshot,
     job: Job,

@@ -18,6 +18,7 @@ from corral.core.preemption.eligibility import (
     ReclaimCache,
     las_threshold,
     outserved,
+    reclaims_by_whole_jobs,
     same_queue_outranks,
     statically_eligible,
     victim_kind,
@@ -95,13 +96,10 @@ class Candidates:
         job, config = p.job, self.config
         if config.order is OrderPolicy.LAS and config.preemption:
             return self.eligible if config.reclaim else self._las_for(p)
-        if (
-            config.reclaim
-            and config.quotas
-            and tree.known(job.queue)
-            and usage.active.get(job.queue, 0) + job.total_gpus <= tree.guarantee[job.queue]
-        ):
-            return self.eligible
+        if config.reclaim and config.quotas and tree.known(job.queue):
+            held, owed = usage.active.get(job.queue, 0), tree.guarantee[job.queue]
+            if held < owed if reclaims_by_whole_jobs(config) else held + job.total_gpus <= owed:
+                return self.eligible
         return self.same_queue(p) if config.preemption else []
 
     def _las_for(self, p: PendingJob) -> list[RunningJob]:
@@ -251,7 +249,7 @@ class VictimSequence:
         self.items: list[RunningJob] = []
         self.kinds: dict[str, ReasonCode] = {}
         self.gpus = 0
-        self.cache = ReclaimCache(tree, self.work, pending.job)
+        self.cache = ReclaimCache(tree, self.work, pending.job, reclaims_by_whole_jobs(config))
 
     def extend(self, k: int) -> bool:
         """Grow to at least k victims; False when fewer exist."""

@@ -7,6 +7,10 @@ between the two it drifts. Here the whole rule lives in one place:
 - `victim_kind`: for one preemptor, the reason a running job may be its victim (priority within
   a queue, LAS, a higher service level within a queue under FAIR_LAS, reclaim of guarantee from a
   borrowing sibling subtree), or None;
+- under FAIR_LAS a level victim is one checkpointed lately (`fresh`), and reclaim goes by whole
+  jobs: a queue short of its guarantee reclaims a job that may take it past it (a gang of 8 for a
+  queue owed 22.9 GPUs and holding 16), and only from a sibling that keeps its own guarantee after
+  losing the victim (no reclaim back and forth);
 - `same_queue_outranks` and `las_threshold`: the parts of `victim_kind` the candidate listing
   filters by (a superset, so that `victim_kind` still decides);
 - `spared`: the running jobs a waiting job may never preempt because of their history (no
@@ -20,7 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from corral.core.decisions import ReasonCode
 from corral.core.levels import level
 from corral.core.model import Job, OrderPolicy, PendingJob, RunningJob, SchedulerConfig
-from corral.core.quota import QueueTree, QueueUsage, within_guarantee
+from corral.core.quota import QueueTree, QueueUsage, below_guarantee, within_guarantee
 
 
 def budget_spent(preempted_at: Sequence[float], now: float, config: SchedulerConfig) -> bool:
@@ -67,7 +71,16 @@ def outserved(config: SchedulerConfig, pending: PendingJob, r: RunningJob, now: 
     th = config.las_thresholds
     return (config.order is OrderPolicy.FAIR_LAS and r.job.queue == pending.job.queue
             and r.placement.gpu_count <= pending.job.total_gpus
-            and level(r.attained(now), th) > level(pending.attained_gpu_seconds, th))
+            and level(r.attained(now), th) > level(pending.attained_gpu_seconds, th)
+            and fresh(config, r, now))
+
+
+def fresh(config: SchedulerConfig, r: RunningJob, now: float) -> bool:
+    """Whether `r` checkpointed (or started) within `level_victim_fresh_seconds` (0: any time):
+    a level victim taken soon after its checkpoint loses little work, and a preemptor that finds
+    none waits at most one checkpoint interval for one."""
+    window = config.level_victim_fresh_seconds
+    return window <= 0 or r.lost_work(now) <= window * r.job.total_gpus
 
 
 def las_threshold(config: SchedulerConfig, mine: float) -> float:
@@ -90,8 +103,8 @@ class ReclaimCache:
     victim's queue and the preemptor's meet at, and whether the preemptor is entitled there
     (victims only leave other subtrees, so the preemptor's own usage is fixed)."""
 
-    def __init__(self, tree: QueueTree, usage: QueueUsage, job: Job):
-        self.tree, self.usage, self.job = tree, usage, job
+    def __init__(self, tree: QueueTree, usage: QueueUsage, job: Job, by_whole_jobs: bool = False):
+        self.tree, self.usage, self.job, self.by_whole_jobs = tree, usage, job, by_whole_jobs
         self._sides: dict[str, tuple[str, str]] = {}
         self._entitled: dict[str, bool] = {}
 
@@ -107,10 +120,21 @@ class ReclaimCache:
     def entitled(self, mine_side: str) -> bool:
         e = self._entitled.get(mine_side)
         if e is None:
-            e = self._entitled[mine_side] = within_guarantee(
-                self.tree, self.usage, self.job.queue, self.job.total_gpus, upto=mine_side
-            )
+            e = self._entitled[mine_side] = entitled(self.tree, self.usage, self.job, mine_side, self.by_whole_jobs)
         return e
+
+
+def reclaims_by_whole_jobs(config: SchedulerConfig) -> bool:
+    """FAIR_LAS reclaims by whole jobs (module docstring); the other policies by the guarantee's GPUs."""
+    return config.order is OrderPolicy.FAIR_LAS
+
+
+def entitled(tree: QueueTree, usage: QueueUsage, job: Job, upto: str | None, by_whole_jobs: bool) -> bool:
+    """Whether `job` may reclaim: its queue short of its guarantee (`by_whole_jobs`), else still
+    within it with the job's GPUs added."""
+    if by_whole_jobs:
+        return below_guarantee(tree, usage, job.queue, upto=upto)
+    return within_guarantee(tree, usage, job.queue, job.total_gpus, upto=upto)
 
 
 def victim_kind(
@@ -138,25 +162,23 @@ def victim_kind(
     if config.preemption and outserved(config, pending, r, now):
         return ReasonCode.PREEMPTED_FOR_LAS
     if config.reclaim and config.quotas and r.job.queue != job.queue and tree.known(job.queue):
-        return _reclaim_kind(tree, usage, job, r, cache)
+        return _reclaim_kind(tree, usage, job, r, cache, reclaims_by_whole_jobs(config))
     return None
 
 
 def _reclaim_kind(
-    tree: QueueTree, usage: QueueUsage, job: Job, r: RunningJob, cache: ReclaimCache | None
+    tree: QueueTree, usage: QueueUsage, job: Job, r: RunningJob, cache: ReclaimCache | None, by_whole_jobs: bool
 ) -> ReasonCode | None:
-    """Across queues, only to reclaim guarantee: the preemptor stays within its guarantee and the
-    victim's sibling subtree borrows (is over its own guarantee)."""
+    """Across queues, only to reclaim guarantee: the preemptor is entitled (`entitled`) and the
+    victim's sibling subtree borrows (is over its own guarantee; by whole jobs: stays at or over
+    it without the victim)."""
     mine_side, their_side = lca_children(tree, job.queue, r.job.queue) if cache is None else cache.sides(r.job.queue)
     if mine_side == their_side:
         return None  # one queue is the other's ancestor: not a reclaim between siblings
-    entitled = (
-        within_guarantee(tree, usage, job.queue, job.total_gpus, upto=mine_side)
-        if cache is None
-        else cache.entitled(mine_side)
-    )
-    if not entitled:
+    allowed = entitled(tree, usage, job, mine_side, by_whole_jobs) if cache is None else cache.entitled(mine_side)
+    if not allowed:
         return None
-    if usage.active.get(their_side, 0) > tree.guarantee.get(their_side, 0):
+    theirs, owed = usage.active.get(their_side, 0), tree.guarantee.get(their_side, 0)
+    if (theirs - r.placement.gpu_count >= owed) if by_whole_jobs else theirs > owed:
         return ReasonCode.RECLAIMED_FOR_GUARANTEE
     return None

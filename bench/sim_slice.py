@@ -1,0 +1,78 @@
+"""Replay a slice of the Philly trace (jobs [a, b) of the file, the clock shifted to start at 0) per
+policy, one process, and print the verdict figures with the replay's CPU seconds.
+
+Why a slice: the whole Sep-Oct replay at 40 x 8 takes ~10 min of CPU per policy; a busy slice
+(jobs 20,000-26,000 has the deepest contention of the first weeks) answers in seconds and moves
+with the whole trace's figures. Queues: every queue in the slice gets an equal guarantee.
+
+Run: .venv/bin/python bench/sim_slice.py [--start 20000] [--stop 26000] [--cluster 40x8:H100]
+     [--policies corral,fair-las] [--profile FILE] [--queues]
+`--profile FILE` writes cProfile stats of the last policy's replay to FILE (read with pstats);
+`--queues` prints each queue's mean allocation / fair share and share of GPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import time
+from pathlib import Path
+
+from machine_probe import probe_line
+
+from corral.sim import load_workload, run_simulation
+from corral.sim.api import SimResult
+from corral.sim.versus import verdict_rows
+from corral.sim.workload import normalised
+
+TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "philly_2017_sep_oct.csv"
+
+
+def replay(jobs: list, cluster: str, policy: str, profile: Path | None) -> tuple[SimResult, float]:
+    """One policy's replay of the slice and its CPU seconds (`time.process_time`)."""
+    workload = normalised(jobs, "slice", [])
+    profiler = cProfile.Profile() if profile is not None else None
+    started = time.process_time()
+    if profiler is not None:
+        profiler.enable()
+    result = run_simulation(workload, cluster, policy=policy)
+    if profiler is not None:
+        profiler.disable()
+        assert profile is not None
+        profiler.dump_stats(str(profile))
+    return result, time.process_time() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--start", type=int, default=20000)
+    parser.add_argument("--stop", type=int, default=26000)
+    parser.add_argument("--cluster", default="40x8:H100")
+    parser.add_argument("--policies", default="corral,fair-las")
+    parser.add_argument("--profile", type=Path)
+    parser.add_argument("--queues", action="store_true")
+    args = parser.parse_args()
+    print(probe_line(), flush=True)
+    jobs = list(load_workload(f"philly:{args.trace}").jobs[args.start:args.stop])
+    results, cpu = [], {}
+    for policy in args.policies.split(","):
+        result, cpu[policy] = replay(jobs, args.cluster, policy, args.profile)
+        results.append(result)
+    for row in verdict_rows(results):
+        waits = " ".join(f"{c}:{w / 3600:.2f}" for c, w in row["gang_class_avg_wait_seconds"].items())
+        idle = " ".join(f"{c}:{v * 100:.1f}" for c, v in row["idle_share"].items())
+        print(f"{row['policy']:9s} jct {row['avg_jct_seconds'] / 3600:.2f} h ({row['avg_jct_vs_baseline']:.2f}) "
+              f"p95 {row['p95_jct_seconds'] / 3600:.1f} h util {row['utilisation'] * 100:.1f}% "
+              f"jain {row['jain_fairness']:.3f} loss {row['preemption_loss_share'] * 100:.2f}% "
+              f"cpu {cpu[row['policy']]:.1f} s | waits h {waits} | idle % {idle}")
+    if args.queues:
+        for r in results:
+            figures = " ".join(f"{q.name[:6]}:{q.mean_fair_share_ratio or 0:.2f}/{q.share_of_gpu_time * 100:.0f}%"
+                               for q in r.summary.queues)
+            print(f"{r.policy:9s} queues (alloc/fair, GPU time) {figures}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
