@@ -5,7 +5,7 @@ Why a slice: the whole Sep-Oct replay at 40 x 8 takes ~10 min of CPU per policy;
 (jobs 20,000-26,000 has the deepest contention of the first weeks) answers in seconds and moves
 with the whole trace's figures. Queues: every queue in the slice gets an equal guarantee.
 
-Run: .venv/bin/python bench/sim_slice.py [--start 20000] [--stop 26000] [--cluster 40x8:H100]
+Run: .venv/bin/python bench/sim_slice.py [--start A] [--stop B] [--cluster 40x8:H100]
      [--policies corral,fair-las] [--profile FILE] [--queues]
 `--profile FILE` writes cProfile stats of the last policy's replay to FILE (read with pstats);
 `--queues` prints each queue's mean allocation / fair share and share of GPU time.

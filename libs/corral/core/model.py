@@ -422,13 +422,10 @@ class SchedulerConfig:
     las_preemption_ratio: under LAS, a pending job may preempt a running one whose attained
     service is at least this many times its own (and more than `las_min_gap_gpu_seconds` apart);
     preemption_budget: a job already preempted this many times within the last
-    `preemption_budget_seconds` is no victim until the oldest of them ages out (no preemption
-    loops: a low-priority job in a busy cluster is otherwise taken back each time it restarts;
-    Slurm's PreemptExemptTime and KAI's min-runtime protect the same way). 0 turns it off;
-    las_thresholds: under FAIR_LAS, the attained GPU-seconds that end each service level (`levels`);
-    level_victim_fresh_seconds: under FAIR_LAS, a running job is a level victim only this long
-    after its last checkpoint (or its start), so little work is lost (0: at any time).
-    """
+    `preemption_budget_seconds` is no victim until the oldest of them ages out (no preemption loops,
+    as Slurm's PreemptExemptTime and KAI's min-runtime protect). 0 turns it off; FAIR_LAS:
+    `las_thresholds` end each service level in attained GPU-seconds (`levels`), and a level victim
+    is taken `level_victim_fresh_seconds` after its checkpoint at most (`eligibility.fresh`)."""
 
     order: OrderPolicy = OrderPolicy.FAIR_SHARE
     backfill: bool = True

@@ -13,6 +13,12 @@ holds at each instant, judged on the idle GPUs as the records place them:
 A job of one replica needs that many idle GPUs on one node; a gang of R replicas of G GPUs needs R
 nodes with G idle GPUs each (Philly's gangs are whole 8-GPU nodes).
 
+The utilisation bound: the most any schedule of the same jobs can reach without losing work to
+preemption (`utilisation_bound`): their GPU-seconds over the capacity times the shortest makespan
+possible, which is no shorter than any job's submit time plus its duration, nor than the fluid
+drain (for every submit time s, s plus the GPU-seconds submitted at or after s over the capacity).
+What a schedule leaves idle below it is the arrivals' (nothing to run); above it, the schedule's.
+
 Gang classes: jobs by GPU count rounded up to a power of two (1, 2, 4, 8, 16, ...); a class's
 wait is the mean of first start - submit over its started jobs.
 """
@@ -56,6 +62,19 @@ def gang_waits(records: Sequence[JobRecord]) -> dict[int, tuple[int, float]]:
             acc[0] += 1
             acc[1] += r.start - r.submit
     return {c: (int(n), total / n) for c, (n, total) in sorted(sums.items())}
+
+
+def utilisation_bound(records: Sequence[JobRecord], capacity: int) -> float:
+    """The utilisation no schedule of `records`' jobs exceeds without losing work (module docstring)."""
+    if not records or capacity <= 0:
+        return 0.0
+    work = sum(r.gpus * r.duration for r in records)
+    makespan = max(r.submit + r.duration for r in records)
+    later = 0.0  # GPU-seconds submitted at or after the current submit time
+    for r in sorted(records, key=lambda r: r.submit, reverse=True):
+        later += r.gpus * r.duration
+        makespan = max(makespan, r.submit + later / capacity)
+    return work / (capacity * makespan) if makespan > 0 else 0.0
 
 
 def idle_breakdown(records: Sequence[JobRecord], cluster: Cluster, queues: Sequence[QueueConfig]) -> IdleBreakdown:

@@ -143,11 +143,13 @@ def render_comparison(results: Sequence[SimResult]) -> str:
 
 def render_result(result: SimResult) -> str:
     """One policy: the summary table, where it left GPUs idle and the per-queue shares."""
-    from corral.sim.idle import CATEGORIES, idle_breakdown
+    from corral.sim.idle import CATEGORIES, idle_breakdown, utilisation_bound
 
     idle = idle_breakdown(result.records, result.cluster, result.queues)
     split = ", ".join(f"{c.replace('_', ' ')} {idle.share(c) * 100:.1f}%" for c in CATEGORIES)
-    lines = [render_comparison([result]), f"idle GPU time (share of capacity): {split}", "",
+    bound = utilisation_bound(result.records, result.cluster.total_gpus)
+    lines = [render_comparison([result]), f"idle GPU time (share of capacity): {split}",
+             f"utilisation bound (any schedule of these jobs, no work lost): {bound * 100:.1f}%", "",
              _queue_table(result.summary)]
     waiting = len(result.final_reasons)
     if waiting:

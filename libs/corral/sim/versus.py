@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from corral.sim.idle import CATEGORIES, gang_waits, idle_breakdown
+from corral.sim.idle import CATEGORIES, gang_waits, idle_breakdown, utilisation_bound
 
 if TYPE_CHECKING:
     from corral.sim.api import SimResult
@@ -43,6 +43,7 @@ def verdict_rows(results: Sequence[SimResult], baseline: str | None = None) -> l
             "largest_gang_class_avg_wait_seconds": waits.get(largest, (0, None))[1],
             "gang_class_avg_wait_seconds": {str(c): w for c, (_, w) in waits.items()},
             "idle_share": idle.to_json(),
+            "utilisation_bound": utilisation_bound(r.records, r.cluster.total_gpus),
         })
     return rows
 
@@ -69,7 +70,10 @@ def render_verdict(rows: Sequence[dict[str, Any]]) -> str:
     for row in rows:
         idle.append([row["policy"], *(f"{row['idle_share'][c] * 100:.1f}%" for c in CATEGORIES)])
     title = f"normalised to {rows[0]['baseline']} (avg and p95 JCT); preemption loss: share of GPU time held"
-    return "\n".join([title, *_grid(table), "", *_grid(idle)]) if rows else "no results"
+    if not rows:
+        return "no results"
+    bound = f"utilisation bound (any schedule of these jobs, no work lost): {rows[0]['utilisation_bound'] * 100:.1f}%"
+    return "\n".join([title, *_grid(table), "", *_grid(idle), bound])
 
 
 def _grid(table: list[list[str]]) -> list[str]:

@@ -9,7 +9,7 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.core import Cluster, PendingJob, Preempt, QueueConfig, SchedulerConfig, schedule
+from corral.core import Cluster, PendingJob, Preempt, QueueConfig, RunningJob, SchedulerConfig, schedule
 from corral.core.levels import in_queue_key, level
 from corral.core.model import OrderPolicy
 from corral.core.ordering import order_pending
@@ -64,15 +64,57 @@ def test_without_thresholds_fair_las_orders_as_fair_share(pending: list[PendingJ
 
 
 def test_a_new_job_preempts_its_queues_job_of_a_higher_level_never_one_of_its_own_level() -> None:
-    """1x2: queue a runs `long` (1 GPU since t=0: 1,000 GPU-s at t=1,000, level 1 of (500,)) and
-    `young` (1 GPU since t=900: level 0). The new job `new` (level 0) preempts `long` only."""
+    """1x2: queue a runs `long` (1 GPU since t=0, checkpointed at t=900: 950 GPU-s at t=950,
+    level 1 of (500,)) and `young` (1 GPU since t=900: level 0). The new job `new` (level 0)
+    preempts `long` only."""
     cluster = Cluster.uniform(1, 2, "H100")
-    runs = [running(job("long", queue="a"), [("n000", (0,))], start=0.0),
+    runs = [running(job("long", queue="a"), [("n000", (0,))], start=0.0, checkpoint=900.0),
             running(job("young", queue="a"), [("n000", (1,))], start=900.0)]
     snap = snapshot(cluster, [job("new", queue="a", submit_time=950.0)], runs, queues=[QueueConfig("a", 2)])
     decisions = schedule(snap, _config((500.0,)))
     assert [(d.job_id, d.victims) for d in decisions if isinstance(d, Preempt)] == [("new", ("long",))]
     assert not [d for d in schedule(snap, _config((5000.0,))) if isinstance(d, Preempt)]  # both at level 0
+
+
+def test_a_level_victim_is_one_checkpointed_lately() -> None:
+    """1x1: queue a runs `long` (level 1 of (500,)); its last checkpoint is 700 s old at t=950,
+    more than the 600 s window: the new job waits. Checkpointed 100 s ago, it is taken; with the
+    window off (0), any time."""
+    cluster = Cluster.uniform(1, 1, "H100")
+    pending = [job("new", queue="a", submit_time=950.0)]
+
+    def victims(checkpoint: float, window: float) -> list[tuple[str, tuple[str, ...]]]:
+        runs = [running(job("long", queue="a"), [("n000", (0,))], start=0.0, checkpoint=checkpoint)]
+        config = dataclasses.replace(_config((500.0,)), level_victim_fresh_seconds=window)
+        decisions = schedule(snapshot(cluster, pending, runs, queues=[QueueConfig("a", 1)]), config)
+        return [(d.job_id, d.victims) for d in decisions if isinstance(d, Preempt)]
+
+    assert victims(250.0, 600.0) == []
+    assert victims(850.0, 600.0) == [("new", ("long",))]
+    assert victims(250.0, 0.0) == [("new", ("long",))]
+
+
+def test_fair_las_reclaims_by_whole_jobs_from_a_queue_that_keeps_its_guarantee() -> None:
+    """4x8, guarantees a 12, b 12, c 8 (fair share 32): a holds 8 (a node), b 16 + 8 of 1-GPU
+    jobs, c 0. a's new 8-GPU gang takes a to 16, past its 12: fair share does not reclaim for it
+    (a would exceed its guarantee), fair-las does (a is short of it), from b's 1-GPU jobs on one
+    node (b keeps 16 >= 12). With b at 16 (its two nodes of 8) and c's gang on the last node, a
+    reclaims nothing: b would fall to 8, c to 0, below their guarantees."""
+    cluster = Cluster.uniform(4, 8, "H100")
+    queues = [QueueConfig("a", 12), QueueConfig("b", 12), QueueConfig("c", 8)]
+    mine = running(job("mine", gpus=8, queue="a"), [("n000", tuple(range(8)))], start=0.0)
+    gangs = [running(job(f"g{i}", gpus=8, queue="b"), [(f"n00{i}", tuple(range(8)))], start=0.0) for i in (1, 2)]
+    ones = [running(job(f"o{g}", queue="b"), [("n003", (g,))], start=0.0, checkpoint=900.0) for g in range(8)]
+    pending = [job("new", gpus=8, queue="a", submit_time=950.0)]
+
+    def reclaimed(config: SchedulerConfig, runs: list[RunningJob]) -> list[tuple[str, ...]]:
+        decisions = schedule(snapshot(cluster, pending, runs, queues=queues, now=1000.0), config)
+        return [d.victims for d in decisions if isinstance(d, Preempt)]
+
+    assert reclaimed(SchedulerConfig(), [mine, *gangs, *ones]) == []
+    assert reclaimed(_config((1e9,)), [mine, *gangs, *ones]) == [tuple(f"o{g}" for g in range(8))]
+    theirs = running(job("theirs", gpus=8, queue="c"), [("n003", tuple(range(8)))], start=0.0, checkpoint=900.0)
+    assert reclaimed(_config((1e9,)), [mine, *gangs, theirs]) == []
 
 
 def test_fair_las_never_preempts_another_queues_job_for_service() -> None:
@@ -91,8 +133,8 @@ def test_a_level_preemption_takes_no_victim_larger_than_the_preemptor() -> None:
     larger than it), never `gang`. With the node full (`rest`, 3 GPUs, level 0), a new 2-GPU job
     preempts nobody: `one` frees 1 GPU of its 2, and `gang` (4 GPUs) is larger than it."""
     cluster = Cluster.uniform(1, 8, "H100")
-    runs = [running(job("gang", gpus=4, queue="a"), [("n000", (0, 1, 2, 3))], start=0.0),
-            running(job("one", queue="a"), [("n000", (4,))], start=0.0)]
+    runs = [running(job("gang", gpus=4, queue="a"), [("n000", (0, 1, 2, 3))], start=0.0, checkpoint=900.0),
+            running(job("one", queue="a"), [("n000", (4,))], start=0.0, checkpoint=900.0)]
     queues = [QueueConfig("a", 8)]
     snap = snapshot(cluster, [job("new", gpus=4, queue="a", submit_time=950.0)], runs, queues=queues)
     assert [(d.job_id, d.victims) for d in schedule(snap, _config((500.0,))) if isinstance(d, Preempt)] == [

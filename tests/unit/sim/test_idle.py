@@ -4,7 +4,7 @@ worked out by hand on small schedules."""
 from __future__ import annotations
 
 from corral.core import Cluster, QueueConfig
-from corral.sim.idle import gang_class, gang_waits, idle_breakdown
+from corral.sim.idle import gang_class, gang_waits, idle_breakdown, utilisation_bound
 from corral.sim.records import Interval, JobRecord, RankRecord
 
 
@@ -42,3 +42,17 @@ def test_idle_gpus_a_waiting_job_fits_on_are_held_or_at_a_ceiling_and_a_big_gang
     assert idle.seconds == {"nothing_waiting": 30, "held": 40, "quota_ceilings": 100, "fragmentation": 0,
                             "gangs_larger_than_idle": 100}
     assert [gang_class(g) for g in (1, 2, 3, 4, 5, 8, 12, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
+
+
+def _job(gpus: int, submit: float, duration: float) -> JobRecord:
+    return JobRecord(f"j{submit}-{gpus}", "q", gpus, 1, gpus, 0, submit, duration, {})
+
+
+def test_the_utilisation_bound_is_the_work_over_the_shortest_makespan_possible() -> None:
+    """4 GPUs. a (4 GPUs x 100 s) and b (4 x 100) at 0 drain no sooner than 200: 800 / (4 x 200) = 1.
+    c (1 GPU x 300 s) at 0 ends no sooner than 300: 1,100 / (4 x 300). With d (4 x 50) at 250,
+    the fluid drain from 250 ends at 300 too, and from 0 at (1,100 + 200) / 4 = 325."""
+    assert utilisation_bound([_job(4, 0, 100), _job(4, 0, 100)], 4) == 1.0
+    assert utilisation_bound([_job(4, 0, 100), _job(4, 0, 100), _job(1, 0, 300)], 4) == 1100 / 1200
+    assert utilisation_bound([_job(4, 0, 100), _job(4, 0, 100), _job(1, 0, 300), _job(4, 250, 50)], 4) == 1300 / 1300
+    assert utilisation_bound([], 4) == 0.0

@@ -92,13 +92,14 @@ def test_compare_prints_the_verdict_table_against_the_baseline_and_its_json(tmp_
                               "--policy", "fifo,fair-las", "--baseline", "fifo", "--json", str(out)])
     assert ran.exit_code == 0, ran.output
     assert "normalised to fifo" in ran.output and "Jain (queues)" in ran.output and "2-GPU class wait" in ran.output
-    assert "fragmentation" in ran.output and "quota ceilings" in ran.output
+    assert "fragmentation" in ran.output and "quota ceilings" in ran.output and "utilisation bound" in ran.output
     verdict = json.loads(out.read_text())["verdict"]
     assert [v["policy"] for v in verdict] == ["fifo", "fair-las"] and verdict[0]["avg_jct_vs_baseline"] == 1.0
+    assert 0 < verdict[1]["utilisation_bound"] <= 1
     assert set(verdict[1]["idle_share"]) == {"nothing_waiting", "held", "quota_ceilings", "fragmentation",
                                              "gangs_larger_than_idle"}
     wrong = runner.invoke(app, ["sim", "compare", "--trace", str(_workload(tmp_path)), "--cluster", "1x4:H100",
                                 "--policy", "fifo", "--baseline", "las"])
     assert wrong.exit_code == 2 and "--baseline 'las' is not one of the policies compared" in wrong.output
     single = runner.invoke(app, ["sim", "--trace", str(_workload(tmp_path)), "--cluster", "1x4:H100"])
-    assert "idle GPU time (share of capacity)" in single.output
+    assert "idle GPU time (share of capacity)" in single.output and "utilisation bound" in single.output
