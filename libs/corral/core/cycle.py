@@ -348,7 +348,7 @@ class Cycle:
             plan = plan_preemption(
                 self.snapshot, p, self.config, free=self.fi, tree=self.tree, usage=self.usage,
                 candidates=candidates, taken=self.gpus.victims, check_quota=check_quota,
-                releasing=self.gpus.releasing, presorted=True, explain=False,
+                releasing=self.gpus.releasing, presorted=True, explain=False, eligible=True,
             )
         if not isinstance(plan, PreemptionPlan):
             self.fast.no_preempt.add(key)

@@ -240,8 +240,10 @@ class VictimSequence:
         usage: QueueUsage,
         pending: PendingJob,
         ordered: list[RunningJob],
+        eligible: bool = False,
     ):
-        self.now, self.config, self.tree = now, config, tree
+        """`eligible`: every job in `ordered` is `statically_eligible` at `now` (a `Candidates` list)."""
+        self.now, self.config, self.tree, self.eligible = now, config, tree, eligible
         self.work = usage.copy()
         self.pending = pending
         self.ordered = ordered
@@ -256,7 +258,7 @@ class VictimSequence:
         while len(self.items) < k and self.pos < len(self.ordered):
             r = self.ordered[self.pos]
             self.pos += 1
-            kind = victim_kind(self.now, self.config, self.tree, self.work, self.pending, r, self.cache)
+            kind = victim_kind(self.now, self.config, self.tree, self.work, self.pending, r, self.cache, self.eligible)
             if kind is None:
                 continue
             self.items.append(r)

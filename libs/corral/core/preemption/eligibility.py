@@ -145,11 +145,13 @@ def victim_kind(
     pending: PendingJob,
     r: RunningJob,
     cache: ReclaimCache | None = None,
+    eligible: bool = False,
 ) -> ReasonCode | None:
     """Why `r` may be preempted for `pending` right now (`usage` as the plan has it so far), or
-    None when it may not."""
+    None when it may not. `eligible`: `r` is known `statically_eligible` at `now` (a cycle's
+    `Candidates` hold only such jobs), not checked again."""
     job = pending.job
-    if not statically_eligible(r, now, config):
+    if not eligible and not statically_eligible(r, now, config):
         return None
     if job.id in r.preempted_by or r.job.id in pending.preempted_by or r.job.id == job.id:
         return None  # no ping-pong, and never twice by the same preemptor

@@ -50,6 +50,7 @@ def plan_preemption(
     releasing: dict[int, int] | None = None,
     presorted: bool = False,
     explain: bool = True,
+    eligible: bool = False,
 ) -> PreemptionPlan | Reason | None:
     """The cheapest victim set among `candidates` after which the job fits, or a Reason, or None
     when no running job is an eligible victim at all. `free` is left exactly as it was.
@@ -58,13 +59,14 @@ def plan_preemption(
     `check_quota=False` skips the quota re-check when the job already passes quota without victims
     (removing victims never makes quota worse). GPUs in `releasing` (being released by earlier
     preemptions) count as free for this plan. `explain=False`: a caller that drops the Reason when
-    no victim set fits gets a short one, not worded from every eligible victim.
+    no victim set fits gets a short one, not worded from every eligible victim. `eligible=True`
+    promises every candidate is `statically_eligible` at the snapshot's time (a cycle's `Candidates`).
     """
     now = snapshot.now
     ordered = [r for r in candidates if r.job.id not in taken]
     if not presorted:
         ordered.sort(key=lambda r: victim_cost_key(r, now))
-    seq = VictimSequence(now, config, tree, usage, pending, ordered)
+    seq = VictimSequence(now, config, tree, usage, pending, ordered, eligible)
     if not seq.extend(1):
         return None
     base = Statement(free)
