@@ -98,6 +98,18 @@ def write_json(path: Path, content: Any) -> None:
         raise
 
 
+def write_new_json(path: Path, content: Any) -> None:
+    """Write a file that nothing reads before it is complete, in place (no tmp file renamed over
+    it: each new name costs the disk an inode). For launch.json: written before its stepd starts,
+    and one cut short (the agent died writing it) reads as not launched, so it is launched again."""
+    try:
+        _write_private(path, json.dumps(content, sort_keys=True) + "\n")
+    except OSError:
+        with contextlib.suppress(OSError):  # a part written before the disk filled
+            path.unlink()
+        raise
+
+
 def create_json(path: Path, content: Any) -> bool:
     """Create `path` atomically unless it exists (a hard link refuses to overwrite): True if created."""
     tmp = _tmp(path)
@@ -162,10 +174,10 @@ def last_record(raw: bytes, valid: Callable[[dict[str, Any]], bool] = _is_state)
     return None
 
 
-def file_version(path: Path) -> tuple[int, int, int] | None:
+def file_version(path: str | Path) -> tuple[int, int, int] | None:
     """What changes when `path` is replaced or rewritten (inode, mtime, size); None if missing."""
     try:
-        st = path.stat()
+        st = os.stat(path)
     except OSError:
         return None
     return (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -300,8 +312,14 @@ def read_launch(folder: Path) -> Launch | None:
 
 
 def read_state(folder: Path) -> dict[str, Any] | None:
+    return read_state_file(folder / STATE)
+
+
+def read_state_file(path: str | Path) -> dict[str, Any] | None:
+    """The state `path` (a state.json) holds, or None when it is missing or holds none yet."""
     try:
-        raw = (folder / STATE).read_bytes()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError:
         return None
     return last_record(raw)

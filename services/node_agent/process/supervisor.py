@@ -63,8 +63,10 @@ from .step_files import (
     read_commands,
     read_launch,
     read_state,
+    read_state_file,
     signal_group,
     write_json,
+    write_new_json,
 )
 
 log = logging.getLogger(__name__)
@@ -174,6 +176,10 @@ class _Gang:
     ended: asyncio.Future[GangOutcome] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task[None] | None = None
     pending: list[dict[str, Any]] = field(default_factory=list)  # commands the disk refused so far
+    state_file: str = field(init=False, default="")  # its state.json (the watcher looks at it every poll)
+
+    def __post_init__(self) -> None:
+        self.state_file = os.path.join(self.folder, STATE)
 
     @property
     def assignment(self) -> Assignment:
@@ -182,6 +188,20 @@ class _Gang:
     @property
     def phase(self) -> str | None:
         return self.state["phase"] if self.state else None
+
+
+def _make_attempt_dir(folder: Path) -> None:
+    """Make an attempt's folder (and its job's): a rank run as its submitter reaches its control
+    file there, and reads nothing (0711)."""
+    try:
+        os.mkdir(folder.parent)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:  # no run folder yet
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder)
+    os.chmod(folder, 0o711)
 
 
 class Supervisor:
@@ -286,10 +306,9 @@ class Supervisor:
         if self._launched_here(job, assignment.attempt):
             return GangStart(job, assignment.attempt, {}, {}, already_ended=True)
         folder = attempt_dir(self._run_dir, job, assignment.attempt)
-        folder.mkdir(parents=True, exist_ok=True)
-        folder.chmod(0o711)  # a rank run as its submitter reaches its control file here, and reads nothing
+        _make_attempt_dir(folder)
         launch = Launch(assignment=assignment, cause=cause, kill_grace=self._kill_grace, launched_at=time.time())
-        write_json(folder / LAUNCH, launch.to_json())
+        write_new_json(folder / LAUNCH, launch.to_json())
         gang = _Gang(folder=folder, launch=launch)
         self._gangs[job] = gang
         try:
@@ -346,10 +365,10 @@ class Supervisor:
 
     def _refresh(self, gang: _Gang) -> bool:
         """Read state.json if it changed; True if it did."""
-        version = file_version(gang.folder / STATE)
+        version = file_version(gang.state_file)
         if version == gang.version:
             return False
-        state = read_state(gang.folder)
+        state = read_state_file(gang.state_file)
         if state is None:
             return False
         gang.version = version
