@@ -7,7 +7,8 @@ and this class only turns that file into reports and the agent's decisions into 
 
 - `start` writes `launch.json`, has the fork server (`zygote`) fork the stepd and waits until it
   has spawned the ranks (the agent's consumer does not wait: `wait=False`);
-- a watcher task per gang polls `state.json` (inode/mtime, every `poll_interval`) and calls the
+- a watcher task per gang follows `state.json` (inode/mtime/size, looked at every `poll_interval`
+  by one `StatePoller` for all gangs, which wakes the watcher when it changed) and calls the
   `AgentEvents` callbacks for whatever is new: each report carries the time the stepd recorded,
   so the service builds the same event id from it every time (a report sent twice is one report);
 - `preempt` / `stop` append a command and wake the stepd; `send_*` do it without waiting;
@@ -43,6 +44,7 @@ from corral import environment
 from .assignment import Assignment
 from .control import CheckpointReport
 from .fork_server import ForkServer
+from .state_poller import StatePoller
 from .step_files import (
     ABANDONED,
     COMMANDS,
@@ -412,7 +414,9 @@ class Supervisor:
                         if gang.state is not None:
                             await self._report(gang)
                     continue
-            await asyncio.sleep(self._poll_interval)
+            # until state.json changes, or the next liveness check (one timer for every gang)
+            await StatePoller.shared(self._poll_interval).wait(
+                gang.state_file, gang.version, checked + _LIVENESS_EVERY - loop.time())
         if gang.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 await asyncio.to_thread(gang.proc.wait, 10)
