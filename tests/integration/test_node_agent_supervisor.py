@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.services.node_agent.process.assignment import AGENT_BIN, Assignment, RankAssignment, sim_command
+from corral.services.node_agent.process.step_files import is_reported
 from corral.services.node_agent.process.supervisor import ExitReason, GangEnd, GangOutcome, Supervisor
 from corral.worker import CHECKPOINTED_EXIT_CODE
 from tests.processes import alive, exited
@@ -311,7 +312,7 @@ async def test_a_second_supervisor_adopts_a_detached_gang_and_reports_it_again(t
     assert late.already_running
     outcome = await second.stop("job-1", grace_seconds=2)
     assert outcome is not None and outcome.end is GangEnd.STOPPED and outcome.exits == {0: -15}
-    assert (tmp_path / "run" / "job-1" / "attempt-0" / "reported").exists()
+    assert is_reported(tmp_path / "run" / "job-1" / "attempt-0")
     assert await Supervisor(Recorder(), tmp_path / "run").adopt() == []  # nothing left to report
 
 

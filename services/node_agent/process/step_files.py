@@ -59,6 +59,26 @@ def attempt_dir(run_dir: Path, job_id: str, attempt: int) -> Path:
     return run_dir / job_id / f"attempt-{attempt}"
 
 
+#: An attempt folder's mode once every report of it is published: closed to others (no rank of it
+#: runs any more) and sticky, a bit no mkdir sets from a umask: a marker without a file (each new
+#: name costs the disk an inode).
+REPORTED_MODE = 0o1700
+
+
+def mark_reported(folder: Path) -> None:
+    os.chmod(folder, REPORTED_MODE)
+
+
+def is_reported(folder: Path) -> bool:
+    """Whether the attempt in `folder` is reported: its mode, or a `reported` file in it (a marker too)."""
+    try:
+        if os.stat(folder).st_mode & 0o7777 == REPORTED_MODE:
+            return True
+    except OSError:
+        return False
+    return os.path.exists(os.path.join(folder, REPORTED))
+
+
 def control_path(folder: Path, rank: int) -> Path:
     return folder / f"rank-{rank}.control"
 

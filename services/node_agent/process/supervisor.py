@@ -18,7 +18,7 @@ and this class only turns that file into reports and the agent's decisions into 
 - `detach` (graceful agent stop) forgets the stepds and leaves them running; `close` stops them.
 
 When every report of an ended attempt is published (`gang_ended` returned), the folder is marked
-`reported` and is never reported again. Every rank runs in its own process group, so a signal
+reported (its mode, `mark_reported`) and is never reported again. Every rank runs in its own process group, so a signal
 reaches the rank and everything it spawned and nothing else.
 """
 
@@ -50,7 +50,6 @@ from .step_files import (
     COMMANDS,
     ENDED,
     LAUNCH,
-    REPORTED,
     STARTING,
     STATE,
     STATE_VERSION,
@@ -62,6 +61,8 @@ from .step_files import (
     create_json,
     file_version,
     is_alive,
+    is_reported,
+    mark_reported,
     read_commands,
     read_launch,
     read_state,
@@ -490,7 +491,7 @@ class Supervisor:
             self._ended.popitem(last=False)
         await self._emit(self._events.gang_ended(outcome))  # returns once its reports are published
         with contextlib.suppress(OSError):
-            (gang.folder / REPORTED).touch()
+            mark_reported(gang.folder)
 
     @staticmethod
     def _outcome(gang: _Gang) -> GangOutcome:
@@ -645,7 +646,7 @@ class Supervisor:
         return adopted
 
     def _adoptable(self, folder: Path) -> _Gang | None:
-        if (folder / REPORTED).exists():
+        if is_reported(folder):
             return None
         launch = read_launch(folder)
         if launch is None:
@@ -654,12 +655,12 @@ class Supervisor:
         if read_state(folder) is None and abandon(folder, a.job_id, a.attempt,
                                                   "the agent restarted before the stepd wrote its state"):
             log.warning("%s: launched but never started (the agent stopped first); abandoned", folder)
-            (folder / REPORTED).touch()
+            mark_reported(folder)
             return None
         state = read_state(folder)
         if state is None or state.get("phase") == ABANDONED:
             with contextlib.suppress(OSError):
-                (folder / REPORTED).touch()
+                mark_reported(folder)
             return None
         gang = _Gang(folder=folder, launch=launch, stepd_pid=state.get("stepd_pid"),
                      stepd_started=state.get("stepd_started"))

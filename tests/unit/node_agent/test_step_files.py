@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from corral.services.node_agent.process.assignment import Assignment, RankAssignment
@@ -69,3 +70,19 @@ def test_a_long_state_file_is_replaced_by_its_newest_record(tmp_path: Path, monk
         step_files.append_state(path, _record(n))
     assert path.stat().st_size <= step_files.STATE_COMPACT_AT
     assert step_files.read_state(tmp_path) == _record(1999)
+
+
+def test_an_attempt_is_marked_reported_by_its_folders_mode_and_a_reported_file_still_counts(tmp_path: Path) -> None:
+    from corral.services.node_agent.process.step_files import REPORTED, is_reported, mark_reported
+
+    folder, legacy = tmp_path / "attempt-0", tmp_path / "attempt-1"
+    for f in (folder, legacy):
+        f.mkdir()
+        os.chmod(f, 0o711)
+    assert not is_reported(folder) and not is_reported(legacy) and not is_reported(tmp_path / "gone")
+    mark_reported(folder)
+    assert is_reported(folder) and list(folder.iterdir()) == []  # no file made for it
+    (legacy / REPORTED).touch()
+    assert is_reported(legacy)
+    os.chmod(folder, 0o700)  # closed to others by a umask alone is not the mark
+    assert not is_reported(folder)
