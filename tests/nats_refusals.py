@@ -20,17 +20,15 @@ from corral.bus import Bus
 async def refused(bus: Bus, subject: str, send: Awaitable[object]) -> bool:
     """Whether the server refuses `send`, a publish or request on `subject` through `bus`, not yet
     awaited (it starts here, once the refusal is listened for): the permissions violation for the
-    subject comes back (nats.py hands it to the connection's error callback, lowercased), or no
-    answer comes within `send`'s own timeout."""
+    subject comes back (nats.py hands it to the connection's error callback, lowercased, which
+    passes it to `Bus.error_listeners`), or no answer comes within `send`'s own timeout."""
     violation: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    previous = bus.nc._error_cb
 
-    async def on_error(exc: Exception) -> None:
+    def on_error(exc: Exception) -> None:
         if f'permissions violation for publish to "{subject.lower()}"' in str(exc) and not violation.done():
             violation.set_result(None)
-        await previous(exc)
 
-    bus.nc._error_cb = on_error
+    bus.error_listeners.append(on_error)
     sending = asyncio.ensure_future(send)
     try:
         await asyncio.wait({sending, violation}, return_when=asyncio.FIRST_COMPLETED)
@@ -40,7 +38,7 @@ async def refused(bus: Bus, subject: str, send: Awaitable[object]) -> bool:
     except (TimeoutError, nats.errors.Error):
         return True
     finally:
-        bus.nc._error_cb = previous
+        bus.error_listeners.remove(on_error)
         sending.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await sending

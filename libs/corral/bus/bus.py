@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -89,7 +89,7 @@ class NatsCertificateError(ssl.SSLCertVerificationError):
     certificate for another host, or an impostor): retrying cannot help, so connecting stops."""
 
 
-async def _connect(url: str, **options: Any) -> Any:
+async def _connect(url: str, listeners: Sequence[Callable[[Exception], None]] = (), **options: Any) -> Any:
     """`nats.connect`, which retries forever (`max_reconnect_attempts=-1`: a NATS not up yet is an
     unavailable dependency, not an error), except when the server's certificate fails verification:
     that is a configuration error and is raised at once, naming the URL and what to check.
@@ -103,6 +103,8 @@ async def _connect(url: str, **options: Any) -> Any:
         if isinstance(exc, ssl.SSLCertVerificationError) and not failed.done():
             failed.set_result(exc)
         _log.warning("nats: %s: %s", type(exc).__name__, exc)
+        for listener in list(listeners):
+            listener(exc)
 
     connecting: asyncio.Future[Any] = asyncio.ensure_future(connect(servers, error_cb=on_error, **options))
     waiting: set[asyncio.Future[Any]] = {connecting, failed}
@@ -197,6 +199,9 @@ class Bus:
         self._ack_seq = 0
         #: False for identities that may not create streams: `ensure_streams` waits for them instead.
         self.manages_streams = True
+        #: Called with each error the connection reports asynchronously (a permissions violation,
+        #: a lost server), after it is logged; add and remove freely (`Bus.connect`'s bus only).
+        self.error_listeners: list[Callable[[Exception], None]] = []
         #: Replicas of a stream this bus creates without a replicas setting (`BusLimits`): three
         #: when its URL lists a cluster (`Bus.connect`), else one.
         self.new_stream_replicas = 1
@@ -225,9 +230,12 @@ class Bus:
             # TLS before anything else (the server's `handshake_first`): an impostor on the address
             # that does not hold a certificate of this CA never receives the password.
             identity.update(tls=tls, tls_handshake_first=True)
-        nc = await _connect(url, name=name or f"corral-{namespace}", max_reconnect_attempts=-1, **identity)
+        listeners: list[Callable[[Exception], None]] = []
+        nc = await _connect(url, listeners, name=name or f"corral-{namespace}", max_reconnect_attempts=-1,
+                            **identity)
         tracing.configure(_service_name(name or f"corral-{namespace}"))
         bus = cls(nc, names, limits)
+        bus.error_listeners = listeners
         bus.manages_streams = role not in _STREAM_READERS
         if len(server_urls(url)) >= _CLUSTER_REPLICAS:
             bus.new_stream_replicas = _CLUSTER_REPLICAS
