@@ -29,6 +29,7 @@ from corral.contracts.events import JobSubmitted, QueueConfigured, WorkerExited,
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.queues import QueueSpec
 from corral.services.node_agent.process.run_as import RefusalCode, RunAs
+from corral.services.node_agent.process.step_files import REPORTED_MODE
 from corral.services.node_agent.service import AgentHost, AgentOptions, run_agents
 from tests.integration.test_node_agent_service import Cluster, Seen, _subscribe, reserved, wait_for
 
@@ -113,7 +114,8 @@ async def test_a_job_runs_as_its_submitters_os_account_without_the_agents_secret
     assert len(agent.seen.of(WorkerStarted, "job-nobody")) == 1
     # the stepd's files (the job's env among them) stay the agent's; the rank only passes through
     folder = agent.options.work_dir / "node-0" / "run" / "job-nobody" / "attempt-0"
-    assert stat.S_IMODE(folder.stat().st_mode) == 0o711
+    # 0711 while the gang runs (the rank passes through to its control file); closed once reported
+    assert stat.S_IMODE(folder.stat().st_mode) in (0o711, REPORTED_MODE)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.glob("*.json")}
     assert {"launch.json", "state.json"} <= modes.keys()  # with the log shipper's cursor, rank-0.json
     assert set(modes.values()) == {0o600}, modes
