@@ -20,7 +20,7 @@ import nats
 
 from corral.bus.urls import server_urls
 from corral.stack import tls
-from corral.stack.servers import NatsServer, free_port
+from corral.stack.servers import NatsServer, ServerStartError, free_port
 
 HOST = "127.0.0.1"
 
@@ -46,7 +46,22 @@ class NatsCluster:
     #: TLS on the routes between the servers (False: plain TCP, as before deploy/nats had it).
     route_tls: bool = True
 
-    def start(self) -> NatsCluster:
+    def start(self, attempts: int = 3) -> NatsCluster:
+        """Start the servers; ports taken by another process between being picked and bound (a
+        busy machine) are picked again, the servers started so far stopped first."""
+        for attempt in range(attempts):
+            try:
+                return self._start()
+            except ServerStartError as exc:
+                if "address already in use" not in str(exc) or attempt == attempts - 1:
+                    raise
+                for server in self.servers.values():
+                    server.stop()
+                    shutil.rmtree(server.data_dir, ignore_errors=True)
+                self.servers.clear()
+        return self
+
+    def _start(self) -> NatsCluster:
         routes = [free_port(HOST) for _ in range(self.size)]
         files = tls.generate(self.root / "tls", [HOST, "localhost"]) if self.route_tls else None
         for i in range(self.size):

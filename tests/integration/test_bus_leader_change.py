@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
+import tests.nats_cluster as helper
 from corral.bus import Bus, Delivery, Outgoing, is_unavailable
 from corral.bus.auth import nats_authorization, superuser
 from corral.bus.limits import BusLimits
@@ -104,3 +106,22 @@ async def test_a_client_without_a_replicas_setting_creates_three_replica_streams
     async with await Bus.connect(one, f"{namespace}-one") as bus:  # one server named: one replica
         await bus.ensure_streams()
         assert (await bus.js.stream_info(bus.names.stream("events"))).config.num_replicas == 1
+
+
+def test_a_cluster_whose_port_is_taken_before_it_binds_starts_on_other_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ports are picked, then bound by the servers: on a busy machine another process may take one
+    in between, which is no reason for a test to fail."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        picks = iter([int(held.getsockname()[1])])  # the first route port: taken
+        real = helper.free_port
+        monkeypatch.setattr(helper, "free_port", lambda host: next(picks, None) or real(host))
+        password = secrets.token_urlsafe(16)
+        nats = NatsCluster(nats_authorization([superuser("corral-test", password)]), "corral-test", password)
+        try:
+            nats.start()
+            assert len(nats.servers) == 3
+            assert all(s.proc is not None and s.proc.poll() is None for s in nats.servers.values())
+        finally:
+            nats.stop()
