@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from corral.bus import Bus, Delivery, OutboxRelay, Retry
+from corral.bus import Bus, Delivery, OutboxRelay, Outgoing, Retry
 from corral.bus.limits import BusLimits
 from corral.bus.relay import POSITION
 from corral.eventstore import ANY, AlreadyProcessed, EventStore, NewEvent, StoredEvent, Tracking
@@ -236,3 +236,21 @@ async def test_a_relay_whose_bus_lost_what_it_acknowledged_publishes_it_again(st
     assert received.msg_ids == [kept.event_id, *(e.event_id for e in lost)]
     assert received.positions == [1, 2, 3]
     assert await relay(store, bus).publish_pending() == 0  # the bus holds it all now
+
+
+async def test_a_message_another_publisher_stored_inside_a_batch_does_not_stop_the_relay(
+        store: EventStore, bus: Bus) -> None:
+    """The relay's batch is chained (`corral.bus.relay.chained`); a message someone else published
+    between two of the batch's breaks that chain on every try of the batch, so the relay sends it
+    one message at a time instead."""
+    events = [event("job-1"), event("job-1", "JobAdmitted"), event("job-1", "QuotaReserved")]
+    await store.append("job-1", 0, events)
+    # a relay that died after the first event reached the bus, then a message published by hand
+    await bus.publish_many([Outgoing(bus.names.events_subject("JobSubmitted"), b"{}", events[0].event_id)])
+    await bus.publish(bus.names.events_subject("JobRequeued"), b"{}", "by-hand")
+
+    assert await asyncio.wait_for(relay(store, bus).publish_pending(), 20) == 3
+    stream = bus.names.stream("events")
+    last = (await bus.js.stream_info(stream)).state.last_seq
+    ids = [(await bus.js.get_msg(stream, seq)).headers.get("Nats-Msg-Id") for seq in range(1, last + 1)]
+    assert ids == [events[0].event_id, "by-hand", events[1].event_id, events[2].event_id]

@@ -141,6 +141,13 @@ def _too_large(exc: BaseException) -> bool:
 
 #: JetStream stores a message carrying it only right after the message of that id.
 EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
+#: JetStream's answer to a message whose `EXPECTED_LAST_MSG_ID` is not the stream's last message.
+_WRONG_LAST_MSG_ID = 10070
+
+
+def _chain_broken(exc: BaseException) -> bool:
+    """Whether the bus refused a chained message because the stream's last message is another."""
+    return isinstance(exc, APIError) and exc.err_code == _WRONG_LAST_MSG_ID
 
 
 def chained(messages: list[Outgoing]) -> list[Outgoing]:
@@ -151,9 +158,12 @@ def chained(messages: list[Outgoing]) -> list[Outgoing]:
     message ("no responders", 503) and store the next. Republished, the refused one would be
     stored after it: a job's JobAdmitted before its JobSubmitted, and a service that folds only
     newer versions of a stream skips the submission for good (the job waits forever, nothing
-    logged). Chained, a message whose predecessor is not the stream's last is refused too (10070,
-    retried with the batch: `corral.bus.unavailable`); a message stored already is answered as a
-    duplicate before its chain is looked at, so republishing a batch stays harmless."""
+    logged). Chained, a message whose predecessor is not the stream's last is refused too (10070);
+    a message stored already is answered as a duplicate before its chain is looked at, so
+    republishing a batch stays harmless. A refused chain sends the batch one message at a time
+    (`OutboxRelay._publish_one_by_one`): a message of another publisher stored between two of the
+    batch's (anything a service's identity published by hand) would break the same chain on every
+    try of the batch, and one message must never stop the relay."""
     out = messages[:1]
     for before, message in itertools.pairwise(messages):
         out.append(replace(message, headers={**(message.headers or {}), EXPECTED_LAST_MSG_ID: before.msg_id}))
@@ -274,8 +284,10 @@ class OutboxRelay:
             try:
                 await self.bus.publish_many(chained(messages))
             except Exception as exc:
-                if not _too_large(exc):
+                if not (_too_large(exc) or _chain_broken(exc)):
                     raise
+                # One at a time, each stored before the next leaves: in order without a chain, also
+                # when another publisher stored a message between two of ours.
                 await self._publish_one_by_one(publishable, messages, limit)
         for event in events:
             self._hook("after_publish_before_save", event)
@@ -286,8 +298,9 @@ class OutboxRelay:
 
     async def _publish_one_by_one(self, events: list[tuple[StoredEvent, bool]], messages: list[Outgoing],
                                   limit: int) -> None:
-        """The bus refused the batch for a message's size (a limit this relay did not know):
-        find which, skip it with an alert (a node's copy: with an error line), publish the rest in order."""
+        """The bus refused the batch for a message's size (a limit this relay did not know) or its
+        chain: each message stored before the next leaves; one refused for its size is skipped with
+        an alert (a node's copy: with an error line)."""
         for (event, itself), message in zip(events, messages, strict=True):
             try:
                 await self.bus.publish_many([message])
