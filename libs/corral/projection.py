@@ -513,19 +513,21 @@ class ClusterView:
             cluster=self.cluster(),
             queues=self.core_queues(),
             pending=core_pending,
-            running=tuple(
-                core.RunningJob(
-                    job=j.core_job(), placement=j.core_placement(),
-                    start_time=(j.running_since or j.placed_at or j.submitted_at or datetime.min).timestamp(),
-                    last_checkpoint_time=j.checkpoint_at.timestamp() if j.checkpoint_at else None,
-                    preempting=j.state is JobState.PREEMPTING,
-                    attained_gpu_seconds=j.attained_gpu_seconds,
-                    preempted_by=frozenset(j.preempted_by),
-                    preempted_at=tuple(j.preempted_at),
-                )
-                for j in sorted(self.running_jobs(), key=lambda j: j.job_id)
-            ) + fenced,
+            running=tuple(core_running(j) for j in sorted(self.running_jobs(), key=_JOB_ID)) + fenced,
         )
+
+
+def core_running(j: JobView) -> core.RunningJob:
+    """A job holding GPUs as the core's RunningJob."""
+    return core.RunningJob(
+        job=j.core_job(), placement=j.core_placement(),
+        start_time=(j.running_since or j.placed_at or j.submitted_at or datetime.min).timestamp(),
+        last_checkpoint_time=j.checkpoint_at.timestamp() if j.checkpoint_at else None,
+        preempting=j.state is JobState.PREEMPTING,
+        attained_gpu_seconds=j.attained_gpu_seconds,
+        preempted_by=frozenset(j.preempted_by),
+        preempted_at=tuple(j.preempted_at),
+    )
 
 
 def _holds_gpus(job: JobView) -> bool:

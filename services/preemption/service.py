@@ -24,8 +24,9 @@ from corral.contracts.envelope import Event, Reason, job_stream
 from corral.contracts.flow import PREEMPTION, names
 from corral.contracts.lifecycle import LifecycleCode
 from corral.contracts.routes import consumed_by
+from corral.core.preemption import Preemptors
 from corral.core.steps import preemption_step
-from corral.projection import ClusterView, JobState, JobView
+from corral.projection import ClusterView, JobState, JobView, core_running
 from corral.services.base import Service
 from corral.translate import wire_reason
 
@@ -55,6 +56,17 @@ class Preemption(Service):
         self._to_requeue = self.view.jobs_where(_to_requeue)
         self._waiting = self.view.jobs_where(_waits)
         self._requeue_asked = self.view.jobs_where(_requeue_asked)
+        #: The waiting jobs as the victim rule reads them (`core.Preemptors`), kept from the jobs
+        #: whose events were folded since the last search (`_touched`): a search runs only when
+        #: some waiting job could preempt, which a long backlog of jobs that outrank no running
+        #: job never can. None until the first search builds it from every waiting job.
+        self._preemptors: Preemptors | None = None
+        self._touched: set[str] = set()
+
+    def folded(self, event: Event) -> None:
+        job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
+        if job_id and self._preemptors is not None:
+            self._touched.add(job_id)
 
     async def reconcile(self) -> None:
         # One append for all of this reconcile's decisions (group commit): the requeues, and the
@@ -115,12 +127,14 @@ class Preemption(Service):
         return out
 
     def _requests(self, asked: Collection[str] = ()) -> dict[str, list[Event]]:
-        waiting = list(self._waiting.values())
         out: dict[str, list[Event]] = {}
-        if not waiting or not self.view.running_jobs():
+        running = self.view.running_jobs()
+        if not self._waiting or not running:
             return out
         now = self.clock()
-        snapshot = self.view.snapshot(now, pending=waiting)
+        if not self._may_preempt(running, now):
+            return out
+        snapshot = self.view.snapshot(now, pending=list(self._waiting.values()))
         for decision in preemption_step(snapshot, self.config, memo=self.classes):
             for victim_id in decision.victims:
                 victim = self.view.jobs.get(victim_id)
@@ -139,6 +153,25 @@ class Preemption(Service):
                 out[stream] = [request]
         return out
 
+    def _may_preempt(self, running: list[JobView], now: float) -> bool:
+        """Whether some waiting job could preempt one of `running` (`core.Preemptors.may_preempt`)."""
+        return self.preemptors().may_preempt(map(core_running, running), now, self.config)
+
+    def preemptors(self) -> Preemptors:
+        """The waiting jobs as the victim rule reads them, brought up to date with the jobs touched
+        since the last call (a job's own events are the only ones that change it)."""
+        preemptors = self._preemptors
+        if preemptors is None:
+            preemptors = self._preemptors = Preemptors(j.core_pending() for j in self._waiting.values())
+        else:
+            for job_id in self._touched:
+                job = self._waiting.get(job_id)
+                if job is None:
+                    preemptors.discard(job_id)
+                else:
+                    preemptors.put(job.core_pending())
+        self._touched.clear()
+        return preemptors
 
 def _asked_reason(job: JobView, view: ClusterView) -> Reason | None:
     """Why an operator wants this running job to checkpoint and move, or None."""

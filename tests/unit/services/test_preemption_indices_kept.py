@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from corral.contracts import events as ev
 from corral.contracts.envelope import Reason
 from corral.contracts.lifecycle import LifecycleCode
+from corral.core.preemption import Preemptors
 from corral.projection import JobState
 from corral.services.preemption.service import Preemption
 from tests.unit.services.test_quota_round_inputs_kept import OPS, T0, event, interleaved
@@ -45,6 +46,7 @@ def test_the_kept_indices_equal_the_whole_pass_after_every_event(jobs: list[tupl
                                                                  rng: Any) -> None:
     stand_in: Any = object()
     preemption = Preemption(stand_in, stand_in)
+    preemption.preemptors()  # kept from here on, as after the first victim search
     for op, job, at in interleaved(jobs, rng):
         view = preemption.view.jobs.get(job)
         if op == "release_preempted":
@@ -61,6 +63,8 @@ def test_the_kept_indices_equal_the_whole_pass_after_every_event(jobs: list[tupl
         assert set(preemption._requeue_asked) == asked, op
         assert set(preemption._waiting) == waiting, op
         assert all(preemption._waiting[j] is preemption.view.jobs[j] for j in waiting), op
+        fresh = Preemptors(preemption.view.jobs[j].core_pending() for j in waiting)
+        assert preemption.preemptors().waiting() == fresh.waiting(), op
 
 
 def test_a_released_victim_is_requeued_and_a_waiting_job_listed() -> None:

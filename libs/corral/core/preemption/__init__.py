@@ -19,15 +19,18 @@ Cut as Kueue cuts it, one job per module:
     candidates   possible victims in cost order: per cycle (`Candidates`), per plan (lazily)
     search       `VictimSearch`: the cheapest victim set after which the job fits
     plan         `PreemptionPlan`, `plan_preemption` (the cycle's), `select_victims` (a service's)
+    preemptors   `Preemptors`: whether any waiting job could preempt at all, kept as jobs come and go
 """
 
 from corral.core.preemption.candidates import Candidates, victim_cost_key
 from corral.core.preemption.eligibility import budget_spent, statically_eligible, victim_kind
 from corral.core.preemption.plan import PreemptionPlan, plan_preemption, select_victims
+from corral.core.preemption.preemptors import Preemptors
 
 __all__ = [
     "Candidates",
     "PreemptionPlan",
+    "Preemptors",
     "budget_spent",
     "plan_preemption",
     "select_victims",
