@@ -6,7 +6,8 @@ Why a slice: the whole Sep-Oct replay at 40 x 8 takes ~10 min of CPU per policy;
 with the whole trace's figures. Queues: every queue in the slice gets an equal guarantee.
 
 Run: .venv/bin/python bench/sim_slice.py [--start A] [--stop B] [--cluster 40x8:H100]
-     [--policies corral,fair-las] [--profile FILE] [--queues]
+     [--policies corral,fair-las,fair-las:2] [--profile FILE] [--queues]
+`fair-las:X` replays fair-las with the starvation limit X (`SchedulerConfig.starvation_limit`; 0: off);
 `--profile FILE` writes cProfile stats of the last policy's replay to FILE (read with pstats);
 `--queues` prints each queue's mean allocation / fair share and share of GPU time.
 """
@@ -15,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import time
 from pathlib import Path
 
 from machine_probe import probe_line
 
+from corral.core import SchedulerConfig
 from corral.sim import load_workload, run_simulation
 from corral.sim.api import SimResult
 from corral.sim.versus import verdict_rows
@@ -29,13 +32,17 @@ TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "p
 
 
 def replay(jobs: list, cluster: str, policy: str, profile: Path | None) -> tuple[SimResult, float]:
-    """One policy's replay of the slice and its CPU seconds (`time.process_time`)."""
+    """One policy's replay of the slice and its CPU seconds (`time.process_time`); `fair-las:X` is
+    fair-las with the starvation limit X."""
     workload = normalised(jobs, "slice", [])
+    name, _, limit = policy.partition(":")
+    config = dataclasses.replace(SchedulerConfig.named(name), starvation_limit=float(limit)) if limit else None
     profiler = cProfile.Profile() if profile is not None else None
     started = time.process_time()
     if profiler is not None:
         profiler.enable()
-    result = run_simulation(workload, cluster, policy=policy)
+    result = run_simulation(workload, cluster, policy=name, config=config)
+    result.policy = policy
     if profiler is not None:
         profiler.disable()
         assert profile is not None
@@ -59,13 +66,15 @@ def main() -> int:
     for policy in args.policies.split(","):
         result, cpu[policy] = replay(jobs, args.cluster, policy, args.profile)
         results.append(result)
+    ends = {r.policy: max(x.end for x in r.records if x.end is not None) / 3600 for r in results}
     for row in verdict_rows(results):
         waits = " ".join(f"{c}:{w / 3600:.2f}" for c, w in row["gang_class_avg_wait_seconds"].items())
         idle = " ".join(f"{c}:{v * 100:.1f}" for c, v in row["idle_share"].items())
-        print(f"{row['policy']:9s} jct {row['avg_jct_seconds'] / 3600:.2f} h ({row['avg_jct_vs_baseline']:.2f}) "
+        print(f"{row['policy']:11s} jct {row['avg_jct_seconds'] / 3600:.2f} h ({row['avg_jct_vs_baseline']:.2f}) "
               f"p95 {row['p95_jct_seconds'] / 3600:.1f} h util {row['utilisation'] * 100:.1f}% "
               f"jain {row['jain_fairness']:.3f} loss {row['preemption_loss_share'] * 100:.2f}% "
-              f"cpu {cpu[row['policy']]:.1f} s | waits h {waits} | idle % {idle}")
+              f"cpu {cpu[row['policy']]:.1f} s | last end {ends[row['policy']]:.1f} h (bound util "
+              f"{row['utilisation_bound'] * 100:.1f}%) | waits h {waits} | idle % {idle}")
     if args.queues:
         for r in results:
             figures = " ".join(f"{q.name[:6]}:{q.mean_fair_share_ratio or 0:.2f}/{q.share_of_gpu_time * 100:.0f}%"

@@ -7,12 +7,19 @@ until it crosses a threshold, and jobs of one level run first come, first served
 `OrderPolicy.FAIR_LAS` a queue's waiting jobs go by (priority, level, submit time, id), and a
 waiting job may preempt a running job of its own queue at a strictly higher level; under the
 other policies the level is always 0, so the key is the fair-share order's own.
+
+Tiresias' starvation limit: a job that has waited since it last gave its GPUs back longer than
+`SchedulerConfig.starvation_limit` times that run is promoted to the front of its queue's order
+(ahead of every level, behind higher priorities), so a long job swapped out by level is not left
+behind its queue's newer jobs for good. The promotion moves only the order: which running jobs it
+may preempt still goes by its level. It depends on the time, which the caller passes in.
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from corral.core.model import OrderPolicy, PendingJob, SchedulerConfig
 
@@ -43,8 +50,33 @@ def service_class(attained: float, read: tuple[float, ...] | None) -> float:
     return float(bisect_right(read, attained)) if read else 0.0
 
 
-def in_queue_key(p: PendingJob, thresholds: Sequence[float]) -> InQueueKey:
-    """Highest priority first, then the lowest level, then the oldest, then the id."""
+def in_queue_key(p: PendingJob, thresholds: Sequence[float], promoted: bool = False) -> InQueueKey:
+    """Highest priority first, then promoted jobs (level -1), the lowest level, the oldest, the id."""
     job = p.job
-    lv = bisect_right(thresholds, p.attained_gpu_seconds) if thresholds else 0
+    if promoted:
+        lv = -1
+    else:
+        lv = bisect_right(thresholds, p.attained_gpu_seconds) if thresholds else 0
     return (-job.priority, lv, job.submit_time, job.id)
+
+
+def starvation_limit(config: SchedulerConfig) -> float:
+    """The multiple of its last run a job waits before promotion: 0 (never) outside FAIR_LAS."""
+    return config.starvation_limit if config.order is OrderPolicy.FAIR_LAS else 0.0
+
+
+def promote_at(p: PendingJob, limit: float) -> float:
+    """When the starvation limit `limit` (`starvation_limit`) promotes `p`: its requeue time plus
+    `limit` times its last run; never (inf) for a job that has not run or with the limit off."""
+    if limit <= 0 or p.requeued_at is None or p.last_run_seconds <= 0:
+        return math.inf
+    return p.requeued_at + limit * p.last_run_seconds
+
+
+def key_at(config: SchedulerConfig, now: float) -> Callable[[PendingJob], InQueueKey]:
+    """The in-queue key of a cycle at `now` (the plain definition: promotion computed per job)."""
+    thresholds = thresholds_of(config)
+    limit = starvation_limit(config)
+    if limit <= 0:
+        return lambda p: in_queue_key(p, thresholds)
+    return lambda p: in_queue_key(p, thresholds, now >= promote_at(p, limit))

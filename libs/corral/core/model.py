@@ -42,9 +42,7 @@ class TopologyLevel(StrEnum):
         return _LEVEL_DEPTH[self]
 
 
-_LEVEL_DEPTH = MappingProxyType(
-    {TopologyLevel.NVLINK: 0, TopologyLevel.NODE: 1, TopologyLevel.RACK: 2, TopologyLevel.ZONE: 3}
-)
+_LEVEL_DEPTH = MappingProxyType({lv: depth for depth, lv in enumerate(TopologyLevel)})  # NVLINK 0 ... ZONE 3
 
 
 class OrderPolicy(StrEnum):
@@ -360,6 +358,8 @@ class PendingJob:
     attained_gpu_seconds: float = 0.0
     preempted_by: frozenset[str] = frozenset()
     preempted_at: tuple[float, ...] = ()
+    requeued_at: float | None = None  # when it last gave its GPUs back (None: it never ran)
+    last_run_seconds: float = 0.0  # how long that run was (the starvation limit, `levels.promote_at`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,14 +418,13 @@ class Snapshot:
 class SchedulerConfig:
     """Which actions a cycle runs. `SchedulerConfig.named` gives the policies the simulator compares.
 
-    quotas: enforce guarantee/borrowing limits (max_gpus is always enforced);
-    las_preemption_ratio: under LAS, a pending job may preempt a running one whose attained
-    service is at least this many times its own (and more than `las_min_gap_gpu_seconds` apart);
-    preemption_budget: a job already preempted this many times within the last
-    `preemption_budget_seconds` is no victim until the oldest of them ages out (no preemption loops,
-    as Slurm's PreemptExemptTime and KAI's min-runtime protect). 0 turns it off; FAIR_LAS:
-    `las_thresholds` end each service level in attained GPU-seconds (`levels`), and a level victim
-    is taken `level_victim_fresh_seconds` after its checkpoint at most (`eligibility.fresh`)."""
+    quotas: enforce guarantee/borrowing limits (max_gpus is always enforced); las_preemption_ratio: under LAS, a
+    pending job may preempt a running one whose attained service is at least this many times its own (and more than
+    `las_min_gap_gpu_seconds` apart); preemption_budget: a job already preempted this many times within the last
+    `preemption_budget_seconds` is no victim until the oldest of them ages out (no preemption loops, as Slurm's
+    PreemptExemptTime and KAI's min-runtime protect). 0 turns it off; FAIR_LAS: `las_thresholds` end each service
+    level in attained GPU-seconds (`levels`), and a level victim is taken `level_victim_fresh_seconds` after its
+    checkpoint at most (`eligibility.fresh`); `starvation_limit`: `levels.promote_at` (0: off)."""
 
     order: OrderPolicy = OrderPolicy.FAIR_SHARE
     backfill: bool = True
@@ -438,6 +437,7 @@ class SchedulerConfig:
     preemption_budget_seconds: float = 600.0
     las_thresholds: tuple[float, ...] = (28800.0,)
     level_victim_fresh_seconds: float = 600.0
+    starvation_limit: float = 4.0  # FAIR_LAS: a job waiting this many times its last run leads its queue
 
     @classmethod
     def named(cls, policy: str) -> SchedulerConfig:

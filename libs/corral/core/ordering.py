@@ -12,14 +12,24 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from operator import attrgetter
 
-from corral.core.levels import InQueueKey, in_queue_key, thresholds_of
+from corral.core.levels import InQueueKey, in_queue_key, key_at, starvation_limit, thresholds_of
 from corral.core.model import OrderPolicy, PendingJob, QueueConfig, SchedulerConfig, Snapshot
 from corral.core.quota import ROOT, QueueTree, QueueUsage, share_key
 
 TREE_ORDERS = (OrderPolicy.FAIR_SHARE, OrderPolicy.FAIR_LAS)
+
+#: A queue's in-queue key (`levels.in_queue_key` at a time), or None: priority, then the oldest.
+KeyOf = Callable[[PendingJob], InQueueKey] | None
+
+
+def key_of(config: SchedulerConfig, now: float) -> KeyOf:
+    """The in-queue key a cycle at `now` orders each queue by (None: by priority alone)."""
+    if config.order is not OrderPolicy.FAIR_LAS or not (thresholds_of(config) or starvation_limit(config) > 0):
+        return None
+    return key_at(config, now)
 
 
 def tree_for(snapshot: Snapshot, config: SchedulerConfig) -> QueueTree:
@@ -59,6 +69,10 @@ _BY_ATTAINED = attrgetter("attained_gpu_seconds", "job.submit_time", "job.id")
 _PRIORITY = attrgetter("job.priority")
 
 
+def _LEVEL_ZERO(p: PendingJob) -> InQueueKey:
+    return in_queue_key(p, ())
+
+
 def _by_priority(pending: list[PendingJob]) -> list[PendingJob]:
     """Sorted by `levels.in_queue_key` at level 0 (priority first, highest first, then oldest, then id): two
     stable sorts, because a C-level key cannot negate the priority."""
@@ -80,16 +94,16 @@ def iter_pending(
         return
     tree = tree if tree is not None else tree_for(snapshot, config)
     usage = usage if usage is not None else QueueUsage.of(tree, snapshot.running)
-    yield from _fair_share_order(tree, usage, list(snapshot.pending), thresholds_of(config))
+    yield from _fair_share_order(tree, usage, list(snapshot.pending), key_of(config, snapshot.now))
 
 
-def in_queue_sorted(jobs: list[PendingJob], thresholds: tuple[float, ...]) -> list[PendingJob]:
-    """One queue's jobs in `levels.in_queue_key` order."""
-    return sorted(jobs, key=lambda p: in_queue_key(p, thresholds)) if thresholds else _by_priority(jobs)
+def in_queue_sorted(jobs: list[PendingJob], key: KeyOf) -> list[PendingJob]:
+    """One queue's jobs in `key` order."""
+    return sorted(jobs, key=key) if key is not None else _by_priority(jobs)
 
 
 def _fair_share_order(
-    tree: QueueTree, usage: QueueUsage, pending: list[PendingJob], thresholds: tuple[float, ...] = ()
+    tree: QueueTree, usage: QueueUsage, pending: list[PendingJob], key: KeyOf = None
 ) -> Iterator[PendingJob]:
     """Walk the tree from the root, at every level taking the candidate with the smallest
     (share key, best job key, name) -- a child subtree that has waiting jobs, or the node's own
@@ -104,8 +118,8 @@ def _fair_share_order(
     for p in pending:
         by_queue.setdefault(p.job.queue, []).append(p)
     unknown = sorted((p for q in list(by_queue) if not tree.known(q) for p in by_queue.pop(q)), key=_BY_SUBMIT)
-    sorted_by_queue = {q: in_queue_sorted(js, thresholds) for q, js in by_queue.items()}
-    yield from fair_share_walk(tree, usage, sorted_by_queue, unknown, thresholds)
+    sorted_by_queue = {q: in_queue_sorted(js, key) for q, js in by_queue.items()}
+    yield from fair_share_walk(tree, usage, sorted_by_queue, unknown, key)
 
 
 def fair_share_walk(
@@ -113,12 +127,12 @@ def fair_share_walk(
     usage: QueueUsage,
     sorted_by_queue: dict[str, list[PendingJob]],
     unknown: list[PendingJob],
-    thresholds: tuple[float, ...] = (),
+    key: KeyOf = None,
 ) -> Iterator[PendingJob]:
-    """`_fair_share_order` from each known queue's jobs already in `levels.in_queue_key` order (and
+    """`_fair_share_order` from each known queue's jobs already in `key` order (and
     the jobs of unknown queues, last, in submit order): the part a `SchedulerState` cannot keep,
     because the shares move with every job taken. `usage` is not changed."""
-    walk = _Walk(tree, usage.copy(), sorted_by_queue, thresholds)
+    walk = _Walk(tree, usage.copy(), sorted_by_queue, key)
     yield from walk.jobs()
     yield from unknown
 
@@ -135,16 +149,17 @@ class _Walk:
     job taken (~12 % of a Corral cycle), and a queue whose subtree has no other waiting queue
     (every leaf) skips the list of keys and its own heap -- it is its only candidate."""
 
-    __slots__ = ("best", "current", "heads", "heaps", "nested", "thresholds", "tree", "usage", "waiting")
+    __slots__ = ("best", "current", "heads", "heaps", "key", "nested", "tree", "usage", "waiting")
 
     def __init__(
         self,
         tree: QueueTree,
         usage: QueueUsage,
         sorted_by_queue: dict[str, list[PendingJob]],
-        thresholds: tuple[float, ...],
+        key: KeyOf,
     ) -> None:
-        self.tree, self.usage, self.thresholds = tree, usage, thresholds
+        self.tree, self.usage = tree, usage
+        self.key: Callable[[PendingJob], InQueueKey] = key if key is not None else _LEVEL_ZERO
         self.heads: dict[str, deque[PendingJob]] = {q: deque(js) for q, js in sorted_by_queue.items() if js}
         self.waiting: dict[str, int] = {}
         for q, js in self.heads.items():
@@ -186,7 +201,7 @@ class _Walk:
         own = self.heads.get(q)
         tree = self.tree
         share = share_key(tree, self.usage, q)
-        mine = in_queue_key(own[0], self.thresholds) if own else None
+        mine = self.key(own[0]) if own else None
         nested = q in self.nested
         if nested:
             if mine is not None:

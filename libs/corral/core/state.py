@@ -28,7 +28,7 @@ from corral.core.cycle import Cycle
 from corral.core.decisions import Decision
 from corral.core.gpuset import ClusterIndex, FreeGpus
 from corral.core.ledger import add_masks
-from corral.core.levels import in_queue_key, service_read, thresholds_of
+from corral.core.levels import InQueueKey, in_queue_key, service_read, starvation_limit, thresholds_of
 from corral.core.model import (
     Cluster,
     NodeState,
@@ -39,12 +39,13 @@ from corral.core.model import (
     SchedulerConfig,
     Snapshot,
 )
-from corral.core.ordering import TREE_ORDERS, fair_share_walk
+from corral.core.ordering import TREE_ORDERS, fair_share_walk, key_of
 from corral.core.preemption.eligibility import NONE_SPARED, spared
 from corral.core.prepared import Prepared
 from corral.core.quota import QueueTree, QueueUsage
 from corral.core.running import RunningIndex
 from corral.core.shortcuts import class_key
+from corral.core.starvation import Promotions
 
 _BY_SUBMIT = attrgetter("job.submit_time", "job.id")
 _READY = frozenset({NodeState.READY})
@@ -81,6 +82,8 @@ class SchedulerState:
         self.config = config
         self._thresholds = thresholds_of(config)
         self._read = service_read(config)  # what of a job's attained service its class reads
+        self._promotions = Promotions(starvation_limit(config))  # re-keyed as each cycle's time moves
+        self._key = None if key_of(config, 0.0) is None else self._in_queue  # the walk's in-queue key
         self.queues = tuple(queues)
         self._configured = {q.name for q in self.queues}
         self._pending: dict[str, PendingJob] = {}
@@ -145,6 +148,7 @@ class SchedulerState:
         if found:
             self._spared[job_id] = found
         self._join(job_id, p, self._class_id(p, found))
+        self._promotions.add(p)
         self._sorted_for(p).add(self._order_key(p), p)
         self._name(p.job.queue, +1)
 
@@ -159,6 +163,7 @@ class SchedulerState:
             if not hit:
                 del self._hit_by[x]
         self._sorted_for(p).remove(self._order_key(p))
+        self._promotions.remove(job_id)
         self._name(p.job.queue, -1)
         return p
 
@@ -312,7 +317,20 @@ class SchedulerState:
             return (job.submit_time, 0.0, 0.0, job.id)
         if order is OrderPolicy.LAS:
             return (p.attained_gpu_seconds, job.submit_time, 0.0, job.id)
-        return in_queue_key(p, self._thresholds)  # PRIORITY, and within a queue for FAIR_SHARE / FAIR_LAS
+        return self._in_queue(p)  # PRIORITY, and within a queue for FAIR_SHARE / FAIR_LAS
+
+    def _in_queue(self, p: PendingJob) -> InQueueKey:
+        return in_queue_key(p, self._thresholds, p.job.id in self._promotions.promoted)
+
+    def _advance(self, now: float) -> None:
+        """Re-key the waiting jobs whose promotion (`starvation.Promotions`) changed by `now`."""
+        promoted = self._promotions.promoted
+        for job_id in self._promotions.advance(now):
+            p = self._pending[job_id]
+            was = job_id not in promoted
+            kept = self._sorted_for(p)
+            kept.remove(in_queue_key(p, self._thresholds, was))
+            kept.add(self._order_key(p), p)
 
     def _sorted_for(self, p: PendingJob) -> _SortedJobs:
         if self.config.order not in TREE_ORDERS:
@@ -353,6 +371,7 @@ class SchedulerState:
 
     def prepared(self, now: float) -> Prepared:
         """What `prepared.prepare(self.snapshot(now), ...)` builds from scratch, from the kept parts."""
+        self._advance(now)
         tree = self.tree()
         usage = QueueUsage(tree)
         leaving = self._leaving
@@ -400,7 +419,7 @@ class SchedulerState:
         unknown = sorted(
             (p for q, s in self._per_queue.items() if s.jobs and not tree.known(q) for p in s.jobs), key=_BY_SUBMIT
         )
-        return fair_share_walk(tree, usage, known, unknown, self._thresholds)
+        return fair_share_walk(tree, usage, known, unknown, self._key)
 
 
 K = TypeVar("K")

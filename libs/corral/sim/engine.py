@@ -392,7 +392,7 @@ class Simulator:
         if run.preemptor is not None:
             self._preempted_by[job_id] = self._preempted_by.get(job_id, frozenset()) | {run.preemptor}
         self._add_pending(PendingJob(running.job, self._attained[job_id], self._preempted_by.get(job_id, frozenset()),
-                                     self._preempted_at.get(job_id, ())))
+                                     self._preempted_at.get(job_id, ()), now, elapsed))
 
     # -- one cycle ------------------------------------------------------------------------------
     def _cycle(self, now: float) -> None:

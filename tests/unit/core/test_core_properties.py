@@ -151,7 +151,8 @@ def simulate(cluster, queues, config, seed, cycles, simple, check):
             end = r.expected_end()
             if r.preempting:
                 del running[r.job.id]
-                pending[r.job.id] = PendingJob(r.job, r.attained(now), r.preempted_by, r.preempted_at)
+                pending[r.job.id] = PendingJob(r.job, r.attained(now), r.preempted_by, r.preempted_at, now,
+                                             now - r.start_time)
             elif end is not None and end <= now:
                 del running[r.job.id]
         for _ in range(rng.randint(0, 4)):
@@ -176,7 +177,8 @@ def simulate(cluster, queues, config, seed, cycles, simple, check):
                 if simple:  # victims release at once; their preemptor waits for the next cycle
                     for v in d.victims:
                         r = running.pop(v)
-                        pending[v] = PendingJob(r.job, r.attained(now), r.preempted_by, r.preempted_at)
+                        pending[v] = PendingJob(r.job, r.attained(now), r.preempted_by, r.preempted_at, now,
+                                         now - r.start_time)
 
 
 # -- invariants ------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from corral.core import Cluster, PendingJob, Preempt, QueueConfig, RunningJob, S
 from corral.core.levels import in_queue_key, level
 from corral.core.model import OrderPolicy
 from corral.core.ordering import order_pending
+from corral.core.state import SchedulerState
 
 from .builders import job, running, snapshot
 from .test_core_properties import SETTINGS as _SETTINGS
@@ -160,3 +161,68 @@ def test_a_class_reads_attained_service_as_much_as_its_policy_does() -> None:
     assert partition(SchedulerConfig()) == [0, 0, 0]
     assert partition(_config((500.0,))) == [0, 0, partition(_config((500.0,)))[2]] != [0, 0, 0]
     assert len(set(partition(SchedulerConfig.named("las")))) == 3
+
+
+@st.composite
+def requeued(draw: st.DrawFn) -> list[PendingJob]:
+    """Waiting jobs, some back from a run: requeued at 0-100 s after a run of 0-40 s."""
+    out = []
+    for p in draw(waiting()):
+        if draw(st.booleans()):
+            p = dataclasses.replace(p, requeued_at=float(draw(st.integers(0, 100))),
+                                    last_run_seconds=float(draw(st.integers(0, 40))))
+        out.append(p)
+    return out
+
+
+LIMITS = st.sampled_from([0.0, 0.5, 1.0, 3.0])
+TIMES = st.integers(0, 300).map(float)
+
+
+def _plain_key(p: PendingJob, thresholds: tuple[float, ...], limit: float, now: float) -> tuple[object, ...]:
+    ran = p.requeued_at is not None and p.last_run_seconds > 0
+    promoted = limit > 0 and ran and now - p.requeued_at >= limit * p.last_run_seconds  # type: ignore[operator]
+    lv = -1 if promoted else sum(1 for t in thresholds if t <= p.attained_gpu_seconds)
+    return (-p.job.priority, lv, p.job.submit_time, p.job.id)
+
+
+@SETTINGS
+@given(pending=requeued(), thresholds=THRESHOLDS, limit=LIMITS, now=TIMES)
+def test_a_job_waiting_its_starvation_limit_leads_its_queue(pending: list[PendingJob], thresholds: tuple[float, ...],
+                                                            limit: float, now: float) -> None:
+    """Inside a queue: priority, then the jobs promoted at `now` (waited `limit` x their last run
+    since requeued), then level, submit time and id."""
+    config = dataclasses.replace(_config(thresholds), starvation_limit=limit)
+    queues = [QueueConfig(q, 2) for q in "abc"]
+    snap = dataclasses.replace(snapshot(Cluster.uniform(1, 8, "H100"), pending, queues=queues), now=now)
+    ordered = order_pending(snap, config)
+    for q in "abc":
+        mine = [p for p in ordered if p.job.queue == q]
+        assert mine == sorted(mine, key=lambda p: _plain_key(p, thresholds, limit, now))
+
+
+@SETTINGS
+@given(data=st.data(), thresholds=THRESHOLDS, limit=LIMITS)
+def test_the_kept_order_with_promotion_is_the_order_from_scratch(data: st.DataObject, thresholds: tuple[float, ...],
+                                                                  limit: float) -> None:
+    """A `SchedulerState` re-keys promoted jobs as the time moves (forwards or back) and as jobs
+    come and go: its walk is `order_pending` of the same snapshot at every step."""
+    config = dataclasses.replace(_config(thresholds), starvation_limit=limit)
+    queues = [QueueConfig(q, 2) for q in "abc"]
+    cluster = Cluster.uniform(1, 8, "H100")
+    state = SchedulerState(cluster, queues, config)
+    pool = data.draw(requeued())
+    waiting_now: dict[str, PendingJob] = {}
+    for _ in range(data.draw(st.integers(1, 8))):
+        for p in pool:
+            if p.job.id not in waiting_now and data.draw(st.booleans()):
+                state.add_pending(p)
+                waiting_now[p.job.id] = p
+        if waiting_now and data.draw(st.booleans()):
+            gone = data.draw(st.sampled_from(sorted(waiting_now)))
+            state.remove_pending(gone)
+            del waiting_now[gone]
+        now = data.draw(TIMES)
+        kept = state.prepared(now)
+        snap = dataclasses.replace(snapshot(cluster, list(waiting_now.values()), queues=queues), now=now)
+        assert [p.job.id for p in kept.order(kept.usage)] == [p.job.id for p in order_pending(snap, config)]

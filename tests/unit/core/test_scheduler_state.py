@@ -105,6 +105,11 @@ def _same_classes(kept: Prepared, fresh: Prepared) -> None:
     assert [p.job.id for p in kept.sample.values()] == [m[0] for m in firsts.values()]
 
 
+def _requeued(r: RunningJob, now: float) -> PendingJob:
+    """A job that gave its GPUs back at `now`, with its last run (the starvation limit reads it)."""
+    return PendingJob(r.job, r.attained(now), r.preempted_by, r.preempted_at, now, now - r.start_time)
+
+
 def _history(twin: _Twin, seed: int, cycles: int) -> None:
     rng = random.Random(seed)
     names = [q.name for q in twin.queues] + ["ghost"]
@@ -115,7 +120,7 @@ def _history(twin: _Twin, seed: int, cycles: int) -> None:
             end = r.expected_end()
             if r.preempting and rng.random() < 0.7:  # the grace is over: requeued
                 twin.pop_running(r.job.id)
-                twin.add_pending(PendingJob(r.job, r.attained(now), r.preempted_by))
+                twin.add_pending(_requeued(r, now))
             elif end is not None and end <= now:
                 twin.pop_running(r.job.id)
             elif rng.random() < 0.2:  # a periodic checkpoint
@@ -127,7 +132,7 @@ def _history(twin: _Twin, seed: int, cycles: int) -> None:
             for r in list(twin.running.values()):
                 if node in r.placement.nodes():
                     twin.pop_running(r.job.id)
-                    twin.add_pending(PendingJob(r.job, r.attained(now), r.preempted_by))
+                    twin.add_pending(_requeued(r, now))
         elif event < 0.2:
             twin.set_node(rng.choice(twin.cluster.nodes).name, NodeState.DRAINING)
         elif event < 0.35:
