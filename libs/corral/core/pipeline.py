@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from corral.core.decisions import Pending, Place, Preempt
 from corral.core.model import SchedulerConfig, Snapshot
 from corral.core.reservation import Reserve, Revoke, reserve_quota
-from corral.core.steps import after_placing, placement_step, preemption_step
+from corral.core.steps import StepMemos
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +55,17 @@ def run_round(
     *,
     holding: Collection[str] = frozenset(),
     held: Iterable[tuple[str, int]] = (),
+    memos: StepMemos | None = None,
 ) -> Round:
     """The three steps on `snapshot` under the policy `config`. `holding`: waiting jobs that hold
     quota from earlier rounds; `held`: (queue, GPUs) still reserved by jobs neither running nor
-    waiting (see `reserve_quota`). Placement does not explain the jobs it leaves waiting."""
-    quota = reserve_quota(snapshot, config, reserved=holding, held=held)
+    waiting (see `reserve_quota`); `memos`: the caller's, kept from round to round as the
+    services keep theirs (a fresh one if None). Placement does not explain the jobs it leaves
+    waiting."""
+    memos = memos if memos is not None else StepMemos()
+    quota = reserve_quota(snapshot, config, reserved=holding, held=held, memos=memos)
     holders = (set(holding) - {d.job_id for d in quota if isinstance(d, Revoke)}) | {
         d.job_id for d in quota if isinstance(d, Reserve)}
-    placed = [d for d in placement_step(snapshot, config, holding=holders, explain=False)
-              if isinstance(d, Place)]
-    after = after_placing(snapshot, {d.job_id: d.placement for d in placed})
-    return Round(tuple(quota), tuple(placed), tuple(preemption_step(after, config)))
+    placed = [d for d in memos.place(snapshot, config, holders, explain=False) if isinstance(d, Place)]
+    preempts = memos.preempt(snapshot, config, {d.job_id: d.placement for d in placed})
+    return Round(tuple(quota), tuple(placed), tuple(preempts))

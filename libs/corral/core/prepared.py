@@ -11,20 +11,19 @@ in tests/unit/core/test_scheduler_state.py).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
 from corral.core.backfill import Release
 from corral.core.gpuset import FreeGpus
-from corral.core.ledger import add_masks
 from corral.core.levels import service_read, thresholds_of
 from corral.core.model import PendingJob, RunningJob, SchedulerConfig, Snapshot
-from corral.core.ordering import iter_pending, tree_for
+from corral.core.ordering import iter_pending
 from corral.core.preemption.eligibility import NONE_SPARED, spared
 from corral.core.quota import QueueTree, QueueUsage
 from corral.core.running import RunningIndex
+from corral.core.running_parts import RunningParts
 from corral.core.shortcuts import ClassMemo
 
 _BY_ID = attrgetter("job.id")
@@ -62,18 +61,16 @@ class Prepared:
 
 def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Prepared:
     """A cycle's input from scratch; `memo` numbers the pending jobs' classes (the caller's, so
-    that its answers carry over between cycles)."""
+    that its answers carry over between cycles) and keeps what the running jobs give
+    (`RunningParts`) while the caller passes the same tuple of them."""
     ids = [p.job.id for p in snapshot.pending] + [r.job.id for r in snapshot.running]
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise ValueError(f"Snapshot: job ids must be unique across pending and running, repeated: {dup}")
-    tree = tree_for(snapshot, config)
-    fi = FreeGpus.from_running(snapshot.cluster, snapshot.running)
-    running = sorted(snapshot.running, key=_BY_ID)
-    releasing: dict[int, int] = {}
-    for r in running:
-        if r.preempting:
-            add_masks(releasing, fi.masks_of(r.placement))
+    parts = RunningParts.of(snapshot, memo)
+    tree = parts.tree(snapshot, config)
+    fi = parts.fi.copy()
+    running = parts.kept.jobs.copy()
 
     def order(usage: QueueUsage) -> Iterator[PendingJob]:
         return iter_pending(snapshot, config, tree=tree, usage=usage)
@@ -86,15 +83,16 @@ def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Pre
     return Prepared(
         snapshot=snapshot,
         tree=tree,
-        usage=QueueUsage.of(tree, snapshot.running),
+        usage=parts.usage(tree),
         fi=fi,
         running=running,
-        releasing=releasing,
+        releasing=dict(parts.releasing),
         spared=spared,
         order=order,
         classes={p.job.id: memo.class_id(p, per_user, read, spared.get(p.job.id, NONE_SPARED))
                  for p in snapshot.pending},
-        releases=_releases(running, fi) if config.backfill else {},
+        releases=parts.releases() if config.backfill else {},
+        kept=parts.kept,
         thresholds=thresholds,
     )
 
@@ -114,13 +112,4 @@ def _spared(pending: Sequence[PendingJob], running: list[RunningJob]) -> dict[st
             found = spared(p, ids, victims_of)
             if found:
                 out[p.job.id] = found
-    return out
-
-
-def _releases(running: list[RunningJob], fi: FreeGpus) -> dict[str, Release]:
-    out: dict[str, Release] = {}
-    for r in running:
-        if not r.preempting:
-            end = r.expected_end()
-            out[r.job.id] = Release(math.inf if end is None else end, r.job.id, fi.masks_of(r.placement))
     return out

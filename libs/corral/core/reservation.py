@@ -44,9 +44,10 @@ from dataclasses import dataclass
 from corral.core.decisions import Pending, Place, Reason, ReasonCode
 from corral.core.exposure import Exposure
 from corral.core.model import Job, PendingJob, Placement, SchedulerConfig, Snapshot
-from corral.core.ordering import iter_pending, tree_for
+from corral.core.ordering import iter_pending
 from corral.core.quota import QueueTree, QueueUsage, quota_check
-from corral.core.steps import Step, after_placing, placement_step, preemption_step, step_config
+from corral.core.running_parts import RunningParts
+from corral.core.steps import Step, StepMemos, step_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,7 @@ def reserve_quota(
     *,
     reserved: Collection[str] = frozenset(),
     held: Iterable[tuple[str, int]] = (),
+    memos: StepMemos | None = None,
 ) -> list[Reserve | Pending | Revoke]:
     """One decision per pending job not in `reserved`, in fair-share order: Reserve, or Pending
     with the reason; then a Revoke for each job of `reserved` that would be started and taken
@@ -87,8 +89,9 @@ def reserve_quota(
     exposed); `held` is (queue, GPUs) still reserved by jobs neither running nor pending (not
     given back yet). `config` is the preemption service's: the one whose decisions must not
     undo these. A round in which every waiting job holds quota decides nothing (the quota service
-    skips it: with a backlog that all holds quota, each round would replay placement for nothing)."""
-    out, tail, revokes = _decide(snapshot, config, reserved, held)
+    skips it: with a backlog that all holds quota, each round would replay placement for nothing).
+    `memos`: the caller's, for the steps the round is played out with (a fresh one if None)."""
+    out, tail, revokes = _decide(snapshot, config, reserved, held, memos)
     if tail is not None:
         out.extend(_refusals(tail.order.after(tail.start), tail.refused, tail.check))
     return [*out, *revokes]
@@ -118,9 +121,10 @@ def quota_round(
     *,
     reserved: Collection[str] = frozenset(),
     held: Iterable[tuple[str, int]] = (),
+    memos: StepMemos | None = None,
 ) -> QuotaRound:
     """`reserve_quota`, its refusals of the jobs it did not walk kept per class (`QuotaRound`)."""
-    out, tail, revokes = _decide(snapshot, config, reserved, held)
+    out, tail, revokes = _decide(snapshot, config, reserved, held, memos)
     if tail is None:
         return QuotaRound([*out, *revokes], {}, False)
     named = {d.job_id for d in out}
@@ -146,13 +150,16 @@ class _Tail:
 
 
 def _decide(
-    snapshot: Snapshot, config: SchedulerConfig, reserved: Collection[str], held: Iterable[tuple[str, int]]
+    snapshot: Snapshot, config: SchedulerConfig, reserved: Collection[str], held: Iterable[tuple[str, int]],
+    memos: StepMemos | None,
 ) -> tuple[list[Reserve | Pending], _Tail | None, list[Revoke]]:
     """`reserve_quota`'s decisions of the jobs walked, the tail not walked, and the Revokes."""
     if all(p.job.id in reserved for p in snapshot.pending):
         return [], None, []
-    tree = tree_for(snapshot, config)
-    base = QueueUsage.of(tree, snapshot.running)
+    memos = memos if memos is not None else StepMemos()
+    parts = RunningParts.of(snapshot, memos.preemption)  # the preemption step's config is `config`
+    tree = parts.tree(snapshot, config)
+    base = parts.usage(tree)
     for queue, gpus in held:
         if tree.known(queue):
             base.add(queue, gpus)
@@ -173,7 +180,7 @@ def _decide(
         # arrived since): it is played out too, and given back if it would be taken back at once
         risky = [i for i, job in holders.items() if i not in refused and exposure.of(job, usage)]
         keep = set(holders) - set(risky) - set(refused)
-        more = _played_out(snapshot, config, keep, admitted + risky, exposed | set(risky), borrowing) \
+        more = _played_out(snapshot, config, keep, admitted + risky, exposed | set(risky), borrowing, memos) \
             if exposed or risky else {}
         refused.update(more)
         # A job not reserved after all (or whose reservation is revoked) counts for nothing: the
@@ -372,6 +379,7 @@ def _played_out(
     admitted: Sequence[str],
     exposed: set[str],
     borrowing: set[str],
+    memos: StepMemos,
 ) -> dict[str, Reason]:
     """Play the round (placement, then preemption) and return the jobs of `admitted` not to
     reserve after all, with why; see the module docstring. Only `exposed` jobs can be victims
@@ -384,7 +392,7 @@ def _played_out(
         holders = {p.job.id for p in snapshot.pending if p.job.id in keep or p.job.id in reserved}
         placed: dict[str, Placement] = {}
         waits: dict[str, Reason] = {}
-        for d in placement_step(snapshot, config, holding=holders):
+        for d in memos.place(snapshot, config, holders):
             if isinstance(d, Place):
                 placed[d.job_id] = d.placement
             elif isinstance(d, Pending):
@@ -392,7 +400,7 @@ def _played_out(
         waiting = sorted(i for i in borrowing & keep if i not in placed)
         if not waiting and not any(i in exposed for i in placed):
             return refused
-        preempts = preemption_step(after_placing(snapshot, placed), config)
+        preempts = memos.preempt(snapshot, config, placed)
         drop: dict[str, Reason] = {}
         for d in preempts:
             for v in d.victims:

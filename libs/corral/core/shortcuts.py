@@ -91,12 +91,15 @@ class ClassMemo:
     Topology and GpuRequest hash in Python, not C) is built and hashed once per job instead of
     once per job per cycle. Entries keep their PendingJob alive, so an id() is never reused while
     it is in the table. Ids are only compared within one cycle, so `between_cycles` may forget
-    everything once the memo holds more than `limit` jobs."""
+    everything once the memo holds more than `limit` jobs. `running`: what `prepared.prepare`
+    derived from the last snapshot's running jobs (a `prepared.RunningParts`, found again while
+    the caller passes the same tuple of them)."""
 
-    __slots__ = ("_ids", "_of", "limit")
+    __slots__ = ("_ids", "_of", "limit", "running")
 
     def __init__(self, limit: int = 200_000) -> None:
         self.limit = limit
+        self.running: object = None
         self._ids: dict[tuple[object, ...], int] = {}
         self._of: dict[int, tuple[PendingJob, int, bool, tuple[float, ...] | None, frozenset[str]]] = {}
 

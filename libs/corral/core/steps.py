@@ -10,7 +10,8 @@ one config it derives from the cluster's policy:
   over the waiting jobs that hold quota: the same order and backfill, `max_gpus` still enforced;
 - `Step.PREEMPTION` (`preemption_step`): the full cycle over every waiting job; only its Preempt
   decisions are acted on.
-`corral.core.pipeline.run_round` runs the three in a row, as the services do.
+`corral.core.pipeline.run_round` runs the three in a row, as the services do; `StepMemos` is what
+a caller asking them about one state in a row keeps between the asks.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Collection, Mapping
 from enum import StrEnum
 
 from corral.core.cycle import schedule
-from corral.core.decisions import Decision, Preempt
+from corral.core.decisions import Decision, Pending, Preempt
 from corral.core.model import PendingJob, Placement, RunningJob, SchedulerConfig, Snapshot
 from corral.core.shortcuts import ClassMemo
 
@@ -61,6 +62,46 @@ def preemption_step(snapshot: Snapshot, config: SchedulerConfig, *, memo: ClassM
     may skip explaining the jobs that stay pending)."""
     return [d for d in schedule(snapshot, step_config(Step.PREEMPTION, config), explain=False, memo=memo)
             if isinstance(d, Preempt)]
+
+
+class StepMemos:
+    """A caller's memos for the placement and preemption steps (each step's own `ClassMemo`, as
+    each service keeps one), and the last answer of each step on one snapshot.
+
+    Why: the quota step plays placement and preemption out on the round's snapshot
+    (`reservation.reserve_quota`), and the round then asks the same two steps, often with the
+    inputs its last play had; the core is pure, so an answer on equal inputs is reused."""
+
+    __slots__ = ("_placed", "_preempts", "placement", "preemption")
+
+    def __init__(self) -> None:
+        self.placement = ClassMemo()
+        self.preemption = ClassMemo()
+        self._placed: tuple[Snapshot, frozenset[str], list[Decision]] | None = None
+        self._preempts: tuple[Snapshot, tuple[tuple[str, Placement], ...], list[Preempt]] | None = None
+
+    def place(self, snapshot: Snapshot, config: SchedulerConfig, holding: Collection[str], *,
+              explain: bool = True) -> list[Decision]:
+        """`placement_step(snapshot, config, holding=holding, explain=explain)`; an explained
+        answer serves an unexplained ask too (its actions are the same, `schedule`)."""
+        key = frozenset(holding)
+        last = self._placed
+        if last is not None and last[0] is snapshot and last[1] == key:
+            return last[2] if explain else [d for d in last[2] if not isinstance(d, Pending)]
+        out = placement_step(snapshot, config, holding=key, explain=explain, memo=self.placement)
+        if explain:
+            self._placed = (snapshot, key, out)
+        return out
+
+    def preempt(self, snapshot: Snapshot, config: SchedulerConfig, placed: Mapping[str, Placement]) -> list[Preempt]:
+        """`preemption_step(after_placing(snapshot, placed), config)`."""
+        key = tuple(placed.items())
+        last = self._preempts
+        if last is not None and last[0] is snapshot and last[1] == key:
+            return last[2]
+        out = preemption_step(after_placing(snapshot, placed), config, memo=self.preemption)
+        self._preempts = (snapshot, key, out)
+        return out
 
 
 def after_placing(snapshot: Snapshot, placed: Mapping[str, Placement]) -> Snapshot:

@@ -57,6 +57,7 @@ from corral.core import (
 )
 from corral.core.pipeline import run_round
 from corral.core.state import SchedulerState
+from corral.core.steps import StepMemos
 from corral.lifecycle import Gang, GangState, Limits, Release, Then, next_steps
 from corral.sim.records import Interval, JobRecord, RankRecord
 from corral.sim.workload import SimJob, Workload
@@ -175,6 +176,7 @@ class Simulator:
         self._services = pipeline == "services"
         #: services pipeline: waiting jobs that hold quota (reserved, not placed yet)
         self._holding: set[str] = set()
+        self._memos = StepMemos()  # the services' memos, kept from round to round as they keep theirs
         self._progress = progress
         self._progress_every = progress_every
         self._actions: Scheduler
@@ -423,7 +425,7 @@ class Simulator:
     def _round(self, now: float) -> list[Decision]:
         """The services' round (`run_round`): its Place and Preempt decisions, in that order; the
         jobs quota reserved for keep their reservation until they are placed."""
-        done = run_round(self._state.snapshot(now), self._config, holding=self._holding)
+        done = run_round(self._state.snapshot(now), self._config, holding=self._holding, memos=self._memos)
         self._holding = (self._holding - done.revoked) | done.reserved
         return [*done.placed, *done.preempts]
 
