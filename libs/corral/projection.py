@@ -154,6 +154,10 @@ class JobView:
     resume_from: str | None = None
     restarts: int = 0
     attained_gpu_seconds: float = 0.0
+    #: the starvation limit's inputs (`core.levels.promote_at`): when the job last gave its GPUs
+    #: back (its attempt's GangReleased) and how long its last run lasted (JobRunning to release)
+    requeued_at: datetime | None = None
+    last_run_seconds: float = 0.0
     #: work the last released attempt threw away: GPU-seconds since its last checkpoint (or start)
     lost_gpu_seconds: float = 0.0
     cancel_requested: bool = False
@@ -170,8 +174,8 @@ class JobView:
     _core_job: tuple[JobSpec, datetime, CoreJob] | None = field(default=None, repr=False, compare=False)
     _core_placement: tuple[list[ev.RankPlacement], CorePlacement] | None = field(default=None, repr=False,
                                                                                    compare=False)
-    _core_pending: tuple[CoreJob, float, int, CorePendingJob] | None = field(default=None, repr=False,
-                                                                               compare=False)
+    _core_pending: tuple[CoreJob, float, int, datetime | None, CorePendingJob] | None = field(
+        default=None, repr=False, compare=False)
 
     @property
     def active(self) -> bool:
@@ -225,14 +229,19 @@ class JobView:
         if cached is not None and known is not None and known[0] is self.spec \
                 and known[1] is self.submitted_at and cached[0] is known[2] \
                 and cached[1] == self.attained_gpu_seconds \
-                and cached[2] == len(self.preempted_by) + len(self.preempted_at):
-            return cached[3]
+                and cached[2] == len(self.preempted_by) + len(self.preempted_at) \
+                and cached[3] is self.requeued_at:
+            return cached[4]
         # (preempted_by and preempted_at only ever grow, see `_preempt_requested`: their sizes are a
-        # version.) A miss: the translation changed, or what the job holds did.
+        # version; each release sets a new `requeued_at`, and `last_run_seconds` only with it.) A miss:
+        # the translation changed, or what the job holds did.
         job = self.core_job()
+        released = self.requeued_at
         pending = core.PendingJob(job, self.attained_gpu_seconds, frozenset(self.preempted_by),
-                                  tuple(self.preempted_at))
-        self._core_pending = (job, self.attained_gpu_seconds, len(self.preempted_by) + len(self.preempted_at), pending)
+                                  tuple(self.preempted_at), None if released is None else released.timestamp(),
+                                  self.last_run_seconds)
+        self._core_pending = (job, self.attained_gpu_seconds, len(self.preempted_by) + len(self.preempted_at),
+                              released, pending)
         return pending
 
     def core_placement(self) -> core.Placement:
@@ -711,14 +720,15 @@ def _gang_released(view: ClusterView, e: ev.GangReleased) -> None:
         # An earlier attempt's release (placement never appends one, but the log is not trusted):
         # that attempt is already released; it must not release, requeue or bill the current one.
         return
-    if j.running_since is not None:
-        j.attained_gpu_seconds += max(0.0, (e.occurred_at - j.running_since).total_seconds()) * j.gpus
+    if j.running_since is not None:  # an attempt released before it ran leaves the last run as it was
+        j.last_run_seconds = max(0.0, (e.occurred_at - j.running_since).total_seconds())
+        j.attained_gpu_seconds += j.last_run_seconds * j.gpus
         if j.spec is not None and j.submitted_at is not None:  # the core's rule: from the last checkpoint
             checkpoint = j.checkpoint_at.timestamp() if j.checkpoint_at else None
             j.lost_gpu_seconds = core.RunningJob(j.core_job(), j.core_placement(), j.running_since.timestamp(),
                                                  checkpoint).lost_work(e.occurred_at.timestamp())
     _fence(view, j, e)
-    j.running_since, j.holding = None, False
+    j.running_since, j.holding, j.requeued_at = None, False, e.occurred_at
     j.quota_stale = j.quota_gpus > 0
     if not j.state.terminal:
         j.state = JobState.REQUEUING
