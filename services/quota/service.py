@@ -34,6 +34,7 @@ from corral.contracts.routes import consumed_by, inbox_of
 from corral.contracts.subjects import Subjects
 from corral.core import escalation
 from corral.core.reservation import QuotaRound, Reserve, Revoke, quota_round
+from corral.core.steps import StepMemos
 from corral.projection import JobView, QuotaPhase
 from corral.services.base import Service
 from corral.services.quota import gate
@@ -133,14 +134,28 @@ class Quota(Service):
     #: the loop goes on folding events and giving quota back; the round's decisions are appended
     #: guarded by the stream versions of its snapshot, so a job whose stream moved on meanwhile
     #: (cancelled, given back) makes the round lose the race and the next round decides again.
-    #: The next round starts no sooner than the last took (at most half of this process's time).
+    #: The next round starts no sooner than the last took (at most half of this process's time),
+    #: and no sooner than `round_interval` after the last started: under a steady stream of events
+    #: a cheaper round otherwise only ran more often. A round starts only once an event was
+    #: folded since the last round's snapshot (nothing else is an input of its decisions but the
+    #: clock), or `round_refresh` after the last started (the clock's part, and reasons the
+    #: throttle held back), or after a round that did not finish (the store away).
     paces_itself = True
+    round_interval = 0.05
+    round_refresh = 1.0
     _next_reserve = float("-inf")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._touched: set[str] = set()  # jobs an event touched since the last `_release` (`folded`)
         self._inputs = RoundInputs()  # the round's inputs, kept as events are folded
+        #: the core's memos of the steps the round plays out, kept from round to round as the
+        #: services keep theirs: the waiting jobs' class keys are hashed once, not once a round
+        self._memos = StepMemos()
+        self._folds = 0  # events folded so far (`folded`)
+        self._decided: int | None = None  # `_folds` at the last finished round's snapshot
+        self._round_started = float("-inf")
+        self._waking: asyncio.TimerHandle | None = None
     _round: asyncio.Task[None] | None = None
 
     #: While a round holds the GIL in its thread, the event loop gets it back only when the
@@ -162,22 +177,34 @@ class Quota(Service):
                 return  # it wakes the loop when it ends
             round_, self._round = self._round, None
             round_.result()  # an unavailable store is the run loop's to wait out; a bug raises
-        wait = self._next_reserve - self.monotonic()
+        now = self.monotonic()
+        if self._decided == self._folds and now - self._round_started < self.round_refresh:
+            self._wake(self._round_started + self.round_refresh - now)  # for the clock's part
+            return  # nothing new since the last round's snapshot
+        wait = self._next_reserve - now
         if wait > 0:
             asyncio.get_running_loop().call_later(wait, self.changed.set)
             return
         self._round = asyncio.create_task(self._reserve_round(), name="quota-round")
 
+    def _wake(self, after: float) -> None:
+        """Reconcile again `after` seconds from now (one timer at a time)."""
+        if self._waking is None or self._waking.cancelled() or self._waking.when() <= asyncio.get_running_loop().time():
+            self._waking = asyncio.get_running_loop().call_later(after, self.changed.set)
+
     async def _reserve_round(self) -> None:
-        started = self.monotonic()
+        started = self._round_started = self.monotonic()
+        seen, self._decided = self._folds, None
         try:
             await self._reserve()
+            self._decided = seen
         finally:
             ended = self.monotonic()
-            self._next_reserve = ended + (ended - started)
+            self._next_reserve = max(ended + (ended - started), started + self.round_interval)
             self.changed.set()
 
     def folded(self, event: Event) -> None:
+        self._folds += 1
         # the job the view folded the event into (`ClusterView.apply`): only its own events change it
         job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
         if job_id is None:
@@ -245,7 +272,8 @@ class Quota(Service):
         # stream name built per waiting job was a tenth of quota's loop with thousands waiting)
         seen = dict(self.view.versions)
         batches: dict[str, list[Event]] = {}
-        round_ = await asyncio.to_thread(quota_round, snapshot, self.config, reserved=reserved, held=held)
+        round_ = await asyncio.to_thread(quota_round, snapshot, self.config, reserved=reserved, held=held,
+                                          memos=self._memos)
         for decision in round_.decisions:
             job = by_id[decision.job_id]
             if isinstance(decision, Reserve):
