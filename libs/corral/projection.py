@@ -506,12 +506,14 @@ class ClusterView:
         return out
 
     def snapshot(self, now: float, pending: list[JobView] | None = None, *,
-                 releasing: bool = False, core_pending: tuple[core.PendingJob, ...] | None = None) -> core.Snapshot:
+                 releasing: bool = False, core_pending: tuple[core.PendingJob, ...] | None = None,
+                 running: tuple[core.RunningJob, ...] | None = None) -> core.Snapshot:
         """The core's view: `pending` defaults to every admitted job waiting for GPUs.
         `releasing`: include the GPUs of released attempts still fenced (`releasing_running`):
         placement must (they are not free); quota and preemption count usage and leave them out.
         `core_pending`: the waiting jobs already as the core's, sorted by job id (quota keeps
-        them between rounds, `corral.services.quota.round_inputs`); `pending` is then not read."""
+        them between rounds, `corral.services.quota.round_inputs`); `pending` is then not read.
+        `running`: the jobs holding GPUs already as the core's, sorted by job id (kept likewise)."""
         if core_pending is None:
             waiting = pending if pending is not None else [j for j in self.active.values()
                                                            if j.state is JobState.PENDING]
@@ -522,7 +524,8 @@ class ClusterView:
             cluster=self.cluster(),
             queues=self.core_queues(),
             pending=core_pending,
-            running=tuple(core_running(j) for j in sorted(self.running_jobs(), key=_JOB_ID)) + fenced,
+            running=(running if running is not None
+                     else tuple(core_running(j) for j in sorted(self.running_jobs(), key=_JOB_ID))) + fenced,
         )
 
 

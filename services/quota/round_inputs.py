@@ -8,7 +8,9 @@ job's own events change how it is classified or its core object (the view's own 
 `ClusterView.jobs_where`, rely on the same rule), so the quota service updates this index for the
 job of each event it folds (`Quota.folded`), and a round reads it as it stands: `pending()` /
 `reserved` / `held()` / `core_pending()`, the last sorted by job id as `ClusterView.snapshot` sorts
-them, rebuilt only when a waiting job came, went or changed.
+them, rebuilt only when a waiting job came, went or changed. The jobs holding GPUs are kept as the
+core's likewise (`core_running`): the same objects from round to round, so the core's parts derived
+from them are moved by the jobs that changed instead of built again (`core.running_parts`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import bisect
 from enum import Enum
 
 from corral import core
-from corral.projection import JobState, JobView, QuotaPhase
+from corral.projection import ClusterView, JobState, JobView, QuotaPhase, core_running
 
 #: (queue, GPUs, user, code, message): a waiting job's class and the reason its log records (None:
 #: none yet). A round refuses a class for one reason: a group told that reason word for word is
@@ -63,10 +65,14 @@ class RoundInputs:
         #: the WAITING jobs by (queue, GPUs, user, recorded reason's code, message) (`told`)
         self.told: dict[Told, set[str]] = {}
         self._told_as: dict[str, Told] = {}
+        self._running: dict[str, core.RunningJob] = {}  # the jobs holding GPUs, as the core's
+        self._running_sorted: tuple[core.RunningJob, ...] | None = None
 
     def update(self, job_id: str, job: JobView | None) -> None:
         """`job` is the view's job after an event of its own was folded (None: no longer active)."""
         kind = classify(job) if job is not None else Kind.NONE
+        if self._running.pop(job_id, None) is not None or (job is not None and job.holding):
+            self._running_sorted = None
         self._untell(job_id)
         was = self.waiting.get(job_id)
         if was is not None and job_id not in self.reserved:
@@ -117,3 +123,13 @@ class RoundInputs:
         if self._sorted is None:
             self._sorted = tuple(map(self._core.__getitem__, self._ids))
         return self._sorted
+
+    def core_running(self, view: ClusterView) -> tuple[core.RunningJob, ...]:
+        """The view's jobs holding GPUs as the core's RunningJob, sorted by job id (`ClusterView.snapshot`)."""
+        if self._running_sorted is None:
+            kept = self._running
+            for j in view.running_jobs():
+                if j.job_id not in kept:
+                    kept[j.job_id] = core_running(j)
+            self._running_sorted = tuple(kept[i] for i in sorted(kept))
+        return self._running_sorted

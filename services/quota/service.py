@@ -265,7 +265,8 @@ class Quota(Service):
         inputs = self._inputs
         if not inputs.unreserved:
             return  # every waiting job holds quota: the core decides nothing (reserve_quota)
-        snapshot = self.view.snapshot(self.clock(), core_pending=inputs.core_pending())
+        snapshot = self.view.snapshot(self.clock(), core_pending=inputs.core_pending(),
+                                       running=inputs.core_running(self.view))
         by_id = dict(inputs.waiting)  # a copy: the loop folds events while the core decides
         reserved, held = set(inputs.reserved), inputs.held()
         # the versions the decisions are guarded by: a copy of every stream's (a C-level copy; one

@@ -91,6 +91,64 @@ async def test_a_paced_round_wakes_the_loop_when_it_is_due() -> None:
     await asyncio.wait_for(quota.changed.wait(), timeout=5)
 
 
+async def test_a_round_starts_once_an_event_was_folded_and_at_most_every_round_interval() -> None:
+    """Nothing folded since the last round's snapshot: no round until `round_refresh` after the
+    last started (the clock's part). A folded event makes one due, no sooner than `round_interval`
+    after the last started (a cheaper round under a stream of events otherwise ran more often)."""
+    clock = Clock()
+    quota = RecordingQuota(clock, round_seconds=0.001)
+    quota.gate.set()
+    await quota.reconcile()
+    await settle()
+    assert quota.steps.count("round starts") == 1
+    clock.now += 0.2
+    await quota.reconcile()  # collects the ended round; nothing folded since: no round
+    await settle()
+    assert quota.steps.count("round starts") == 1
+    quota.folded(object())  # an event (of no job) was folded
+    await quota.reconcile()
+    await settle()
+    assert quota.steps.count("round starts") == 2
+    quota.folded(object())
+    clock.now += 0.01  # sooner than round_interval after the last round started: not yet
+    await quota.reconcile()
+    await settle()
+    assert quota.steps.count("round starts") == 2
+    clock.now += Quota.round_interval
+    await quota.reconcile()
+    await settle()
+    assert quota.steps.count("round starts") == 3
+    clock.now += Quota.round_refresh  # nothing folded, but the clock moved on: a round
+    await quota.reconcile()
+    await settle()
+    assert quota.steps.count("round starts") == 4
+
+
+async def test_a_round_that_did_not_finish_is_followed_by_one_without_a_new_event() -> None:
+    class Unavailable(Exception):
+        pass
+
+    class FailingOnce(RecordingQuota):
+        failed = False
+
+        async def _reserve(self) -> None:
+            self.steps.append("round starts")
+            if not self.failed:
+                self.failed = True
+                raise Unavailable("postgres is restarting")
+
+    clock = Clock()
+    quota = FailingOnce(clock)
+    await quota.reconcile()
+    await settle()
+    with pytest.raises(Unavailable):
+        await quota.reconcile()
+    clock.now += 0.2
+    await quota.reconcile()
+    await settle()
+    assert quota.steps.count("round starts") == 2
+
+
 async def test_a_round_that_failed_is_raised_to_the_run_loop() -> None:
     class Unavailable(Exception):
         pass
