@@ -58,7 +58,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from corral import environment
-from corral.bus import Bus, Delivery, Poison, Retry, StreamMissing, Unavailable
+from corral.bus import Bus, Delivery, Outgoing, Poison, Retry, StreamMissing, Unavailable
 from corral.bus.naming import EVENTS, durable_name, history_consumer
 from corral.bus.relay import POSITION, STREAM_VERSION
 from corral.bus.urls import addresses
@@ -773,7 +773,11 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
     async def publish_log(subject: str, data: bytes, msg_id: str) -> None:
         await bus.publish(subject, data, msg_id, timeout=5.0)
 
-    shipper = LogShipper(publish_log, namespace) if options.runtime != "sim-timer" else None
+    async def publish_logs(messages: Sequence[Outgoing]) -> None:
+        await bus.publish_many(messages, timeout=5.0)
+
+    shipper = (LogShipper(publish_log, namespace, publish_many=publish_logs) if options.runtime != "sim-timer"
+               else None)
     # One stepd fork server for the process's agents (their stepds start from the same environment).
     # Gloo's sockets on the interface of the advertised address (see `interfaces`).
     base_env, gloo = with_gloo_interface(environment.mapping(), options.advertise_address)

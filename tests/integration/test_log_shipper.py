@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
-from corral.bus import Bus
+from corral.bus import Bus, Outgoing
 from corral.contracts.logs import LogChunk
 from corral.log_stream import LogQuery, read_chunks
 from corral.services.node_agent.reporting.log_chunks import ShipLimits
@@ -19,7 +20,10 @@ def _shipper(bus: Bus, poll: float = 0.05) -> LogShipper:
     async def publish(subject: str, data: bytes, msg_id: str) -> None:
         await bus.publish(subject, data, msg_id, timeout=5.0)
 
-    return LogShipper(publish, bus.names.name, limits=ShipLimits(), poll=poll)
+    async def publish_many(messages: Sequence[Outgoing]) -> None:
+        await bus.publish_many(messages, timeout=5.0)
+
+    return LogShipper(publish, bus.names.name, publish_many=publish_many, limits=ShipLimits(), poll=poll)
 
 
 async def _read(bus: Bus, job: str, attempt: int | None = None) -> list[LogChunk]:

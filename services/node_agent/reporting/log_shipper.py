@@ -37,10 +37,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.bus import Outgoing
 from corral.contracts.logs import LogChunk, chunk_msg_id, encode_chunk, log_subject
 
 from ..process.step_files import append_record, last_record
 from ..process.supervisor import AgentEvents, ExitReason, GangOutcome
+from .log_batches import ChunkBatches, PublishMany
 from .log_chunks import RankCursor, ShipLimits, find_attempt_start
 
 log = logging.getLogger("corral.node_agent.logs")
@@ -156,12 +158,15 @@ def _is_cursor(record: dict[str, object]) -> bool:
 class LogShipper:
     """Every rank this agent process ships: one task each, from `follow` until `finish` drained it.
 
-    `publish` sends one chunk (`Bus.publish` with a timeout); `prefix` is the namespace; `limits`
-    apply to each rank; `poll` is how often a rank's file is looked at (seconds)."""
+    `publish` sends one chunk (`Bus.publish` with a timeout); `publish_many`, if given, several
+    ranks' chunks at once (`Bus.publish_many`, see `log_batches`), `publish` then being what a rank
+    falls back to when its batch fails; `prefix` is the namespace; `limits` apply to each rank;
+    `poll` is how often a rank's file is looked at (seconds)."""
 
-    def __init__(self, publish: Publish, prefix: str, *, limits: ShipLimits | None = None, poll: float = 0.5,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, publish: Publish, prefix: str, *, publish_many: PublishMany | None = None,
+                 limits: ShipLimits | None = None, poll: float = 0.5, clock: Callable[[], float] = time.time) -> None:
         self._publish = publish
+        self._batches = ChunkBatches(publish_many) if publish_many is not None else None
         self._prefix = prefix
         self._limits = limits or ShipLimits.from_env()
         self._poll = poll
@@ -234,6 +239,8 @@ class LogShipper:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._batches is not None:
+            await self._batches.close()
 
     async def _ship(self, key: RankKey, path: Path, saved: _Saved) -> None:
         try:
@@ -287,9 +294,8 @@ class LogShipper:
             data = os.pread(fd, read.length, read.offset) if read.length else b""
             last = final and read.offset + len(data) >= size
             chunks = cursor.take(data, self._clock(), final=last)
-            for chunk in chunks:
-                await self._send(chunk, waiting=file.release)
-            if chunks:
+            if chunks:  # the cursor moves past them once every one has landed
+                await self._send_all(chunks, waiting=file.release)
                 save(bool(chunks[-1].final))
             if cursor.ended or last:
                 if not chunks:
@@ -299,13 +305,34 @@ class LogShipper:
                 with contextlib.suppress(TimeoutError):  # woken at once when the rank exits
                     await asyncio.wait_for(finishing.wait(), self._poll)
 
-    async def _send(self, chunk: LogChunk, waiting: Callable[[], None] = lambda: None) -> None:
-        """Publish until it lands: an unavailable bus is waited out (the file keeps the lines);
-        `waiting` is called when it does not land at once (the rank's file is let go meanwhile)."""
+    def _message(self, chunk: LogChunk) -> Outgoing:
         subject_of = self._subjects.get(RankKey(chunk.job_id, chunk.attempt, chunk.node, chunk.rank))
         subject = subject_of(chunk) if subject_of else log_subject(self._prefix, chunk.job_id, chunk.attempt,
                                                                    chunk.node, chunk.rank)
-        data, msg_id = encode_chunk(chunk), chunk_msg_id(chunk)
+        return Outgoing(subject, encode_chunk(chunk), chunk_msg_id(chunk))
+
+    async def _send_all(self, chunks: list[LogChunk], waiting: Callable[[], None] = lambda: None) -> None:
+        """Publish one rank's chunks, in order, until they land: in a batch with other ranks' when
+        batches are on; if that batch fails, one by one (`_send`: a chunk already stored in the
+        batch is acknowledged again as a duplicate of its message id, never stored twice)."""
+        messages = [self._message(chunk) for chunk in chunks]
+        if self._batches is not None:
+            try:
+                await self._batches.publish(messages)
+                self.failing = False
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug("a batch of log chunks with %s rank %d failed (%s: %s); publishing them alone",
+                          chunks[0].job_id, chunks[0].rank, type(exc).__name__, exc)
+        for chunk, message in zip(chunks, messages, strict=True):
+            await self._send(chunk, message, waiting)
+
+    async def _send(self, chunk: LogChunk, message: Outgoing, waiting: Callable[[], None]) -> None:
+        """Publish until it lands: an unavailable bus is waited out (the file keeps the lines);
+        `waiting` is called when it does not land at once (the rank's file is let go meanwhile)."""
+        subject, data, msg_id = message.subject, message.data, message.msg_id
         delay = 0.25
         while True:
             try:
