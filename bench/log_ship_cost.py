@@ -112,7 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
-    print(probe_line())
     return 0
 
 
