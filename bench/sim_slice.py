@@ -6,10 +6,12 @@ Why a slice: the whole Sep-Oct replay at 40 x 8 takes ~10 min of CPU per policy;
 with the whole trace's figures. Queues: every queue in the slice gets an equal guarantee.
 
 Run: .venv/bin/python bench/sim_slice.py [--start A] [--stop B] [--cluster 40x8:H100]
-     [--policies corral,fair-las,fair-las:2] [--profile FILE] [--queues]
-`fair-las:X` replays fair-las with the starvation limit X (`SchedulerConfig.starvation_limit`; 0: off);
+     [--policies corral,fair-las,fair-las:2,fair-las:4r] [--profile FILE] [--queues]
+`fair-las:X` replays fair-las with the starvation limit X (`SchedulerConfig.starvation_limit`; 0: off),
+`fair-las:Xr` with it and `promotion_resets_level` (a promoted job preempts as level 0 both ways);
 `--profile FILE` writes cProfile stats of the last policy's replay to FILE (read with pstats);
-`--queues` prints each queue's mean allocation / fair share and share of GPU time.
+`--queues` prints each queue's mean allocation / fair share and share of GPU time. Each policy's line
+ends with the most preemptions of one job (and its id).
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ def replay(jobs: list, cluster: str, policy: str, profile: Path | None) -> tuple
     fair-las with the starvation limit X."""
     workload = normalised(jobs, "slice", [])
     name, _, limit = policy.partition(":")
-    config = dataclasses.replace(SchedulerConfig.named(name), starvation_limit=float(limit)) if limit else None
+    resets = limit.endswith("r")
+    config = (dataclasses.replace(SchedulerConfig.named(name), starvation_limit=float(limit.rstrip("r")),
+                                  promotion_resets_level=resets) if limit else None)
     profiler = cProfile.Profile() if profile is not None else None
     started = time.process_time()
     if profiler is not None:
@@ -67,6 +71,7 @@ def main() -> int:
         result, cpu[policy] = replay(jobs, args.cluster, policy, args.profile)
         results.append(result)
     ends = {r.policy: max(x.end for x in r.records if x.end is not None) / 3600 for r in results}
+    churn = {r.policy: max(r.records, key=lambda x: (x.preemptions, x.id)) for r in results}
     for row in verdict_rows(results):
         waits = " ".join(f"{c}:{w / 3600:.2f}" for c, w in row["gang_class_avg_wait_seconds"].items())
         idle = " ".join(f"{c}:{v * 100:.1f}" for c, v in row["idle_share"].items())
@@ -74,7 +79,8 @@ def main() -> int:
               f"p95 {row['p95_jct_seconds'] / 3600:.1f} h util {row['utilisation'] * 100:.1f}% "
               f"jain {row['jain_fairness']:.3f} loss {row['preemption_loss_share'] * 100:.2f}% "
               f"cpu {cpu[row['policy']]:.1f} s | last end {ends[row['policy']]:.1f} h (bound util "
-              f"{row['utilisation_bound'] * 100:.1f}%) | waits h {waits} | idle % {idle}")
+              f"{row['utilisation_bound'] * 100:.1f}%) | most preempted {churn[row['policy']].preemptions}x "
+              f"({churn[row['policy']].id}) | waits h {waits} | idle % {idle}")
     if args.queues:
         for r in results:
             figures = " ".join(f"{q.name[:6]}:{q.mean_fair_share_ratio or 0:.2f}/{q.share_of_gpu_time * 100:.0f}%"

@@ -11,8 +11,12 @@ other policies the level is always 0, so the key is the fair-share order's own.
 Tiresias' starvation limit: a job that has waited since it last gave its GPUs back longer than
 `SchedulerConfig.starvation_limit` times that run is promoted to the front of its queue's order
 (ahead of every level, behind higher priorities), so a long job swapped out by level is not left
-behind its queue's newer jobs for good. The promotion moves only the order: which running jobs it
-may preempt still goes by its level. It depends on the time, which the caller passes in.
+behind its queue's newer jobs for good. With `SchedulerConfig.promotion_resets_level`, as Tiresias
+resets a promoted job to its top queue, a promoted job counts as level 0 for preemption both ways:
+waiting, it may preempt a running job of its queue above level 0 (`waiting_level`), and once
+started it is no level victim until it has attained one level's service since its promotion
+(`running_level`, from `RunningJob.promoted_service`). It depends on the time, which the caller
+passes in.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 
-from corral.core.model import OrderPolicy, PendingJob, SchedulerConfig
+from corral.core.model import OrderPolicy, PendingJob, RunningJob, SchedulerConfig
 
 InQueueKey = tuple[int, int, float, str]
 
@@ -80,3 +84,35 @@ def key_at(config: SchedulerConfig, now: float) -> Callable[[PendingJob], InQueu
     if limit <= 0:
         return lambda p: in_queue_key(p, thresholds)
     return lambda p: in_queue_key(p, thresholds, now >= promote_at(p, limit))
+
+
+def promoted_at(p: PendingJob, config: SchedulerConfig, now: float) -> bool:
+    """Whether the starvation limit has promoted `p` by `now` (never outside FAIR_LAS)."""
+    limit = starvation_limit(config)
+    return limit > 0 and now >= promote_at(p, limit)
+
+
+def resets_at(p: PendingJob, config: SchedulerConfig, now: float) -> bool:
+    """Whether `p` counts as level 0 for preemption at `now` (promoted, and promotion resets the level)."""
+    return config.promotion_resets_level and promoted_at(p, config, now)
+
+
+def waiting_level(p: PendingJob, config: SchedulerConfig, now: float) -> int:
+    """The level `p` preempts by at `now`: 0 once promoted (`resets_at`), else its attained service's."""
+    if resets_at(p, config, now):
+        return 0
+    return level(p.attained_gpu_seconds, config.las_thresholds)
+
+
+def running_level(r: RunningJob, thresholds: Sequence[float], now: float) -> int:
+    """The level `r` is a victim at: of its service since its promotion if promoted, else of all of it."""
+    attained = r.attained(now)
+    if r.promoted_service is not None:
+        attained -= r.promoted_service
+    return level(attained, thresholds)
+
+
+def started_promotion(p: PendingJob, config: SchedulerConfig, now: float) -> float | None:
+    """`RunningJob.promoted_service` of `p` started at `now`: its attained service if promoted (`resets_at`),
+    else None."""
+    return p.attained_gpu_seconds if resets_at(p, config, now) else None

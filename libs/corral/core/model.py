@@ -320,11 +320,10 @@ class Placement:
 class RunningJob:
     """A job holding GPUs. `preempting` means it was asked to checkpoint and still holds its GPUs.
 
-    `attained_gpu_seconds` is service attained in earlier runs (LAS adds the current run to it);
-    `preempted_by` lists preemptors that already preempted it once, so they never do again;
-    `preempted_at` holds when its earlier attempts were asked to checkpoint (the preemption budget,
-    `SchedulerConfig.preemption_budget`, spares a job preempted that often lately).
-    """
+    `attained_gpu_seconds` is service attained in earlier runs (LAS adds the current run to it); `preempted_by`
+    lists preemptors that already preempted it once, so they never do again; `preempted_at` holds when its earlier
+    attempts were asked to checkpoint (the preemption budget, `SchedulerConfig.preemption_budget`, spares a job
+    preempted that often lately); `promoted_service`: its service at its promotion (`levels.running_level`)."""
 
     job: Job
     placement: Placement
@@ -334,6 +333,7 @@ class RunningJob:
     attained_gpu_seconds: float = 0.0
     preempted_by: frozenset[str] = frozenset()
     preempted_at: tuple[float, ...] = ()
+    promoted_service: float | None = None
 
     def attained(self, now: float) -> float:
         return self.attained_gpu_seconds + max(0.0, now - self.start_time) * self.job.total_gpus
@@ -370,8 +370,7 @@ class QueueConfig:
     max_gpus: hard ceiling including borrowing; lend_limit: how much unused guarantee others may
     borrow (None = all of it); weight: share of the surplus relative to siblings;
     max_gpus_per_user: GPUs one user's jobs may hold at once in its subtree (`core.user_gpus`;
-    None: no limit).
-    """
+    None: no limit)."""
 
     name: str
     guaranteed_gpus: int = 0
@@ -438,6 +437,7 @@ class SchedulerConfig:
     las_thresholds: tuple[float, ...] = (28800.0,)
     level_victim_fresh_seconds: float = 600.0
     starvation_limit: float = 4.0  # FAIR_LAS: a job waiting this many times its last run leads its queue
+    promotion_resets_level: bool = False  # FAIR_LAS: a promoted job preempts as level 0 both ways (`levels`)
 
     @classmethod
     def named(cls, policy: str) -> SchedulerConfig:

@@ -17,7 +17,7 @@ from operator import attrgetter
 
 from corral.core.backfill import Release
 from corral.core.gpuset import FreeGpus
-from corral.core.levels import service_read, thresholds_of
+from corral.core.levels import resets_at, service_read, thresholds_of
 from corral.core.model import PendingJob, RunningJob, SchedulerConfig, Snapshot
 from corral.core.ordering import iter_pending
 from corral.core.preemption.eligibility import NONE_SPARED, spared
@@ -89,7 +89,8 @@ def prepare(snapshot: Snapshot, config: SchedulerConfig, memo: ClassMemo) -> Pre
         releasing=dict(parts.releasing),
         spared=spared,
         order=order,
-        classes={p.job.id: memo.class_id(p, per_user, read, spared.get(p.job.id, NONE_SPARED))
+        classes={p.job.id: memo.class_id(p, per_user, read, spared.get(p.job.id, NONE_SPARED),
+                                         resets_at(p, config, snapshot.now))
                  for p in snapshot.pending},
         releases=parts.releases() if config.backfill else {},
         kept=parts.kept,

@@ -38,18 +38,19 @@ _QUIET_BEFORE_PROBING = 8
 
 def class_key(
     p: PendingJob, by_user: bool = False, read: tuple[float, ...] | None = None,
-    spared: frozenset[str] = frozenset(),
+    spared: frozenset[str] = frozenset(), promoted: bool = False,
 ) -> tuple[object, ...]:
     """Everything about a pending job that its decision reads, except its id and its place in the
     order: jobs with equal keys get equal answers while the cycle's state is unchanged. Its user
     only `by_user` (a queue sets `max_gpus_per_user`, the one rule that reads it): otherwise the
     same job of two users is one class. Its attained service as much as the policy reads it
-    (`levels.service_read`: all of it under LAS, the level under FAIR_LAS, none under the others).
-    Of who preempted whom the decision reads only `spared` (`eligibility.spared`: the running
-    jobs it may not preempt for their history with it), not `preempted_by`: a job preempted by one
+    (`levels.service_read`: all of it under LAS, the level under FAIR_LAS, none under the others),
+    and whether the starvation limit has promoted it (`promoted`: it preempts as level 0). Of who
+    preempted whom the decision reads only `spared` (`eligibility.spared`: the running jobs it may
+    not preempt for their history with it), not `preempted_by`: a job preempted by one
     that has ended since is in the class of a job never preempted."""
     job = p.job
-    service = service_class(p.attained_gpu_seconds, read)
+    service = -1.0 if promoted else service_class(p.attained_gpu_seconds, read)
     return (
         job.queue,
         job.replicas,
@@ -101,21 +102,21 @@ class ClassMemo:
         self.limit = limit
         self.running: object = None
         self._ids: dict[tuple[object, ...], int] = {}
-        self._of: dict[int, tuple[PendingJob, int, bool, tuple[float, ...] | None, frozenset[str]]] = {}
+        self._of: dict[int, tuple[PendingJob, int, bool, tuple[float, ...] | None, frozenset[str], bool]] = {}
 
     def class_id(
         self, p: PendingJob, by_user: bool = False, read: tuple[float, ...] | None = None,
-        spared: frozenset[str] = frozenset(),
+        spared: frozenset[str] = frozenset(), promoted: bool = False,
     ) -> int:
         hit = self._of.get(id(p))
         if (hit is not None and hit[0] is p and hit[2] is by_user and hit[3] == read
-                and (hit[4] is spared or hit[4] == spared)):
+                and (hit[4] is spared or hit[4] == spared) and hit[5] is promoted):
             return hit[1]
-        key = class_key(p, by_user, read, spared)
+        key = class_key(p, by_user, read, spared, promoted)
         n = self._ids.get(key)
         if n is None:
             n = self._ids[key] = len(self._ids)
-        self._of[id(p)] = (p, n, by_user, read, spared)
+        self._of[id(p)] = (p, n, by_user, read, spared, promoted)
         return n
 
     def between_cycles(self) -> None:

@@ -82,6 +82,7 @@ class SchedulerState:
         self.config = config
         self._thresholds = thresholds_of(config)
         self._read = service_read(config)  # what of a job's attained service its class reads
+        self._resets = config.promotion_resets_level  # a promoted job's class differs (`levels.resets_at`)
         self._promotions = Promotions(starvation_limit(config))  # re-keyed as each cycle's time moves
         self._key = None if key_of(config, 0.0) is None else self._in_queue  # the walk's in-queue key
         self.queues = tuple(queues)
@@ -147,8 +148,8 @@ class SchedulerState:
         found = spared(p, self._running, self._victims_of)
         if found:
             self._spared[job_id] = found
-        self._join(job_id, p, self._class_id(p, found))
         self._promotions.add(p)
+        self._join(job_id, p, self._class_id(p, found))
         self._sorted_for(p).add(self._order_key(p), p)
         self._name(p.job.queue, +1)
 
@@ -168,7 +169,7 @@ class SchedulerState:
         return p
 
     def _class_id(self, p: PendingJob, found: frozenset[str]) -> int:
-        key = class_key(p, self._by_user, self._read, found)
+        key = class_key(p, self._by_user, self._read, found, self._resets and p.job.id in self._promotions.promoted)
         k = self._class_ids.get(key)
         if k is None:
             k = self._class_ids[key] = len(self._class_ids)
@@ -331,6 +332,9 @@ class SchedulerState:
             kept = self._sorted_for(p)
             kept.remove(in_queue_key(p, self._thresholds, was))
             kept.add(self._order_key(p), p)
+            if self._resets:  # a promoted job preempts as level 0: another class
+                self._leave(job_id)
+                self._join(job_id, p, self._class_id(p, self._spared.get(job_id, NONE_SPARED)))
 
     def _sorted_for(self, p: PendingJob) -> _SortedJobs:
         if self.config.order not in TREE_ORDERS:

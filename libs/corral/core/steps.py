@@ -22,6 +22,7 @@ from enum import StrEnum
 
 from corral.core.cycle import schedule
 from corral.core.decisions import Decision, Pending, Preempt
+from corral.core.levels import started_promotion
 from corral.core.model import PendingJob, Placement, RunningJob, SchedulerConfig, Snapshot
 from corral.core.shortcuts import ClassMemo
 
@@ -94,25 +95,25 @@ class StepMemos:
         return out
 
     def preempt(self, snapshot: Snapshot, config: SchedulerConfig, placed: Mapping[str, Placement]) -> list[Preempt]:
-        """`preemption_step(after_placing(snapshot, placed), config)`."""
+        """`preemption_step(after_placing(snapshot, placed, config), config)`."""
         key = tuple(placed.items())
         last = self._preempts
         if last is not None and last[0] is snapshot and last[1] == key:
             return last[2]
-        out = preemption_step(after_placing(snapshot, placed), config, memo=self.preemption)
+        out = preemption_step(after_placing(snapshot, placed, config), config, memo=self.preemption)
         self._preempts = (snapshot, key, out)
         return out
 
 
-def after_placing(snapshot: Snapshot, placed: Mapping[str, Placement]) -> Snapshot:
+def after_placing(snapshot: Snapshot, placed: Mapping[str, Placement], config: SchedulerConfig) -> Snapshot:
     """The state once the jobs of `placed` (in its order) run from `snapshot.now`: what the next
-    step sees."""
+    step sees (a promoted job runs with its promotion, `levels.started_promotion`)."""
     by_id = {p.job.id: p for p in snapshot.pending}
-    started = tuple(_started(by_id[i], placement, snapshot.now) for i, placement in placed.items())
+    started = tuple(_started(by_id[i], placement, snapshot.now, config) for i, placement in placed.items())
     waiting = tuple(p for p in snapshot.pending if p.job.id not in placed)
     return Snapshot(snapshot.now, snapshot.cluster, snapshot.queues, waiting, snapshot.running + started)
 
 
-def _started(p: PendingJob, placement: Placement, now: float) -> RunningJob:
+def _started(p: PendingJob, placement: Placement, now: float, config: SchedulerConfig) -> RunningJob:
     return RunningJob(p.job, placement, now, attained_gpu_seconds=p.attained_gpu_seconds, preempted_by=p.preempted_by,
-                      preempted_at=p.preempted_at)
+                      preempted_at=p.preempted_at, promoted_service=started_promotion(p, config, now))

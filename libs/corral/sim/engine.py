@@ -55,6 +55,7 @@ from corral.core import (
     SchedulerConfig,
     Snapshot,
 )
+from corral.core.levels import started_promotion
 from corral.core.pipeline import run_round
 from corral.core.state import SchedulerState
 from corral.core.steps import StepMemos
@@ -456,7 +457,7 @@ class Simulator:
         self._runs[job_id] = run
         self._state.add_running(
             RunningJob(job, placement, now, None, False, pending.attained_gpu_seconds, pending.preempted_by,
-                       pending.preempted_at)
+                       pending.preempted_at, started_promotion(pending, self._config, now))
         )
         record = self._records[job_id]
         if record.start is None:
@@ -485,6 +486,7 @@ class Simulator:
                 running.attained_gpu_seconds,
                 running.preempted_by,
                 running.preempted_at,
+                running.promoted_service,
             )
         )
         grace = running.job.checkpoint_grace_seconds
@@ -503,7 +505,7 @@ class Simulator:
             r = self._running[job_id]
             self._state.replace_running(
                 RunningJob(r.job, r.placement, r.start_time, last, r.preempting, r.attained_gpu_seconds, r.preempted_by,
-                           r.preempted_at)
+                           r.preempted_at, r.promoted_service)
             )
             run.next_checkpoint = last + interval
             heapq.heappush(heap, (run.next_checkpoint, epoch, job_id, epoch))

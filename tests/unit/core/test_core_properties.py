@@ -38,7 +38,7 @@ from corral.core import (
     find_placement,
     schedule,
 )
-from corral.core.levels import level
+from corral.core.levels import running_level, started_promotion, waiting_level
 from corral.core.preemption import budget_spent
 
 # CORE_PROPERTY_EXAMPLES=2000 for a longer hunt; the default keeps the suite fast
@@ -47,13 +47,16 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-POLICIES = ["corral", "fifo", "priority", "backfill", "las", "fair-las"]
+POLICIES = ["corral", "fifo", "priority", "backfill", "las", "fair-las", "fair-las-reset"]
 # fair-las with service levels a dozen 10-second cycles cross (its own are GPU-hours)
 SMALL_LEVELS = (40.0, 160.0)
 
 
 def named(policy: str) -> SchedulerConfig:
-    """`SchedulerConfig.named`, with fair-las's levels small enough for these short histories."""
+    """`SchedulerConfig.named`, with fair-las's levels small enough for these short histories;
+    fair-las-reset: fair-las with `promotion_resets_level`."""
+    if policy == "fair-las-reset":
+        return dataclasses.replace(named("fair-las"), promotion_resets_level=True)
     config = SchedulerConfig.named(policy)
     return dataclasses.replace(config, las_thresholds=SMALL_LEVELS) if policy == "fair-las" else config
 
@@ -167,7 +170,7 @@ def simulate(cluster, queues, config, seed, cycles, simple, check):
                 p = pending.pop(d.job_id)
                 running[d.job_id] = RunningJob(
                     p.job, d.placement, now, attained_gpu_seconds=p.attained_gpu_seconds, preempted_by=p.preempted_by,
-                    preempted_at=p.preempted_at,
+                    preempted_at=p.preempted_at, promoted_service=started_promotion(p, config, now),
                 )
             elif isinstance(d, Preempt):
                 for v in d.victims:
@@ -251,9 +254,12 @@ def check_invariants(snap: Snapshot, config: SchedulerConfig, decisions) -> None
                     f"{v} preempted at {r.preempted_at} and again at {snap.now}: a preemption loop")
                 if r.job.queue == job.queue:
                     th = config.las_thresholds
-                    outserved = level(r.attained(snap.now), th) > level(p.attained_gpu_seconds, th)
+                    outserved = running_level(r, th, snap.now) > waiting_level(p, config, snap.now)
                     assert (r.job.priority < job.priority or config.order.value == "las"
                             or (config.order.value == "fairlas" and outserved))
+                    if r.job.priority >= job.priority and r.promoted_service is not None:
+                        # started promoted: no level victim before one level's service since
+                        assert r.attained(snap.now) - r.promoted_service >= th[0]
                 else:
                     assert config.reclaim or config.order.value == "las"
     # no queue exceeds max_gpus

@@ -30,7 +30,7 @@ from corral.core import (
 from corral.core.gpuset import Statement, mask_of
 from corral.core.placement import idle_index, shape_index
 from tests.unit.core.builders import job, running, snapshot
-from tests.unit.core.test_core_properties import POLICIES, SETTINGS, check_invariants, clusters, random_job
+from tests.unit.core.test_core_properties import POLICIES, SETTINGS, check_invariants, clusters, named, random_job
 
 
 def _with_out_of_service(cluster: Cluster, data: st.DataObject) -> Cluster:
@@ -49,7 +49,7 @@ def _out(cluster: Cluster) -> set[tuple[str, int]]:
 @given(data=st.data(), policy=st.sampled_from(POLICIES), seed=st.integers(0, 2**16))
 def test_no_gpu_twice_and_no_gpu_out_of_service_is_ever_chosen(data: st.DataObject, policy: str, seed: int) -> None:
     healthy = data.draw(clusters())
-    config = SchedulerConfig.named(policy)
+    config = named(policy)
     rng = random.Random(seed)
     queues = (QueueConfig("a", guaranteed_gpus=healthy.usable_gpus // 2), QueueConfig("b"))
     # jobs that were placed while every GPU was in service

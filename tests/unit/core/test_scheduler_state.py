@@ -28,6 +28,7 @@ from corral.core import (
     Snapshot,
     schedule,
 )
+from corral.core.levels import started_promotion
 from corral.core.prepared import Prepared, prepare
 from corral.core.shortcuts import ClassMemo
 from corral.core.state import SchedulerState
@@ -149,7 +150,8 @@ def _history(twin: _Twin, seed: int, cycles: int) -> None:
         for d in twin.compare(now):
             if isinstance(d, Place):
                 p = twin.pop_pending(d.job_id)
-                started = RunningJob(p.job, d.placement, now, None, False, p.attained_gpu_seconds, p.preempted_by)
+                started = RunningJob(p.job, d.placement, now, None, False, p.attained_gpu_seconds, p.preempted_by,
+                                     promoted_service=started_promotion(p, twin.config, now))
                 twin.add_running(started)
             elif isinstance(d, Preempt):
                 for v in d.victims:

@@ -12,7 +12,7 @@ import math
 from operator import itemgetter
 
 from corral.core.decisions import ReasonCode
-from corral.core.levels import level
+from corral.core.levels import level, waiting_level
 from corral.core.model import Job, OrderPolicy, PendingJob, RunningJob, SchedulerConfig
 from corral.core.preemption.eligibility import (
     ReclaimCache,
@@ -185,7 +185,7 @@ class Candidates:
         low = self._lowest_priority().get(job.queue)
         lower = low is not None and low < job.priority
         if config.order is OrderPolicy.FAIR_LAS:
-            mine = level(p.attained_gpu_seconds, config.las_thresholds)
+            mine = waiting_level(p, config, self.now)
             if self._may_outserve(job.queue, mine):
                 return self._outserving(p, mine)
         if not lower:

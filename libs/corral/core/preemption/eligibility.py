@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from corral.core.decisions import ReasonCode
-from corral.core.levels import level
+from corral.core.levels import running_level, waiting_level
 from corral.core.model import Job, OrderPolicy, PendingJob, RunningJob, SchedulerConfig
 from corral.core.quota import QueueTree, QueueUsage, below_guarantee, within_guarantee
 
@@ -65,13 +65,14 @@ def same_queue_outranks(job: Job, victim: Job) -> bool:
 
 def outserved(config: SchedulerConfig, pending: PendingJob, r: RunningJob, now: float) -> bool:
     """FAIR_LAS: `r`, of the waiting job's queue and no larger than it, has reached a strictly
-    higher service level. No larger: a victim's GPUs the preemptor does not take are released to
+    higher service level (the levels of `levels.waiting_level` and `levels.running_level`: a
+    promoted job counts as level 0 both ways). No larger: a victim's GPUs the preemptor does not take are released to
     whoever comes next in the fair-share order, often another queue's job, so a larger victim
     would move GPUs from its queue to others (a swap inside a queue keeps the queues' shares)."""
     th = config.las_thresholds
     return (config.order is OrderPolicy.FAIR_LAS and r.job.queue == pending.job.queue
             and r.placement.gpu_count <= pending.job.total_gpus
-            and level(r.attained(now), th) > level(pending.attained_gpu_seconds, th)
+            and running_level(r, th, now) > waiting_level(pending, config, now)
             and fresh(config, r, now))
 
 
