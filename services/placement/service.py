@@ -38,6 +38,7 @@ from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
 from corral.contracts.routes import consumed_by, inbox_of
 from corral.contracts.subjects import Subjects
+from corral.core.joiners import head_of, joiners_step
 from corral.core.steps import placement_step
 from corral.eventstore import Tracking
 from corral.projection import Fence, JobView, NodeView, QuotaPhase
@@ -95,6 +96,12 @@ class Placement(Service):
         self._waiting = self.view.jobs_where(_places)
         #: the core's job classes, kept between cycles (the view keeps its PendingJob objects)
         self.classes = core.ClassMemo()
+        #: After a full cycle on a full cluster: its first job and the cluster, queues and running
+        #: jobs it was decided on (`_joiners`); None when the next cycle must be a full one.
+        self._held: tuple[core.PendingJob, core.Snapshot] | None = None
+        #: Jobs an event touched since the last cycle: the ones a cycle over joiners decides.
+        self._touched: set[str] = set()
+        self._joiner_classes = core.ClassMemo()
 
     #: Events after which the placement cycle may decide differently: a job starts or stops
     #: waiting for GPUs, GPUs are freed (GpusReleased: a node's fence opened), nodes come or go.
@@ -116,6 +123,10 @@ class Placement(Service):
     def folded(self, event: Event) -> None:
         if type(event) in self.place_triggers:
             self._place_dirty = True
+        if not isinstance(event, ev.PlacementPending):
+            job_id = getattr(event, "job_id", None)
+            if job_id:
+                self._touched.add(job_id)
         if isinstance(event, ev.GpuHealthChanged):
             self._lifecycles_full_at = float("-inf")  # the gangs on a GPU gone bad are released now
         if type(event) in self.lifecycle_triggers:
@@ -421,21 +432,26 @@ class Placement(Service):
         # free every answer is a reason, and the tick's cycle gives each job its reason. The
         # cycle looks at every waiting job, and a new waiting job (or a waiting job cancelled)
         # on a full cluster changes no placement: a cycle for each would keep a core busy behind
-        # every `corral submit` and `cancel` with a deep backlog.
+        # every `corral submit` and `cancel` with a deep backlog. On a full cluster where only
+        # waiting jobs came and went, the tick decides the new ones alone (`_joiners`).
         if self.monotonic() - self._placed_at < self.tick_seconds \
                 and (not self._place_dirty or self.view.free_gpus() == 0):
             return
         self._place_dirty, self._placed_at = False, self.monotonic()
-        waiting = list(self._waiting.values())  # the snapshot orders them
-        if not waiting or not self.view.nodes:
+        if not self._waiting or not self.view.nodes:
             return
+        if await self._joiners(now):
+            return
+        self._held, self._touched = None, set()
+        waiting = list(self._waiting.values())  # the snapshot orders them
         snapshot = self.view.snapshot(now, pending=waiting, releasing=True)
         # One append for every gang and reason of this cycle (decided together on one snapshot, so
         # they never overlap): a commit per event was the log's limit under load.
         gangs: dict[str, list[Event]] = {}
         reasons: dict[str, list[Event]] = {}
         taken: dict[str, set[int]] = {}  # rendezvous ports given out in this cycle, by address
-        for decision in placement_step(snapshot, self.config, memo=self.classes):
+        decisions = placement_step(snapshot, self.config, memo=self.classes)
+        for decision in decisions:
             job = self.view.jobs[decision.job_id]
             reason: core.Reason | None = None
             if isinstance(decision, core.Place):
@@ -466,7 +482,43 @@ class Placement(Service):
                 log.error("allocations refused by the database (a GPU is held already): %s", exc)
                 for stream in merged:
                     await self.refresh_stream(stream)
-        await self.append(reasons)
+        if await self.append(reasons) and not gangs:
+            head = head_of(snapshot, decisions)
+            self._held = None if head is None else (head, core.Snapshot(now, snapshot.cluster, snapshot.queues, (),
+                                                                        snapshot.running))
+
+    async def _joiners(self, now: float) -> bool:
+        """The tick's cycle on a full cluster when only waiting jobs came, went or changed since the
+        last full one (`core.joiners`): the jobs that joined are decided with its first job, and
+        every other job keeps its answer, recorded already. False: a full cycle is needed."""
+        held = self._held
+        if held is None or self.view.free_gpus():
+            return False
+        head, last = held
+        first = self._waiting.get(head.job.id)
+        if first is None:
+            return False
+        touched, self._touched = self._touched, set()
+        joined = [self._waiting[i] for i in sorted(touched) if i in self._waiting and i != head.job.id]
+        snapshot = self.view.snapshot(now, pending=[first, *joined], releasing=True)
+        if not (snapshot.cluster is last.cluster or snapshot.cluster == last.cluster) \
+                or snapshot.queues != last.queues or snapshot.running != last.running:
+            self._touched |= touched
+            return False
+        decisions = joiners_step(snapshot, self.config, head, memo=self._joiner_classes)
+        if decisions is None:
+            self._touched |= touched
+            return False
+        reasons: dict[str, list[Event]] = {}
+        for decision in decisions:
+            assert isinstance(decision, core.Pending)  # nothing is free: every answer is a reason
+            pending = self.pending_event(self.view.jobs[decision.job_id], decision.reason)
+            if pending is not None:
+                reasons[pending.stream] = [pending]
+        if not await self.append(reasons):
+            self._held = None
+        return True
+
 
     def _reserve(self, job: JobView, decision: core.Place,
                  taken: dict[str, set[int]]) -> dict[str, list[Event]] | core.Reason:
