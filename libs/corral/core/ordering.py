@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from corral.core.levels import InQueueKey, in_queue_key, key_at, starvation_limit, thresholds_of
 from corral.core.model import OrderPolicy, PendingJob, QueueConfig, SchedulerConfig, Snapshot
@@ -67,6 +67,7 @@ def order_pending(
 _BY_SUBMIT = attrgetter("job.submit_time", "job.id")
 _BY_ATTAINED = attrgetter("attained_gpu_seconds", "job.submit_time", "job.id")
 _PRIORITY = attrgetter("job.priority")
+_FIRST = itemgetter(0)
 
 
 def _LEVEL_ZERO(p: PendingJob) -> InQueueKey:
@@ -97,11 +98,6 @@ def iter_pending(
     yield from _fair_share_order(tree, usage, list(snapshot.pending), key_of(config, snapshot.now))
 
 
-def in_queue_sorted(jobs: list[PendingJob], key: KeyOf) -> list[PendingJob]:
-    """One queue's jobs in `key` order."""
-    return sorted(jobs, key=key) if key is not None else _by_priority(jobs)
-
-
 def _fair_share_order(
     tree: QueueTree, usage: QueueUsage, pending: list[PendingJob], key: KeyOf = None
 ) -> Iterator[PendingJob]:
@@ -118,8 +114,15 @@ def _fair_share_order(
     for p in pending:
         by_queue.setdefault(p.job.queue, []).append(p)
     unknown = sorted((p for q in list(by_queue) if not tree.known(q) for p in by_queue.pop(q)), key=_BY_SUBMIT)
-    sorted_by_queue = {q: in_queue_sorted(js, key) for q, js in by_queue.items()}
-    yield from fair_share_walk(tree, usage, sorted_by_queue, unknown, key)
+    if key is None:
+        yield from fair_share_walk(tree, usage, {q: _by_priority(js) for q, js in by_queue.items()}, unknown)
+        return
+    # each job's key once: the sort's, kept for the walk (which reads every queue head's key again)
+    keyed = {q: sorted([(key(p), p) for p in js], key=_FIRST) for q, js in by_queue.items()}
+    walk = _Walk(tree, usage.copy(), {q: [p for _, p in kp] for q, kp in keyed.items()}, key,
+                 {q: [k for k, _ in kp] for q, kp in keyed.items()})
+    yield from walk.jobs()
+    yield from unknown
 
 
 def fair_share_walk(
@@ -149,7 +152,7 @@ class _Walk:
     job taken (~12 % of a Corral cycle), and a queue whose subtree has no other waiting queue
     (every leaf) skips the list of keys and its own heap -- it is its only candidate."""
 
-    __slots__ = ("best", "current", "heads", "heaps", "key", "nested", "tree", "usage", "waiting")
+    __slots__ = ("best", "current", "head_keys", "heads", "heaps", "key", "nested", "tree", "usage", "waiting")
 
     def __init__(
         self,
@@ -157,10 +160,14 @@ class _Walk:
         usage: QueueUsage,
         sorted_by_queue: dict[str, list[PendingJob]],
         key: KeyOf,
+        keys: dict[str, list[InQueueKey]] | None = None,
     ) -> None:
         self.tree, self.usage = tree, usage
         self.key: Callable[[PendingJob], InQueueKey] = key if key is not None else _LEVEL_ZERO
         self.heads: dict[str, deque[PendingJob]] = {q: deque(js) for q, js in sorted_by_queue.items() if js}
+        #: each head's jobs' keys, in step with `heads`, when the caller has them (`key` is asked otherwise)
+        self.head_keys: dict[str, deque[InQueueKey]] | None = (
+            None if keys is None else {q: deque(keys[q]) for q in self.heads})
         self.waiting: dict[str, int] = {}
         for q, js in self.heads.items():
             for a in tree.path(q):
@@ -179,6 +186,8 @@ class _Walk:
         while remaining:
             node = self.descend()
             p = heads[node].popleft()
+            if self.head_keys is not None:
+                self.head_keys[node].popleft()
             yield p
             remaining -= 1
             usage.add(node, p.job.total_gpus)
@@ -201,7 +210,12 @@ class _Walk:
         own = self.heads.get(q)
         tree = self.tree
         share = share_key(tree, self.usage, q)
-        mine = self.key(own[0]) if own else None
+        if not own:
+            mine = None
+        elif self.head_keys is not None:
+            mine = self.head_keys[q][0]
+        else:
+            mine = self.key(own[0])
         nested = q in self.nested
         if nested:
             if mine is not None:
