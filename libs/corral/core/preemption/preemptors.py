@@ -130,8 +130,8 @@ class Preemptors:
                 return True
             if fair_las:
                 reset = config.promotion_resets_level and self._promoted(r.job.queue, limit, now)
-                least = 0 if reset else level(top[1], th)
-                if running_level(r, th, now) > least:
+                floor = 0 if reset else level(top[1], th)
+                if running_level(r, th, now) > floor:
                     return True
         return False
 
