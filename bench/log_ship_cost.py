@@ -101,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=400, help="ranks per mode and round")
     parser.add_argument("--at-once", type=int, default=40, help="ranks that start and end together")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (seconds) checking the script end to end")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.ranks, args.at_once, args.rounds = 8, 4, 1
     print(probe_line())
     root = Path(tempfile.mkdtemp(prefix="corral-bench-logship-"))
     files = tls.generate(root / "tls")

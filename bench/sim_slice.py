@@ -63,7 +63,10 @@ def main() -> int:
     parser.add_argument("--policies", default="corral,fair-las")
     parser.add_argument("--profile", type=Path)
     parser.add_argument("--queues", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="a tiny slice (seconds) checking the script end to end")
     args = parser.parse_args()
+    if args.smoke:
+        args.start, args.stop, args.policies = 20000, 20200, "corral,fair-las:4r"
     print(probe_line(), flush=True)
     jobs = list(load_workload(f"philly:{args.trace}").jobs[args.start:args.stop])
     results, cpu = [], {}

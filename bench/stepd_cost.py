@@ -92,7 +92,10 @@ def main() -> None:
     parser.add_argument("--gangs", type=int, default=300)
     parser.add_argument("--at-once", type=int, default=40)
     parser.add_argument("--command", default="/bin/true")
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (seconds) checking the script end to end")
     args = parser.parse_args()
+    if args.smoke:
+        args.gangs, args.at_once = 6, 3
     print(probe_line())
     with tempfile.TemporaryDirectory() as tmp:
         r = asyncio.run(run(args.gangs, args.at_once, tuple(args.command.split()), Path(tmp)))

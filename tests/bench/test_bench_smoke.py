@@ -131,3 +131,17 @@ def test_scale_bench_runs() -> None:
 def test_gpu_health_bench_runs(fake_nvml_lib: Path) -> None:
     # fake_nvml_lib: skipped, saying so, where no C compiler builds the fake NVML the script builds too
     assert "fault -> report p50" in run("bench/gpu_health.py", "--smoke", timeout=120)
+
+
+def test_stepd_cost_bench_runs() -> None:
+    assert "launcher+stepds+jobs" in run("bench/stepd_cost.py", "--smoke")
+
+
+def test_log_ship_cost_bench_runs() -> None:
+    assert "probe:" in run("bench/log_ship_cost.py", "--smoke")
+
+
+@pytest.mark.skipif(not PHILLY.is_file(), reason=f"the Philly trace is not at {PHILLY}")
+def test_sim_slice_bench_runs() -> None:
+    out = run("bench/sim_slice.py", "--smoke", "--trace", str(PHILLY))
+    assert "corral" in out and "fair-las:4r" in out and "jain" in out
