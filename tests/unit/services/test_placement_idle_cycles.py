@@ -16,11 +16,12 @@ import pytest
 
 from corral.contracts import events as ev
 from corral.contracts.cluster import GpuDevice
-from corral.contracts.envelope import Reason, job_stream, node_stream
+from corral.contracts.envelope import Reason, node_stream
 from corral.contracts.jobspec import validate_job_spec
 from corral.contracts.queues import QueueSpec
 from corral.services.placement import service as placement_module
 from corral.services.placement.service import Placement
+from tests.unit.services.job_events import job_event
 
 
 class Clock:
@@ -52,8 +53,7 @@ class CountingPlacement(Placement):
             self.folded(e)
 
 
-def _job(job_id: str, cls: Any, **payload: Any) -> Any:
-    return cls.new(stream=job_stream(job_id), actor="test", correlation_id=job_id, job_id=job_id, **payload)
+_job = job_event
 
 
 def _waiting(job_id: str) -> list[Any]:

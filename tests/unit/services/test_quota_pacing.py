@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from corral.services.quota.service import Quota
+from tests.unit.services.job_events import job_event
 
 
 class Clock:
@@ -188,10 +189,7 @@ class AppendingQuota(Quota):
             self.folded(e)
 
 
-def _job(job_id: str, cls: Any, **payload: Any) -> Any:
-    from corral.contracts.envelope import job_stream
-
-    return cls.new(stream=job_stream(job_id), actor="test", correlation_id=job_id, job_id=job_id, **payload)
+_job = job_event
 
 
 def _holding_quota(job_id: str) -> list[Any]:
