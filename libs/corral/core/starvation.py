@@ -15,6 +15,9 @@ import math
 from corral.core.levels import promote_at
 from corral.core.model import PendingJob
 
+# heap entries of jobs no longer waiting, beyond twice the waiting ones, before the heap is rebuilt
+_SLACK = 64
+
 
 class Promotions:
     """The waiting jobs with a promotion time, and those promoted at `clock`."""
@@ -24,7 +27,9 @@ class Promotions:
     def __init__(self, limit: float) -> None:
         self.limit = limit
         self.at: dict[str, float] = {}  # waiting job -> when it is promoted (finite only)
-        self.due: list[tuple[float, str]] = []  # heap of (promotion time, job) not yet promoted
+        # heap of (promotion time, job) not yet promoted; a job that leaves stays in it until its
+        # time comes or the heap is rebuilt (`remove`), so it holds at most about twice `at`
+        self.due: list[tuple[float, str]] = []
         self.promoted: set[str] = set()
         self.clock = -math.inf
 
@@ -44,6 +49,9 @@ class Promotions:
     def remove(self, job_id: str) -> None:
         self.at.pop(job_id, None)
         self.promoted.discard(job_id)
+        if len(self.due) > 2 * len(self.at) + _SLACK:  # mostly left jobs' times: keep the waiting ones'
+            self.due = [(t, i) for i, t in self.at.items() if i not in self.promoted]
+            heapq.heapify(self.due)
 
     def advance(self, now: float) -> list[str]:
         """Move the clock to `now`: the jobs whose promotion changed (promoted or, when time went

@@ -90,8 +90,11 @@ class SchedulerState:
         self._pending: dict[str, PendingJob] = {}
         self._running: dict[str, RunningJob] = {}
         self._run_index = RunningIndex()  # sorted by id; priorities; attained service
-        # classes (`shortcuts.class_key`): numbered here, for as long as the state lives
+        # classes (`shortcuts.class_key`) with waiting jobs, numbered here (a number is never reused;
+        # a class is forgotten once empty: a job's spared set and promotion move it from key to key)
         self._class_ids: dict[tuple[object, ...], int] = {}
+        self._class_keys: dict[int, tuple[object, ...]] = {}  # the inverse, to forget an empty class
+        self._next_class = 0
         self._by_user = any(q.max_gpus_per_user is not None for q in self.queues)  # (`class_key`)
         self._class: dict[str, int] = {}
         self._members: dict[int, dict[str, PendingJob]] = {}
@@ -172,7 +175,9 @@ class SchedulerState:
         key = class_key(p, self._by_user, self._read, found, self._resets and p.job.id in self._promotions.promoted)
         k = self._class_ids.get(key)
         if k is None:
-            k = self._class_ids[key] = len(self._class_ids)
+            k = self._class_ids[key] = self._next_class
+            self._class_keys[k] = key
+            self._next_class += 1
         return k
 
     def _join(self, job_id: str, p: PendingJob, k: int) -> None:
@@ -204,6 +209,7 @@ class SchedulerState:
                 insort(firsts, (self._seq[next(iter(members))], k))
         if not members:
             del self._members[k]
+            del self._class_ids[self._class_keys.pop(k)]
 
     def _restate_spared(self) -> None:
         """Re-class the waiting jobs whose spared set may have changed (a job they name, or one

@@ -5,11 +5,12 @@ across queues it is fair share's; a same-queue victim is at a strictly higher le
 from __future__ import annotations
 
 import dataclasses
+from unittest.mock import patch
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.core import Cluster, PendingJob, Preempt, QueueConfig, RunningJob, SchedulerConfig, schedule
+from corral.core import Cluster, PendingJob, Preempt, QueueConfig, RunningJob, SchedulerConfig, schedule, starvation
 from corral.core.levels import in_queue_key, level
 from corral.core.model import OrderPolicy
 from corral.core.ordering import order_pending
@@ -206,10 +207,17 @@ def test_a_job_waiting_its_starvation_limit_leads_its_queue(pending: list[Pendin
 def test_the_kept_order_with_promotion_is_the_order_from_scratch(data: st.DataObject, thresholds: tuple[float, ...],
                                                                   limit: float) -> None:
     """A `SchedulerState` re-keys promoted jobs as the time moves (forwards or back) and as jobs
-    come and go: its walk is `order_pending` of the same snapshot at every step."""
+    come and go: its walk is `order_pending` of the same snapshot at every step. With no slack the
+    promotion heap is rebuilt at almost every job that leaves (`starvation.Promotions.remove`)."""
     config = dataclasses.replace(_config(thresholds), starvation_limit=limit)
     queues = [QueueConfig(q, 2) for q in "abc"]
     cluster = Cluster.uniform(1, 8, "H100")
+    with patch.object(starvation, "_SLACK", data.draw(st.sampled_from([0, 64]))):
+        _kept_order_as_jobs_come_and_go(data, config, cluster, queues)
+
+
+def _kept_order_as_jobs_come_and_go(data: st.DataObject, config: SchedulerConfig, cluster: Cluster,
+                                    queues: list[QueueConfig]) -> None:
     state = SchedulerState(cluster, queues, config)
     pool = data.draw(requeued())
     waiting_now: dict[str, PendingJob] = {}

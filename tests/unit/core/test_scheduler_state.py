@@ -5,7 +5,8 @@ classes kept between cycles) instead of rebuilding them from a snapshot every cy
 properties drive a state and a plain pair of dicts through the same random history -- arrivals,
 placements, preemptions (victims leave after a grace), completions, periodic checkpoints, nodes
 lost, drained and back -- and compare, on every cycle and for every policy, the state's snapshot
-and both of its answers (explained and actions only) with the from-scratch cycle's.
+and both of its answers (explained and actions only) with the from-scratch cycle's, and that
+its kept tables hold only live classes and promotions (test_state_tables.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from corral.core.shortcuts import ClassMemo
 from corral.core.state import SchedulerState
 
 from .test_core_properties import POLICIES, SETTINGS, clusters, named, queue_trees, random_job
+from .test_state_tables import kept_within_live
 
 
 class _Twin:
@@ -89,6 +91,7 @@ class _Twin:
         actions = self.state.cycle(now)
         assert actions == schedule(snap, self.config, explain=False)
         assert actions == [d for d in explained if isinstance(d, Place | Preempt)]
+        kept_within_live(self.state)
         return actions
 
 
