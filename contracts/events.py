@@ -216,7 +216,8 @@ class JobRejected(Event, frozen=True, kw_only=True):
 
 class QuotaReserved(Event, frozen=True, kw_only=True):
     """Quota set aside for a job; `borrowed` is how many of `gpus` come from siblings' guarantees."""
-    flow: ClassVar[Flow] = Flow(writers=(QUOTA,), stream="job", consumers=(PREEMPTION, PLACEMENT))
+    # Not sent to preemption: its victim search runs the whole cycle over every waiting job, quota or not.
+    flow: ClassVar[Flow] = Flow(writers=(QUOTA,), stream="job", consumers=(PLACEMENT,))
 
 
     job_id: JobId
@@ -226,7 +227,7 @@ class QuotaReserved(Event, frozen=True, kw_only=True):
 
 
 class QuotaReleased(Event, frozen=True, kw_only=True):
-    flow: ClassVar[Flow] = Flow(writers=(QUOTA,), stream="job", consumers=(PREEMPTION, PLACEMENT))
+    flow: ClassVar[Flow] = Flow(writers=(QUOTA,), stream="job", consumers=(PLACEMENT,))
     job_id: JobId
     queue: QueuePath
     gpus: Gpus
@@ -252,7 +253,9 @@ class GangReserved(Event, frozen=True, kw_only=True):
 
 class PlacementPending(Event, frozen=True, kw_only=True):
     """The job waits; emitted only when the reason changes (codes: GANG_DOES_NOT_FIT, ...)."""
-    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT, QUOTA), stream="job", consumers=(QUOTA, PREEMPTION, PLACEMENT))
+    # Quota and placement each say a waiting job's reason only when it is news against the one the
+    # log holds, so each is sent the other's; preemption reads no waiting job's reason.
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT, QUOTA), stream="job", consumers=(QUOTA, PLACEMENT))
 
 
     job_id: JobId
@@ -404,7 +407,9 @@ class GpusAllocated(Event, frozen=True, kw_only=True):
 
 class GpusReleased(Event, frozen=True, kw_only=True):
     """The node's share of a GangReleased, on stream `node-<name>`."""
-    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="node", consumers=(QUOTA, PREEMPTION))
+    # Sent to no service: placement writes it; quota and preemption keep no GPU ledger
+    # (`ClusterView.gpu_ledger`).
+    flow: ClassVar[Flow] = Flow(writers=(PLACEMENT,), stream="node")
 
 
     node: NodeName

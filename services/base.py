@@ -99,6 +99,10 @@ class Service:
     #: (admission: a submission repeating an ended job's id, `EventStore.jobs_of_submissions`;
     #: placement: a late report of an ended job, `forgotten_job`).
     forgets_ended_jobs: ClassVar[bool] = False
+    #: The fold keeps which GPU holds what (`ClusterView.gpu_ledger`): nodes' allocations, fences of
+    #: released attempts, rendezvous ports. Off for a service whose core snapshot leaves fenced GPUs
+    #: out (quota, preemption): it is then not sent the nodes' GpusReleased.
+    keeps_gpu_ledger: ClassVar[bool] = True
     #: The cluster's policy (`Settings.policy`, read once): quota, placement and preemption each
     #: decide their step of it (`corral.core.steps`); the default when run without settings.
     config: core.SchedulerConfig = core.SchedulerConfig()
@@ -114,7 +118,7 @@ class Service:
         self.settings = settings
         if settings is not None:  # the cluster's policy, read once with the settings
             self.config = settings.scheduler_config
-        self.view = ClusterView(forget_ended=self.forgets_ended_jobs)
+        self.view = ClusterView(forget_ended=self.forgets_ended_jobs, gpu_ledger=self.keeps_gpu_ledger)
         self.changed = asyncio.Event()
         self.reasons = ReasonThrottle(monotonic, self.reason_refresh_seconds)
 

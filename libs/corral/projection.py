@@ -341,6 +341,12 @@ class ClusterView:
     #: in `forgotten` (and its stream in `versions`), and a later event of it changes nothing.
     #: Off for every reader that shows ended jobs (the CLI, `corral replay`, the read model).
     forget_ended: bool = field(default=False, compare=False)
+    #: Off for a reader whose decisions never ask which GPU holds what: quota and preemption hand
+    #: the core the running jobs' placements and leave fenced GPUs out (`snapshot(releasing=False)`).
+    #: Nodes' allocations, the fences of released attempts and rendezvous ports are then not kept,
+    #: so such a reader is not sent GpusReleased (its `flow`); a job's state, attempt, placement and
+    #: holding are folded as always.
+    gpu_ledger: bool = field(default=True, compare=False)
     forgotten: set[str] = field(default_factory=set, repr=False, compare=False)
 
     # ---- folding -----------------------------------------------------------------------------
@@ -514,6 +520,8 @@ class ClusterView:
         `core_pending`: the waiting jobs already as the core's, sorted by job id (quota keeps
         them between rounds, `corral.services.quota.round_inputs`); `pending` is then not read.
         `running`: the jobs holding GPUs already as the core's, sorted by job id (kept likewise)."""
+        if releasing and not self.gpu_ledger:
+            raise ValueError("a view without the GPU ledger keeps no fenced GPUs (see `gpu_ledger`)")
         if core_pending is None:
             waiting = pending if pending is not None else [j for j in self.active.values()
                                                            if j.state is JobState.PENDING]
@@ -609,6 +617,8 @@ def _gang_reserved(view: ClusterView, e: ev.GangReserved) -> None:
     j.state, j.reason, j.holding, j.gang = JobState.STARTING, None, True, GangState.STARTING
     j.started_ranks, j.exited_ranks, j.exit_reasons, j.preempt = set(), {}, {}, None
     j.resume_from = e.resume_from
+    if not view.gpu_ledger:
+        return
     _hold_port(view, j, e)
     for r in e.ranks:
         node = view.nodes.get(r.node)
@@ -675,6 +685,9 @@ def _fence(view: ClusterView, j: JobView, e: ev.GangReleased) -> None:
     """The released attempt keeps its GPUs allocated until each node's GpusReleased."""
     if not j.holding or j.gang is None or e.attempt != j.attempt:
         return
+    j.gang = None
+    if not view.gpu_ledger:
+        return
     held: dict[str, list[int]] = {}
     for r in j.ranks:
         node = view.nodes.get(r.node)
@@ -688,14 +701,13 @@ def _fence(view: ClusterView, j: JobView, e: ev.GangReleased) -> None:
     master = j.rendezvous.get(j.attempt)
     if master is not None and master.node not in fence.open:
         _free_port(view, j, j.attempt)  # rank 0's node holds nothing of it any more
-    j.gang = None
 
 
 def _gpus_allocated(view: ClusterView, e: ev.GpusAllocated) -> None:
     """The node's share of a GangReserved, folded to the same effect (the same transaction wrote
     both). A reader that re-reads only a node's stream after losing a race on it (placement is
     not sent its own events: see each event's `flow`) learns of the allocation from it."""
-    node = view.nodes.get(e.node)
+    node = view.nodes.get(e.node) if view.gpu_ledger else None
     if node is not None:
         for g in e.gpus:
             node.allocations[g] = e.job_id

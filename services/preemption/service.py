@@ -36,7 +36,12 @@ log = logging.getLogger("corral.preemption")
 class Preemption(Service):
     name = "preemption"
     forgets_ended_jobs = True
-    #: Every event it folds but ranks' reports and node mirrors (each event's `flow`).
+    keeps_gpu_ledger = False  # its round leaves fenced GPUs out: no GpusReleased sent
+    #: What its decisions read (each event's `flow`): not ranks' reports, node mirrors, quota's
+    #: records nor waiting jobs' reasons (its search runs the whole cycle over every waiting job).
+    #: Its appends (a victim's PreemptRequested, JobRequeued) are guarded by the versions it has
+    #: seen: a QuotaReleased after a victim's release loses that race once, re-reads the stream
+    #: and decides again.
     consumes = names(consumed_by(PREEMPTION))
     #: At least this long between two victim searches. Each is a whole scheduling cycle over every
     #: waiting job; run after every event batch it starved the other services of CPU under a stream

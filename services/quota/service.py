@@ -48,6 +48,7 @@ log = logging.getLogger("corral.quota")
 class Quota(Service):
     name = "quota"
     forgets_ended_jobs = True
+    keeps_gpu_ledger = False  # its round leaves fenced GPUs out: no GpusReleased sent
     #: An admin's requests on `admin.<admin>.<Type>` (only an admin identity publishes there; the
     #: admin is recorded as their actor and user); the bare subjects only a superuser may publish.
     inbox = inbox_of(QUOTA)
