@@ -8,9 +8,11 @@ job's own events change how it is classified or its core object (the view's own 
 `ClusterView.jobs_where`, rely on the same rule), so the quota service updates this index for the
 job of each event it folds (`Quota.folded`), and a round reads it as it stands: `pending()` /
 `reserved` / `held()` / `core_pending()`, the last sorted by job id as `ClusterView.snapshot` sorts
-them, rebuilt only when a waiting job came, went or changed. The jobs holding GPUs are kept as the
-core's likewise (`core_running`): the same objects from round to round, so the core's parts derived
-from them are moved by the jobs that changed instead of built again (`core.running_parts`).
+them, rebuilt only when a waiting job came, went or changed; and what the core's round derives
+from them (`backlog`: each queue's order, the classes, the counts `Exposure` reads). The jobs
+holding GPUs are kept as the core's likewise (`core_running`): the same objects from round to
+round, so the core's parts derived from them are moved by the jobs that changed instead of built
+again (`core.running_parts`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import bisect
 from enum import Enum
 
 from corral import core
+from corral.core.backlog import KeptBacklog
 from corral.projection import ClusterView, JobState, JobView, QuotaPhase, core_running
 
 #: (queue, GPUs, user, code, message): a waiting job's class and the reason its log records (None:
@@ -65,6 +68,8 @@ class RoundInputs:
         #: the WAITING jobs by (queue, GPUs, user, recorded reason's code, message) (`told`)
         self.told: dict[Told, set[str]] = {}
         self._told_as: dict[str, Told] = {}
+        #: the waiting jobs as the core's round reads them (`core.backlog`), kept likewise
+        self.backlog = KeptBacklog()
         self._running: dict[str, core.RunningJob] = {}  # the jobs holding GPUs, as the core's
         self._running_sorted: tuple[core.RunningJob, ...] | None = None
 
@@ -80,6 +85,7 @@ class RoundInputs:
         self.reserved.discard(job_id)
         self._held.pop(job_id, None)
         if job is None or kind is Kind.NONE or kind is Kind.HELD:
+            self.backlog.drop(job_id)
             if was is not None:
                 del self.waiting[job_id]
                 del self._core[job_id]
@@ -105,6 +111,7 @@ class RoundInputs:
         elif self._core[job_id] is not pending:
             self._sorted = None
         self._core[job_id] = pending
+        self.backlog.put(pending, kind is Kind.RESERVED)
 
     def _untell(self, job_id: str) -> None:
         told = self._told_as.pop(job_id, None)

@@ -268,14 +268,15 @@ class Quota(Service):
             return  # every waiting job holds quota: the core decides nothing (reserve_quota)
         snapshot = self.view.snapshot(self.clock(), core_pending=inputs.core_pending(),
                                        running=inputs.core_running(self.view))
-        by_id = dict(inputs.waiting)  # a copy: the loop folds events while the core decides
+        backlog = inputs.backlog.frozen()  # copies, as the rest: the loop folds events while the core decides
+        by_id = dict(inputs.waiting)
         reserved, held = set(inputs.reserved), inputs.held()
         # the versions the decisions are guarded by: a copy of every stream's (a C-level copy; one
         # stream name built per waiting job was a tenth of quota's loop with thousands waiting)
         seen = dict(self.view.versions)
         batches: dict[str, list[Event]] = {}
         round_ = await asyncio.to_thread(quota_round, snapshot, self.config, reserved=reserved, held=held,
-                                          memos=self._memos)
+                                          memos=self._memos, backlog=backlog)
         for decision in round_.decisions:
             job = by_id[decision.job_id]
             if isinstance(decision, Reserve):

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from corral.core.model import Job, OrderPolicy, SchedulerConfig, Snapshot
+from collections.abc import Mapping
+
+from corral.core.model import Job, OrderPolicy, SchedulerConfig
 from corral.core.quota import ROOT, QueueTree, QueueUsage
 
 
@@ -19,28 +21,18 @@ class Exposure:
     A job that is not preemptible, or is protected by `min_runtime_seconds` right after its start,
     is never a victim in the round it starts."""
 
-    def __init__(self, snapshot: Snapshot, config: SchedulerConfig, tree: QueueTree):
+    def __init__(self, config: SchedulerConfig, tree: QueueTree, at: Mapping[str, int], top: Mapping[str, int]):
+        """`at`: how many jobs wait per queue (those holding quota too), `top`: their highest
+        priority per queue (`backlog.Backlog`)."""
         self.tree = tree
         self.any = config.preemption or config.reclaim
         self.las = config.preemption and config.order is OrderPolicy.LAS
         self.fair_las = config.preemption and config.order is OrderPolicy.FAIR_LAS
         self.priority = config.preemption
         self.reclaim = config.reclaim and config.quotas
-        self.top_priority: dict[str, int] = {}
+        self.top_priority = top
         self.below: dict[str, int] = {}  # known waiting jobs per subtree (ROOT: all of them)
-        self.at: dict[str, int] = {}  # waiting jobs of each queue itself
-        top, at = self.top_priority, self.at
-        # Per job only what is its own (thousands a round); the subtrees are summed per queue.
-        for p in snapshot.pending:
-            job = p.job
-            q, priority = job.queue, job.priority
-            n = at.get(q)
-            if n is None:
-                at[q], top[q] = 1, priority
-            else:
-                at[q] = n + 1
-                if priority > top[q]:
-                    top[q] = priority
+        self.at = at  # waiting jobs of each queue itself
         for q, n in at.items():
             if tree.known(q):
                 for a in (*tree.path(q), ROOT):

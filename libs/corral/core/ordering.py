@@ -57,7 +57,7 @@ def order_pending(
     if config.order is OrderPolicy.FIFO:
         return sorted(pending, key=_BY_SUBMIT)
     if config.order is OrderPolicy.PRIORITY:
-        return _by_priority(pending)
+        return by_priority(pending)
     if config.order is OrderPolicy.LAS:
         return sorted(pending, key=_BY_ATTAINED)
     return list(iter_pending(snapshot, config, tree=tree, usage=usage))
@@ -74,7 +74,7 @@ def _LEVEL_ZERO(p: PendingJob) -> InQueueKey:
     return in_queue_key(p, ())
 
 
-def _by_priority(pending: list[PendingJob]) -> list[PendingJob]:
+def by_priority(pending: list[PendingJob]) -> list[PendingJob]:
     """Sorted by `levels.in_queue_key` at level 0 (priority first, highest first, then oldest, then id): two
     stable sorts, because a C-level key cannot negate the priority."""
     out = sorted(pending, key=_BY_SUBMIT)
@@ -115,7 +115,7 @@ def _fair_share_order(
         by_queue.setdefault(p.job.queue, []).append(p)
     unknown = sorted((p for q in list(by_queue) if not tree.known(q) for p in by_queue.pop(q)), key=_BY_SUBMIT)
     if key is None:
-        yield from fair_share_walk(tree, usage, {q: _by_priority(js) for q, js in by_queue.items()}, unknown)
+        yield from fair_share_walk(tree, usage, {q: by_priority(js) for q, js in by_queue.items()}, unknown)
         return
     # each job's key once: the sort's, kept for the walk (which reads every queue head's key again)
     keyed = {q: sorted([(key(p), p) for p in js], key=_FIRST) for q, js in by_queue.items()}

@@ -41,10 +41,10 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from corral.core.backlog import Backlog, Order
 from corral.core.decisions import Pending, Place, Reason, ReasonCode
 from corral.core.exposure import Exposure
 from corral.core.model import Job, PendingJob, Placement, SchedulerConfig, Snapshot
-from corral.core.ordering import iter_pending
 from corral.core.quota import QueueTree, QueueUsage, quota_check
 from corral.core.running_parts import RunningParts
 from corral.core.steps import Step, StepMemos, step_config
@@ -91,9 +91,9 @@ def reserve_quota(
     undo these. A round in which every waiting job holds quota decides nothing (the quota service
     skips it: with a backlog that all holds quota, each round would replay placement for nothing).
     `memos`: the caller's, for the steps the round is played out with (a fresh one if None)."""
-    out, tail, revokes = _decide(snapshot, config, reserved, held, memos)
+    out, tail, revokes = _decide(snapshot, config, Backlog.of(snapshot, reserved), held, memos)
     if tail is not None:
-        out.extend(_refusals(tail.order.after(tail.start), tail.refused, tail.check))
+        out.extend(_refusals(tail.order.after(tail.start, snapshot.pending), tail.refused, tail.check))
     return [*out, *revokes]
 
 
@@ -122,9 +122,12 @@ def quota_round(
     reserved: Collection[str] = frozenset(),
     held: Iterable[tuple[str, int]] = (),
     memos: StepMemos | None = None,
+    backlog: Backlog | None = None,
 ) -> QuotaRound:
-    """`reserve_quota`, its refusals of the jobs it did not walk kept per class (`QuotaRound`)."""
-    out, tail, revokes = _decide(snapshot, config, reserved, held, memos)
+    """`reserve_quota`, its refusals of the jobs it did not walk kept per class (`QuotaRound`).
+    `backlog`: the caller's kept copy of `Backlog.of(snapshot, reserved)` (derived if None)."""
+    backlog = backlog if backlog is not None else Backlog.of(snapshot, reserved)
+    out, tail, revokes = _decide(snapshot, config, backlog, held, memos)
     if tail is None:
         return QuotaRound([*out, *revokes], {}, False)
     named = {d.job_id for d in out}
@@ -142,7 +145,7 @@ def quota_round(
 class _Tail:
     """The jobs after the first `start` of the order, refused without walking them (`_quota_pass`)."""
 
-    order: _Order
+    order: Order
     start: int
     refused: Mapping[str, Reason]
     check: _Checks
@@ -150,11 +153,11 @@ class _Tail:
 
 
 def _decide(
-    snapshot: Snapshot, config: SchedulerConfig, reserved: Collection[str], held: Iterable[tuple[str, int]],
+    snapshot: Snapshot, config: SchedulerConfig, backlog: Backlog, held: Iterable[tuple[str, int]],
     memos: StepMemos | None,
 ) -> tuple[list[Reserve | Pending], _Tail | None, list[Revoke]]:
     """`reserve_quota`'s decisions of the jobs walked, the tail not walked, and the Revokes."""
-    if all(p.job.id in reserved for p in snapshot.pending):
+    if not backlog.waiting:
         return [], None, []
     memos = memos if memos is not None else StepMemos()
     parts = RunningParts.of(snapshot, memos.preemption)  # the preemption step's config is `config`
@@ -163,12 +166,9 @@ def _decide(
     for queue, gpus in held:
         if tree.known(queue):
             base.add(queue, gpus)
-    holders = {p.job.id: p.job for p in snapshot.pending if p.job.id in reserved}
-    waiting = [p for p in snapshot.pending if p.job.id not in holders]
-    order = _Order(iter_pending(
-        Snapshot(snapshot.now, snapshot.cluster, snapshot.queues, tuple(waiting), snapshot.running), config, tree=tree
-    ), waiting, by_user=tree.per_user)
-    exposure = Exposure(snapshot, config, tree)
+    holders = backlog.holders
+    order = Order(snapshot, config, tree, backlog)
+    exposure = Exposure(config, tree, backlog.at, backlog.top)
     refused: dict[str, Reason] = {}
     while True:
         usage = base.copy()
@@ -194,7 +194,7 @@ def _decide(
 def _quota_pass(
     snapshot: Snapshot,
     config: SchedulerConfig,
-    order: _Order,
+    order: Order,
     usage: QueueUsage,
     exposure: Exposure,
     refused: Mapping[str, Reason],
@@ -238,7 +238,7 @@ def _quota_pass(
             borrowing.add(job.id)
     if admitted:  # a refusal states the usage after the whole round (later jobs took quota after its turn)
         jobs = order.jobs  # not the order itself: that would walk all of it
-        out = [Pending(d.job_id, check(jobs[d.job_id]) or d.reason)
+        out = [Pending(d.job_id, check(jobs[d.job_id].job) or d.reason)
                if isinstance(d, Pending) and d.job_id not in refused else d for d in out]
     # with every reservation of the round counted, more may be exposed (a later one pushed their
     # queue over its guarantee): those are checked against preemption too, but may wait with quota
@@ -250,74 +250,19 @@ def _quota_pass(
 _LOOK_AFTER = 32
 
 
-class _Order:
-    """The round's order of the waiting jobs (`iter_pending`), walked only as far as a pass reads it.
-
-    The fair-share walk orders every waiting job (charging each one's GPUs to its queue as if it
-    were admitted, to order the next): with thousands waiting behind full cohorts, walking it whole
-    costs a third of quota's round for the few dozen jobs a round can reserve. The passes of a round
-    read one order, each as far as it must."""
-
-    def __init__(self, walk: Iterator[PendingJob], waiting: Sequence[PendingJob], *, by_user: bool = False) -> None:
-        self.waiting = waiting
-        #: a job's answer depends on its user too when a queue sets `max_gpus_per_user` (`class_of`)
-        self.by_user = by_user
-        self._walk: Iterator[PendingJob] | None = walk
-        self._known: list[PendingJob] = []
-        #: every waiting job by id; per (queue, GPUs[, user]) how many wait and one of them (`_Left`)
-        self.jobs: dict[str, Job] = {}
-        self.classes: dict[tuple[str, int, str | None], int] = {}
-        self.samples: dict[tuple[str, int, str | None], Job] = {}
-        jobs, classes, samples = self.jobs, self.classes, self.samples
-        for p in waiting:  # one pass of thousands a round: kept to plain dict operations
-            job = p.job
-            key = (job.queue, job.replicas * job.gpus_per_replica, job.user if by_user else None)
-            jobs[job.id] = job
-            n = classes.get(key)
-            if n is None:
-                classes[key] = 1
-                samples[key] = job
-            else:
-                classes[key] = n + 1
-
-    def __iter__(self) -> Iterator[PendingJob]:
-        known = self._known
-        i = 0
-        while True:
-            if i < len(known):
-                yield known[i]
-                i += 1
-                continue
-            if self._walk is None:
-                return
-            p = next(self._walk, None)
-            if p is None:
-                self._walk = None
-                return
-            known.append(p)
-
-    def after(self, n: int) -> list[PendingJob]:
-        """The jobs after the first `n` of the order: those walked, in order, then the others in
-        the snapshot's order."""
-        if self._walk is None:
-            return self._known[n:]
-        walked = {p.job.id for p in self._known}
-        return self._known[n:] + [p for p in self.waiting if p.job.id not in walked]
-
-
 class _Left:
     """The (queue, GPUs) of the jobs a pass has not reached yet, to ask whether any of them could
     still get quota on the usage as it stands (asked once after `_LOOK_AFTER` refusals in a row,
     then not again until the usage changes: the answers would be the same)."""
 
-    def __init__(self, order: _Order, refused: Mapping[str, Reason]) -> None:
+    def __init__(self, order: Order, refused: Mapping[str, Reason]) -> None:
         self.count = dict(order.classes)
         self.sample = order.samples
         self.by_user = order.by_user
         for job_id in refused:
-            job = order.jobs.get(job_id)  # a revoked holder is not in the order
-            if job is not None:
-                self.count[self._key(job)] -= 1
+            p = order.jobs.get(job_id)  # a revoked holder is not in the order
+            if p is not None:
+                self.count[self._key(p.job)] -= 1
         self.refusals, self.looked = 0, False
 
     def _key(self, job: Job) -> tuple[str, int, str | None]:

@@ -61,7 +61,8 @@ def world(quota: Quota, told: dict[int, Reason]) -> None:
             fold(quota, ev.PlacementPending.new(**at, job_id=job, reason=told[i]))
 
 
-def every_job_named(snapshot: Any, config: Any, **kw: Any) -> QuotaRound:
+def every_job_named(snapshot: Any, config: Any, *, backlog: Any = None, **kw: Any) -> QuotaRound:
+    """`reserve_quota`: the plain definition, deriving what the service's kept `backlog` holds."""
     return QuotaRound(reserve_quota(snapshot, config, **kw), {}, False)
 
 

@@ -5,7 +5,8 @@ core's snapshot of the waiting ones, ~27 ms on the event loop with ~13,700 waiti
 is updated for the job of each folded event. Here any interleaving of jobs' lifecycles (in and out
 of order) is folded as the service folds it, and after every event the index must say what the
 whole pass says: who waits, which of them hold quota, what is still held, the snapshot's
-pending jobs in the same order, as the same objects, and its running jobs, equal.
+pending jobs in the same order, as the same objects, what the core's round derives from them
+(`core.backlog`), and its running jobs, equal.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from hypothesis import strategies as st
 from corral.contracts import events as ev
 from corral.contracts.envelope import Reason
 from corral.contracts.jobspec import validate_job_spec
+from corral.core import Cluster, Snapshot
+from corral.core.backlog import Backlog
 from corral.projection import JobState, JobView, core_running
 from corral.services.quota.round_inputs import Kind, classify
 from corral.services.quota.service import Quota
+from tests.unit.core.test_backlog_kept import same_backlog
 
 T0 = datetime(2026, 12, 5, tzinfo=UTC)
 R = Reason(code="TEST", message="test")
@@ -136,6 +140,9 @@ def test_the_kept_inputs_equal_the_whole_pass_after_every_event(jobs: list[tuple
                 told.setdefault((core.queue, core.total_gpus, core.user, said and said.code,
                                  said and said.message), set()).add(j)
         assert kept.told == told, op
+        # what the core's round derives from those pending jobs, kept likewise (`core.backlog`)
+        same_backlog(kept.backlog.frozen(), Backlog.of(Snapshot(0.0, Cluster(()), (), kept.core_pending(), ()),
+                                                       reserved))
         # the jobs holding GPUs as `ClusterView.snapshot` lists them (a job with no spec has none)
         holding = sorted(quota.view.running_jobs(), key=lambda j: j.job_id)
         if all(j.spec is not None and j.submitted_at is not None for j in holding):
