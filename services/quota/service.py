@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -139,10 +139,16 @@ class Quota(Service):
     #: and no sooner than `round_interval` after the last started: under a steady stream of events
     #: a cheaper round otherwise only ran more often. A round starts only once an event was
     #: folded since the last round's snapshot (nothing else is an input of its decisions but the
-    #: clock), or `round_refresh` after the last started (the clock's part, and reasons the
-    #: throttle held back), or after a round that did not finish (the store away).
+    #: clock; quota's own reasons are not, `_records_only`), or `round_refresh` after the last
+    #: started (the clock's part, and reasons the throttle held back), or after a round that did
+    #: not finish (the store away).
     paces_itself = True
     round_interval = 0.05
+    #: what quota appends that changes no input of a round, only what the log says (the reason a
+    #: job waits with, a wait escalated): its own are not a change that makes a round due, else
+    #: every round that records a reason starts another that decides the same and records none
+    _records_only: tuple[type[Event], ...] = (ev.PlacementPending, ev.WaitExceeded)
+    _own = False  # folding this process's own appends (`_fold_appended`)
     round_refresh = 1.0
     _next_reserve = float("-inf")
 
@@ -204,8 +210,16 @@ class Quota(Service):
             self._next_reserve = max(ended + (ended - started), started + self.round_interval)
             self.changed.set()
 
+    def _fold_appended(self, batches: Mapping[str, Sequence[Event]], bases: Mapping[str, int]) -> None:
+        self._own = True
+        try:
+            super()._fold_appended(batches, bases)
+        finally:
+            self._own = False
+
     def folded(self, event: Event) -> None:
-        self._folds += 1
+        if not (self._own and isinstance(event, self._records_only)):
+            self._folds += 1  # a change the next round must see (`reconcile`)
         # the job the view folded the event into (`ClusterView.apply`): only its own events change it
         job_id = getattr(event, "victim_job_id", None) or getattr(event, "job_id", None)
         if job_id is None:

@@ -14,8 +14,14 @@ from typing import Any
 
 import pytest
 
+from corral.contracts import events as ev
+from corral.contracts.envelope import Reason
+from corral.contracts.jobspec import validate_job_spec
 from corral.services.quota.service import Quota
 from tests.unit.services.job_events import job_event
+
+SPEC = validate_job_spec({"name": "j", "queue": "a", "replicas": 1, "gpus_per_replica": 1, "runtime": "sim",
+                          "duration_seconds": 1})
 
 
 class Clock:
@@ -221,3 +227,36 @@ async def test_quota_is_given_back_for_the_jobs_an_event_touched_and_again_after
     await quota._release()
     assert quota.appended == [["job-a"]] and "a" in quota.view.forgotten  # over, its quota given back
     assert quota._touched == set() and quota.view.jobs["b"].quota_gpus == 2
+
+
+async def test_a_rounds_own_reasons_make_no_round_due_and_its_reservations_do() -> None:
+    """What a round records that changes no input of the next (the reasons jobs wait with) is not
+    a change: the next round would decide the same and record nothing. A reservation it records is."""
+    clock = Clock()
+    quota = RecordingQuota(clock, round_seconds=0.001)
+    quota.gate.set()
+    job = "j1"
+    for e in (job_event(job, ev.JobSubmitted, spec=SPEC, user="u"),
+              job_event(job, ev.JobAdmitted, queue="a", priority=0, replicas=1, gpus_per_replica=1)):
+        assert quota.view.apply(e) is not None
+        quota.folded(e)
+    await quota.reconcile()
+    await settle()
+    assert quota.steps.count("round starts") == 1
+    waits = job_event(job, ev.PlacementPending, reason=Reason(code="MAX_GPUS_EXCEEDED", message="full"))
+    quota._fold_appended({waits.stream: [waits]}, {waits.stream: quota.view.versions.get(waits.stream, 0)})
+    assert quota.view.jobs[job].reason is not None and quota.view.jobs[job].reason.code == "MAX_GPUS_EXCEEDED"
+    clock.now += Quota.round_interval
+    await quota.reconcile()
+    await settle()
+    assert quota.steps.count("round starts") == 1  # its own reason: no round until the refresh
+    quota.folded(waits)  # the same event folded from the bus (placement's reasons come so): a change
+    await quota.reconcile()
+    await settle()
+    assert quota.steps.count("round starts") == 2
+    clock.now += Quota.round_interval
+    reserved = job_event(job, ev.QuotaReserved, queue="a", gpus=1, borrowed=0)
+    quota._fold_appended({reserved.stream: [reserved]}, {reserved.stream: quota.view.versions.get(reserved.stream, 0)})
+    await quota.reconcile()
+    await settle()
+    assert quota.steps.count("round starts") == 3
