@@ -180,7 +180,8 @@ def _decide(
         # arrived since): it is played out too, and given back if it would be taken back at once
         risky = [i for i, job in holders.items() if i not in refused and exposure.of(job, usage)]
         keep = set(holders) - set(risky) - set(refused)
-        more = _played_out(snapshot, config, keep, admitted + risky, exposed | set(risky), borrowing, memos) \
+        more = _played_out(snapshot, config, backlog, keep, admitted + risky, exposed | set(risky), borrowing,
+                           memos) \
             if exposed or risky else {}
         refused.update(more)
         # A job not reserved after all (or whose reservation is revoked) counts for nothing: the
@@ -320,6 +321,7 @@ class _Checks:
 def _played_out(
     snapshot: Snapshot,
     config: SchedulerConfig,
+    backlog: Backlog,
     reserved: Collection[str],
     admitted: Sequence[str],
     exposed: set[str],
@@ -329,12 +331,16 @@ def _played_out(
     """Play the round (placement, then preemption) and return the jobs of `admitted` not to
     reserve after all, with why; see the module docstring. Only `exposed` jobs can be victims
     (`Exposure` is a superset of what preemption accepts): when none of them starts and no
-    `borrowing` job waits, the preemption step (a whole cycle over the backlog) is skipped."""
-    by_id = {p.job.id: p for p in snapshot.pending}
+    `borrowing` job waits, the preemption step (a whole cycle over the backlog) is skipped.
+    `reserved` (of `backlog.holders`) and `admitted` are pending jobs: no pass over the snapshot's."""
+
+    def job(i: str) -> Job:
+        return held if (held := backlog.holders.get(i)) is not None else backlog.waiting[i].job
+
     keep = set(admitted)
     refused: dict[str, Reason] = {}
     while True:
-        holders = {p.job.id for p in snapshot.pending if p.job.id in keep or p.job.id in reserved}
+        holders = keep.union(reserved)
         placed: dict[str, Placement] = {}
         waits: dict[str, Reason] = {}
         for d in memos.place(snapshot, config, holders):
@@ -350,11 +356,11 @@ def _played_out(
         for d in preempts:
             for v in d.victims:
                 if v in keep and v not in drop:
-                    drop[v] = _taken_back(by_id[v].job, by_id[d.job_id].job, d.reason)
+                    drop[v] = _taken_back(job(v), job(d.job_id), d.reason)
         preemptors = {d.job_id for d in preempts}
         for i in waiting:
             if i not in preemptors and i not in drop:
-                drop[i] = _cannot_start(by_id[i].job, waits.get(i))
+                drop[i] = _cannot_start(job(i), waits.get(i))
         if not drop:
             return refused
         refused.update(drop)
