@@ -90,7 +90,10 @@ class Preemption(Service):
             # A search over a long backlog takes long: wait a few times its duration before the
             # next one, so victim searches use at most about a fifth of this process's time.
             self._last_preempt += 4 * (self.monotonic() - self._last_preempt)
-        await self.append(decisions)
+        if not await self.append(decisions):
+            # A lost race re-read the streams (a victim's QuotaReleased, which it is not sent, lands
+            # after its release as often as not): decide again on them now, not at the next tick.
+            self.changed.set()
 
     def _requeues(self) -> dict[str, list[Event]]:
         out: dict[str, list[Event]] = {}

@@ -101,3 +101,45 @@ def test_a_running_job_asked_to_requeue_is_asked_to_move_and_others_are_not_look
     assert set(preemption._requeue_asked) == {"k"}
     moved = preemption._asked_to_move()
     assert list(moved) == ["job-k"] and moved["job-k"][0].victim_job_id == "k"
+
+
+async def test_a_requeue_that_lost_a_race_is_decided_again_at_once() -> None:
+    """A victim's JobRequeued is guarded by the versions preemption has seen; quota's QuotaReleased,
+    which it is not sent, often lands first: the append loses, the stream is re-read and the next
+    reconcile is due at once (not at the next tick), where the requeue goes through."""
+    from corral.eventstore import ConcurrencyError
+
+    class Store:
+        def __init__(self) -> None:
+            self.appended: list[dict[str, Any]] = []
+            self.lose = True
+
+        async def append_multi(self, plan: dict[str, Any], tracking: Any = None) -> None:
+            if self.lose:
+                self.lose = False
+                stream, (expected, _) = next(iter(plan.items()))
+                raise ConcurrencyError(stream, expected, expected + 1)
+            self.appended.append(plan)
+
+        async def read_stream(self, stream: str, after: int = 1) -> list[Any]:
+            return []
+
+    store = Store()
+    stand_in: Any = object()
+    preemption = Preemption(store, stand_in)  # type: ignore[arg-type]
+    at = T0
+    for op in ("submit", "admit", "place", "running", "release_preempted"):
+        at += timedelta(seconds=1)
+        view = preemption.view.jobs.get("j")
+        e = (ev.GangReleased.new(stream="job-j", actor="test", correlation_id="j", now=at, job_id="j",
+                                 reason=PREEMPTED, attempt=0) if op == "release_preempted"
+             else event(op, "j", view, at))
+        preemption.view.apply(e)
+        preemption.folded(e)
+    preemption.changed.clear()
+    await preemption.reconcile()
+    assert not store.appended and preemption.changed.is_set()
+    preemption.changed.clear()
+    await preemption.reconcile()
+    assert [e.type for plan in store.appended for _, events in plan.values() for e in events] \
+        == [ev.JobRequeued.type_name()]
