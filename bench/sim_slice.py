@@ -6,10 +6,11 @@ Why a slice: the whole Sep-Oct replay at 40 x 8 takes ~10 min of CPU per policy;
 with the whole trace's figures. Queues: every queue in the slice gets an equal guarantee.
 
 Run: .venv/bin/python bench/sim_slice.py [--start A] [--stop B] [--cluster 40x8:H100]
-     [--policies corral,fair-las,fair-las:2,fair-las:4r] [--profile FILE] [--queues]
+     [--policies corral,fair-las,fair-las:2,fair-las:4r] [--profile FILE] [--queues] [--pipeline services]
 `fair-las:X` replays fair-las with the starvation limit X (`SchedulerConfig.starvation_limit`; 0: off),
 `fair-las:Xr` with it and `promotion_resets_level` (a promoted job preempts as level 0 both ways);
 `--profile FILE` writes cProfile stats of the last policy's replay to FILE (read with pstats);
+`--pipeline services` replays the live services' round (`corral.sim.engine`) instead of the combined cycle;
 `--queues` prints each queue's mean allocation / fair share and share of GPU time. Each policy's line
 ends with the most preemptions of one job (and its id).
 """
@@ -33,7 +34,8 @@ from corral.sim.workload import normalised
 TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "philly_2017_sep_oct.csv"
 
 
-def replay(jobs: list, cluster: str, policy: str, profile: Path | None) -> tuple[SimResult, float]:
+def replay(jobs: list, cluster: str, policy: str, profile: Path | None,
+           pipeline: str = "cycle") -> tuple[SimResult, float]:
     """One policy's replay of the slice and its CPU seconds (`time.process_time`); `fair-las:X` is
     fair-las with the starvation limit X."""
     workload = normalised(jobs, "slice", [])
@@ -45,7 +47,7 @@ def replay(jobs: list, cluster: str, policy: str, profile: Path | None) -> tuple
     started = time.process_time()
     if profiler is not None:
         profiler.enable()
-    result = run_simulation(workload, cluster, policy=name, config=config)
+    result = run_simulation(workload, cluster, policy=name, config=config, pipeline=pipeline)
     result.policy = policy
     if profiler is not None:
         profiler.disable()
@@ -63,6 +65,7 @@ def main() -> int:
     parser.add_argument("--policies", default="corral,fair-las")
     parser.add_argument("--profile", type=Path)
     parser.add_argument("--queues", action="store_true")
+    parser.add_argument("--pipeline", default="cycle", choices=("cycle", "services"))
     parser.add_argument("--smoke", action="store_true", help="a tiny slice (seconds) checking the script end to end")
     args = parser.parse_args()
     if args.smoke:
@@ -71,7 +74,7 @@ def main() -> int:
     jobs = list(load_workload(f"philly:{args.trace}").jobs[args.start:args.stop])
     results, cpu = [], {}
     for policy in args.policies.split(","):
-        result, cpu[policy] = replay(jobs, args.cluster, policy, args.profile)
+        result, cpu[policy] = replay(jobs, args.cluster, policy, args.profile, args.pipeline)
         results.append(result)
     ends = {r.policy: max(x.end for x in r.records if x.end is not None) / 3600 for r in results}
     churn = {r.policy: max(r.records, key=lambda x: (x.preemptions, x.id)) for r in results}

@@ -81,6 +81,7 @@ def reserve_quota(
     reserved: Collection[str] = frozenset(),
     held: Iterable[tuple[str, int]] = (),
     memos: StepMemos | None = None,
+    explain: bool = True,
 ) -> list[Reserve | Pending | Revoke]:
     """One decision per pending job not in `reserved`, in fair-share order: Reserve, or Pending
     with the reason; then a Revoke for each job of `reserved` that would be started and taken
@@ -90,8 +91,9 @@ def reserve_quota(
     given back yet). `config` is the preemption service's: the one whose decisions must not
     undo these. A round in which every waiting job holds quota decides nothing (the quota service
     skips it: with a backlog that all holds quota, each round would replay placement for nothing).
-    `memos`: the caller's, for the steps the round is played out with (a fresh one if None)."""
-    out, tail, revokes = _decide(snapshot, config, Backlog.of(snapshot, reserved), held, memos)
+    `memos`: the caller's, for the steps the round is played out with (a fresh one if None);
+    `explain=False`: the same decisions, without placement's reason in `_cannot_start` refusals."""
+    out, tail, revokes = _decide(snapshot, config, Backlog.of(snapshot, reserved), held, memos, explain)
     if tail is not None:
         out.extend(_refusals(tail.order.after(tail.start, snapshot.pending), tail.refused, tail.check))
     return [*out, *revokes]
@@ -154,7 +156,7 @@ class _Tail:
 
 def _decide(
     snapshot: Snapshot, config: SchedulerConfig, backlog: Backlog, held: Iterable[tuple[str, int]],
-    memos: StepMemos | None,
+    memos: StepMemos | None, explain: bool = True,
 ) -> tuple[list[Reserve | Pending], _Tail | None, list[Revoke]]:
     """`reserve_quota`'s decisions of the jobs walked, the tail not walked, and the Revokes."""
     if not backlog.waiting:
@@ -181,8 +183,7 @@ def _decide(
         risky = [i for i, job in holders.items() if i not in refused and exposure.of(job, usage)]
         keep = set(holders) - set(risky) - set(refused)
         more = _played_out(snapshot, config, backlog, keep, admitted + risky, exposed | set(risky), borrowing,
-                           memos) \
-            if exposed or risky else {}
+                           memos, explain) if exposed or risky else {}
         refused.update(more)
         # A job not reserved after all (or whose reservation is revoked) counts for nothing: the
         # round is decided again without it (otherwise a refused job held its queue's quota against
@@ -319,14 +320,8 @@ class _Checks:
 
 
 def _played_out(
-    snapshot: Snapshot,
-    config: SchedulerConfig,
-    backlog: Backlog,
-    reserved: Collection[str],
-    admitted: Sequence[str],
-    exposed: set[str],
-    borrowing: set[str],
-    memos: StepMemos,
+    snapshot: Snapshot, config: SchedulerConfig, backlog: Backlog, reserved: Collection[str],
+    admitted: Sequence[str], exposed: set[str], borrowing: set[str], memos: StepMemos, explain: bool = True,
 ) -> dict[str, Reason]:
     """Play the round (placement, then preemption) and return the jobs of `admitted` not to
     reserve after all, with why; see the module docstring. Only `exposed` jobs can be victims
@@ -343,7 +338,7 @@ def _played_out(
         holders = keep.union(reserved)
         placed: dict[str, Placement] = {}
         waits: dict[str, Reason] = {}
-        for d in memos.place(snapshot, config, holders):
+        for d in memos.place(snapshot, config, holders, explain=explain):
             if isinstance(d, Place):
                 placed[d.job_id] = d.placement
             elif isinstance(d, Pending):

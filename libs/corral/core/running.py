@@ -80,6 +80,16 @@ class RunningIndex:
             self.remove(old)
             self.add(r)
 
+    def copy(self) -> RunningIndex:
+        """An independent index of the same jobs."""
+        out = RunningIndex()
+        out._ids, out.jobs, out._by_id, out._starts = self._ids.copy(), self.jobs.copy(), self._by_id.copy(), \
+            self._starts.copy()
+        out._prios = {q: counts.copy() for q, counts in self._prios.items()}
+        out._keys = {g: keys.copy() for g, keys in self._keys.items()}
+        out._queue_keys = {q: {g: keys.copy() for g, keys in mine.items()} for q, mine in self._queue_keys.items()}
+        return out
+
     def lowest_priority(self) -> dict[str, int]:
         """Per queue: the lowest priority of its running jobs."""
         return {q: min(counts) for q, counts in self._prios.items()}

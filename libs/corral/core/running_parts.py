@@ -33,8 +33,8 @@ _READY = frozenset({NodeState.READY})
 class RunningParts:
     """The parts of one tuple of running jobs on one cluster (see the module docstring)."""
 
-    __slots__ = ("_releases", "_trees", "_usages", "by_id", "cluster", "fi", "kept", "queues", "releasing", "running",
-                 "used")
+    __slots__ = ("_grown", "_releases", "_trees", "_usages", "by_id", "cluster", "fi", "kept", "queues", "releasing",
+                 "running", "used")
 
     def __init__(self, cluster: Cluster, running: tuple[RunningJob, ...]) -> None:
         self.cluster, self.running = cluster, running
@@ -48,6 +48,7 @@ class RunningParts:
             self.kept.add(r)
         self._releases: dict[str, Release] | None = None  # built on first use (backfill only)
         self._trees: dict[tuple[bool, frozenset[str] | None], tuple[tuple[QueueConfig, ...], QueueTree]] = {}
+        self._grown: RunningParts | None = None  # the last parts of these jobs and a few more (`grown`)
         self._finish()
 
     def _finish(self) -> None:
@@ -62,14 +63,57 @@ class RunningParts:
 
     @classmethod
     def of(cls, snapshot: Snapshot, memo: ClassMemo) -> RunningParts:
-        """The parts of `snapshot.running`: the memo's, as they are or moved to this tuple."""
+        """The parts of `snapshot.running`: the memo's (or the last grown from them, `grown`), as
+        they are or moved to this tuple."""
         found = memo.running
-        if isinstance(found, RunningParts) and found.cluster is snapshot.cluster and (
-                found.running is snapshot.running or found._move_to(snapshot.running)):
-            return found
+        if isinstance(found, RunningParts) and found.cluster is snapshot.cluster:
+            if found.running is snapshot.running:
+                return found
+            grown = found._grown
+            if grown is not None and grown.running is snapshot.running:
+                return grown
+            if found._move_to(snapshot.running):
+                return found
         made = cls(snapshot.cluster, snapshot.running)
         memo.running = made
         return made
+
+    def grown(self, running: tuple[RunningJob, ...]) -> RunningParts | None:
+        """The parts of `running` when it is these jobs followed by a few more (the state once
+        jobs start: `steps.after_placing`), derived from these, which stay as they are (the memo
+        keeps them for the tuple it is asked about again); None when `running` is not such a
+        tuple. The memo finds the last grown parts again by their tuple's identity (`of`)."""
+        n = len(self.running)
+        if len(running) <= n or running[:n] != self.running:
+            return None
+        last = self._grown
+        if last is not None and last.running is running:
+            return last
+        extra = running[n:]
+        by_id = dict(self.by_id)
+        for r in extra:
+            if by_id.setdefault(r.job.id, r) is not r:
+                return None  # an id twice: the move (or `prepare`) says so
+        index = ClusterIndex.of(self.cluster, _READY)
+        used, fi, releasing = dict(self.used), self.fi.copy(), dict(self.releasing)
+        kept = self.kept.copy()
+        for r in extra:
+            masks = index.held_masks(r, used)  # checked: a GPU has one holder
+            add_masks(used, masks)
+            for i, m in masks:
+                fi.take(i, m & fi.usable_masks[i])  # a GPU out of service is never free
+            if r.preempting:
+                add_masks(releasing, masks)
+            kept.add(r)
+        out = RunningParts.__new__(RunningParts)
+        out.cluster, out.running, out.by_id, out.used, out.kept, out.fi = self.cluster, running, by_id, used, kept, fi
+        out.releasing, out._trees, out._grown = releasing, self._trees, None
+        out.queues = self.queues.union(r.job.queue for r in extra)
+        out._releases = None if self._releases is None else {**self._releases, **_releases(list(extra), index)}
+        out._usages = {} if any(r.preempting for r in extra) else {
+            k: (tree, _with(usage, extra)) for k, (tree, usage) in self._usages.items()}
+        self._grown = out
+        return out
 
     def _move_to(self, running: tuple[RunningJob, ...]) -> bool:
         """These parts become `running`'s; False (unchanged) when most jobs differ (rebuild then)."""
@@ -100,7 +144,7 @@ class RunningParts:
                 releases.pop(r.job.id, None)
             releases.update(_releases(came, index))
             self._releases = releases
-        self.running, self.by_id, self.used = running, new, used
+        self.running, self.by_id, self.used, self._grown = running, new, used, None
         self._finish()
         return True
 
@@ -124,6 +168,14 @@ class RunningParts:
         if self._releases is None:
             self._releases = _releases(self.kept.jobs, ClusterIndex.of(self.cluster, _READY))
         return self._releases
+
+
+def _with(usage: QueueUsage, extra: tuple[RunningJob, ...]) -> QueueUsage:
+    """A copy of `usage` with the jobs of `extra` (none asked to checkpoint) held too."""
+    out = usage.copy()
+    for r in extra:
+        out.add(r.job.queue, r.placement.gpu_count, user=r.job.user)
+    return out
 
 
 def _releases(running: list[RunningJob], index: ClusterIndex) -> dict[str, Release]:

@@ -24,6 +24,7 @@ from corral.core.cycle import schedule
 from corral.core.decisions import Decision, Pending, Preempt
 from corral.core.levels import started_promotion
 from corral.core.model import PendingJob, Placement, RunningJob, SchedulerConfig, Snapshot
+from corral.core.running_parts import RunningParts
 from corral.core.shortcuts import ClassMemo
 
 
@@ -78,7 +79,7 @@ class StepMemos:
     def __init__(self) -> None:
         self.placement = ClassMemo()
         self.preemption = ClassMemo()
-        self._placed: tuple[Snapshot, frozenset[str], list[Decision]] | None = None
+        self._placed: tuple[Snapshot, frozenset[str], bool, list[Decision]] | None = None
         self._preempts: tuple[Snapshot, tuple[tuple[str, Placement], ...], list[Preempt]] | None = None
 
     def place(self, snapshot: Snapshot, config: SchedulerConfig, holding: Collection[str], *,
@@ -87,11 +88,10 @@ class StepMemos:
         answer serves an unexplained ask too (its actions are the same, `schedule`)."""
         key = frozenset(holding)
         last = self._placed
-        if last is not None and last[0] is snapshot and last[1] == key:
-            return last[2] if explain else [d for d in last[2] if not isinstance(d, Pending)]
+        if last is not None and last[0] is snapshot and last[1] == key and (last[2] or not explain):
+            return last[3] if explain or not last[2] else [d for d in last[3] if not isinstance(d, Pending)]
         out = placement_step(snapshot, config, holding=key, explain=explain, memo=self.placement)
-        if explain:
-            self._placed = (snapshot, key, out)
+        self._placed = (snapshot, key, explain, out)
         return out
 
     def preempt(self, snapshot: Snapshot, config: SchedulerConfig, placed: Mapping[str, Placement]) -> list[Preempt]:
@@ -100,7 +100,9 @@ class StepMemos:
         last = self._preempts
         if last is not None and last[0] is snapshot and last[1] == key:
             return last[2]
-        out = preemption_step(after_placing(snapshot, placed, config), config, memo=self.preemption)
+        after = after_placing(snapshot, placed, config)
+        RunningParts.of(snapshot, self.preemption).grown(after.running)  # found by `prepare` in the memo
+        out = preemption_step(after, config, memo=self.preemption)
         self._preempts = (snapshot, key, out)
         return out
 

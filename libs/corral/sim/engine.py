@@ -426,7 +426,8 @@ class Simulator:
     def _round(self, now: float) -> list[Decision]:
         """The services' round (`run_round`): its Place and Preempt decisions, in that order; the
         jobs quota reserved for keep their reservation until they are placed."""
-        done = run_round(self._state.snapshot(now), self._config, holding=self._holding, memos=self._memos)
+        done = run_round(self._state.snapshot(now), self._config, holding=self._holding, memos=self._memos,
+                         explain=False)  # the replay reads no reasons
         self._holding = (self._holding - done.revoked) | done.reserved
         return [*done.placed, *done.preempts]
 

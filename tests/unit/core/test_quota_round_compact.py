@@ -13,7 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import corral.core.reservation as reservation
-from corral.core import Cluster, Pending, PendingJob, QueueConfig, Snapshot
+from corral.core import Cluster, Pending, PendingJob, QueueConfig, SchedulerConfig, Snapshot
+from corral.core.pipeline import run_round
+from corral.core.steps import StepMemos
 from tests.unit.core.builders import job, running
 from tests.unit.core.test_quota_reclaim_loops import PREEMPTION, SETTINGS, worlds
 
@@ -40,6 +42,30 @@ def test_the_compact_round_decides_every_waiting_job_as_reserve_quota_does(world
         reservation._LOOK_AFTER = saved
     assert expanded(compact, snap, holding) == {d.job_id: d for d in full}
     assert len({d.job_id for d in compact.decisions}) == len(compact.decisions)
+
+
+def _acts(decisions: list) -> list[tuple[str, str, object]]:
+    """Each decision without a Pending's reason: what the round does."""
+    return [(type(d).__name__, d.job_id, None if isinstance(d, Pending) else d) for d in decisions]
+
+
+@SETTINGS
+@given(world=worlds(), policy=st.sampled_from(["corral", "las", "fair-las"]))
+def test_a_round_that_explains_nothing_decides_as_the_explained_one(world, policy):
+    """`explain=False` (the simulator's rounds) asks placement for its actions only in the
+    play-out: the same Reserve, Revoke and Pending decisions and the same placements and
+    preemptions, with one memo kept through both as the simulator keeps it."""
+    cluster, queues, pending, run, holding = world
+    snap = Snapshot(1000.0, cluster, queues, tuple(pending), tuple(run))
+    config = SchedulerConfig.named(policy)
+    plain = reservation.reserve_quota(snap, config, reserved=holding, explain=True)
+    assert _acts(reservation.reserve_quota(snap, config, reserved=holding, explain=False)) == _acts(plain)
+    memos = StepMemos()
+    quiet = run_round(snap, config, holding=holding, memos=memos, explain=False)
+    told = run_round(snap, config, holding=holding, memos=memos)
+    assert (_acts(list(quiet.quota)), quiet.placed, quiet.preempts) == (_acts(list(told.quota)), told.placed,
+                                                                         told.preempts)
+    assert _acts(list(told.quota)) == _acts(plain)
 
 
 def test_a_backlog_behind_a_full_ceiling_is_refused_per_class() -> None:

@@ -2,10 +2,11 @@
 
 Why: the services' round asks placement and preemption several times about one state, and the
 simulator's services pipeline asks them again each round with a job or two changed; the memo
-finds the running jobs' parts again by the tuple's identity, or moves them to the new tuple by
-the jobs that differ. These properties drive one memo through the random histories of
-tests/unit/core/test_scheduler_state.py and compare, on every cycle, the warm parts with the
-cold ones and the warm cycle's decisions with the cold cycle's.
+finds the running jobs' parts again by the tuple's identity (or the parts grown from them for the
+tuple once a few jobs start), or moves them to the new tuple by the jobs that differ. These
+properties drive one memo through the random histories of tests/unit/core/test_scheduler_state.py
+and compare, on every cycle, the warm parts with the cold ones and the warm cycle's decisions with
+the cold cycle's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from corral.core import Cluster, Job, PendingJob, Placement, RankPlacement, RunningJob, Snapshot, schedule
 from corral.core.prepared import Prepared, prepare
+from corral.core.running_parts import RunningParts
 from corral.core.shortcuts import ClassMemo
 
 from .test_core_properties import POLICIES, SETTINGS, clusters, named, queue_trees
@@ -53,7 +55,23 @@ class _Warm(_Twin):
         _same(prepare(snap, self.config, self.memo), prepare(snap, self.config, ClassMemo()))  # the same tuple
         assert schedule(snap, self.config, memo=self.memo) == schedule(snap, self.config)
         assert schedule(snap, self.config, explain=False, memo=self.memo) == actions
+        self._grown(snap)
         return actions
+
+    def _grown(self, snap: Snapshot) -> None:
+        """The memo asked about the running jobs less the last few, then about all of them (the
+        state once jobs start, `steps.after_placing`): the parts grown from the first are the
+        cold ones, and the first stay as they were."""
+        running = snap.running
+        if not running:
+            return
+        base = dataclasses.replace(snap, running=running[: len(running) * 2 // 3])
+        prepare(base, self.config, self.memo)
+        grown = RunningParts.of(base, self.memo).grown(snap.running)
+        assert grown is not None and RunningParts.of(snap, self.memo) is grown
+        _same(prepare(snap, self.config, self.memo), prepare(snap, self.config, ClassMemo()))
+        assert schedule(snap, self.config, memo=self.memo) == schedule(snap, self.config)
+        _same(prepare(base, self.config, self.memo), prepare(base, self.config, ClassMemo()))
 
 
 @SETTINGS
