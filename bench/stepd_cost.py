@@ -80,11 +80,13 @@ async def run(gangs: int, at_once: int, command: tuple[str, ...], root: Path) ->
     after_l = proc_cost(pid)
     after_self = resource.getrusage(resource.RUSAGE_SELF)
     await sup.close()
-    inodes = sum(1 for _ in (root / "run").rglob("*")) / (gangs + 1)
+    names = list((root / "run").rglob("*"))
+    inodes = len({p.lstat().st_ino for p in names}) / (gangs + 1)  # a hard link is a name, not an inode
     agent = (after_self.ru_utime + after_self.ru_stime - before_self.ru_utime - before_self.ru_stime)
     return {"gangs": gangs, "wall_s": wall, "agent_ms": 1000 * agent / gangs,
             "launcher_ms": 1000 * (after_l[0] - before_l[0]) / gangs,
-            "launcher_faults": (after_l[1] - before_l[1]) / gangs, "run_inodes": inodes}
+            "launcher_faults": (after_l[1] - before_l[1]) / gangs, "run_entries": len(names) / (gangs + 1),
+            "run_inodes": inodes}
 
 
 def main() -> None:
@@ -101,7 +103,7 @@ def main() -> None:
         r = asyncio.run(run(args.gangs, args.at_once, tuple(args.command.split()), Path(tmp)))
     print(f"{r['gangs']} gangs in {r['wall_s']:.1f}s: agent {r['agent_ms']:.2f} ms/gang, launcher+stepds+jobs "
           f"{r['launcher_ms']:.2f} ms/gang, {r['launcher_faults']:.0f} faults/gang, "
-          f"{r['run_inodes']:.1f} run-folder entries/gang")
+          f"{r['run_entries']:.1f} run-folder entries/gang ({r['run_inodes']:.1f} inodes)")
     print(probe_line())
 
 

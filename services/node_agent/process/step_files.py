@@ -15,8 +15,9 @@ followed by SIGUSR2 to wake the stepd.
     <run_dir>/<job>/attempt-<N>/
         launch.json     the agent: the Assignment, the causing event, grace; written before spawning
         state.json      the stepd (the ONE writer while it lives): records appended, the last complete
-                        line the state; first created with a hard link, so an agent that finds
-                        launch.json alone can claim the folder as abandoned
+                        line the state; claimed by a hard link to launch.json's inode once that
+                        holds the first state (`claim_state`), so an agent that finds launch.json
+                        alone can claim the folder as abandoned
         commands.json   the agent: [{"op": "preempt"|"stop", ...}], never reordered
         reported        the agent: every report of this attempt was published (nothing to redo)
         stepd.log       the stepd's own output, made only when it has something to say
@@ -142,6 +143,27 @@ def create_json(path: Path, content: Any) -> bool:
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+def claim_state(folder: Path, content: Any) -> bool:
+    """Claim an attempt for its stepd: True if claimed, False if the agent abandoned it first.
+
+    `content`, the first state, is appended to launch.json, whose inode then takes the name
+    state.json too (a hard link: refused where the name exists, so the claim and the agent's
+    `abandon` exclude each other, and a reader of state.json finds a whole state in it from the
+    start). One inode for the two files: a new inode costs this kind of filesystem tenths of a
+    millisecond. The launch stays the file's first line (`read_launch`); a state is a later line
+    (`read_state`); a replace of state.json (`STATE_COMPACT_AT`) leaves launch.json as it was."""
+    launch = folder / LAUNCH
+    append_record(launch, content, compact_at=_NEVER_COMPACT)
+    try:
+        os.link(launch, folder / STATE)
+    except FileExistsError:
+        return False
+    return True
+
+
+_NEVER_COMPACT = 1 << 62
 
 
 def append_state(path: Path, content: Any) -> None:
@@ -322,7 +344,19 @@ class Launch:
 
 
 def read_launch(folder: Path) -> Launch | None:
-    raw = read_json(folder / LAUNCH)
+    """launch.json's launch: its first line (the stepd's states may follow it, see `claim_state`),
+    or the whole file where that is not one (an agent of before that indented it)."""
+    try:
+        data = (folder / LAUNCH).read_bytes()
+    except OSError:
+        return None
+    raw: Any = None
+    for text in (data.split(b"\n", 1)[0], data):
+        try:
+            raw = json.loads(text)
+            break
+        except ValueError:
+            continue
     if not isinstance(raw, dict):
         return None
     try:

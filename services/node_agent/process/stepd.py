@@ -66,8 +66,8 @@ from .step_files import (
     STATE_VERSION,
     WAKE_SIGNAL,
     append_state,
+    claim_state,
     control_path,
-    create_json,
     process_start_time,
     read_commands,
     read_launch,
@@ -195,7 +195,7 @@ class Stepd:
         """Claim the attempt's state and start the ranks: None once they run, else the exit code
         of a stepd that starts nothing (its state cannot be written, or the agent abandoned it)."""
         try:
-            created = create_json(self.folder / STATE, self.state)
+            created = claim_state(self.folder, self.state)
         except OSError as exc:  # nothing started yet: the agent reports the ranks as not started
             log.error("%s: cannot write its state (%s); not starting the ranks", self.folder, exc)
             return 1

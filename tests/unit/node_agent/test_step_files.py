@@ -86,3 +86,49 @@ def test_an_attempt_is_marked_reported_by_its_folders_mode_and_a_reported_file_s
     assert is_reported(legacy)
     os.chmod(folder, 0o700)  # closed to others by a umask alone is not the mark
     assert not is_reported(folder)
+
+
+def test_a_claim_is_launch_json_s_inode_named_state_json_and_each_file_reads_as_before(tmp_path: Path) -> None:
+    """The stepd's claim makes no inode: its first state goes after the launch line, and the name
+    state.json is a hard link to it; launch.json is read from its first line, state.json from its
+    last state line; an abandon after the claim (or a claim after the abandon) is refused."""
+    from corral.services.node_agent.process import step_files
+
+    launch = Launch(assignment(0), cause="ev", kill_grace=5.0, launched_at=1.0)
+    step_files.write_new_json(tmp_path / step_files.LAUNCH, launch.to_json())
+    assert step_files.claim_state(tmp_path, _record(0))
+    assert (tmp_path / step_files.STATE).stat().st_ino == (tmp_path / step_files.LAUNCH).stat().st_ino
+    assert step_files.read_launch(tmp_path) == launch
+    assert step_files.read_state(tmp_path) == _record(0)
+    step_files.append_state(tmp_path / step_files.STATE, _record(1))
+    assert step_files.read_launch(tmp_path) == launch and step_files.read_state(tmp_path) == _record(1)
+    assert not step_files.abandon(tmp_path, "j", 0, "late")
+    assert not step_files.claim_state(tmp_path, _record(2))  # a second claim: refused
+    assert step_files.read_launch(tmp_path) == launch
+    for n in range(3, 2000):  # state.json replaced by its newest record: launch.json stays
+        step_files.append_state(tmp_path / step_files.STATE, _record(n))
+    assert step_files.read_state(tmp_path) == _record(1999)
+    assert step_files.read_launch(tmp_path) == launch
+
+
+def test_a_folder_abandoned_before_the_claim_is_not_claimed(tmp_path: Path) -> None:
+    from corral.services.node_agent.process import step_files
+
+    launch = Launch(assignment(0), cause=None, kill_grace=5.0, launched_at=1.0)
+    step_files.write_new_json(tmp_path / step_files.LAUNCH, launch.to_json())
+    assert step_files.abandon(tmp_path, "j", 0, "gone")
+    assert not step_files.claim_state(tmp_path, _record(0))
+    assert (step_files.read_state(tmp_path) or {})["phase"] == step_files.ABANDONED
+    assert step_files.read_launch(tmp_path) == launch
+
+
+def test_an_indented_launch_json_of_before_is_read(tmp_path: Path) -> None:
+    import json
+
+    from corral.services.node_agent.process import step_files
+
+    launch = Launch(assignment(0), cause=None, kill_grace=5.0, launched_at=1.0)
+    (tmp_path / step_files.LAUNCH).write_text(json.dumps(launch.to_json(), indent=2))
+    assert step_files.read_launch(tmp_path) == launch
+    (tmp_path / step_files.LAUNCH).write_text('{"assignment": ')  # cut short: not launched
+    assert step_files.read_launch(tmp_path) is None
