@@ -189,3 +189,41 @@ async def test_a_rank_that_ends_within_the_first_poll_is_shipped_as_one_final_ch
     [chunk] = await _read(bus, "j2")
     assert chunk.final and chunk.lines[1:] == ["done", "==== exited with code 0 ===="]
     await shipper.close()
+
+
+async def test_a_running_ranks_header_alone_waits_for_its_output_or_its_exit(
+        bus: Bus, tmp_path: Path, monkeypatch: object) -> None:
+    """The stepd's header line is not published alone while the rank runs (for up to
+    `HEADER_ALONE`): a short silent job is one chunk at its exit, not the header's and the end's;
+    once the rank writes, the header goes with its output."""
+    from corral.services.node_agent.reporting import log_shipper
+
+    log = tmp_path / "logs" / "j3" / "rank-0.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(_header("j3", 0))
+    key = RankKey("j3", 0, "node-0", 0)
+    shipper = _shipper(bus, poll=0.02)
+    shipper.follow(key, log, tmp_path / "state")
+    await asyncio.sleep(0.3)  # many looks: the header alone is not shipped
+    assert await _read(bus, "j3") == []
+    with log.open("ab") as f:
+        f.write(b"==== exited with code 0 ====\n")
+    assert await shipper.drain(key, log, tmp_path / "state", timeout=10)
+    [chunk] = await _read(bus, "j3")
+    assert chunk.final and chunk.lines == [_header("j3", 0).decode().strip(), "==== exited with code 0 ===="]
+    await shipper.close()
+
+    monkeypatch.setattr(log_shipper, "HEADER_ALONE", 0.0)  # type: ignore[attr-defined]
+    log4 = tmp_path / "logs" / "j4" / "rank-0.log"
+    log4.parent.mkdir(parents=True)
+    log4.write_bytes(_header("j4", 0))
+    key4 = RankKey("j4", 0, "node-0", 0)
+    again = _shipper(bus, poll=0.02)
+    again.follow(key4, log4, tmp_path / "state")
+    for _ in range(200):  # a long silent rank: its header shows after HEADER_ALONE
+        if await _read(bus, "j4"):
+            break
+        await asyncio.sleep(0.05)
+    [first] = await _read(bus, "j4")
+    assert not first.final and first.lines == [_header("j4", 0).decode().strip()]
+    await again.close()

@@ -13,7 +13,8 @@ How it hooks into the agent: `ShippingEvents` wraps the supervisor's `AgentEvent
 starts (also one adopted after an agent restart) is followed from its attempt's header line in the
 file; a rank that exits (or never started: its file says why) is drained to its end and its last
 chunk marked final before its exit is reported (for up to `DRAIN_BEFORE_EXIT`), so a job seen
-ended has its output on the bus. Where each rank got to is kept in
+ended has its output on the bus. A running rank's header line alone waits for the rank's own
+output (up to `HEADER_ALONE`): a short job's output is one publish. Where each rank got to is kept in
 `<state_dir>/<job>/attempt-<K>/rank-<R>.json` after every published chunk, so a restarted agent
 ships on from there (a chunk sent twice has the same message id: the stream keeps one). The agent's
 `state_dir` is its run folder: the cursor files sit in the attempt's folder, which the supervisor
@@ -55,6 +56,10 @@ _SEARCH_BLOCK = 1024 * 1024
 _RETRY_CAP = 5.0
 #: How long a rank's exit report waits for its last output to be published (seconds).
 DRAIN_BEFORE_EXIT = 2.0
+#: How long a running rank's header line waits for the rank's own output before it is published
+#: alone (seconds): a short job's output is then one chunk, one publish and one cursor save, not
+#: the header's and the rest's; a long silent one's header still shows within this.
+HEADER_ALONE = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,15 +278,17 @@ class LogShipper:
                                 key.job_id, key.attempt, key.rank)
                 start = shipped = found if found is not None else os.fstat(fd).st_size
             cursor = RankCursor(key.job_id, key.attempt, key.node, key.rank, shipped, self._limits)
-            await self._tail(file, cursor, finishing, lambda done: saved.save(start, cursor.shipped, done))
+            await self._tail(file, cursor, finishing, lambda done: saved.save(start, cursor.shipped, done),
+                             header_at=start)
         finally:
             file.release()
 
     async def _tail(self, file: _RankFile, cursor: RankCursor, finishing: asyncio.Event,
-                    save: Callable[[bool], None]) -> None:
+                    save: Callable[[bool], None], header_at: int = -1) -> None:
         if not finishing.is_set():  # the first look waits a poll, or the exit: a short rank is one chunk
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(finishing.wait(), self._poll)
+        alone_until = time.monotonic() + HEADER_ALONE
         while True:
             final = finishing.is_set()  # read before the file: what the rank wrote before exiting is there
             fd = file.open()
@@ -292,6 +299,11 @@ class LogShipper:
             size = os.fstat(fd).st_size
             read = cursor.next_read(size)
             data = os.pread(fd, read.length, read.offset) if read.length else b""
+            if (not final and cursor.shipped == header_at and _header_alone(data)
+                    and time.monotonic() < alone_until):
+                with contextlib.suppress(TimeoutError):  # nothing of the rank's own yet: look again
+                    await asyncio.wait_for(finishing.wait(), self._poll)
+                continue
             last = final and read.offset + len(data) >= size
             chunks = cursor.take(data, self._clock(), final=last)
             if chunks:  # the cursor moves past them once every one has landed
@@ -352,6 +364,11 @@ class LogShipper:
                     chunk.rank, type(exc).__name__, exc)
                 await asyncio.sleep(delay)
                 delay = min(_RETRY_CAP, delay * 2)
+
+
+def _header_alone(data: bytes) -> bool:
+    """Whether `data` is the attempt's header line and nothing else (the stepd's, see `stepd.spawn`)."""
+    return data.startswith(b"==== corral job ") and data.endswith(b"\n") and data.count(b"\n") == 1
 
 
 class ShippingEvents:
