@@ -155,7 +155,7 @@ def claim_state(folder: Path, content: Any) -> bool:
     millisecond. The launch stays the file's first line (`read_launch`); a state is a later line
     (`read_state`); a replace of state.json (`STATE_COMPACT_AT`) leaves launch.json as it was."""
     launch = folder / LAUNCH
-    append_record(launch, content, compact_at=_NEVER_COMPACT)
+    append_record(launch, content, compact_at=NEVER_COMPACT)
     try:
         os.link(launch, folder / STATE)
     except FileExistsError:
@@ -163,7 +163,7 @@ def claim_state(folder: Path, content: Any) -> bool:
     return True
 
 
-_NEVER_COMPACT = 1 << 62
+NEVER_COMPACT = 1 << 62
 
 
 def append_state(path: Path, content: Any) -> None:
@@ -171,13 +171,14 @@ def append_state(path: Path, content: Any) -> None:
     append_record(path, content, compact_at=STATE_COMPACT_AT)
 
 
-def append_record(path: Path, content: Any, *, compact_at: int) -> None:
-    """Append one JSON record (a line) to `path`, made mode 0600 if missing; past `compact_at`
-    bytes, replace the file by this record alone (`write_json`). A record the disk took only in
-    part is cut off again; one that could not be (a tail with no newline) is ended before the next,
-    so each record is one line."""
+def append_record(path: Path, content: Any, *, compact_at: int, create: bool = True) -> None:
+    """Append one JSON record (a line) to `path`, made mode 0600 if missing (FileNotFoundError
+    instead when not `create`); past `compact_at` bytes, replace the file by this record alone
+    (`write_json`). A record the disk took only in part is cut off again; one that could not be (a
+    tail with no newline) is ended before the next, so each record is one line."""
     data = json.dumps(content, sort_keys=True).encode() + b"\n"
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    fd = os.open(path, flags, 0o600)
     try:
         size = os.fstat(fd).st_size
         if size + len(data) > compact_at:

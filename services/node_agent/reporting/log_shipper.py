@@ -14,13 +14,14 @@ starts (also one adopted after an agent restart) is followed from its attempt's 
 file; a rank that exits (or never started: its file says why) is drained to its end and its last
 chunk marked final before its exit is reported (for up to `DRAIN_BEFORE_EXIT`), so a job seen
 ended has its output on the bus. A running rank's header line alone waits for the rank's own
-output (up to `HEADER_ALONE`): a short job's output is one publish. Where each rank got to is kept in
-`<state_dir>/<job>/attempt-<K>/rank-<R>.json` after every published chunk, so a restarted agent
-ships on from there (a chunk sent twice has the same message id: the stream keeps one). The agent's
-`state_dir` is its run folder: the cursor files sit in the attempt's folder, which the supervisor
-has made before the rank starts (no folder is made per rank; each costs the disk an inode).
-Cursor files under an `earlier` folder (`logship/`, where agents kept them apart) are read when
-the run folder has none. An unavailable bus is waited out: the file keeps the lines.
+output (up to `HEADER_ALONE`): a short job's output is one publish. Where each rank got to is
+appended to `<state_dir>/<job>/attempt-<K>/launch.json` (a line naming the rank, see `_Saved`)
+after every published chunk, so a restarted agent ships on from there (a chunk sent twice has the
+same message id: the stream keeps one). The agent's `state_dir` is its run folder: the cursors
+sit in the attempt's folder, which the supervisor has made before the rank starts (no file or
+folder is made per rank; each costs the disk an inode). Cursor files of a rank's own
+(`rank-<R>.json` there, or under an `earlier` folder, `logship/`, where agents kept them apart)
+are read when launch.json has none. An unavailable bus is waited out: the file keeps the lines.
 
 The file is opened without following a symlink and must be a regular file: the agent may be root,
 and the file the rank's user's.
@@ -41,7 +42,7 @@ from pathlib import Path
 from corral.bus import Outgoing
 from corral.contracts.logs import LogChunk, chunk_msg_id, encode_chunk, log_subject
 
-from ..process.step_files import append_record, last_record
+from ..process.step_files import LAUNCH, NEVER_COMPACT, append_record, last_record
 from ..process.supervisor import AgentEvents, ExitReason, GangOutcome
 from .log_batches import ChunkBatches, PublishMany
 from .log_chunks import RankCursor, ShipLimits, find_attempt_start
@@ -121,19 +122,31 @@ def _find_start(fd: int, key: RankKey) -> int | None:
 
 
 class _Saved:
-    """The cursor file of one rank: where shipping started and got to, and whether it is done.
-    `earlier`: where the cursor may have been kept instead (read when `path` has none)."""
+    """The cursor of one rank: where shipping started and got to, and whether it is done.
 
-    def __init__(self, path: Path, earlier: Path | None = None) -> None:
+    Kept as lines appended to `shared`, its attempt's launch.json (each naming its rank), where
+    that file is: a file of the rank's own (`path`) is an inode per rank, which costs this kind of
+    filesystem tenths of a millisecond. The stepd's readers skip these lines (launch.json's first
+    line is the launch; state.json, the same inode once claimed, is its last state line). Without
+    `shared` (no launch.json: not an attempt folder) a save goes to `path`. `path`, then `earlier`
+    (where agents kept it apart), are read when `shared` holds none of the rank's."""
+
+    def __init__(self, path: Path, earlier: Path | None = None, *, shared: Path | None = None,
+                 rank: int | None = None) -> None:
         self.path = path
         self.earlier = earlier
+        self.shared = shared
+        self.rank = rank
+
+    def _mine(self, record: dict[str, object]) -> bool:
+        return _is_cursor(record) and record.get("cursor_rank") == self.rank
 
     def load(self) -> dict[str, int | bool] | None:
-        for path in (self.path, self.earlier):
+        for path, valid in ((self.shared, self._mine), (self.path, _is_cursor), (self.earlier, _is_cursor)):
             if path is None:
                 continue
             try:
-                raw = last_record(path.read_bytes(), _is_cursor)
+                raw = last_record(path.read_bytes(), valid)
                 if raw is None:
                     continue
                 return {"start": int(raw["start"]), "shipped": int(raw["shipped"]), "done": bool(raw.get("done"))}
@@ -145,7 +158,14 @@ class _Saved:
         """The agent's own file among the stepd's (mode 0600): a rank running as its submitter
         passes through the attempt's folder but reads none of the agent's files. Each save is a
         line appended (the last complete one is the cursor): one inode per rank, not one per save."""
-        record = {"start": start, "shipped": shipped, "done": done}
+        record: dict[str, object] = {"start": start, "shipped": shipped, "done": done}
+        if self.shared is not None:
+            try:
+                append_record(self.shared, {**record, "cursor_rank": self.rank}, compact_at=NEVER_COMPACT,
+                              create=False)
+                return
+            except FileNotFoundError:
+                pass
         try:
             append_record(self.path, record, compact_at=_CURSOR_COMPACT_AT)
         except FileNotFoundError:  # its folder is made on first use only (it is the attempt's, as a rule)
@@ -194,7 +214,8 @@ class LogShipper:
         self._finishing[key] = asyncio.Event()
         self._subjects[key] = self._subject_for(self.owner_of(key.job_id))
         where = Path(key.job_id, f"attempt-{key.attempt}", f"rank-{key.rank}.json")
-        saved = _Saved(state_dir / where, None if earlier is None else earlier / where)
+        saved = _Saved(state_dir / where, None if earlier is None else earlier / where,
+                       shared=state_dir / where.parent / LAUNCH, rank=key.rank)
         task = asyncio.create_task(self._ship(key, path, saved), name=f"logs-{key.job_id}-{key.attempt}-{key.rank}")
         self._tasks[key] = task
         task.add_done_callback(lambda _: self._forget(key, task))

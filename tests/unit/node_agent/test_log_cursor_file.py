@@ -27,3 +27,37 @@ def test_a_cursor_written_whole_is_read_and_saved_on(tmp_path: Path) -> None:
     assert saved.load() == {"start": 5, "shipped": 7, "done": False}
     saved.save(5, 9, False)
     assert saved.load() == {"start": 5, "shipped": 9, "done": False}
+
+
+def test_cursors_are_lines_of_the_attempts_launch_json_and_the_stepds_files_read_as_before(tmp_path: Path) -> None:
+    """Each rank's saves are lines appended to launch.json (no file per rank): the launch is still
+    its first line, the state (the same inode once claimed) its last state line; a folder without
+    launch.json keeps the rank's own file; a rank's own file of before is read when launch.json
+    has none of the rank's."""
+    from corral.services.node_agent.process import step_files
+    from corral.services.node_agent.process.assignment import Assignment, RankAssignment
+
+    folder = tmp_path / "j" / "attempt-0"
+    folder.mkdir(parents=True)
+    a = Assignment(job_id="j", attempt=0, world_size=2, node_rank=0, master_addr="127.0.0.1", master_port=29500,
+                   ranks=(RankAssignment(0, 0, (0,)), RankAssignment(1, 1, (1,))), command=("true",),
+                   checkpoint_dir=tmp_path / "c", log_dir=tmp_path / "l")
+    launch = step_files.Launch(a, cause=None, kill_grace=5.0, launched_at=1.0)
+    step_files.write_new_json(folder / step_files.LAUNCH, launch.to_json())
+    assert step_files.claim_state(folder, {"phase": "running", "n": 1})
+    ranks = [_Saved(folder / f"rank-{r}.json", shared=folder / step_files.LAUNCH, rank=r) for r in (0, 1)]
+    (folder / "rank-1.json").write_text(json.dumps({"start": 3, "shipped": 4, "done": False}))  # of before
+    assert ranks[1].load() == {"start": 3, "shipped": 4, "done": False}
+    ranks[0].save(0, 10, False)
+    ranks[1].save(3, 20, False)
+    ranks[0].save(0, 30, True)
+    assert not (folder / "rank-0.json").exists()
+    assert ranks[0].load() == {"start": 0, "shipped": 30, "done": True}
+    assert ranks[1].load() == {"start": 3, "shipped": 20, "done": False}
+    assert step_files.read_launch(folder) == launch
+    assert step_files.read_state(folder) == {"phase": "running", "n": 1}
+    alone = _Saved(tmp_path / "k" / "attempt-0" / "rank-0.json", shared=tmp_path / "k" / "attempt-0" / "launch.json",
+                   rank=0)
+    alone.save(0, 5, True)  # no launch.json: the rank's own file, as before
+    assert alone.load() == {"start": 0, "shipped": 5, "done": True} and alone.path.exists()
+    assert not (tmp_path / "k" / "attempt-0" / "launch.json").exists()
