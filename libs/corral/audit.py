@@ -22,6 +22,7 @@ from typing import Protocol
 
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event
+from corral.contracts.worker import WorkerExit
 
 __all__ = [
     "DEFAULT_CHECKS",
@@ -57,6 +58,8 @@ class Invariant(StrEnum):
         """The name of the check that finds it."""
         return _CHECK_OF.get(self, "other")
 
+
+_CHOSEN_EXITS = frozenset({WorkerExit.COMPLETED.value, WorkerExit.CHECKPOINTED.value})
 
 _CHECK_OF = {Invariant.GPU_HELD_TWICE: "gpus", Invariant.GANG_PARTIAL: "gangs",
              Invariant.TWO_LIVE_ATTEMPTS: "gangs", Invariant.JOB_LOST: "accounting",
@@ -223,8 +226,9 @@ class _Attempt:
 
 class GangBarrier:
     """All or nothing: a GangReserved covers every rank 0..N-1 (N = the admitted replicas), and a
-    JobRunning comes only after every rank's WorkerStarted for that attempt. At most one live
-    attempt per job: a job is never reserved again while an attempt still holds its GPUs."""
+    JobRunning comes only after every rank of that attempt started (its WorkerStarted, or an exit
+    with a code it chose: 0 or checkpointed). At most one live attempt per job: a job is never
+    reserved again while an attempt still holds its GPUs."""
 
     name = "gangs"
 
@@ -253,7 +257,10 @@ class GangBarrier:
                                      f"{e.job_id} attempt {e.attempt} reserved while attempt {live[0].attempt} "
                                      f"(reserved at position {live[0].position}) was never released", e.job_id))
             self.attempts[e.job_id][e.attempt] = _Attempt(e.attempt, pos, e.world_size)
-        elif isinstance(e, ev.WorkerStarted):
+        elif isinstance(e, ev.WorkerStarted) or (
+                isinstance(e, ev.WorkerExited) and e.exit_code in _CHOSEN_EXITS):
+            # A rank that exited with a code it chose ran, even when its report of the start is
+            # recorded after the exit (the inbox redelivers each report by its own backoff).
             a = self.attempts[e.job_id].get(e.attempt)
             if a is not None:
                 a.started.add(e.rank)

@@ -158,6 +158,30 @@ def test_running_before_every_rank_started_is_a_partial_gang() -> None:
     assert kinds(log) == [Invariant.GANG_PARTIAL]
 
 
+def test_a_rank_that_exited_0_before_its_start_was_recorded_did_start() -> None:
+    """Placement's inbox redelivers each report by its own backoff, so a rank's exit can be
+    recorded before its start; every rank exiting 0 marks the gang running (lifecycle.next_steps)."""
+    log = Log()
+    ranks = [("n1", [0]), ("n2", [0])]
+    log.admit("a", replicas=2)
+    log.place("a", ranks)
+    log.add(ev.WorkerStarted, job_id="a", rank=1, node="n2", pid=2)
+    log.add(ev.WorkerExited, job_id="a", rank=0, node="n1", exit_code=0, reason=R)
+    log.add(ev.WorkerExited, job_id="a", rank=1, node="n2", exit_code=0, reason=R)
+    log.add(ev.JobRunning, job_id="a")
+    assert kinds(log) == []
+
+
+def test_a_rank_killed_before_its_start_was_recorded_is_not_started() -> None:
+    log = Log()
+    log.admit("a", replicas=2)
+    log.place("a", [("n1", [0]), ("n2", [0])])
+    log.add(ev.WorkerStarted, job_id="a", rank=1, node="n2", pid=2)
+    log.add(ev.WorkerExited, job_id="a", rank=0, node="n1", exit_code=None, reason=R)
+    log.add(ev.JobRunning, job_id="a")
+    assert kinds(log) == [Invariant.GANG_PARTIAL]
+
+
 def test_a_reservation_missing_a_rank_is_a_partial_gang() -> None:
     log = Log()
     log.admit("a", replicas=2)
