@@ -90,6 +90,7 @@ class StepMemos:
         last = self._placed
         if last is not None and last[0] is snapshot and last[1] == key and (last[2] or not explain):
             return last[3] if explain or not last[2] else [d for d in last[3] if not isinstance(d, Pending)]
+        self._parts(snapshot)
         out = placement_step(snapshot, config, holding=key, explain=explain, memo=self.placement)
         self._placed = (snapshot, key, explain, out)
         return out
@@ -101,10 +102,17 @@ class StepMemos:
         if last is not None and last[0] is snapshot and last[1] == key:
             return last[2]
         after = after_placing(snapshot, placed, config)
-        RunningParts.of(snapshot, self.preemption).grown(after.running)  # found by `prepare` in the memo
+        self._parts(snapshot).grown(after.running)  # found by `prepare` in the memo
         out = preemption_step(after, config, memo=self.preemption)
         self._preempts = (snapshot, key, out)
         return out
+
+    def _parts(self, snapshot: Snapshot) -> RunningParts:
+        """The running jobs' parts of `snapshot`, one for both steps' memos: they read no step's
+        config but the tree's, which they keep per config (`RunningParts.tree`)."""
+        parts = RunningParts.of(snapshot, self.preemption)
+        self.placement.running = parts
+        return parts
 
 
 def after_placing(snapshot: Snapshot, placed: Mapping[str, Placement], config: SchedulerConfig) -> Snapshot:

@@ -21,6 +21,7 @@ from corral.core import Cluster, Job, PendingJob, Placement, RankPlacement, Runn
 from corral.core.prepared import Prepared, prepare
 from corral.core.running_parts import RunningParts
 from corral.core.shortcuts import ClassMemo
+from corral.core.steps import Step, step_config
 
 from .test_core_properties import POLICIES, SETTINGS, clusters, named, queue_trees
 from .test_scheduler_state import _history, _Twin
@@ -72,6 +73,9 @@ class _Warm(_Twin):
         _same(prepare(snap, self.config, self.memo), prepare(snap, self.config, ClassMemo()))
         assert schedule(snap, self.config, memo=self.memo) == schedule(snap, self.config)
         _same(prepare(base, self.config, self.memo), prepare(base, self.config, ClassMemo()))
+        placing = step_config(Step.PLACEMENT, self.config)  # the steps' memos share the parts (`StepMemos`)
+        _same(prepare(base, placing, self.memo), prepare(base, placing, ClassMemo()))
+        assert schedule(base, placing, memo=self.memo) == schedule(base, placing)
 
 
 @SETTINGS
