@@ -1,7 +1,8 @@
 """An opt-in whole-process profile of a service: `CORRAL_PROFILE_DIR=D` writes `D/<name>-<pid>.prof`
 (cProfile, read with `python -m pstats`) when the process stops cleanly; SIGUSR1 writes the profile
 so far as `D/<name>-<pid>-<n>.prof` and starts a new one (a window of a live stack: a signal before
-and one after what is to be looked at).
+and one after what is to be looked at). `CORRAL_PROFILE_ONLY=placement,quota` profiles only the
+processes of those names (a profiler in every process slows a loaded stack into measuring itself).
 
 Why: a live stack's CPU per job is spread over several processes (bench/e2e.py prints it by
 process); finding where one of them spends it needs that process's own profile under the real
@@ -19,13 +20,15 @@ from contextlib import contextmanager
 from corral import environment
 
 PROFILE_DIR_ENV = "CORRAL_PROFILE_DIR"
+PROFILE_ONLY_ENV = "CORRAL_PROFILE_ONLY"
 
 
 @contextmanager
 def profiled(name: str) -> Iterator[None]:
     """Profile the block when CORRAL_PROFILE_DIR is set; write the stats on leaving it."""
     folder = environment.get(PROFILE_DIR_ENV)
-    if not folder:
+    only = environment.get(PROFILE_ONLY_ENV)
+    if not folder or (only and name not in only.split(",")):
         yield
         return
     import cProfile

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.profiling import PROFILE_DIR_ENV, profiled
+from corral.profiling import PROFILE_DIR_ENV, PROFILE_ONLY_ENV, profiled
 
 
 def _busy(n: int) -> int:
@@ -41,3 +41,13 @@ def test_unset_profiles_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     before = signal.getsignal(signal.SIGUSR1)
     with profiled("svc"):
         assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_only_profiles_the_named_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PROFILE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(PROFILE_ONLY_ENV, "placement,quota")
+    with profiled("admission"):
+        _busy(10)
+    with profiled("placement"):
+        _busy(10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"placement-{os.getpid()}.prof"]
