@@ -61,9 +61,9 @@ def reserved(job: str, nodes: list[str], attempt: int = 0) -> GangReserved:
                             world_size=len(nodes), master_addr="10.0.0.1", master_port=29500)
 
 
-def released(job: str, attempt: int = 0) -> GangReleased:
+def released(job: str, attempt: int = 0, code: str = "WORKER_FAILED") -> GangReleased:
     return GangReleased.new(stream=job_stream(job), actor="placement", job_id=job, attempt=attempt,
-                            reason=Reason(code="COMPLETED", message="done"))
+                            reason=Reason(code=code, message="done"))
 
 
 def route(router: NodeWorkRouter, log: Log, event: Event) -> list[tuple[str, str]]:
@@ -85,6 +85,8 @@ def test_a_job_is_sent_to_the_nodes_it_touches_only() -> None:
     assert [s for s, _ in route(router, log, preempt)] == ["c.events.node.n1.PreemptRequested",
                                                             "c.events.node.n2.PreemptRequested"]
     assert len(route(router, log, released("j1"))) == 2
+    # a gang that completed (every rank exited 0) has nothing left to stop on its nodes
+    assert route(router, log, released("j1", code="COMPLETED")) == []
     requeued = JobRequeued.new(stream=job_stream("j1"), actor="placement", job_id="j1", attempt=1,
                                reason=Reason(code="PREEMPTED", message="x"))
     assert len(route(router, log, requeued)) == 2

@@ -10,7 +10,8 @@ an agent makes), so deliveries per job grow with the nodes the job touches, not 
 - GangReserved -> a `NodeAssignment` (the reservation, the job's JobSubmitted, the newest
   QueueConfigured of its queue) to each node of the gang;
 - PreemptRequested (of the victim), GangReleased, JobCancelled, JobRequeued -> to every node a gang
-  of the job was reserved on;
+  of the job was reserved on; not a GangReleased of a gang that completed (every rank reported
+  its exit 0: nothing is left to stop, and it was one delivery per job for nothing);
 - NodeLost -> to that node.
 
 What the router keeps (the nodes of each job's gangs, the newest jobs' JobSubmitted, each queue's
@@ -33,6 +34,7 @@ from corral.bus.bus import Outgoing
 from corral.contracts import events as ev
 from corral.contracts.envelope import job_stream, queue_stream
 from corral.contracts.flow import names
+from corral.contracts.lifecycle import LifecycleCode
 from corral.contracts.node_work import JOB_WORK as JOB_WORK_EVENTS
 from corral.contracts.node_work import KIND, encode_assignment
 from corral.contracts.subjects import Subjects
@@ -46,6 +48,9 @@ JOB_WORK = names(JOB_WORK_EVENTS)
 _ENDED = names((ev.JobCompleted, ev.JobFailed, ev.JobRejected))
 _SUBMITTED, _QUEUE, _GANG = ev.JobSubmitted.type_name(), ev.QueueConfigured.type_name(), ev.GangReserved.type_name()
 _LOST, _PREEMPT = ev.NodeLost.type_name(), ev.PreemptRequested.type_name()
+_RELEASED = ev.GangReleased.type_name()
+#: The release of a gang whose every rank exited 0 (`corral.lifecycle`): nothing of it runs.
+_COMPLETED = LifecycleCode.COMPLETED.value
 _JOBS_KEPT = 50_000  # jobs whose gangs' nodes are kept (a few names each)
 _SPECS_KEPT = 2_000  # submissions whose bytes are kept (20 s of 100 jobs/s)
 _QUEUES_KEPT = 10_000
@@ -62,6 +67,14 @@ class _Gang(msgspec.Struct):
 
 class _Victim(msgspec.Struct):
     victim_job_id: str
+
+
+class _Code(msgspec.Struct):
+    code: str = ""
+
+
+class _Release(msgspec.Struct):
+    reason: _Code
 
 
 class _Spec(msgspec.Struct):
@@ -138,7 +151,7 @@ class NodeWorkRouter:
                 job_id = victim.victim_job_id if victim is not None else ""
             else:
                 job_id = event.stream[4:] if event.stream.startswith("job-") else ""
-            if not job_id:
+            if not job_id or (kind == _RELEASED and _completed(event.data)):
                 return []
             job = await self._known(job_id, event.position)
             return [self._message(event, node, kind, event.data) for node in sorted(job.nodes)]
@@ -228,3 +241,9 @@ def _decode(data: bytes, cls: type[S]) -> S | None:
 def _queue_of(data: bytes) -> str | None:
     submission = _decode(data, _Submission)
     return (submission.spec.queue or None) if submission is not None else None
+
+
+def _completed(data: bytes) -> bool:
+    """Whether a GangReleased is of a gang that completed (undecodable: not known to be, so sent)."""
+    release = _decode(data, _Release)
+    return release is not None and release.reason.code == _COMPLETED
