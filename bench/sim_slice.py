@@ -8,7 +8,8 @@ with the whole trace's figures. Queues: every queue in the slice gets an equal g
 Run: .venv/bin/python bench/sim_slice.py [--start A] [--stop B] [--cluster 40x8:H100]
      [--policies corral,fair-las,fair-las:2,fair-las:4r] [--profile FILE] [--queues] [--pipeline services]
 `fair-las:X` replays fair-las with the starvation limit X (`SchedulerConfig.starvation_limit`; 0: off),
-`fair-las:Xr` with it and `promotion_resets_level` (a promoted job preempts as level 0 both ways);
+`fair-las:Xr` with it and `promotion_resets_level` (a promoted job preempts as level 0 both ways),
+`fair-las:Xd` with it and `defragment` (smaller jobs moved to make a whole node for a gang; `Xrd` both);
 `--profile FILE` writes cProfile stats of the last policy's replay to FILE (read with pstats);
 `--pipeline services` replays the live services' round (`corral.sim.engine`) instead of the combined cycle;
 `--queues` prints each queue's mean allocation / fair share and share of GPU time. Each policy's line
@@ -40,9 +41,9 @@ def replay(jobs: list, cluster: str, policy: str, profile: Path | None,
     fair-las with the starvation limit X."""
     workload = normalised(jobs, "slice", [])
     name, _, limit = policy.partition(":")
-    resets = limit.endswith("r")
-    config = (dataclasses.replace(SchedulerConfig.named(name), starvation_limit=float(limit.rstrip("r")),
-                                  promotion_resets_level=resets) if limit else None)
+    flags = limit.lstrip("0123456789.")
+    config = (dataclasses.replace(SchedulerConfig.named(name), starvation_limit=float(limit.rstrip("rd")),
+                                  promotion_resets_level="r" in flags, defragment="d" in flags) if limit else None)
     profiler = cProfile.Profile() if profile is not None else None
     started = time.process_time()
     if profiler is not None:

@@ -221,7 +221,10 @@ class Cycle:
         """Preempt or reclaim, when a plan makes the job provably fit."""
         if not (self.config.preemption or self.config.reclaim):
             return None
-        plan = self._plan(p, lambda: self.candidates.for_job(p, self.tree, self.usage), check_quota=False, avoid=avoid)
+        idle = self.fi.total_free
+        plan = self._plan(p, lambda: self.candidates.for_job(p, self.tree, self.usage, idle,
+                                                                    self.snapshot.pending), check_quota=False,
+                          avoid=avoid)
         return self._preempt(p, plan) if isinstance(plan, PreemptionPlan) else None
 
     def _explain_pending(self, p: PendingJob, avoid: bool, found: Reason | None) -> Pending:

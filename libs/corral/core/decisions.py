@@ -29,6 +29,8 @@ class ReasonCode(StrEnum):
     PREEMPTED_FOR_PRIORITY = "PREEMPTED_FOR_PRIORITY"
     RECLAIMED_FOR_GUARANTEE = "RECLAIMED_FOR_GUARANTEE"
     PREEMPTED_FOR_LAS = "PREEMPTED_FOR_LAS"
+    #: FAIR_LAS: smaller jobs moved (checkpoint, restart on idle GPUs elsewhere) to make a whole node for a gang
+    PREEMPTED_TO_DEFRAGMENT = "PREEMPTED_TO_DEFRAGMENT"
     ORDERED_BEHIND = "ORDERED_BEHIND"
     #: every rendezvous port of rank 0's node is held by a live gang (`corral.core.rendezvous`)
     RENDEZVOUS_PORTS_EXHAUSTED = "RENDEZVOUS_PORTS_EXHAUSTED"

@@ -416,7 +416,6 @@ class Snapshot:
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     """Which actions a cycle runs. `SchedulerConfig.named` gives the policies the simulator compares.
-
     quotas: enforce guarantee/borrowing limits (max_gpus is always enforced); las_preemption_ratio: under LAS, a
     pending job may preempt a running one whose attained service is at least this many times its own (and more than
     `las_min_gap_gpu_seconds` apart); preemption_budget: a job already preempted this many times within the last
@@ -438,6 +437,7 @@ class SchedulerConfig:
     level_victim_fresh_seconds: float = 600.0
     starvation_limit: float = 4.0  # FAIR_LAS: a job waiting this many times its last run leads its queue
     promotion_resets_level: bool = False  # FAIR_LAS: a promoted job preempts as level 0 both ways (`levels`)
+    defragment: bool = False  # FAIR_LAS: move smaller jobs to make a whole node for a gang (`eligibility.defragments`)
 
     @classmethod
     def named(cls, policy: str) -> SchedulerConfig:

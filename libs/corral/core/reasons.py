@@ -103,6 +103,8 @@ def preempting(kinds: Collection[ReasonCode], victims: Sequence[RunningJob], now
         code, why = ReasonCode.RECLAIMED_FOR_GUARANTEE, "reclaiming guaranteed GPUs from borrowing queues"
     elif ReasonCode.PREEMPTED_FOR_LAS in kinds:
         code, why = ReasonCode.PREEMPTED_FOR_LAS, "victims attained far more service"
+    elif ReasonCode.PREEMPTED_TO_DEFRAGMENT in kinds:
+        code, why = ReasonCode.PREEMPTED_TO_DEFRAGMENT, "victims restart on idle GPUs elsewhere, making room for it"
     else:
         code = ReasonCode.PREEMPTED_FOR_PRIORITY
         why = f"victims have lower priority (max {max(v.job.priority for v in victims)})"

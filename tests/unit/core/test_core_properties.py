@@ -40,6 +40,7 @@ from corral.core import (
 )
 from corral.core.levels import running_level, started_promotion, waiting_level
 from corral.core.preemption import budget_spent
+from corral.core.preemption.eligibility import defragments
 
 # CORE_PROPERTY_EXAMPLES=2000 for a longer hunt; the default keeps the suite fast
 SETTINGS = settings(
@@ -47,16 +48,18 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-POLICIES = ["corral", "fifo", "priority", "backfill", "las", "fair-las", "fair-las-reset"]
+POLICIES = ["corral", "fifo", "priority", "backfill", "las", "fair-las", "fair-las-reset", "fair-las-defrag"]
 # fair-las with service levels a dozen 10-second cycles cross (its own are GPU-hours)
 SMALL_LEVELS = (40.0, 160.0)
 
 
 def named(policy: str) -> SchedulerConfig:
     """`SchedulerConfig.named`, with fair-las's levels small enough for these short histories;
-    fair-las-reset: fair-las with `promotion_resets_level`."""
+    fair-las-reset: fair-las with `promotion_resets_level`; fair-las-defrag: with `defragment`."""
     if policy == "fair-las-reset":
         return dataclasses.replace(named("fair-las"), promotion_resets_level=True)
+    if policy == "fair-las-defrag":
+        return dataclasses.replace(named("fair-las"), defragment=True)
     config = SchedulerConfig.named(policy)
     return dataclasses.replace(config, las_thresholds=SMALL_LEVELS) if policy == "fair-las" else config
 
@@ -158,6 +161,8 @@ def simulate(cluster, queues, config, seed, cycles, simple, check):
                                              now - r.start_time)
             elif end is not None and end <= now:
                 del running[r.job.id]
+            elif c % 3 == 0:  # a checkpoint now and then: FAIR_LAS may move such a job (`defragments`)
+                running[r.job.id] = dataclasses.replace(r, last_checkpoint_time=now)
         for _ in range(rng.randint(0, 4)):
             j = random_job(rng, n, now, names, simple)
             pending[j.id] = PendingJob(j)
@@ -261,7 +266,9 @@ def check_invariants(snap: Snapshot, config: SchedulerConfig, decisions) -> None
                         # started promoted: no level victim before one level's service since
                         assert r.attained(snap.now) - r.promoted_service >= th[0]
                 else:
-                    assert config.reclaim or config.order.value == "las"
+                    assert config.reclaim or config.order.value == "las" or defragments(config, p, r, snap.now)
+                    if d.reason.code is ReasonCode.PREEMPTED_TO_DEFRAGMENT:
+                        assert defragments(config, p, r, snap.now), f"{v} moved for {job.id}"
     # no queue exceeds max_gpus
     for q in snap.queues:
         if q.max_gpus is not None:

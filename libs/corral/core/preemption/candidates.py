@@ -9,6 +9,7 @@ accept for the job at hand; a plan then walks it lazily, applying the rule exact
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from operator import itemgetter
 
 from corral.core.decisions import ReasonCode
@@ -16,6 +17,7 @@ from corral.core.levels import level, waiting_level
 from corral.core.model import Job, OrderPolicy, PendingJob, RunningJob, SchedulerConfig
 from corral.core.preemption.eligibility import (
     ReclaimCache,
+    defragmenting,
     las_threshold,
     outserved,
     reclaims_by_whole_jobs,
@@ -91,11 +93,16 @@ class Candidates:
             found = self._by_queue[queue] = [r for _, r in costed]
         return found
 
-    def for_job(self, p: PendingJob, tree: QueueTree, usage: QueueUsage) -> list[RunningJob]:
-        """Running jobs worth examining: everyone when LAS or reclaim may apply, else the queue's."""
+    def for_job(self, p: PendingJob, tree: QueueTree, usage: QueueUsage, idle: int | None = None,
+                waiting: Iterable[PendingJob] = ()) -> list[RunningJob]:
+        """Running jobs worth examining: everyone when LAS, reclaim or a move may apply, else the
+        queue's. A move needs (`eligibility.defragmenting`) the job's GPUs idle (`idle`: at least
+        the idle GPUs the plan gets; None: unknown) and no other queue among the `waiting` jobs."""
         job, config = p.job, self.config
         if config.order is OrderPolicy.LAS and config.preemption:
             return self.eligible if config.reclaim else self._las_for(p)
+        if defragmenting(config, job, idle, waiting):
+            return self.eligible
         if config.reclaim and config.quotas and tree.known(job.queue):
             held, owed = usage.active.get(job.queue, 0), tree.guarantee[job.queue]
             if held < owed if reclaims_by_whole_jobs(config) else held + job.total_gpus <= owed:
@@ -241,9 +248,12 @@ class VictimSequence:
         pending: PendingJob,
         ordered: list[RunningJob],
         eligible: bool = False,
+        defragment: bool = False,
     ):
-        """`eligible`: every job in `ordered` is `statically_eligible` at `now` (a `Candidates` list)."""
+        """`eligible`: every job in `ordered` is `statically_eligible` at `now` (a `Candidates` list);
+        `defragment`: jobs may be moved for the waiting one (`eligibility.victim_kind`)."""
         self.now, self.config, self.tree, self.eligible = now, config, tree, eligible
+        self.defragment = defragment
         self.work = usage.copy()
         self.pending = pending
         self.ordered = ordered
@@ -258,7 +268,8 @@ class VictimSequence:
         while len(self.items) < k and self.pos < len(self.ordered):
             r = self.ordered[self.pos]
             self.pos += 1
-            kind = victim_kind(self.now, self.config, self.tree, self.work, self.pending, r, self.cache, self.eligible)
+            kind = victim_kind(self.now, self.config, self.tree, self.work, self.pending, r, self.cache, self.eligible,
+                               self.defragment)
             if kind is None:
                 continue
             self.items.append(r)

@@ -11,6 +11,10 @@ between the two it drifts. Here the whole rule lives in one place:
   jobs: a queue short of its guarantee reclaims a job that may take it past it (a gang of 8 for a
   queue owed 22.9 GPUs and holding 16), and only from a sibling that keeps its own guarantee after
   losing the victim (no reclaim back and forth);
+- under FAIR_LAS, when the idle GPUs add up to a waiting gang but lie in fragments and only the
+  gang's queue waits (`defragmenting`), a smaller job of another queue checkpointed lately may be
+  moved (`defragments`): it restarts on idle GPUs elsewhere, which the plan checks
+  (`plan.moved_fit`), so its queue keeps its share;
 - `same_queue_outranks` and `las_threshold`: the parts of `victim_kind` the candidate listing
   filters by (a superset, so that `victim_kind` still decides);
 - `spared`: the running jobs a waiting job may never preempt because of their history (no
@@ -19,7 +23,7 @@ between the two it drifts. Here the whole rule lives in one place:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from corral.core.decisions import ReasonCode
 from corral.core.levels import running_level, waiting_level
@@ -82,6 +86,26 @@ def fresh(config: SchedulerConfig, r: RunningJob, now: float) -> bool:
     none waits at most one checkpoint interval for one."""
     window = config.level_victim_fresh_seconds
     return window <= 0 or r.lost_work(now) <= window * r.job.total_gpus
+
+
+def defragments(config: SchedulerConfig, pending: PendingJob, r: RunningJob, now: float) -> bool:
+    """FAIR_LAS: `r`, of another queue and on fewer GPUs than the waiting job, has checkpointed
+    since it started and lately (`fresh`): moving it loses little work, and a job reserved in the
+    round it starts is never moved."""
+    return (config.order is OrderPolicy.FAIR_LAS and r.job.queue != pending.job.queue
+            and r.placement.gpu_count < pending.job.total_gpus
+            and r.last_checkpoint_time is not None and r.last_checkpoint_time > r.start_time
+            and fresh(config, r, now))
+
+
+def defragmenting(config: SchedulerConfig, job: Job, idle: int | None, waiting: Iterable[PendingJob] = ()) -> bool:
+    """Whether a plan for `job` may move jobs for it: FAIR_LAS with preemption and
+    `SchedulerConfig.defragment`, the idle GPUs add
+    up to the job (`idle`; None: unknown, maybe) but lie in fragments, and no job of another queue
+    is among the `waiting` ones (a moved job restarts at once, and nobody else waits for the GPUs)."""
+    return (config.defragment and config.order is OrderPolicy.FAIR_LAS and config.preemption
+            and (idle is None or idle >= job.total_gpus)
+            and all(p.job.queue == job.queue for p in waiting))
 
 
 def las_threshold(config: SchedulerConfig, mine: float) -> float:
@@ -147,10 +171,12 @@ def victim_kind(
     r: RunningJob,
     cache: ReclaimCache | None = None,
     eligible: bool = False,
+    defragment: bool = False,
 ) -> ReasonCode | None:
     """Why `r` may be preempted for `pending` right now (`usage` as the plan has it so far), or
     None when it may not. `eligible`: `r` is known `statically_eligible` at `now` (a cycle's
-    `Candidates` hold only such jobs), not checked again."""
+    `Candidates` hold only such jobs), not checked again. `defragment`: the plan may move jobs for
+    the waiting one (`defragmenting`), so `defragments` is a reason too."""
     job = pending.job
     if not eligible and not statically_eligible(r, now, config):
         return None
@@ -165,7 +191,11 @@ def victim_kind(
     if config.preemption and outserved(config, pending, r, now):
         return ReasonCode.PREEMPTED_FOR_LAS
     if config.reclaim and config.quotas and r.job.queue != job.queue and tree.known(job.queue):
-        return _reclaim_kind(tree, usage, job, r, cache, reclaims_by_whole_jobs(config))
+        kind = _reclaim_kind(tree, usage, job, r, cache, reclaims_by_whole_jobs(config))
+        if kind is not None:
+            return kind
+    if defragment and config.preemption and defragments(config, pending, r, now):
+        return ReasonCode.PREEMPTED_TO_DEFRAGMENT
     return None
 
 

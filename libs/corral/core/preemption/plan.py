@@ -18,7 +18,9 @@ from corral.core.gpuset import FreeGpus, Statement
 from corral.core.ledger import give_back
 from corral.core.model import PendingJob, Placement, RunningJob, SchedulerConfig, Snapshot
 from corral.core.ordering import tree_for
+from corral.core.placement import placement_or_none
 from corral.core.preemption.candidates import VictimSequence, victim_cost_key
+from corral.core.preemption.eligibility import defragmenting
 from corral.core.preemption.search import VictimSearch
 from corral.core.quota import QueueTree, QueueUsage
 
@@ -61,12 +63,16 @@ def plan_preemption(
     preemptions) count as free for this plan. `explain=False`: a caller that drops the Reason when
     no victim set fits gets a short one, not worded from every eligible victim. `eligible=True`
     promises every candidate is `statically_eligible` at the snapshot's time (a cycle's `Candidates`).
+    FAIR_LAS moves jobs (`eligibility.defragments`) only when the idle GPUs of `free` add up to the
+    job and only its queue's jobs wait (`eligibility.defragmenting`), and only in a set whose moved
+    jobs fit elsewhere (`moved_fit`).
     """
     now = snapshot.now
     ordered = [r for r in candidates if r.job.id not in taken]
     if not presorted:
         ordered.sort(key=lambda r: victim_cost_key(r, now))
-    seq = VictimSequence(now, config, tree, usage, pending, ordered, eligible)
+    defragment = defragmenting(config, pending.job, free.total_free, snapshot.pending)
+    seq = VictimSequence(now, config, tree, usage, pending, ordered, eligible, defragment)
     if not seq.extend(1):
         return None
     base = Statement(free)
@@ -78,9 +84,45 @@ def plan_preemption(
     if isinstance(found, Reason):
         return found
     chosen, placement = found
+    if defragment and not moved_fit(free, chosen, placement, seq.kinds, releasing):
+        return _UNMOVED
     kinds = {seq.kinds[v.job.id] for v in chosen}
     victims = tuple(sorted(chosen, key=lambda r: r.job.id))
     return PreemptionPlan(victims, placement, reasons.preempting(kinds, chosen, now))
+
+
+_UNMOVED = Reason(ReasonCode.GANG_DOES_NOT_FIT, "the jobs it would move do not fit on the idle GPUs left", ())
+
+
+def moved_fit(free: FreeGpus, chosen: Sequence[RunningJob], placement: Placement, kinds: dict[str, ReasonCode],
+              releasing: dict[int, int] | None = None) -> bool:
+    """Whether the victims moved to defragment (`eligibility.defragments`) all fit on the idle GPUs
+    once every victim is gone and the preemptor placed (largest first): a move never leaves a job
+    waiting. GPUs in `releasing` may hold the preemptor but not a moved job (earlier preemptors
+    claimed them). `free` is left as it was."""
+    moved = sorted((v for v in chosen if kinds[v.job.id] is ReasonCode.PREEMPTED_TO_DEFRAGMENT),
+                   key=lambda v: (-v.placement.gpu_count, v.job.id))
+    if not moved:
+        return True
+    stmt = Statement(free)
+    try:
+        give_back(stmt, (releasing or {}).items())
+        for v in chosen:
+            give_back(stmt, free.masks_of(v.placement))
+        for i, m in free.masks_of(placement):
+            stmt.take(i, m)
+        for i, m in (releasing or {}).items():
+            if m & free.free[i]:
+                stmt.take(i, m & free.free[i])
+        for v in moved:
+            spot = placement_or_none(free, v.job)
+            if spot is None:
+                return False
+            for i, m in free.masks_of(spot):
+                stmt.take(i, m)
+        return True
+    finally:
+        stmt.rollback()
 
 
 def select_victims(

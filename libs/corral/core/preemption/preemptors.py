@@ -16,7 +16,8 @@ running job r that is `statically_eligible`:
 - LAS: r's attained service against the least of any waiting job (the rule is monotone in it);
 - FAIR_LAS: r's level in p's queue (`levels.running_level`) above the lowest level of that queue's
   waiting jobs, 0 once one of them is promoted with `promotion_resets_level` (`levels.waiting_level`);
-- reclaim: r in a queue other than p's (entitlement and borrowing left to the search).
+- reclaim, and a FAIR_LAS move (`eligibility.defragments`): r in a queue other than p's (the rest
+  left to the search).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class Preemptors:
             return False
         las = config.preemption and config.order is OrderPolicy.LAS
         fair_las = config.preemption and config.order is OrderPolicy.FAIR_LAS
+        moves = fair_las and config.defragment
         reclaim = config.reclaim and config.quotas
         queues = self._priorities.keys()
         least = min(top[1] for top in map(self._of, queues) if top is not None)
@@ -117,7 +119,7 @@ class Preemptors:
         for r in running:
             if not statically_eligible(r, now, config):
                 continue
-            if reclaim and (len(queues) > 1 or r.job.queue not in queues):
+            if (reclaim or moves) and (len(queues) > 1 or r.job.queue not in queues):
                 return True
             if las:
                 theirs = r.attained(now)
