@@ -114,10 +114,12 @@ class Placement(Service):
         ev.GpuUndrained,
     })
 
-    #: Events after which a gang may have a next step (see `_lifecycle`).
+    #: Events after which a gang may have a next step (see `_lifecycles`). Not GangReserved nor
+    #: JobRunning: a gang just reserved moves on after a start, a cancellation or a preemption
+    #: request (events here) or with time (the tick's pass over every gang), and `next_steps`
+    #: decides a gang's release in the pass that marks it running, so neither would find a step.
     lifecycle_triggers: frozenset[type[Event]] = frozenset({
-        ev.GangReserved, ev.WorkerStarted, ev.WorkerExited, ev.JobRunning, ev.PreemptRequested, ev.JobCancelled,
-        ev.GangReleased,
+        ev.WorkerStarted, ev.WorkerExited, ev.PreemptRequested, ev.JobCancelled, ev.GangReleased,
     })
 
     def folded(self, event: Event) -> None:
