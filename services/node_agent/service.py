@@ -406,7 +406,9 @@ class AgentHost:
         self.specs: dict[str, JobSpec] = {}
         self.submitters: dict[str, str | None] = {}  # job -> the user its JobSubmitted records
         self.queues: dict[str, QueueSpec] = {}  # for `allow_root`
+        # Read once, when the agents adopt what survived a restart (`adoption_done` closes it).
         self.ledger = ReservationLedger()
+        self._ledger_open = True
         self.reservations_known_since: float | None = None
         self.ready = asyncio.Event()
         # The log position handled up to (heartbeats say it: `NodeHeartbeat.handled_position`).
@@ -450,7 +452,8 @@ class AgentHost:
 
     def remember(self, event: Event) -> None:
         """Keep the spec of every job that may still be placed; forget jobs that ended."""
-        self.ledger.fold(event)
+        if self._ledger_open:
+            self.ledger.fold(event)
         if isinstance(event, JobSubmitted):
             self.specs[event.job_id] = event.spec
             self.submitters[event.job_id] = event.user
@@ -464,6 +467,12 @@ class AgentHost:
             self.submitters.pop(event.job_id, None)
             for agent in self.agents_of(event.job_id):
                 agent.reports.forget(event.job_id)
+
+    def adoption_done(self) -> None:
+        """The agents have adopted what survived a restart: nothing reads the reservation ledger
+        again, so it is emptied and folds nothing more (the process's memory stays bounded)."""
+        self._ledger_open = False
+        self.ledger = ReservationLedger()
 
     async def load_history(self, durable: str, acked_through: int = 0) -> int:
         """Read what happened before this process's consumer existed with a throwaway consumer:
@@ -828,6 +837,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
                 for job in jobs:
                     host.started_on(job, (agent.node,))
         finally:
+            host.adoption_done()
             host.ready.set()
         for agent in agents:
             publisher.send(agent.registration())

@@ -103,3 +103,16 @@ def test_a_gang_adopted_at_start_is_stopped_on_its_node() -> None:
     asyncio.run(host._dispatch(GangReleased.new(stream=job_stream("j2"), actor="placement", job_id="j2",
                                                 attempt=0, reason=R)))
     assert _called(agents) == {"n4": [("stop", "j2")]}
+
+
+def test_the_reservation_ledger_stops_growing_once_adoption_is_done() -> None:
+    """The ledger is read once, when the agents adopt what survived a restart; folding every later
+    reservation into it would grow the process without bound."""
+    host, _ = _host(1)
+    host.remember(_reserved("a", ["n0"]))
+    assert host.ledger.verdict("a", 0, "n0").value == "keep"
+    host.adoption_done()
+    for i in range(100):
+        host.remember(_reserved(f"j{i}", ["n0"]))
+    assert host.ledger.verdict("a", 0, "n0").value == "unknown"
+    assert host.ledger.verdict("j99", 0, "n0").value == "unknown"
