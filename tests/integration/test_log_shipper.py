@@ -191,6 +191,17 @@ async def test_a_rank_that_ends_within_the_first_poll_is_shipped_as_one_final_ch
     await shipper.close()
 
 
+def _following_header_only(bus: Bus, tmp_path: Path, job: str) -> tuple[Path, RankKey, LogShipper]:
+    """A shipper following rank 0 of `job` whose log holds the stepd's header line only."""
+    log = tmp_path / "logs" / job / "rank-0.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(_header(job, 0))
+    key = RankKey(job, 0, "node-0", 0)
+    shipper = _shipper(bus, poll=0.02)
+    shipper.follow(key, log, tmp_path / "state")
+    return log, key, shipper
+
+
 async def test_a_running_ranks_header_alone_waits_for_its_output_or_its_exit(
         bus: Bus, tmp_path: Path, monkeypatch: object) -> None:
     """The stepd's header line is not published alone while the rank runs (for up to
@@ -198,12 +209,7 @@ async def test_a_running_ranks_header_alone_waits_for_its_output_or_its_exit(
     once the rank writes, the header goes with its output."""
     from corral.services.node_agent.reporting import log_shipper
 
-    log = tmp_path / "logs" / "j3" / "rank-0.log"
-    log.parent.mkdir(parents=True)
-    log.write_bytes(_header("j3", 0))
-    key = RankKey("j3", 0, "node-0", 0)
-    shipper = _shipper(bus, poll=0.02)
-    shipper.follow(key, log, tmp_path / "state")
+    log, key, shipper = _following_header_only(bus, tmp_path, "j3")
     await asyncio.sleep(0.3)  # many looks: the header alone is not shipped
     assert await _read(bus, "j3") == []
     with log.open("ab") as f:
@@ -214,12 +220,7 @@ async def test_a_running_ranks_header_alone_waits_for_its_output_or_its_exit(
     await shipper.close()
 
     monkeypatch.setattr(log_shipper, "HEADER_ALONE", 0.0)  # type: ignore[attr-defined]
-    log4 = tmp_path / "logs" / "j4" / "rank-0.log"
-    log4.parent.mkdir(parents=True)
-    log4.write_bytes(_header("j4", 0))
-    key4 = RankKey("j4", 0, "node-0", 0)
-    again = _shipper(bus, poll=0.02)
-    again.follow(key4, log4, tmp_path / "state")
+    *_, again = _following_header_only(bus, tmp_path, "j4")
     for _ in range(200):  # a long silent rank: its header shows after HEADER_ALONE
         if await _read(bus, "j4"):
             break

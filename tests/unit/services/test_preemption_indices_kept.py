@@ -67,13 +67,12 @@ def test_the_kept_indices_equal_the_whole_pass_after_every_event(jobs: list[tupl
         assert preemption.preemptors().waiting() == fresh.waiting(), op
 
 
-def test_a_released_victim_is_requeued_and_a_waiting_job_listed() -> None:
-    """The property above is not vacuous: both indices fill in a plain lifecycle."""
-    stand_in: Any = object()
-    preemption = Preemption(stand_in, stand_in)
+def _walk(preemption: Preemption, ops: tuple[str, ...]) -> list[tuple[bool, bool]]:
+    """Fold job "j" through `ops` (a second apart; "release_preempted": its gang released as
+    preempted); after each, whether it is in the to-requeue and the waiting index."""
     at = T0
     seen: list[tuple[bool, bool]] = []
-    for op in ("submit", "admit", "reserve", "place", "running", "release_preempted"):
+    for op in ops:
         at += timedelta(seconds=1)
         view = preemption.view.jobs.get("j")
         e = (ev.GangReleased.new(stream="job-j", actor="test", correlation_id="j", now=at, job_id="j",
@@ -82,6 +81,14 @@ def test_a_released_victim_is_requeued_and_a_waiting_job_listed() -> None:
         preemption.view.apply(e)
         preemption.folded(e)
         seen.append(("j" in preemption._to_requeue, "j" in preemption._waiting))
+    return seen
+
+
+def test_a_released_victim_is_requeued_and_a_waiting_job_listed() -> None:
+    """The property above is not vacuous: both indices fill in a plain lifecycle."""
+    stand_in: Any = object()
+    preemption = Preemption(stand_in, stand_in)
+    seen = _walk(preemption, ("submit", "admit", "reserve", "place", "running", "release_preempted"))
     assert seen[1] == (False, True) and seen[-1] == (True, False)
 
 
@@ -127,15 +134,7 @@ async def test_a_requeue_that_lost_a_race_is_decided_again_at_once() -> None:
     store = Store()
     stand_in: Any = object()
     preemption = Preemption(store, stand_in)  # type: ignore[arg-type]
-    at = T0
-    for op in ("submit", "admit", "place", "running", "release_preempted"):
-        at += timedelta(seconds=1)
-        view = preemption.view.jobs.get("j")
-        e = (ev.GangReleased.new(stream="job-j", actor="test", correlation_id="j", now=at, job_id="j",
-                                 reason=PREEMPTED, attempt=0) if op == "release_preempted"
-             else event(op, "j", view, at))
-        preemption.view.apply(e)
-        preemption.folded(e)
+    _walk(preemption, ("submit", "admit", "place", "running", "release_preempted"))
     preemption.changed.clear()
     await preemption.reconcile()
     assert not store.appended and preemption.changed.is_set()
