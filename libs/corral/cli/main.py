@@ -130,7 +130,9 @@ def up(
                     "listen": listen if stack.nats or stack.postgres else None,
                     "join": [j.as_json() for j in stack.join_commands()],
                     "gateway": ctx.gateway,
-                    "nodes": nodes})
+                    "nodes": nodes,
+                    "ports_moved": {name: {"was": then, "now": now}
+                                    for name, (then, now) in stack.moved_ports.items()}})
     else:
         console.print(f"[bold green]Corral is up[/bold green] in {elapsed:.1f}s  (data: {ctx.data_dir})")
         print_table(None, ["COMPONENT", "WHERE"], [

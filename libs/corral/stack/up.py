@@ -216,6 +216,8 @@ class Stack:
     lock: DataDirLock | None = None
     #: The servers it started, each restarted when it exits or is wedged (`ServerWatch`).
     server_watches: dict[str, ServerWatch] = field(default_factory=dict)
+    #: The ports of the previous run it could not keep (taken meanwhile): name -> (then, now).
+    moved_ports: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     # ---- start -------------------------------------------------------------------------------
     def start(self) -> Context:
@@ -252,15 +254,15 @@ class Stack:
             tls_files = tls.generate(opts.data_dir / "tls", tls.default_hosts(*join.certificate_hosts(
                 listen, opts.advertise))) if opts.nats_tls else None
             self.nats = NatsServer(opts.data_dir / "nats", host=listen, advertise=public,
-                                   port=_reuse(previous.get("nats"), listen),
+                                   port=self._keep("nats", previous, listen),
                                    authorization_include=people_admin.AUTH_FILE,
-                                   monitor_port=_reuse(previous.get("nats-monitor")),
+                                   monitor_port=self._keep("nats-monitor", previous),
                                    tls=tls_files.server_block() if tls_files else "").start()
             nats_url = self.nats.url
         dsn = opts.postgres_dsn
         if not dsn:
             self.postgres = PostgresServer(opts.data_dir / "postgres", host=listen, advertise=public,
-                                           port=_reuse(previous.get("postgres"), listen),
+                                           port=self._keep("postgres", previous, listen),
                                            password_file=opts.data_dir / "credentials" / "pg-superuser.pgpass"
                                            ).start()
             dsn = self.postgres.dsn
@@ -385,7 +387,7 @@ class Stack:
         """A port on 127.0.0.1 for each process's telemetry endpoint (`CORRAL_METRICS_ADDR`), the
         previous run's when still free, so dashboards and contexts keep working across restarts."""
         for p in self.processes:
-            port = _reuse(previous.get(f"metrics:{p.name}"), reuse_address=True) or free_port()
+            port = self._keep(f"metrics:{p.name}", previous, reuse_address=True) or free_port()
             p.env = {**p.env, METRICS_ADDR_ENV: f"127.0.0.1:{port}"}
             p.metrics_url = f"http://127.0.0.1:{port}"
 
@@ -418,6 +420,17 @@ class Stack:
             target.write_text(raw["shorthand"] + "\n")
             return target
         return Path(raw["file"])
+
+    def _keep(self, name: str, previous: dict[str, int], host: str = join.LOOPBACK, *,
+              reuse_address: bool = False) -> int:
+        """`_reuse` of the previous run's port for `name`, noting it in `moved_ports` (and saying
+        so) when another process took it meanwhile."""
+        then = previous.get(name)
+        port = _reuse(then, host, reuse_address=reuse_address)
+        if then is not None and port != then:
+            self.moved_ports[name] = (then, port)
+            self.say(f"{name}: port {then} of the previous run is taken by another process; using {port}")
+        return port
 
     def _previous_ports(self) -> dict[str, int]:
         path = self.options.data_dir / "ports.json"
