@@ -27,6 +27,7 @@ from typing import Literal, get_args
 __all__ = [
     "CHECKPOINTED_EXIT_CODE",
     "CHECKPOINT_SIGNALS",
+    "CHOSEN_EXITS",
     "DEFAULT_CHECKPOINT_SIGNAL",
     "ENV_ATTEMPT",
     "ENV_CHECKPOINT_DIR",
@@ -56,6 +57,9 @@ class WorkerExit(IntEnum):
 
 CHECKPOINTED_EXIT_CODE: int = WorkerExit.CHECKPOINTED.value
 """A rank exits with this after a checkpoint was written: stopped on purpose, resumable."""
+
+CHOSEN_EXITS: frozenset[int] = frozenset(WorkerExit)
+"""The exits a rank chose (completed or checkpointed): it ran; every other exit is a crash."""
 
 DEFAULT_CHECKPOINT_SIGNAL = "SIGUSR1"
 """The signal that asks a rank to checkpoint unless the job spec names another (as Slurm's `--signal`)."""

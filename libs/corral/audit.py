@@ -22,7 +22,7 @@ from typing import Protocol
 
 from corral.contracts import events as ev
 from corral.contracts.envelope import Event
-from corral.contracts.worker import WorkerExit
+from corral.contracts.worker import CHOSEN_EXITS
 
 __all__ = [
     "DEFAULT_CHECKS",
@@ -59,7 +59,6 @@ class Invariant(StrEnum):
         return _CHECK_OF.get(self, "other")
 
 
-_CHOSEN_EXITS = frozenset({WorkerExit.COMPLETED.value, WorkerExit.CHECKPOINTED.value})
 
 _CHECK_OF = {Invariant.GPU_HELD_TWICE: "gpus", Invariant.GANG_PARTIAL: "gangs",
              Invariant.TWO_LIVE_ATTEMPTS: "gangs", Invariant.JOB_LOST: "accounting",
@@ -258,7 +257,7 @@ class GangBarrier:
                                      f"(reserved at position {live[0].position}) was never released", e.job_id))
             self.attempts[e.job_id][e.attempt] = _Attempt(e.attempt, pos, e.world_size)
         elif isinstance(e, ev.WorkerStarted) or (
-                isinstance(e, ev.WorkerExited) and e.exit_code in _CHOSEN_EXITS):
+                isinstance(e, ev.WorkerExited) and e.exit_code in CHOSEN_EXITS):
             # A rank that exited with a code it chose ran, even when its report of the start is
             # recorded after the exit (the inbox redelivers each report by its own backoff).
             a = self.attempts[e.job_id].get(e.attempt)

@@ -42,6 +42,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from corral.contracts.lifecycle import LifecycleCode, WorkerExit
+from corral.contracts.worker import CHOSEN_EXITS
 
 if TYPE_CHECKING:
     from corral.core import Placement
@@ -269,7 +270,7 @@ def _release(gang: Gang, state: GangState, now: float, limits: Limits) -> Releas
         missing = sorted(ranks - gang.started)
         return _requeue(LifecycleCode.START_TIMEOUT, f"ranks {missing} did not start within "
                         f"{limits.start_timeout:.0f}s ({attempt}); the whole gang is released")
-    crashed = {r: c for r, c in exits.items() if c not in (WorkerExit.COMPLETED, WorkerExit.CHECKPOINTED)}
+    crashed = {r: c for r, c in exits.items() if c not in CHOSEN_EXITS}
     ended = bool(exits) and ranks <= exits.keys()
     if ended and all(c == WorkerExit.COMPLETED for c in exits.values()):
         # also when asked to checkpoint: a job that finishes within its grace is done, not requeued
