@@ -718,7 +718,7 @@ def watch_gpus(host: AgentHost, agent: NodeAgent, every: float) -> NvmlWatcher |
     agent.gpu_problems = ()
 
     def changed(problems: tuple[Problem, ...]) -> None:
-        said = tuple(GpuProblem(gpu=p.gpu, code=p.code, message=p.message, xid=p.xid)  # type: ignore[arg-type]
+        said = tuple(GpuProblem(gpu=p.gpu, code=p.code, message=p.message, xid=p.xid)  # type: ignore[arg-type, unused-ignore]
                      for p in problems)
 
         def report() -> None:

@@ -124,8 +124,8 @@ def sim_job(
     spec = JobSpec(
         name=id, queue=queue, priority=priority, replicas=replicas, gpus_per_replica=gpus_per_replica, gpu=gpu,
         # a trace's levels are the core's names (may be None: no replica level, see the note above)
-        topology=Topology(replica=topology.replica, gang=topology.gang,  # type: ignore[arg-type]
-                          prefer=topology.prefer),  # type: ignore[arg-type]
+        topology=Topology(replica=topology.replica, gang=topology.gang,  # type: ignore[arg-type, unused-ignore]
+                          prefer=topology.prefer),  # type: ignore[arg-type, unused-ignore]
         preemptible=preemptible, checkpoint=Checkpoint(grace_seconds=checkpoint_grace_seconds),
         min_runtime_seconds=min_runtime_seconds, estimated_runtime_seconds=estimated_runtime_seconds,
         runtime="sim", duration_seconds=duration,
