@@ -21,17 +21,21 @@ from corral.lifecycle import Limits
 class PlacementSettings:
     """Placement's own: after how long without a heartbeat a node is lost
     (CORRAL_NODE_LOST_SECONDS), the MASTER_ADDR of a gang whose rank 0's node advertised no address
-    (CORRAL_MASTER_ADDR), and the gang lifecycle's time limits (`Limits.from_env`)."""
+    (CORRAL_MASTER_ADDR), the gang lifecycle's time limits (`Limits.from_env`), and how long a job
+    quota reserved waits for GPUs before placement records why (CORRAL_FIRST_REASON_GRACE_SECONDS,
+    `corral.services.placement.first_reason`)."""
 
     node_lost_seconds: float = 10.0
     master_addr: str = "127.0.0.1"
     limits: Limits = field(default_factory=Limits)
+    first_reason_grace_seconds: float = 1.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PlacementSettings:
         env = environment.mapping() if environ is None else environ
         return cls(node_lost_seconds=float(env.get("CORRAL_NODE_LOST_SECONDS", "10")),
-                   master_addr=env.get("CORRAL_MASTER_ADDR", "127.0.0.1"), limits=Limits.from_env(env))
+                   master_addr=env.get("CORRAL_MASTER_ADDR", "127.0.0.1"), limits=Limits.from_env(env),
+                   first_reason_grace_seconds=float(env.get("CORRAL_FIRST_REASON_GRACE_SECONDS", "1")))
 
 
 @dataclass(frozen=True)

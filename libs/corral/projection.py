@@ -133,6 +133,7 @@ class JobView:
     quota_gpus: int = 0
     borrowed: int = 0
     quota_stale: bool = False  # quota held from an attempt whose GPUs were released: give it back
+    quota_reserved_at: datetime | None = None  # when quota reserved what the job holds
     ranks: list[ev.RankPlacement] = field(default_factory=list)  # current (or last) placement
     placed_at: datetime | None = None
     running_since: datetime | None = None
@@ -190,6 +191,12 @@ class JobView:
         if self.state.terminal or self.quota_stale:
             return QuotaPhase.OWED
         return QuotaPhase.RESERVED if pending else QuotaPhase.IN_USE
+
+    @property
+    def deciding(self) -> bool:
+        """Quota reserved the job and placement has said nothing of it since: it is placed, or its
+        reason recorded, once placement has decided (`corral.services.placement.first_reason`)."""
+        return self.quota_phase is QuotaPhase.RESERVED and self.reason is None
 
     @property
     def queue(self) -> str:
@@ -602,13 +609,16 @@ def _rejected(view: ClusterView, e: ev.JobRejected) -> None:
 
 
 def _quota_reserved(view: ClusterView, e: ev.QuotaReserved) -> None:
+    # The job's last reason (quota's, or why it was requeued) is no longer why it waits: placement
+    # decides it from now on, and says its own reason once it has one (`JobView.deciding`).
     j = view.job(e.job_id)
     j.quota_gpus, j.borrowed, j.quota_stale = e.gpus, e.borrowed, False
+    j.quota_reserved_at, j.reason = e.occurred_at, None
 
 
 def _quota_released(view: ClusterView, e: ev.QuotaReleased) -> None:
     j = view.job(e.job_id)
-    j.quota_gpus, j.borrowed, j.quota_stale = 0, 0, False
+    j.quota_gpus, j.borrowed, j.quota_stale, j.quota_reserved_at = 0, 0, False, None
 
 
 def _gang_reserved(view: ClusterView, e: ev.GangReserved) -> None:

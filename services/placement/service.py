@@ -21,6 +21,7 @@ WorkerExited, CheckpointDone) from the inbox, each exactly once (tracking rows).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -43,6 +44,7 @@ from corral.core.steps import placement_step
 from corral.eventstore import Tracking
 from corral.projection import Fence, JobView, NodeView, QuotaPhase
 from corral.services.base import Service
+from corral.services.placement.first_reason import FirstReasonGrace
 from corral.services.placement.rendezvous import choose_rendezvous
 from corral.services.placement.report_auth import request_refused
 from corral.services.senders import as_sent_by, sender_of
@@ -102,6 +104,10 @@ class Placement(Service):
         #: Jobs an event touched since the last cycle: the ones a cycle over joiners decides.
         self._touched: set[str] = set()
         self._joiner_classes = core.ClassMemo()
+        #: a job's first reason waits for its grace (`first_reason`); the timer that wakes for it,
+        #: `grace_batch_seconds` late so that one wake says the reasons of every job due meanwhile
+        self._grace = FirstReasonGrace(self.monotonic, own.first_reason_grace_seconds)
+        self._grace_timer: asyncio.TimerHandle | None = None
 
     #: Events after which the placement cycle may decide differently: a job starts or stops
     #: waiting for GPUs, GPUs are freed (GpusReleased: a node's fence opened), nodes come or go.
@@ -122,7 +128,21 @@ class Placement(Service):
         ev.WorkerStarted, ev.WorkerExited, ev.PreemptRequested, ev.JobCancelled, ev.GangReleased,
     })
 
+    grace_batch_seconds: float = 0.05
+    #: A waiting job's reason with only its numbers changed is said again at most this often: every
+    #: placement changes the numbers of GANG_DOES_NOT_FIT ("needs 8 GPUs on one node, at most 6
+    #: free"), and a backlog's reasons said each time take the log's capacity. A new code is news at
+    #: once (`corral.services.reason_throttle`); `corral why` works out what would unblock the job
+    #: from the cluster of now.
+    reason_refresh_seconds = 30.0
+    #: Events after which a job no longer waits for placement (its first-reason grace is over).
+    _not_waiting = (ev.GangReserved, ev.QuotaReleased, ev.JobCancelled, ev.JobCompleted, ev.JobFailed)
+
     def folded(self, event: Event) -> None:
+        if isinstance(event, ev.QuotaReserved):
+            self._grace.reserved(event.job_id)
+        elif isinstance(event, self._not_waiting):
+            self._grace.forget(event.job_id)
         if type(event) in self.place_triggers:
             self._place_dirty = True
         if not isinstance(event, ev.PlacementPending):
@@ -430,15 +450,25 @@ class Placement(Service):
         return frozenset(n for n in placement.nodes() if (v := self.view.nodes.get(n)) is not None and v.lost)
 
     async def _place(self, now: float) -> None:
+        await self._cycle(now)
+        self._wake_for_grace()
+
+    async def _cycle(self, now: float) -> None:
         # Between ticks the cycle runs after a trigger only if it could place a job: with no GPU
         # free every answer is a reason, and the tick's cycle gives each job its reason. The
         # cycle looks at every waiting job, and a new waiting job (or a waiting job cancelled)
         # on a full cluster changes no placement: a cycle for each would keep a core busy behind
         # every `corral submit` and `cancel` with a deep backlog. On a full cluster where only
         # waiting jobs came and went, the tick decides the new ones alone (`_joiners`).
+        # A job whose first reason was held back for its grace (`first_reason`) is decided again
+        # once the grace is over, with or without an event meanwhile.
+        due = self._grace_due()
         if self.monotonic() - self._placed_at < self.tick_seconds \
-                and (not self._place_dirty or self.view.free_gpus() == 0):
+                and (not self._place_dirty or self.view.free_gpus() == 0) and not due:
             return
+        self._touched |= due
+        if self._held is not None and self._held[0].job.id in due:
+            self._held = None  # the first job's answer is not recorded either: a full cycle decides it
         self._place_dirty, self._placed_at = False, self.monotonic()
         if not self._waiting or not self.view.nodes:
             return
@@ -465,7 +495,7 @@ class Placement(Service):
                         gangs.setdefault(stream, []).extend(events)
             elif isinstance(decision, core.Pending):
                 reason = decision.reason
-            pending = self.pending_event(job, reason) if reason is not None else None
+            pending = self._reason_event(job, reason) if reason is not None else None
             if pending is not None:
                 reasons[pending.stream] = [pending]
         if gangs:
@@ -488,6 +518,35 @@ class Placement(Service):
             head = head_of(snapshot, decisions)
             self._held = None if head is None else (head, core.Snapshot(now, snapshot.cluster, snapshot.queues, (),
                                                                         snapshot.running))
+
+    def _reason_event(self, job: JobView, reason: core.Reason) -> ev.PlacementPending | None:
+        """The PlacementPending for why `job` is not placed, or None: not news (`pending_event`), or
+        the job's first reason since quota reserved it, within its grace (`first_reason`)."""
+        if job.reason is None and not self._grace.may_say(job.job_id):
+            return None
+        return self.pending_event(job, reason)
+
+    def _grace_due(self) -> set[str]:
+        """The waiting jobs whose first reason was held back and whose grace is over (a timer wakes
+        the service for them, `_wake_for_grace`: the tick alone would say it up to a tick late)."""
+        if len(self._grace) > 2 * len(self._waiting) + 1024:
+            self._grace.retain(self._waiting)
+        due = self._grace.due()
+        for job_id in due - self._waiting.keys():  # (left waiting unseen: e.g. folded from a rebuild)
+            self._grace.forget(job_id)
+        return due & self._waiting.keys()
+
+    def _wake_for_grace(self) -> None:
+        """A timer that wakes the service when the next held-back first reason is due (one at a time)."""
+        wait = self._grace.due_in()
+        if wait is None:
+            return
+        loop = asyncio.get_running_loop()
+        at, timer = loop.time() + wait, self._grace_timer
+        if timer is None or timer.when() <= loop.time() or timer.when() > at:
+            if timer is not None:
+                timer.cancel()
+            self._grace_timer = loop.call_later(wait + self.grace_batch_seconds, self.changed.set)
 
     async def _joiners(self, now: float) -> bool:
         """The tick's cycle on a full cluster when only waiting jobs came, went or changed since the
@@ -514,7 +573,7 @@ class Placement(Service):
         reasons: dict[str, list[Event]] = {}
         for decision in decisions:
             assert isinstance(decision, core.Pending)  # nothing is free: every answer is a reason
-            pending = self.pending_event(self.view.jobs[decision.job_id], decision.reason)
+            pending = self._reason_event(self.view.jobs[decision.job_id], decision.reason)
             if pending is not None:
                 reasons[pending.stream] = [pending]
         if not await self.append(reasons):

@@ -29,7 +29,25 @@ def age(at: datetime | None, now: datetime | None = None) -> str:
     return f"{seconds // 86400}d"
 
 
+#: The code `waiting_reason` gives a job quota reserved that placement has not decided yet.
+DECIDING = "QUOTA_RESERVED"
+
+
+def waiting_reason(j: JobView) -> tuple[str, str] | None:
+    """(code, message) of why `j` is where it is, as the fold says: its last reason, or, for a job
+    quota reserved that placement has said nothing of yet (`JobView.deciding`), exactly that."""
+    if j.reason is not None:
+        return j.reason.code, j.reason.message
+    if j.deciding and j.quota_reserved_at is not None:
+        at = j.quota_reserved_at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return DECIDING, (f"quota reserved {j.quota_gpus} GPUs at {at}; not placed yet, and placement has "
+                          "recorded no reason: it records why a job waits once it has waited longer than its "
+                          "first-reason grace (CORRAL_FIRST_REASON_GRACE_SECONDS, default 1 s)")
+    return None
+
+
 def job_row(j: JobView, now: datetime | None = None) -> dict[str, Any]:
+    reason = waiting_reason(j)
     return {
         "id": j.job_id,
         "name": j.spec.name if j.spec else "",
@@ -40,8 +58,8 @@ def job_row(j: JobView, now: datetime | None = None) -> dict[str, Any]:
         "gpus": j.gpus,
         "nodes": ",".join(j.nodes) if j.holding else "",
         "age": age(j.submitted_at, now),
-        "reason": "" if j.state in (JobState.RUNNING, JobState.COMPLETED) or j.reason is None
-        else f"{j.reason.code}: {j.reason.message}",
+        "reason": "" if j.state in (JobState.RUNNING, JobState.COMPLETED) or reason is None
+        else f"{reason[0]}: {reason[1]}",
         "attempt": j.attempt,
         "submitted_at": j.submitted_at.isoformat() if j.submitted_at else None,
     }
@@ -79,8 +97,8 @@ def stuck_rows(view: ClusterView, now: float) -> list[dict[str, Any]]:
             "waited_seconds": round(due.waited, 3), "max_wait_seconds": due.max_wait, "limit_queue": due.limit_queue,
             "past_seconds": round(due.past, 3),
             "escalated_at": exceeded.occurred_at.isoformat() if exceeded is not None else None,
-            "blocker_code": j.reason.code if j.reason else None,
-            "blocker_message": j.reason.message if j.reason else None,
+            "blocker_code": blocker[0] if (blocker := waiting_reason(j)) else None,
+            "blocker_message": blocker[1] if blocker else None,
         })
     return rows
 
@@ -112,8 +130,8 @@ def job_detail(j: JobView) -> dict[str, Any]:
         "preempted_by": sorted(j.preempted_by),
         "running_since": j.running_since.isoformat() if j.running_since else None,
         "ended_at": j.ended_at.isoformat() if j.ended_at else None,
-        "reason_code": j.reason.code if j.reason else None,
-        "reason_message": j.reason.message if j.reason else None,
+        "reason_code": reason[0] if (reason := waiting_reason(j)) else None,
+        "reason_message": reason[1] if reason else None,
     })
     return row
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.cli.job_commands import _details, _summary, _waited
-from corral.cli.present import release_hint, unblock_detail
+from corral.cli.present import release_hint, unblock_detail, waiting_reason
 from corral.client import Client
 from corral.projection import JobState
 
@@ -35,8 +35,8 @@ async def why(c: Client, job: str, now: float) -> dict[str, Any] | None:
         blocker = {"code": j.reason.code, "message": j.reason.message, "unblock": f"corral release {job}",
                    "after_release": release_hint(view, j, now)}
     elif j.state is JobState.PENDING:
-        blocker = {"code": j.reason.code if j.reason else "WAITING",
-                   "message": j.reason.message if j.reason else "waiting for the next scheduling cycle",
+        code, message = waiting_reason(j) or ("WAITING", "waiting for the next scheduling cycle")
+        blocker = {"code": code, "message": message,
                    **(unblock_detail(view, j, now) or {"unblock": None})}
         if j.wait_exceeded is not None:
             blocker["wait_exceeded"] = _details(j.wait_exceeded) | {

@@ -12,7 +12,15 @@ from corral.cli.commands.jobs import why
 from corral.contracts import events as ev
 from corral.contracts.envelope import Reason
 from tests.unit.cli.commands.fakes import FakeClient, run
-from tests.unit.cli.commands.logs import at, job_event, two_nodes_one_running_one_pending
+from tests.unit.cli.commands.logs import (
+    at,
+    job_event,
+    nodes,
+    queues,
+    running,
+    submitted,
+    two_nodes_one_running_one_pending,
+)
 
 
 @pytest.fixture
@@ -78,3 +86,30 @@ def test_why_tells_a_held_job_how_it_is_released(c: FakeClient) -> None:
                             message="budget", now=at(40)))
     out = run(why(c, "p", at(100).timestamp()))
     assert out["state"] == "HELD" and out["blocker"]["unblock"] == "corral release p"
+
+
+def test_why_and_show_say_a_job_quota_reserved_waits_for_placement_until_placement_says_why() -> None:
+    """Placement says a job's first reason only after a grace (`services.placement.first_reason`):
+    until then the fold says what is true (quota reserved it, at what time; placement has recorded
+    no reason), never the reason it waited with before its reservation. Then placement's reason."""
+    from corral.cli.present import job_detail, job_row
+
+    events = [*nodes("1x8:H100"), *queues(), *running("r", "node-0", 10), *submitted("p", 20),
+              job_event("p", ev.PlacementPending, 20.5, reason=Reason(code="MAX_GPUS_EXCEEDED", message="8 of 8")),
+              job_event("p", ev.QuotaReserved, 21, queue="q", gpus=8, borrowed=0)]
+    c = FakeClient(events)
+    out = run(why(c, "p", at(21.2).timestamp()))
+    assert out["state"] == "PENDING" and out["trail"][-1]["event"] == "QuotaReserved"
+    blocker = out["blocker"]
+    assert blocker["code"] == "QUOTA_RESERVED", blocker
+    assert "quota reserved 8 GPUs at 2026-12-01T00:00:21.000Z" in blocker["message"]
+    assert "placement has recorded no reason" in blocker["message"]
+    job = run(c.job("p"))
+    detail = job_detail(job)
+    assert (detail["reason_code"], detail["reason_message"]) == (blocker["code"], blocker["message"])
+    assert job_row(job)["reason"].startswith("QUOTA_RESERVED: quota reserved 8 GPUs")
+
+    c.append(job_event("p", ev.PlacementPending, 22, reason=Reason(code="GANG_DOES_NOT_FIT", message="no room")))
+    out = run(why(c, "p", at(22.5).timestamp()))
+    assert (out["blocker"]["code"], out["blocker"]["message"]) == ("GANG_DOES_NOT_FIT", "no room")
+    assert job_detail(run(c.job("p")))["reason_code"] == "GANG_DOES_NOT_FIT"
