@@ -60,6 +60,7 @@ from corral.core.pipeline import run_round
 from corral.core.state import SchedulerState
 from corral.core.steps import StepMemos
 from corral.lifecycle import Gang, GangState, Limits, Release, Then, next_steps
+from corral.sim.histories import PreemptionHistory
 from corral.sim.records import Interval, JobRecord, RankRecord
 from corral.sim.workload import SimJob, Workload
 
@@ -227,8 +228,8 @@ class Simulator:
         }
         self._remaining: dict[str, float] = {j.id: j.duration for j in workload.jobs}
         self._attained: dict[str, float] = {}
-        self._preempted_by: dict[str, frozenset[str]] = {}
-        self._preempted_at: dict[str, tuple[float, ...]] = {}
+        # what the core reads of each job's preemptions; all of it for a caller's own scheduler
+        self._history = PreemptionHistory(config.preemption_budget, full=not self._on_state)
         self._jobs: dict[str, Job] = {}
         # read-only views of the state's jobs: every change goes through the state
         self._pending: Mapping[str, PendingJob] = self._state.pending
@@ -386,6 +387,7 @@ class Simulator:
         if finished:
             self._remaining[job_id] = 0.0
             record.end = now
+            self._history.finished(job_id)
             return
         sim = self._sim[job_id]
         saved = math.floor(elapsed / sim.checkpoint_interval_seconds) * sim.checkpoint_interval_seconds
@@ -393,9 +395,9 @@ class Simulator:
         self._remaining[job_id] -= saved
         record.lost_gpu_seconds += (elapsed - saved) * gpus
         if run.preemptor is not None:
-            self._preempted_by[job_id] = self._preempted_by.get(job_id, frozenset()) | {run.preemptor}
-        self._add_pending(PendingJob(running.job, self._attained[job_id], self._preempted_by.get(job_id, frozenset()),
-                                     self._preempted_at.get(job_id, ()), now, elapsed))
+            self._history.stopped_for(job_id, run.preemptor)
+        self._add_pending(PendingJob(running.job, self._attained[job_id], self._history.by(job_id),
+                                     self._history.at(job_id), now, elapsed))
 
     # -- one cycle ------------------------------------------------------------------------------
     def _cycle(self, now: float) -> None:
@@ -476,7 +478,7 @@ class Simulator:
         if running.preempting:
             return
         run.preemptor = preemptor
-        self._preempted_at[victim] = (*self._preempted_at.get(victim, ()), now)
+        self._history.asked(victim, now)
         self._state.replace_running(
             RunningJob(
                 running.job,
