@@ -22,8 +22,8 @@ from enum import StrEnum
 
 from corral.core.cycle import schedule
 from corral.core.decisions import Decision, Pending, Preempt
-from corral.core.levels import started_promotion
-from corral.core.model import PendingJob, Placement, RunningJob, SchedulerConfig, Snapshot
+from corral.core.kept_preemption import KeptPreemption, started_job
+from corral.core.model import Placement, SchedulerConfig, Snapshot
 from corral.core.running_parts import RunningParts
 from corral.core.shortcuts import ClassMemo
 
@@ -72,15 +72,17 @@ class StepMemos:
 
     Why: the quota step plays placement and preemption out on the round's snapshot
     (`reservation.reserve_quota`), and the round then asks the same two steps, often with the
-    inputs its last play had; the core is pure, so an answer on equal inputs is reused."""
+    inputs its last play had; the core is pure, so an answer on equal inputs is reused. The
+    preemption step runs on state kept between the asks (`kept_preemption.KeptPreemption`)."""
 
-    __slots__ = ("_placed", "_preempts", "placement", "preemption")
+    __slots__ = ("_kept", "_placed", "_preempts", "placement", "preemption")
 
     def __init__(self) -> None:
         self.placement = ClassMemo()
         self.preemption = ClassMemo()
         self._placed: tuple[Snapshot, frozenset[str], bool, list[Decision]] | None = None
         self._preempts: tuple[Snapshot, tuple[tuple[str, Placement], ...], list[Preempt]] | None = None
+        self._kept = KeptPreemption()
 
     def place(self, snapshot: Snapshot, config: SchedulerConfig, holding: Collection[str], *,
               explain: bool = True) -> list[Decision]:
@@ -101,9 +103,7 @@ class StepMemos:
         last = self._preempts
         if last is not None and last[0] is snapshot and last[1] == key:
             return last[2]
-        after = after_placing(snapshot, placed, config)
-        self._parts(snapshot).grown(after.running)  # found by `prepare` in the memo
-        out = preemption_step(after, config, memo=self.preemption)
+        out = self._kept.decide(snapshot, config, placed)
         self._preempts = (snapshot, key, out)
         return out
 
@@ -119,11 +119,7 @@ def after_placing(snapshot: Snapshot, placed: Mapping[str, Placement], config: S
     """The state once the jobs of `placed` (in its order) run from `snapshot.now`: what the next
     step sees (a promoted job runs with its promotion, `levels.started_promotion`)."""
     by_id = {p.job.id: p for p in snapshot.pending}
-    started = tuple(_started(by_id[i], placement, snapshot.now, config) for i, placement in placed.items())
+    started = tuple(started_job(by_id[i], placement, snapshot.now, config) for i, placement in placed.items())
     waiting = tuple(p for p in snapshot.pending if p.job.id not in placed)
     return Snapshot(snapshot.now, snapshot.cluster, snapshot.queues, waiting, snapshot.running + started)
 
-
-def _started(p: PendingJob, placement: Placement, now: float, config: SchedulerConfig) -> RunningJob:
-    return RunningJob(p.job, placement, now, attained_gpu_seconds=p.attained_gpu_seconds, preempted_by=p.preempted_by,
-                      preempted_at=p.preempted_at, promoted_service=started_promotion(p, config, now))
