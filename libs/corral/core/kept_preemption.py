@@ -17,11 +17,14 @@ decides the same on any order of the same jobs (tests/unit/core/test_core_proper
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import attrgetter
 
 from corral.core.decisions import Preempt
 from corral.core.levels import started_promotion
 from corral.core.model import PendingJob, Placement, RunningJob, SchedulerConfig, Snapshot
 from corral.core.state import SchedulerState
+
+_JOB_ID = attrgetter("job.id")
 
 
 def started_job(p: PendingJob, placement: Placement, now: float, config: SchedulerConfig) -> RunningJob:
@@ -34,13 +37,14 @@ def started_job(p: PendingJob, placement: Placement, now: float, config: Schedul
 class KeptPreemption:
     """The preemption step on a snapshot with a play's placements, from a kept `SchedulerState`."""
 
-    __slots__ = ("_pending", "_running", "_state")
+    __slots__ = ("_objects", "_pending", "_running", "_state")
 
     def __init__(self) -> None:
         self._state: SchedulerState | None = None
         # the snapshot's tuples the state was last moved to (the same tuples again: nothing to move)
         self._pending: tuple[PendingJob, ...] | None = None
         self._running: tuple[RunningJob, ...] | None = None
+        self._objects: dict[int, PendingJob] = {}  # the state's waiting jobs by object identity
 
     def decide(self, snapshot: Snapshot, config: SchedulerConfig, placed: Mapping[str, Placement]) -> list[Preempt]:
         """`preemption_step(after_placing(snapshot, placed, config), config)`."""
@@ -66,26 +70,29 @@ class KeptPreemption:
         if state is None or state.config != config or state.queues != tuple(snapshot.queues):
             state = self._state = SchedulerState(snapshot.cluster, snapshot.queues, config)
             self._pending = self._running = None
+            self._objects = {}
         same_pending = snapshot.pending is self._pending
         same_running = snapshot.running is self._running
-        if not same_pending:
-            now = {p.job.id: p for p in snapshot.pending}
-            for job_id in [i for i, p in state.pending.items() if now.get(i) is not p]:
-                state.remove_pending(job_id)
+        came: list[PendingJob] = []
+        if not same_pending:  # by object identity, in C: thousands wait, a few came or went
+            kept, now = self._objects, dict(zip(map(id, snapshot.pending), snapshot.pending, strict=True))
+            if len(now) != len(snapshot.pending):
+                raise ValueError("Snapshot: a waiting job is listed twice; job ids must be unique")
+            for p in sorted((kept[k] for k in kept.keys() - now.keys()), key=_JOB_ID):
+                state.remove_pending(p.job.id)
+            came = sorted((now[k] for k in now.keys() - kept.keys()), key=_JOB_ID)
+            self._objects = now
         if not same_running:
             self._move_running(state, {r.job.id: r for r in snapshot.running})
         if snapshot.cluster is not state.cluster and snapshot.cluster != state.cluster:
             state.set_cluster(snapshot.cluster)
         if not same_running:
-            kept = state.running
+            running = state.running
             for r in snapshot.running:
-                if r.job.id not in kept:
+                if r.job.id not in running:
                     state.add_running(r)
-        if not same_pending:
-            kept_pending = state.pending
-            for p in snapshot.pending:
-                if p.job.id not in kept_pending:
-                    state.add_pending(p)
+        for p in came:
+            state.add_pending(p)
         self._pending, self._running = snapshot.pending, snapshot.running
         return state
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.core import Cluster, Place, SchedulerConfig, Snapshot
+from corral.core import Cluster, Job, PendingJob, Place, SchedulerConfig, Snapshot
 from corral.core.kept_preemption import KeptPreemption
 from corral.core.reservation import reserve_quota
 from corral.core.steps import StepMemos, after_placing, placement_step, preemption_step
@@ -81,3 +82,12 @@ def test_a_failed_ask_leaves_no_half_moved_state():
         raise AssertionError("a play of a job that does not wait must fail")
     assert kept._state is None
     assert kept.decide(snap, SchedulerConfig(), {}) == []
+
+
+def test_a_job_listed_twice_is_refused_as_from_scratch():
+    p = PendingJob(Job("a", "q", 1, 1, 0.0))
+    snap = Snapshot(0.0, Cluster(()), (), (p, p), ())
+    with pytest.raises(ValueError):
+        preemption_step(snap, SchedulerConfig())
+    with pytest.raises(ValueError):
+        KeptPreemption().decide(snap, SchedulerConfig(), {})
