@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from corral.core.backlog import Backlog
 from corral.core.decisions import Pending, Place, Preempt
 from corral.core.model import SchedulerConfig, Snapshot
 from corral.core.reservation import Reserve, Revoke, reserve_quota
@@ -57,14 +58,16 @@ def run_round(
     held: Iterable[tuple[str, int]] = (),
     memos: StepMemos | None = None,
     explain: bool = True,
+    backlog: Backlog | None = None,
 ) -> Round:
     """The three steps on `snapshot` under the policy `config`. `holding`: waiting jobs that hold
     quota from earlier rounds; `held`: (queue, GPUs) still reserved by jobs neither running nor
     waiting (see `reserve_quota`); `memos`: the caller's, kept from round to round as the
-    services keep theirs (a fresh one if None); `explain`: quota's (`reserve_quota`). Placement
-    does not explain the jobs it leaves waiting."""
+    services keep theirs (a fresh one if None); `explain`, `backlog`: quota's (`reserve_quota`).
+    Placement does not explain the jobs it leaves waiting."""
     memos = memos if memos is not None else StepMemos()
-    quota = reserve_quota(snapshot, config, reserved=holding, held=held, memos=memos, explain=explain)
+    quota = reserve_quota(snapshot, config, reserved=holding, held=held, memos=memos, explain=explain,
+                          backlog=backlog)
     holders = (set(holding) - {d.job_id for d in quota if isinstance(d, Revoke)}) | {
         d.job_id for d in quota if isinstance(d, Reserve)}
     placed = [d for d in memos.place(snapshot, config, holders, explain=False) if isinstance(d, Place)]

@@ -82,6 +82,7 @@ def reserve_quota(
     held: Iterable[tuple[str, int]] = (),
     memos: StepMemos | None = None,
     explain: bool = True,
+    backlog: Backlog | None = None,
 ) -> list[Reserve | Pending | Revoke]:
     """One decision per pending job not in `reserved`, in fair-share order: Reserve, or Pending
     with the reason; then a Revoke for each job of `reserved` that would be started and taken
@@ -92,8 +93,10 @@ def reserve_quota(
     undo these. A round in which every waiting job holds quota decides nothing (the quota service
     skips it: with a backlog that all holds quota, each round would replay placement for nothing).
     `memos`: the caller's, for the steps the round is played out with (a fresh one if None);
-    `explain=False`: the same decisions, without placement's reason in `_cannot_start` refusals."""
-    out, tail, revokes = _decide(snapshot, config, Backlog.of(snapshot, reserved), held, memos, explain)
+    `explain=False`: the same decisions, without placement's reason in `_cannot_start` refusals;
+    `backlog`: the caller's kept copy of `Backlog.of(snapshot, reserved)` (derived if None)."""
+    backlog = backlog if backlog is not None else Backlog.of(snapshot, reserved)
+    out, tail, revokes = _decide(snapshot, config, backlog, held, memos, explain)
     if tail is not None:
         out.extend(_refusals(tail.order.after(tail.start, snapshot.pending), tail.refused, tail.check))
     return [*out, *revokes]

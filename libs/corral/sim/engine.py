@@ -22,8 +22,9 @@ Two pipelines (`pipeline=`): "cycle" (the default) runs the single combined cycl
 placement and preemption are decided for each job together; "services" runs the live services'
 round instead (`corral.core.pipeline.run_round`): quota reserves (a job keeps its reservation
 while it waits; it is given back when the job stops), placement places jobs holding quota,
-preemption acts on the state that leaves. Every cycle then builds a snapshot (slower), and no
-cycle is skipped as futile (a reservation may change while no GPU is free).
+preemption acts on the state that leaves; `corral.sim.services` keeps each step's inputs, told
+every change as the state is. No cycle is skipped as futile (a reservation may change while no
+GPU is free).
 tests/unit/sim/test_pipeline_agreement.py states where the two must agree.
 """
 
@@ -56,12 +57,11 @@ from corral.core import (
     Snapshot,
 )
 from corral.core.levels import started_promotion
-from corral.core.pipeline import run_round
 from corral.core.state import SchedulerState
-from corral.core.steps import StepMemos
 from corral.lifecycle import Gang, GangState, Limits, Release, Then, next_steps
 from corral.sim.histories import PreemptionHistory
 from corral.sim.records import Interval, JobRecord, RankRecord
+from corral.sim.services import ServicesRound
 from corral.sim.workload import SimJob, Workload
 
 Scheduler = Callable[[Snapshot, SchedulerConfig], list[Decision]]
@@ -175,10 +175,8 @@ class Simulator:
             raise ValueError(f"unknown pipeline {pipeline!r}; choose one of {', '.join(PIPELINES)}")
         if pipeline == "services" and scheduler is not None:
             raise ValueError("pipeline 'services' runs the core's steps; a scheduler of the caller's runs 'cycle'")
-        self._services = pipeline == "services"
-        #: services pipeline: waiting jobs that hold quota (reserved, not placed yet)
-        self._holding: set[str] = set()
-        self._memos = StepMemos()  # the services' memos, kept from round to round as they keep theirs
+        #: services pipeline: its round, told each job that comes to wait or stops waiting
+        self._services = ServicesRound(cluster, queues, config) if pipeline == "services" else None
         self._progress = progress
         self._progress_every = progress_every
         self._actions: Scheduler
@@ -207,7 +205,7 @@ class Simulator:
         # strict FIFO: only the oldest pending job can start first, so its size alone decides
         self._strict_fifo = config.order is OrderPolicy.FIFO and not config.backfill and not self._can_preempt
         self._fifo_heads: list[tuple[float, str]] = []
-        self._skip_futile = skip_futile_cycles and not self._services
+        self._skip_futile = skip_futile_cycles and self._services is None
         self._track_checkpoints = self._can_preempt
         self._sim: dict[str, SimJob] = {j.id: j for j in workload.jobs}
         if len(self._sim) != len(workload.jobs):
@@ -304,6 +302,8 @@ class Simulator:
 
     def _add_pending(self, pending: PendingJob) -> None:
         self._state.add_pending(pending)
+        if self._services is not None:
+            self._services.came(pending)
         if self._strict_fifo:
             heapq.heappush(self._fifo_heads, (pending.job.submit_time, pending.job.id))
         size = pending.job.total_gpus
@@ -312,6 +312,8 @@ class Simulator:
     def _pop_pending(self, job_id: str) -> PendingJob | None:
         pending = self._state.remove_pending(job_id) if job_id in self._pending else None
         if pending is not None:
+            if self._services is not None:
+                self._services.went(job_id)
             size = pending.job.total_gpus
             left = self._pending_sizes[size] - 1
             if left:
@@ -319,6 +321,16 @@ class Simulator:
             else:
                 del self._pending_sizes[size]
         return pending
+
+    def _add_running(self, r: RunningJob) -> None:
+        self._state.add_running(r)
+        if self._services is not None:
+            self._services.steps.started(r)
+
+    def _replace_running(self, r: RunningJob) -> None:
+        self._state.replace_running(r)
+        if self._services is not None:
+            self._services.steps.changed(r)
 
     # -- events -----------------------------------------------------------------------------
     def _push(self, at: float, kind: int, job_id: str, epoch: int) -> None:
@@ -374,6 +386,8 @@ class Simulator:
         """The job gives its GPUs back: done, or requeued with the work since its last checkpoint lost."""
         run = self._runs.pop(job_id)
         running = self._state.remove_running(job_id)
+        if self._services is not None:
+            self._services.steps.stopped(job_id)
         for key in run.gpus:
             del self._held[key]
             self._held_on[key[0]] -= 1
@@ -405,8 +419,8 @@ class Simulator:
             self._advance_checkpoints(now)
         self.stats.max_pending = max(self.stats.max_pending, len(self._pending))
         started = time.perf_counter()
-        if self._services:
-            decisions = self._round(now)
+        if self._services is not None:
+            decisions = self._services.run(self._state.snapshot(now), self._pending)
         elif self._on_state:
             decisions = self._state.cycle(now)
         else:
@@ -425,16 +439,7 @@ class Simulator:
                 for victim in decision.victims:
                     self._preempt(now, victim, decision.job_id)
 
-    def _round(self, now: float) -> list[Decision]:
-        """The services' round (`run_round`): its Place and Preempt decisions, in that order; the
-        jobs quota reserved for keep their reservation until they are placed."""
-        done = run_round(self._state.snapshot(now), self._config, holding=self._holding, memos=self._memos,
-                         explain=False)  # the replay reads no reasons
-        self._holding = (self._holding - done.revoked) | done.reserved
-        return [*done.placed, *done.preempts]
-
     def _place(self, now: float, job_id: str, placement: Placement) -> None:
-        self._holding.discard(job_id)
         pending = self._pop_pending(job_id)
         if pending is None:
             raise SimulationError(f"core placed {job_id!r}, which is not pending at t={now}")
@@ -458,7 +463,7 @@ class Simulator:
         ranks = tuple(RankRecord(r.node, tuple(r.gpus)) for r in placement.ranks)
         run = _Run(self._epoch, now, ranks, gpus)
         self._runs[job_id] = run
-        self._state.add_running(
+        self._add_running(
             RunningJob(job, placement, now, None, False, pending.attained_gpu_seconds, pending.preempted_by,
                        pending.preempted_at, started_promotion(pending, self._config, now))
         )
@@ -479,7 +484,7 @@ class Simulator:
             return
         run.preemptor = preemptor
         self._history.asked(victim, now)
-        self._state.replace_running(
+        self._replace_running(
             RunningJob(
                 running.job,
                 running.placement,
@@ -506,7 +511,7 @@ class Simulator:
             interval = self._sim[job_id].checkpoint_interval_seconds
             last = last_periodic_checkpoint(run.start, now, interval)
             r = self._running[job_id]
-            self._state.replace_running(
+            self._replace_running(
                 RunningJob(r.job, r.placement, r.start_time, last, r.preempting, r.attained_gpu_seconds, r.preempted_by,
                            r.preempted_at, r.promoted_service)
             )
@@ -540,6 +545,8 @@ class Simulator:
     def _set_node_state(self, name: str, state: NodeState) -> None:
         self._cluster = Cluster(tuple(replace(n, state=state) if n.name == name else n for n in self._cluster.nodes))
         self._state.set_cluster(self._cluster)
+        if self._services is not None:
+            self._services.steps.cluster(self._cluster)
         self._recount_free()
 
     def _final_reasons(self) -> dict[str, str]:
