@@ -30,6 +30,12 @@ from corral.core.state import SchedulerState
 from corral.core.steps import Step, StepMemos, step_config
 
 
+#: Placement states kept: a round asks placement about a few sets of holders (the quota step's
+#: passes, then the round's own), much the same sets as the last round's; each ask moves the kept
+#: state nearest its set (fewest jobs to add or remove).
+_PLACING_STATES = 2
+
+
 class KeptSteps(StepMemos):
     """The steps' memos with each step's kept `SchedulerState`: an ask about the round's snapshot
     (`round_of`) is answered from them; any other ask as `StepMemos` answers it."""
@@ -38,7 +44,8 @@ class KeptSteps(StepMemos):
 
     def __init__(self, cluster: Cluster, queues: Sequence[QueueConfig], config: SchedulerConfig) -> None:
         super().__init__()
-        self.placing = SchedulerState(cluster, queues, step_config(Step.PLACEMENT, config))
+        self.placing = tuple(SchedulerState(cluster, queues, step_config(Step.PLACEMENT, config))
+                             for _ in range(_PLACING_STATES))
         self.preempting = SchedulerState(cluster, queues, step_config(Step.PREEMPTION, config))
         self._snapshot: Snapshot | None = None
         self._pending: Mapping[str, PendingJob] = {}
@@ -55,7 +62,7 @@ class KeptSteps(StepMemos):
         last = self._placed
         if last is not None and last[0] is snapshot and last[1] == key:
             return last[3] if not last[2] else [d for d in last[3] if not isinstance(d, Pending)]
-        state = self.placing
+        state = min(self.placing, key=lambda kept: len(kept.pending.keys() ^ key))
         for job_id in [i for i in state.pending if i not in key]:
             state.remove_pending(job_id)
         for job_id in sorted(key.difference(state.pending)):
@@ -91,24 +98,25 @@ class KeptSteps(StepMemos):
 
     def went(self, job_id: str) -> None:
         self.preempting.remove_pending(job_id)
-        if job_id in self.placing.pending:
-            self.placing.remove_pending(job_id)
+        for state in self.placing:
+            if job_id in state.pending:
+                state.remove_pending(job_id)
 
     def started(self, r: RunningJob) -> None:
-        self.placing.add_running(r)
-        self.preempting.add_running(r)
+        for state in (*self.placing, self.preempting):
+            state.add_running(r)
 
     def stopped(self, job_id: str) -> None:
-        self.placing.remove_running(job_id)
-        self.preempting.remove_running(job_id)
+        for state in (*self.placing, self.preempting):
+            state.remove_running(job_id)
 
     def changed(self, r: RunningJob) -> None:
-        self.placing.replace_running(r)
-        self.preempting.replace_running(r)
+        for state in (*self.placing, self.preempting):
+            state.replace_running(r)
 
     def cluster(self, cluster: Cluster) -> None:
-        self.placing.set_cluster(cluster)
-        self.preempting.set_cluster(cluster)
+        for state in (*self.placing, self.preempting):
+            state.set_cluster(cluster)
 
 
 class ServicesRound:
