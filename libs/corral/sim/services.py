@@ -23,12 +23,11 @@ from collections.abc import Collection, Mapping, Sequence
 
 from corral.core import Cluster, Decision, Pending, PendingJob, Placement, Preempt, QueueConfig, RunningJob
 from corral.core.backlog import KeptBacklog
-from corral.core.levels import started_promotion
+from corral.core.kept_preemption import started_job
 from corral.core.model import SchedulerConfig, Snapshot
 from corral.core.pipeline import run_round
 from corral.core.state import SchedulerState
 from corral.core.steps import Step, StepMemos, step_config
-
 
 #: Placement states kept: a round asks placement about a few sets of holders (the quota step's
 #: passes, then the round's own), much the same sets as the last round's; each ask moves the kept
@@ -81,9 +80,7 @@ class KeptSteps(StepMemos):
         state, now = self.preempting, snapshot.now
         started = [state.remove_pending(job_id) for job_id in placed]
         for p, placement in zip(started, placed.values(), strict=True):
-            state.add_running(RunningJob(p.job, placement, now, attained_gpu_seconds=p.attained_gpu_seconds,
-                                         preempted_by=p.preempted_by, preempted_at=p.preempted_at,
-                                         promoted_service=started_promotion(p, config, now)))
+            state.add_running(started_job(p, placement, now, config))
         out = [d for d in state.cycle(now) if isinstance(d, Preempt)]
         for p in reversed(started):
             state.remove_running(p.job.id)
