@@ -295,8 +295,9 @@ class Stepd:
         due += [at - now for _, at in self.lingering.values()]
         if self.kill_at is not None:
             due.append(self.kill_at - now)
-        if self.preempting is not None:
-            due += [self.preempting["term_at"] - now, self.preempting["deadline"] - now]
+        p = self.preempting
+        if p is not None:  # only what is still to come: a time gone by would make the loop spin
+            due += ([] if p["termed"] else [p["term_at"] - now]) + ([] if p["killed"] else [p["deadline"] - now])
         return max(0.0, min(due))
 
     # --- ranks ---------------------------------------------------------------------------------

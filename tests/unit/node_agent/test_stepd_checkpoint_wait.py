@@ -50,3 +50,16 @@ def test_a_rank_whose_peers_run_on_other_nodes_is_not_termed_while_they_may_stil
     p: Any = s.preempting
     _escalate_until(s, p["term_at"] + 0.5)  # the grace's own SIGTERM still comes
     assert sent == [signal.SIGUSR1, signal.SIGTERM]
+
+
+def test_a_gang_termed_during_a_preemption_waits_for_its_deadline_without_spinning(tmp_path: Path) -> None:
+    """After the SIGTERM its term time is past: the stepd waits (a busy poll at most) until the
+    deadline, not for no time at all over and over until then."""
+    s, sent = _preempting(tmp_path, group_world_size=1)
+    _escalate_until(s, 3.0)  # reported at 0: termed 2 s later
+    assert signal.SIGTERM in sent and s.preempting is not None and not s.preempting["killed"]
+    _escalate_until(s, 56.0)  # past its term time (55), before its deadline (60)
+    assert s.timeout(56.0) >= stepd.POLL_BUSY
+    _escalate_until(s, 61.0)  # the deadline: killed
+    assert signal.SIGKILL in sent
+    assert s.timeout(61.0) >= stepd.POLL_BUSY  # killed: it waits for the exits, not for a deadline gone by
