@@ -3,7 +3,7 @@
 Drives the real `Supervisor` and its stepd launcher (the fork server) with one-rank gangs of
 `/bin/true` (`--command` for another), `--at-once` at a time, and prints per gang: the CPU of this
 process (the agent's part: folders, launch.json, the launcher request, the watcher, the reports)
-and of the launcher process with everything it reaped (the stepds and the jobs), its minor page
+and of the launcher process with everything it reaped (the stepds and the jobs; its own apart), its minor page
 faults, and the inodes left per gang in the run folder. CPU from getrusage and /proc/<pid>/stat
 (utime + stime + cutime + cstime), so a loaded machine shows up as spread, not as more CPU.
 """
@@ -39,13 +39,13 @@ class Quiet:
     async def gang_ended(self, outcome: GangOutcome) -> None: ...
 
 
-def proc_cost(pid: int) -> tuple[float, int]:
-    """(CPU seconds, minor faults) of `pid` and its reaped children."""
+def proc_cost(pid: int) -> tuple[float, int, float]:
+    """(CPU seconds, minor faults) of `pid` and its reaped children, and its own CPU seconds."""
     raw = Path(f"/proc/{pid}/stat").read_bytes()
     f = raw[raw.rfind(b")") + 2:].split()
     minflt, cminflt = int(f[7]), int(f[8])
     ticks = sum(int(x) for x in f[11:15])
-    return ticks / TICK, minflt + cminflt
+    return ticks / TICK, minflt + cminflt, (int(f[11]) + int(f[12])) / TICK
 
 
 def launcher_pid(sup: Supervisor) -> int | None:
@@ -85,6 +85,7 @@ async def run(gangs: int, at_once: int, command: tuple[str, ...], root: Path) ->
     agent = (after_self.ru_utime + after_self.ru_stime - before_self.ru_utime - before_self.ru_stime)
     return {"gangs": gangs, "wall_s": wall, "agent_ms": 1000 * agent / gangs,
             "launcher_ms": 1000 * (after_l[0] - before_l[0]) / gangs,
+            "launcher_own_ms": 1000 * (after_l[2] - before_l[2]) / gangs,
             "launcher_faults": (after_l[1] - before_l[1]) / gangs, "run_entries": len(names) / (gangs + 1),
             "run_inodes": inodes}
 
@@ -102,7 +103,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         r = asyncio.run(run(args.gangs, args.at_once, tuple(args.command.split()), Path(tmp)))
     print(f"{r['gangs']} gangs in {r['wall_s']:.1f}s: agent {r['agent_ms']:.2f} ms/gang, launcher+stepds+jobs "
-          f"{r['launcher_ms']:.2f} ms/gang, {r['launcher_faults']:.0f} faults/gang, "
+          f"{r['launcher_ms']:.2f} ms/gang (its own {r['launcher_own_ms']:.2f}), "
+          f"{r['launcher_faults']:.0f} faults/gang, "
           f"{r['run_entries']:.1f} run-folder entries/gang ({r['run_inodes']:.1f} inodes)")
     print(probe_line())
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,12 +34,13 @@ class ControlChannel:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._file = os.fspath(path)
         self._offset = 0
         self._partial = b""
 
     def read_new(self) -> list[CheckpointReport]:
         try:
-            with self.path.open("rb") as handle:
+            with open(self._file, "rb") as handle:
                 handle.seek(self._offset)
                 chunk = handle.read()
         except FileNotFoundError:

@@ -381,7 +381,16 @@ def read_state_file(path: str | Path) -> dict[str, Any] | None:
 
 
 def read_commands(folder: Path) -> list[dict[str, Any]]:
-    raw = read_json(folder / COMMANDS)
+    return read_commands_file(os.path.join(folder, COMMANDS))
+
+
+def read_commands_file(path: str) -> list[dict[str, Any]]:
+    """The commands in `path` (a commands.json); none when it is missing or not whole."""
+    try:
+        with open(path, "rb") as f:
+            raw = json.loads(f.read())
+    except (OSError, ValueError):
+        return []
     return [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
 
 

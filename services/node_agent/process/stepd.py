@@ -45,7 +45,7 @@ import signal as signal_module
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -59,6 +59,7 @@ from .rank_output import RankOutput
 from .run_as import WorkerUser, make_dir_as, own_dir, own_file, reach_problem, user_base_env
 from .runtimes import GPU_DEVICES_ENV, USER_FLAG_RUNTIMES, Launch, runtime_for
 from .step_files import (
+    COMMANDS,
     ENDED,
     RUNNING,
     STARTING,
@@ -69,7 +70,7 @@ from .step_files import (
     claim_state,
     control_path,
     process_start_time,
-    read_commands,
+    read_commands_file,
     read_launch,
     signal_group,
     signal_group_members,
@@ -141,8 +142,14 @@ def command_grace(command: dict[str, Any]) -> float:
 
 
 class Stepd:
-    def __init__(self, folder: Path, launch: LaunchFile) -> None:
+    """One gang attempt's ranks. `base_env`: the environment the ranks start from (default: this
+    process's); `stepd_started`: this process's start time, when the caller knows it."""
+
+    def __init__(self, folder: Path, launch: LaunchFile, *, base_env: Mapping[str, str] | None = None,
+                 stepd_started: str | None = None) -> None:
         self.folder = folder
+        self.base_env = base_env
+        self.commands_file = os.path.join(folder, COMMANDS)
         self.launch = launch
         self.a = launch.assignment
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -159,7 +166,8 @@ class Stepd:
         self.unsaved = False  # the last write of the state failed: it is only in memory
         self.state: dict[str, Any] = {
             "version": STATE_VERSION, "job_id": self.a.job_id, "attempt": self.a.attempt, "phase": STARTING,
-            "mode": M_RUNNING, "stepd_pid": os.getpid(), "stepd_started": process_start_time(os.getpid()),
+            "mode": M_RUNNING, "stepd_pid": os.getpid(),
+            "stepd_started": stepd_started or process_start_time(os.getpid()),
             "cause": launch.cause, "ranks": {}, "checkpoints": [], "commands_done": 0,
             "failed_rank": None, "failed_exit_code": None, "end": None, "updated_at": time.time(),
         }
@@ -340,7 +348,8 @@ class Stepd:
         read_end, write_end = os.pipe()
         try:
             control = control_path(self.folder, spec.rank)
-            base = environment.mapping() if user is None else user_base_env(environment.mapping(), user)
+            env = environment.mapping() if self.base_env is None else self.base_env
+            base = env if user is None else user_base_env(env, user)
             if user is not None:
                 # As the submitter (see `run_as`): the stepd stays root to signal the ranks; the
                 # rank gets its own checkpoint directory and control file, nothing else of ours.
@@ -465,7 +474,7 @@ class Stepd:
         if self.term_requested:
             self.term_requested = False
             self.stop(self.launch.kill_grace, None, now)
-        commands = read_commands(self.folder)
+        commands = read_commands_file(self.commands_file)
         done = int(self.state["commands_done"])
         for command in commands[done:]:
             op = command.get("op")

@@ -31,14 +31,19 @@ files.
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import logging
 import math
 import os
 import select
 import signal as signal_module
+import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+from corral import environment
 
 from .rank_output import RankOutput
 from .step_files import ENDED, STEPD_LOG, WAKE_SIGNAL, read_launch, signal_group
@@ -75,19 +80,34 @@ class GangLog(logging.Handler):
 
 
 class Host:
-    """The gangs this process is the stepd of, each with when its loop is next due (monotonic)."""
+    """The gangs this process is the stepd of, each with when its loop is next due (monotonic).
 
-    def __init__(self, gang_log: GangLog) -> None:
+    Each pass of the server's loop costs what happened, not how many gangs there are: the ranks'
+    pipes stay registered in one poller (`_track` after whatever may open or close them), a gang
+    is found due from a heap of due times, and a rank's exit is found by asking the kernel which
+    child is waitable (`reap`: the exit's own gang runs, not every gang)."""
+
+    def __init__(self, gang_log: GangLog, *, started: str | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         self.gangs: dict[Stepd, float] = {}
         self._log = gang_log
-        self._outputs: dict[int, tuple[Stepd, RankOutput]] = {}
+        self._started = started  # this process's start time: every hosted gang's `stepd_started`
+        # The ranks' environment starts from this process's, which nothing changes once it runs.
+        self._env = dict(environment.mapping() if env is None else env)
+        self._poller = select.poll()
+        self._outputs: dict[int, tuple[Stepd, RankOutput]] = {}  # a registered pipe -> its rank's log
+        self._gang_fds: dict[Stepd, tuple[int, ...]] = {}
+        self._ranks: dict[int, tuple[Stepd, subprocess.Popen[bytes]]] = {}  # a rank's pid -> its gang
+        self._gang_pids: dict[Stepd, tuple[int, ...]] = {}
+        self._due: list[tuple[float, int, Stepd]] = []  # (due, tie, gang), stale entries skipped
+        self._ties = itertools.count()
 
     def add(self, folder: Path) -> str | None:
         """Start the gang of `folder` here; the reason when it is not for the host (None: hosted)."""
         launch = read_launch(folder)
         if launch is None:
             return f"{folder}/launch.json is missing or unreadable"
-        gang = Stepd(folder, launch)
+        gang = Stepd(folder, launch, base_env=self._env, stepd_started=self._started)
         gang.state["stepd_shared"] = True
         with self._handling(gang):
             try:
@@ -95,51 +115,136 @@ class Host:
             except Exception:
                 log.exception("%s: the host failed starting this gang; killing what started", gang.folder)
                 fail(gang, "the stepd host failed starting this gang")
-                return None
+                code = 1
         if code is None:
-            self.gangs[gang] = time.monotonic()
+            self._schedule(gang, time.monotonic())
+        self._track(gang)
         return None
 
     def stop_all(self) -> None:
         """SIGTERM to the host: a stop of every gang it holds."""
+        now = time.monotonic()
         for gang in self.gangs:
             gang.term_requested = True
-            self.gangs[gang] = 0.0
+            self._schedule(gang, now)
 
-    def fds(self) -> list[int]:
-        """The ranks' output pipes, to wait on."""
-        self._outputs = {fd: (gang, out) for gang in self.gangs for fd, out in gang.pipes().items()}
-        return list(self._outputs)
+    def watch(self, fd: int) -> None:
+        """Wait on `fd` too (the wake-up pipe, the agent's requests)."""
+        self._poller.register(fd, select.POLLIN)
+
+    def unwatch(self, fd: int) -> None:
+        with contextlib.suppress(KeyError):
+            self._poller.unregister(fd)
+
+    def ready(self, timeout: float) -> list[int]:
+        """The watched descriptors and ranks' pipes ready to read (or closed) within `timeout` seconds."""
+        try:
+            events = self._poller.poll(max(0, math.ceil(timeout * 1000)))
+        except InterruptedError:
+            return []
+        return [fd for fd, _ in events]
 
     def pump(self, ready: list[int]) -> None:
         """Copy what the ranks wrote to their logs (output alone does not run a gang's loop)."""
         for fd in ready:
-            if fd in self._outputs:
-                gang, out = self._outputs[fd]
+            found = self._outputs.get(fd)
+            if found is not None:
+                gang, out = found
                 with self._handling(gang):
                     out.pump(until_empty=False)
+                if out.pipe is None:  # the rank and what it spawned closed it
+                    self._track(gang)
 
     def due_in(self, now: float) -> float:
-        return max(0.0, min(self.gangs.values(), default=now + 3600.0) - now)
+        while self._due and self.gangs.get(self._due[0][2]) != self._due[0][0]:
+            heapq.heappop(self._due)  # a gang that ended, or was rescheduled
+        return max(0.0, self._due[0][0] - now) if self._due else 3600.0
 
-    def run_due(self, now: float, *, woken: bool, sigchld: bool) -> None:
-        """Run the loop of each gang that is due: its time came, the agent woke us (a command for
-        one of them: every gang looks), or one of its ranks exited (SIGCHLD does not say whose:
-        each gang looks at its own, a waitpid per live rank)."""
-        for gang, due in list(self.gangs.items()):
-            if not (woken or now >= due or (sigchld and any(p.poll() is not None for p in gang.procs.values()))):
+    def reap(self, now: float, forked: set[int]) -> None:
+        """Run the gang of each rank that exited (the kernel says which child is waitable, without
+        reaping it: the gang's own `Popen` does), and reap the forked stepds that ended. A signal
+        that never came (the wake-up pipe full) costs nothing: this asks on every pass."""
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or not info.si_pid:
+                return
+            pid = info.si_pid
+            owner = self._ranks.pop(pid, None)
+            if owner is None:  # a forked stepd (or nobody's): reaped here
+                forked.discard(pid)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
                 continue
-            with self._handling(gang):
-                try:
-                    going = gang.tick(now)
-                except Exception:
-                    log.exception("%s: the host failed handling this gang; killing its ranks", gang.folder)
-                    fail(gang, "the stepd host failed handling this gang; the rank was killed")
-                    going = False
-            if going:
-                self.gangs[gang] = now + gang.timeout(now)
-            else:
-                del self.gangs[gang]
+            gang, proc = owner
+            if gang in self.gangs:
+                self._tick(gang, now)
+            if proc.returncode is None:  # its gang did not reap it (it failed): its Popen keeps the code
+                proc.poll()
+                self._track(gang)
+
+    def run_due(self, now: float, *, woken: bool) -> None:
+        """Run the loop of each gang that is due, or of every gang when the agent woke us (a
+        command for one of them: every gang looks)."""
+        if woken:
+            for gang in list(self.gangs):
+                if gang in self.gangs:
+                    self._tick(gang, now)
+            return
+        due: list[Stepd] = []
+        while self._due and self._due[0][0] <= now:  # each once a pass: one due again at once waits a poll
+            at, _, gang = heapq.heappop(self._due)
+            if self.gangs.get(gang) == at:
+                due.append(gang)
+        for gang in due:
+            if gang in self.gangs:
+                self._tick(gang, now)
+
+    def _schedule(self, gang: Stepd, due: float) -> None:
+        self.gangs[gang] = due
+        heapq.heappush(self._due, (due, next(self._ties), gang))
+
+    def _tick(self, gang: Stepd, now: float) -> None:
+        with self._handling(gang):
+            try:
+                going = gang.tick(now)
+            except Exception:
+                log.exception("%s: the host failed handling this gang; killing its ranks", gang.folder)
+                fail(gang, "the stepd host failed handling this gang; the rank was killed")
+                going = False
+        if going:
+            self._schedule(gang, now + gang.timeout(now))
+        else:
+            del self.gangs[gang]
+        self._track(gang)
+
+    def _track(self, gang: Stepd) -> None:
+        """Register the gang's open pipes with the poller and forget those it closed (at once:
+        the number of a closed pipe is the next one opened); likewise its ranks not reaped yet
+        (a reaped rank's pid may be the next child's)."""
+        live = {proc.pid: proc for proc in gang.procs.values() if proc.returncode is None}
+        for pid in self._gang_pids.pop(gang, ()):
+            if pid not in live and self._ranks.get(pid, (None,))[0] is gang:
+                del self._ranks[pid]
+        for pid, proc in live.items():
+            self._ranks[pid] = (gang, proc)
+        if live:
+            self._gang_pids[gang] = tuple(live)
+        before = self._gang_fds.pop(gang, ())
+        now = {fd: out for fd, out in gang.pipes().items()} if gang in self.gangs else {}
+        for fd in before:
+            if fd not in now:
+                self._outputs.pop(fd, None)
+                with contextlib.suppress(KeyError):
+                    self._poller.unregister(fd)
+        for fd, out in now.items():
+            if fd not in before:
+                self._poller.register(fd, select.POLLIN)
+                self._outputs[fd] = (gang, out)
+        if now:
+            self._gang_fds[gang] = tuple(now)
 
     @contextlib.contextmanager
     def _handling(self, gang: Stepd) -> Iterator[None]:
@@ -167,28 +272,13 @@ def fail(gang: Stepd, message: str) -> None:
     gang.save()
 
 
-def wake_signals(data: bytes) -> tuple[bool, bool, bool]:
-    """What the wake-up pipe's bytes say: (a rank or stepd exited, the agent woke us, SIGTERM)."""
-    return (signal_module.SIGCHLD in data, WAKE_SIGNAL in data, signal_module.SIGTERM in data)
+def wake_signals(data: bytes) -> tuple[bool, bool]:
+    """What the wake-up pipe's bytes say: (the agent woke us, SIGTERM). SIGCHLD only wakes the
+    loop: which child exited is asked of the kernel (`Host.reap`)."""
+    return (WAKE_SIGNAL in data, signal_module.SIGTERM in data)
 
 
 def default_log(gang_log: GangLog) -> None:
-    from corral import environment
-
     root = logging.getLogger()
     root.handlers[:] = [gang_log]
     root.setLevel(environment.get("CORRAL_LOG_LEVEL") or "INFO")
-
-
-
-def ready(fds: list[int], timeout: float) -> list[int]:
-    """The descriptors of `fds` ready to read (or closed) within `timeout` seconds. poll, not
-    select: the host holds every hosted rank's pipe and log, fd numbers select cannot take."""
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    try:
-        events = poller.poll(max(0, math.ceil(timeout * 1000)))
-    except InterruptedError:
-        return []
-    return [fd for fd, _ in events]

@@ -149,15 +149,6 @@ def _fork(folder: str, forked: set[int]) -> dict[str, object]:
     return {"pid": pid, "started": process_start_time(pid), "shared": False}
 
 
-def _reap(forked: set[int]) -> None:
-    """Reap the forked stepds that ended (only those: the hosted gangs' ranks are their Popen's)."""
-    for pid in list(forked):
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                continue
-        forked.discard(pid)
-
-
 def _serve_one(request: dict[str, object], host: stepd_host.Host, forked: set[int]) -> dict[str, object]:
     folder = str(request["folder"])
     runtime = request.get("runtime")
@@ -183,33 +174,36 @@ def serve() -> int:
     gang_log = stepd_host.GangLog()
     stepd_host.default_log(gang_log)
     _set_name(b"corral-stepds")
-    host = stepd_host.Host(gang_log)
+    host = stepd_host.Host(gang_log, started=_STARTED)
+    host.watch(wake_r)
+    host.watch(0)
     forked: set[int] = set()
     pending = b""
     reading = True
     while reading or host.gangs:
-        now = time.monotonic()
-        wait = min(REAP_EVERY, host.due_in(now))
-        ready = stepd_host.ready([wake_r, *host.fds(), *([0] if reading else [])], wait)
+        wait = min(REAP_EVERY, host.due_in(time.monotonic()))
+        ready = host.ready(wait)
         signals = b""
         with contextlib.suppress(BlockingIOError):
             while chunk := os.read(wake_r, 512):
                 signals += chunk
-        exited, woken, term = stepd_host.wake_signals(signals)
+        woken, term = stepd_host.wake_signals(signals)
         host.pump(ready)
-        _reap(forked)
+        host.reap(time.monotonic(), forked)
         if term:
             if not host.gangs:
                 return 0
             host.stop_all()
             if reading:  # no new gangs: the agent finds the pipes closed and starts another server
                 reading = False
+                host.unwatch(0)
                 os.close(0)
                 os.close(1)
         if reading and 0 in ready:
             chunk = os.read(0, 65536)
             if not chunk:
                 reading = False  # the agent is gone: no new gangs; the ones held run to their end
+                host.unwatch(0)
                 os.close(1)
             pending += chunk
             while b"\n" in pending and reading:
@@ -222,7 +216,7 @@ def serve() -> int:
                 data = json.dumps(reply).encode() + b"\n"
                 while data:
                     data = data[os.write(1, data):]
-        host.run_due(time.monotonic(), woken=woken, sigchld=exited)
+        host.run_due(time.monotonic(), woken=woken)
     return 0
 
 
@@ -230,4 +224,8 @@ _STARTED: str | None = None
 
 
 if __name__ == "__main__":
-    sys.exit(serve())
+    from corral.profiling import profiled
+
+    with profiled("stepd-host"):  # CORRAL_PROFILE_DIR, CORRAL_PROFILE_ONLY=stepd-host: the host's own loop
+        code = serve()
+    sys.exit(code)

@@ -16,10 +16,12 @@ def test_the_host_waits_on_descriptors_numbered_past_1024() -> None:
     r, w = os.pipe()
     high = 1500
     os.dup2(r, high)
+    host = stepd_host.Host(stepd_host.GangLog(), env={})
+    host.watch(high)
     try:
-        assert stepd_host.ready([high], 0.0) == []
+        assert host.ready(0.0) == []
         os.write(w, b"x")
-        assert stepd_host.ready([high], 1.0) == [high]
+        assert host.ready(1.0) == [high]
     finally:
         for fd in (r, w, high):
             os.close(fd)
@@ -52,3 +54,48 @@ def test_a_bug_starting_one_gang_ends_that_gang_failed_and_not_the_host(tmp_path
     assert state is not None and state["phase"] == "ended" and state["end"] == "failed"
     assert not host.gangs
     assert "a bug" in (tmp_path / "stepd.log").read_text()
+
+
+def _launch(folder: Path, job: str, command: tuple[str, ...]) -> None:
+    from corral.services.node_agent.process.assignment import Assignment, RankAssignment
+    from corral.services.node_agent.process.step_files import LAUNCH, Launch, write_json
+
+    folder.mkdir(parents=True)
+    a = Assignment(job_id=job, attempt=0, world_size=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
+                   ranks=(RankAssignment(0, 0, (0,)),), command=command, checkpoint_dir=folder / "ckpt",
+                   log_dir=folder.parent / "logs")
+    write_json(folder / LAUNCH, Launch(assignment=a, cause=None, kill_grace=1.0, launched_at=0.0).to_json())
+
+
+def test_a_rank_that_exits_runs_its_own_gang_at_once_and_a_child_of_nobody_is_reaped(tmp_path: Path) -> None:
+    import time
+
+    from corral.services.node_agent.process.step_files import read_state
+
+    host = stepd_host.Host(stepd_host.GangLog(), env={"PATH": os.defpath})
+    _launch(tmp_path / "quick", "quick", ("true",))
+    _launch(tmp_path / "slow", "slow", ("sleep", "30"))
+    assert host.add(tmp_path / "quick") is None and host.add(tmp_path / "slow") is None
+    stray = os.fork()
+    if stray == 0:
+        os._exit(0)
+    forked = {stray}
+    deadline = time.monotonic() + 10
+    while len(host.gangs) == 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        host.reap(time.monotonic(), forked)  # no due time has come: only the exit runs a gang
+    try:
+        quick = read_state(tmp_path / "quick")
+        assert quick is not None and quick["phase"] == "ended" and quick["end"] == "completed"
+        assert [g.a.job_id for g in host.gangs] == ["slow"]
+        while forked and time.monotonic() < deadline:
+            time.sleep(0.02)
+            host.reap(time.monotonic(), forked)
+        assert not forked
+        with pytest.raises(ChildProcessError):
+            os.waitpid(stray, os.WNOHANG)
+    finally:
+        for gang in host.gangs:
+            for proc in gang.procs.values():
+                proc.kill()
+                proc.wait()
