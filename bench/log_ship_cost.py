@@ -59,7 +59,7 @@ async def one_mode(bus: Bus, root: Path, server_pid: int, ranks: int, at_once: i
         for key in keys:
             path = root / "logs" / key.job_id / "rank-0.log"
             path.parent.mkdir(parents=True)
-            (root / "state" / key.job_id / "attempt-0").mkdir(parents=True)
+            (root / "state" / f"{key.job_id}.attempt-0").mkdir(parents=True)
             path.write_bytes(f"==== corral job {key.job_id} attempt 0 rank 0 node_rank 0 started now ====\n"
                              "step 1\n".encode())
             paths[key] = path

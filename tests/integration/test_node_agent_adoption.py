@@ -44,7 +44,7 @@ PY = sys.executable
 
 def kill_leftovers(work_dir: Path) -> None:
     """Whatever a failed test left running: every stepd and rank group under `work_dir`."""
-    for state_file in work_dir.glob("*/run/*/attempt-*/state.json"):
+    for state_file in work_dir.glob("*/run/*.attempt-*/state.json"):
         state = read_state(state_file.parent) or {}
         for rec in (state.get("ranks") or {}).values():
             if rec.get("pid") and rec.get("exited_at") is None:

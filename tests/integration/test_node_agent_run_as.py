@@ -113,7 +113,7 @@ async def test_a_job_runs_as_its_submitters_os_account_without_the_agents_secret
     assert "as nobody (uid" in log.read_text()
     assert len(agent.seen.of(WorkerStarted, "job-nobody")) == 1
     # the stepd's files (the job's env among them) stay the agent's; the rank only passes through
-    folder = agent.options.work_dir / "node-0" / "run" / "job-nobody" / "attempt-0"
+    folder = agent.options.work_dir / "node-0" / "run" / "job-nobody.attempt-0"
     # 0711 while the gang runs (the rank passes through to its control file); closed once reported
     assert stat.S_IMODE(folder.stat().st_mode) in (0o711, REPORTED_MODE)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.glob("*.json")}

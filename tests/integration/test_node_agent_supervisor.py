@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.services.node_agent.process.assignment import AGENT_BIN, Assignment, RankAssignment, sim_command
-from corral.services.node_agent.process.step_files import is_reported
+from corral.services.node_agent.process.step_files import is_reported, read_state
 from corral.services.node_agent.process.supervisor import ExitReason, GangEnd, GangOutcome, Supervisor
 from corral.worker import CHECKPOINTED_EXIT_CODE
 from tests.processes import alive, exited
@@ -112,7 +112,7 @@ async def test_launched_rank_sees_exactly_the_specified_environment(tmp_path: Pa
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "LR": "0.5", "CORRAL_JOB_ID": "env-job", "CORRAL_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
         "CORRAL_RESUME_FROM": str(tmp_path / "ckpt" / "old.pt"), "CORRAL_ATTEMPT": "3",
-        "CORRAL_CONTROL": str(tmp_path / "run" / "env-job" / "attempt-3" / "rank-3.control"),
+        "CORRAL_CONTROL": str(tmp_path / "run" / "env-job.attempt-3" / "rank-3.control"),
         "CORRAL_CHECKPOINT_SIGNAL": "SIGUSR1",
     }
     assert json.loads((tmp_path / "ckpt" / "env-2.json").read_text())["CUDA_VISIBLE_DEVICES"] == "4,5"
@@ -312,8 +312,30 @@ async def test_a_second_supervisor_adopts_a_detached_gang_and_reports_it_again(t
     assert late.already_running
     outcome = await second.stop("job-1", grace_seconds=2)
     assert outcome is not None and outcome.end is GangEnd.STOPPED and outcome.exits == {0: -15}
-    assert is_reported(tmp_path / "run" / "job-1" / "attempt-0")
+    assert is_reported(tmp_path / "run" / "job-1.attempt-0")
     assert await Supervisor(Recorder(), tmp_path / "run").adopt() == []  # nothing left to report
+
+
+async def test_an_attempt_in_a_folder_of_its_job_is_adopted_and_not_launched_again(tmp_path: Path) -> None:
+    """The nested layout (`run/<job>/attempt-<N>`, an agent of before the flat run folder): its
+    attempts are adopted and reported, and a reservation for one of them is not launched again."""
+    first = Supervisor(Recorder(), tmp_path / "run")
+    a = assignment(tmp_path, (PY, "-c", "import time; time.sleep(0.3)"), ranks=1)
+    await first.start(a)
+    await first.detach()
+    flat = tmp_path / "run" / "job-1.attempt-0"
+    await wait_for(lambda: (read_state(flat) or {}).get("phase") == "ended")
+    (tmp_path / "run" / "job-1").mkdir()
+    flat.rename(tmp_path / "run" / "job-1" / "attempt-0")
+    events = Recorder()
+    second = Supervisor(events, tmp_path / "run")
+    [adopted] = await second.adopt()
+    assert (adopted.job_id, adopted.attempt, adopted.running) == ("job-1", 0, False)
+    await wait_for(lambda: len(events.of("ended")) == 1)
+    assert [(c["rank"], c["exit_code"]) for c in events.of("exited")] == [(0, 0)]
+    assert (await second.start(a)).already_ended
+    assert not flat.exists()
+    await wait_for(lambda: is_reported(tmp_path / "run" / "job-1" / "attempt-0"))
 
 
 async def test_a_process_rank_starts_in_its_workdir_or_says_why_not(tmp_path: Path) -> None:

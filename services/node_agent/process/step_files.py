@@ -12,7 +12,7 @@ reads it (polling its inode, mtime and size) and reports from it; the agent's co
 stop) go the other way in `commands.json`, an append-only list, each also
 followed by SIGUSR2 to wake the stepd.
 
-    <run_dir>/<job>/attempt-<N>/
+    <run_dir>/<job>.attempt-<N>/     (a nested <run_dir>/<job>/attempt-<N>/ is read as well)
         launch.json     the agent: the Assignment, the causing event, grace; written before spawning
         state.json      the stepd (the ONE writer while it lives): records appended, the last complete
                         line the state; claimed by a hard link to launch.json's inode once that
@@ -56,8 +56,45 @@ WAKE_SIGNAL = signal_module.SIGUSR2
 STARTING, RUNNING, ENDED, ABANDONED = "starting", "running", "ended", "abandoned"
 
 
+ATTEMPT_SUFFIX = ".attempt-"
+
+
 def attempt_dir(run_dir: Path, job_id: str, attempt: int) -> Path:
+    """`<run_dir>/<job>.attempt-<N>`: one folder per attempt, right in the run folder (a folder
+    per job above it would be one more inode per job, which this kind of filesystem makes dear)."""
+    return run_dir / f"{job_id}{ATTEMPT_SUFFIX}{attempt}"
+
+
+def nested_attempt_dir(run_dir: Path, job_id: str, attempt: int) -> Path:
+    """`<run_dir>/<job>/attempt-<N>`, where agents kept an attempt inside a folder of its job:
+    read (adopted, its log cursors followed), never made."""
     return run_dir / job_id / f"attempt-{attempt}"
+
+
+def attempt_folders(run_dir: Path) -> list[tuple[str, int, Path]]:
+    """(job, attempt, folder) of every attempt folder in `run_dir`, of either layout, by their
+    names (a folder's launch.json says whether it was launched)."""
+    found: list[tuple[str, int, Path]] = []
+    try:
+        entries = list(os.scandir(run_dir))
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.is_dir(follow_symlinks=False):
+            continue
+        job, _, number = entry.name.rpartition(ATTEMPT_SUFFIX)
+        if job and number.isdigit() and os.path.lexists(os.path.join(entry.path, LAUNCH)):
+            found.append((job, int(number), Path(entry.path)))
+            continue
+        try:  # a job's folder of the nested layout (or a flat attempt the agent left before its launch)
+            inner = list(os.scandir(entry.path))
+        except OSError:
+            continue
+        for sub in inner:
+            number = sub.name.removeprefix("attempt-")
+            if sub.name.startswith("attempt-") and number.isdigit() and sub.is_dir(follow_symlinks=False):
+                found.append((entry.name, int(number), Path(sub.path)))
+    return found
 
 
 #: An attempt folder's mode once every report of it is published: closed to others (no rank of it

@@ -58,6 +58,7 @@ from .step_files import (
     Launch,
     abandon,
     attempt_dir,
+    attempt_folders,
     create_json,
     file_version,
     is_alive,
@@ -75,6 +76,7 @@ from .step_files import (
 log = logging.getLogger(__name__)
 
 _ENDED_KEPT = 4096
+_FOLDERS_KEPT = 100_000  # jobs whose attempt folders `_launched_here` knows by name (the oldest go)
 _LIVENESS_EVERY = 0.5  # seconds between checks that a stepd still lives
 
 
@@ -194,16 +196,16 @@ class _Gang:
 
 
 def _make_attempt_dir(folder: Path) -> None:
-    """Make an attempt's folder (and its job's): a rank run as its submitter reaches its control
-    file there, and reads nothing (0711)."""
+    """Make an attempt's folder: a rank run as its submitter reaches its control file there, and
+    reads nothing (0711)."""
     try:
-        os.mkdir(folder.parent)
+        os.mkdir(folder, 0o711)
     except FileExistsError:
         pass
     except FileNotFoundError:  # no run folder yet
         folder.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(folder)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o711)
     os.chmod(folder, 0o711)
 
 
@@ -232,6 +234,15 @@ class Supervisor:
         self._gangs: dict[str, _Gang] = {}
         self._others: set[_Gang] = set()  # older attempts still ending (adopted next to a newer one)
         self._ended: OrderedDict[str, GangOutcome] = OrderedDict()  # newest outcome per job, bounded
+        #: job -> attempt -> its folder, for every attempt folder in the run folder (listed once)
+        self._folders: OrderedDict[str, dict[int, Path]] | None = None
+        self._folders_trimmed = False
+
+    def _trim_folders(self) -> None:
+        assert self._folders is not None
+        while len(self._folders) > _FOLDERS_KEPT:
+            self._folders.popitem(last=False)
+            self._folders_trimmed = True
 
     @staticmethod
     async def _emit(call: Awaitable[None]) -> None:
@@ -278,13 +289,21 @@ class Supervisor:
     # --- start ---------------------------------------------------------------------------------
 
     def _launched_here(self, job_id: str, attempt: int) -> bool:
-        """Whether this or a later attempt of `job_id` was launched on this node (by any agent process)."""
-        job_dir = self._run_dir / job_id
-        with contextlib.suppress(OSError):
-            for folder in job_dir.iterdir():
-                launch = read_launch(folder) if folder.name.startswith("attempt-") else None
-                if launch is not None and launch.assignment.attempt >= attempt:
-                    return True
+        """Whether this or a later attempt of `job_id` was launched on this node (by any agent
+        process): a folder of it holds a whole launch.json. The folders are known by name from
+        one listing of the run folder (`_folders`), so a new job costs no look at the disk."""
+        if self._folders is None:
+            self._folders = OrderedDict()
+            for job, number, folder in attempt_folders(self._run_dir):
+                self._folders.setdefault(job, {})[number] = folder
+            self._trim_folders()
+        known = self._folders.get(job_id)
+        if known is None and self._folders_trimmed:  # forgotten for room: its own folder is looked at
+            known = {attempt: attempt_dir(self._run_dir, job_id, attempt)}
+        for number, folder in (known or {}).items():
+            launch = read_launch(folder) if number >= attempt else None
+            if launch is not None and launch.assignment.attempt >= attempt:
+                return True
         return False
 
     async def start(self, assignment: Assignment, *, cause: str | None = None, wait: bool = True) -> GangStart:
@@ -310,6 +329,9 @@ class Supervisor:
             return GangStart(job, assignment.attempt, {}, {}, already_ended=True)
         folder = attempt_dir(self._run_dir, job, assignment.attempt)
         _make_attempt_dir(folder)
+        if self._folders is not None:
+            self._folders.setdefault(job, {})[assignment.attempt] = folder
+            self._trim_folders()
         launch = Launch(assignment=assignment, cause=cause, kill_grace=self._kill_grace, launched_at=time.time())
         write_new_json(folder / LAUNCH, launch.to_json())
         gang = _Gang(folder=folder, launch=launch)
@@ -622,14 +644,10 @@ class Supervisor:
         stepd (their ranks are killed and reported as CRASHED).
         """
         found: list[_Gang] = []
-        if self._run_dir.is_dir():
-            for job_dir in sorted(self._run_dir.iterdir()):
-                if not job_dir.is_dir():
-                    continue
-                for folder in job_dir.glob("attempt-*"):
-                    gang = self._adoptable(folder)
-                    if gang is not None:
-                        found.append(gang)
+        for _, _, folder in sorted(attempt_folders(self._run_dir)):
+            gang = self._adoptable(folder)
+            if gang is not None:
+                found.append(gang)
         adopted: list[AdoptedGang] = []
         for gang in sorted(found, key=lambda g: (g.assignment.job_id, g.assignment.attempt)):
             job = gang.assignment.job_id

@@ -15,7 +15,7 @@ file; a rank that exits (or never started: its file says why) is drained to its 
 chunk marked final before its exit is reported (for up to `DRAIN_BEFORE_EXIT`), so a job seen
 ended has its output on the bus. A running rank's header line alone waits for the rank's own
 output (up to `HEADER_ALONE`): a short job's output is one publish. Where each rank got to is
-appended to `<state_dir>/<job>/attempt-<K>/launch.json` (a line naming the rank, see `_Saved`)
+appended to the attempt's `launch.json` in `<state_dir>` (a line naming the rank, see `_Saved`)
 after every published chunk, so a restarted agent ships on from there (a chunk sent twice has the
 same message id: the stream keeps one). The agent's `state_dir` is its run folder: the cursors
 sit in the attempt's folder, which the supervisor has made before the rank starts (no file or
@@ -42,7 +42,14 @@ from pathlib import Path
 from corral.bus import Outgoing
 from corral.contracts.logs import LogChunk, chunk_msg_id, encode_chunk, log_subject
 
-from ..process.step_files import LAUNCH, NEVER_COMPACT, append_record, last_record
+from ..process.step_files import (
+    LAUNCH,
+    NEVER_COMPACT,
+    append_record,
+    attempt_dir,
+    last_record,
+    nested_attempt_dir,
+)
 from ..process.supervisor import AgentEvents, ExitReason, GangOutcome
 from .log_batches import ChunkBatches, PublishMany
 from .log_chunks import RankCursor, ShipLimits, find_attempt_start
@@ -213,9 +220,14 @@ class LogShipper:
             return
         self._finishing[key] = asyncio.Event()
         self._subjects[key] = self._subject_for(self.owner_of(key.job_id))
-        where = Path(key.job_id, f"attempt-{key.attempt}", f"rank-{key.rank}.json")
-        saved = _Saved(state_dir / where, None if earlier is None else earlier / where,
-                       shared=state_dir / where.parent / LAUNCH, rank=key.rank)
+        folder = attempt_dir(state_dir, key.job_id, key.attempt)
+        nested = nested_attempt_dir(state_dir, key.job_id, key.attempt)
+        if not os.path.isdir(folder) and os.path.isdir(nested):  # an attempt the nested layout holds
+            folder = nested
+        name = f"rank-{key.rank}.json"
+        saved = _Saved(folder / name, None if earlier is None else nested_attempt_dir(earlier, key.job_id,
+                                                                                      key.attempt) / name,
+                       shared=folder / LAUNCH, rank=key.rank)
         task = asyncio.create_task(self._ship(key, path, saved), name=f"logs-{key.job_id}-{key.attempt}-{key.rank}")
         self._tasks[key] = task
         task.add_done_callback(lambda _: self._forget(key, task))

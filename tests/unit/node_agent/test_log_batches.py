@@ -53,7 +53,7 @@ def _rank(tmp_path: Path, job: str, body: bytes) -> Path:
 
 
 def _cursor(tmp_path: Path, job: str) -> dict[str, object] | None:
-    path = tmp_path / "state" / job / "attempt-0" / "rank-0.json"
+    path = tmp_path / "state" / f"{job}.attempt-0" / "rank-0.json"
     if not path.exists():
         return None
     return json.loads(path.read_text().splitlines()[-1])
