@@ -270,7 +270,8 @@ def process_start_time(pid: int) -> str | None:
     None when the process does not exist, is a zombie, or there is no /proc. A pid alone can be
     reused after its process ended; (pid, start time) names one process for the machine's uptime."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
     except OSError:
         return None
     fields = raw[raw.rfind(b")") + 2:].split()
@@ -279,13 +280,16 @@ def process_start_time(pid: int) -> str | None:
     return fields[19].decode()
 
 
+_HAVE_PROC = os.path.exists("/proc/self/stat")
+
+
 def is_alive(pid: int | None, start_time: str | None) -> bool:
     """Whether the process `pid` that started at `start_time` still runs (not a reused pid).
 
     Without /proc (not Linux) the start time cannot be read back; existence is all we can check."""
     if not pid or pid <= 0:
         return False
-    if Path("/proc/self/stat").exists():
+    if _HAVE_PROC:
         now = process_start_time(pid)
         return now is not None and (start_time is None or now == start_time)
     try:

@@ -153,7 +153,10 @@ class _Saved:
             if path is None:
                 continue
             try:
-                raw = last_record(path.read_bytes(), valid)
+                data = path.read_bytes()
+                if _CURSOR_KEY not in data:  # launch.json of a rank not shipped yet: the launch and states alone
+                    continue
+                raw = last_record(data, valid)
                 if raw is None:
                     continue
                 return {"start": int(raw["start"]), "shipped": int(raw["shipped"]), "done": bool(raw.get("done"))}
@@ -181,6 +184,9 @@ class _Saved:
 
 
 _CURSOR_COMPACT_AT = 4096  # bytes of a cursor file past which a save replaces it by its newest line
+
+
+_CURSOR_KEY = b'"shipped"'  # in every cursor record, as JSON writes it
 
 
 def _is_cursor(record: dict[str, object]) -> bool:

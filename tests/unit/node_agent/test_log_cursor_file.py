@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from corral.services.node_agent.reporting.log_shipper import _Saved
 
 
@@ -61,3 +64,30 @@ def test_cursors_are_lines_of_the_attempts_launch_json_and_the_stepds_files_read
     alone.save(0, 5, True)  # no launch.json: the rank's own file, as before
     assert alone.load() == {"start": 0, "shipped": 5, "done": True} and alone.path.exists()
     assert not (tmp_path / "k" / "attempt-0" / "launch.json").exists()
+
+
+_VALUES = st.one_of(st.text(max_size=12), st.integers(), st.booleans(), st.none())
+_RECORDS = st.one_of(
+    st.dictionaries(st.sampled_from(["phase", "env", "shipped", "start", "x"]), _VALUES, max_size=4),
+    st.builds(lambda s, n, d, r: {"start": s, "shipped": n, "done": d, "cursor_rank": r},
+              st.integers(0, 99), st.integers(0, 99), st.booleans(), st.integers(0, 2)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(records=st.lists(_RECORDS, max_size=6), rank=st.integers(0, 2))
+def test_a_launch_json_without_the_cursor_key_is_skipped_as_the_plain_reading_would(records: list[dict[str, object]],
+                                                                                  rank: int) -> None:
+    """The shortcut (a file without `"shipped"` holds no cursor) against reading every line."""
+    import tempfile
+
+    from corral.services.node_agent.process.step_files import last_record
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shared = Path(tmp) / "launch.json"
+        data = b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in records)
+        shared.write_bytes(data)
+        saved = _Saved(Path(tmp) / "rank.json", shared=shared, rank=rank)
+        plain = last_record(data, saved._mine)
+        expected = None if plain is None else {"start": int(plain["start"]), "shipped": int(plain["shipped"]),
+                                               "done": bool(plain.get("done"))}
+        assert saved.load() == expected
