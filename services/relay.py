@@ -30,7 +30,7 @@ async def relay_forever(store: EventStore, bus: Bus, settings: Settings, service
     A failure other than an unavailable NATS or Postgres ends the process (a bug must be seen)."""
     router = NodeWorkRouter(store, Subjects(settings.namespace), event_headers)
     relay = OutboxRelay(store, bus, lambda e: f"{settings.namespace}.events.{e.type}", name="relay",
-                        linger=0.005, node_work=router.work)
+                        linger=0.005, node_work=router.work, save_every=0.2)
     await run_while_leased(Lease(settings.postgres_dsn, f"corral:{settings.namespace}:relay"), service, relay,
                            name="relay lease", doing="relaying the log",
                            fatal=lambda exc: not dependency_failure(exc))

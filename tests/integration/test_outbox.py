@@ -254,3 +254,39 @@ async def test_a_message_another_publisher_stored_inside_a_batch_does_not_stop_t
     last = (await bus.js.stream_info(stream)).state.last_seq
     ids = [(await bus.js.get_msg(stream, seq)).headers.get("Nats-Msg-Id") for seq in range(1, last + 1)]
     assert ids == [events[0].event_id, "by-hand", events[1].event_id, events[2].event_id]
+
+
+async def test_a_relay_saving_every_while_saves_its_position_soon_after_and_on_stopping(
+        store: EventStore, bus: Bus) -> None:
+    """`save_every`: the position is saved a while after a batch, not with each; a relay that stops
+    saves what it saw acknowledged, and one killed before its save publishes the rest once more,
+    which the bus drops as duplicates."""
+    received = await consume_all(bus)
+    saves: list[int] = []
+    follower = OutboxRelay(store, bus, lambda e: bus.names.events_subject(e.type), save_every=0.3,
+                           fault=lambda point, e: saves.append(e.position) if point == "after_save" else None)
+    follower.start()
+    try:
+        for i in range(3):
+            await store.append(f"job-{i}", 0, [event(f"job-{i}")])
+            await wait_until(lambda i=i: len(received.msg_ids) == i + 1)
+        await wait_until(lambda: saves[-1:] == [3])
+        assert saves == sorted(saves)
+        await store.append("job-3", 0, [event("job-3")])
+        await wait_until(lambda: len(received.msg_ids) == 4)
+    finally:
+        await follower.stop()
+    assert await store.relay_position("relay") == 4  # saved on stopping, before its while was over
+
+    killed = OutboxRelay(store, bus, lambda e: bus.names.events_subject(e.type), save_every=60)
+    killed.start()
+    await store.append("job-4", 0, [event("job-4")])
+    await wait_until(lambda: len(received.msg_ids) == 5)
+    killed._unsaved = None  # as after a kill -9: the position is never saved
+    await killed.stop()
+    assert await store.relay_position("relay") == 4
+    assert await relay(store, bus).publish_pending() == 1  # published again, dropped as a duplicate
+    await store.append("job-5", 0, [marker := event("job-5")])
+    assert await relay(store, bus).publish_pending() == 1
+    await wait_until(lambda: marker.event_id in received.msg_ids)
+    assert len(received.msg_ids) == len(set(received.msg_ids)) == 6

@@ -6,10 +6,13 @@ after its last saved position, publishes each event with `Nats-Msg-Id` = event_i
 new position in Postgres (`relay_positions`) only after JetStream acknowledged the publishes.
 
 A crash before the save makes the next run publish some events again; JetStream drops them as
-duplicates within the stream's duplicate window (2 minutes), and the save happens at the end of
-every batch, so the window is never approached in practice. Consumers are idempotent (tracking)
-for anything beyond. Reading by position is safe because the store hands positions out in commit
-order (see `corral.eventstore.store`): no late-committing event is ever skipped.
+duplicates within the stream's duplicate window (2 minutes), and the position is saved at most
+`save_every` seconds after a batch was acknowledged (`save_every=0`: after every batch), so the
+window is never approached in practice. Consumers are idempotent (tracking) for anything beyond.
+A service's relay saves at most a few times a second: a saved position is an UPDATE and a commit,
+and at a hundred jobs a second its batches hold a few events each. Reading by position is safe
+because the store hands positions out in commit order (see `corral.eventstore.store`): no
+late-committing event is ever skipped.
 
 One event must never stop the relay: an event larger than the bus takes (`Bus.max_message_bytes`,
 or a publish the bus refuses for its size) is skipped with an `EventNotRelayed` alert appended to
@@ -66,6 +69,8 @@ Points, per batch read from the log: "before_publish" for each event before the 
 "after_save" (with the batch's last event) once the position is saved."""
 
 _RETRY = UnavailableBackoff(first=0.5, cap=5.0)
+#: How long a stopping relay tries to save its position (the database may be what stopped it).
+_FINAL_SAVE_SECONDS = 2.0
 _MESSAGE_TOO_LARGE = 10054  # JetStream error code: message size exceeds the stream's max_msg_size
 
 # Headers that a consumer reads without decoding the payload: where the event stands in its stream
@@ -166,7 +171,8 @@ def chained(messages: list[Outgoing]) -> list[Outgoing]:
     try of the batch, and one message must never stop the relay."""
     out = messages[:1]
     for before, message in itertools.pairwise(messages):
-        out.append(replace(message, headers={**(message.headers or {}), EXPECTED_LAST_MSG_ID: before.msg_id}))
+        out.append(Outgoing(message.subject, message.data, message.msg_id,
+                            {**(message.headers or {}), EXPECTED_LAST_MSG_ID: before.msg_id}))
     return out
 
 
@@ -176,9 +182,11 @@ class OutboxRelay:
 
     def __init__(self, store: EventStore, bus: Bus, subject_for: Callable[[StoredEvent], str],
                  name: str = "relay", *, fault: Fault | None = None, batch: int = 256,
-                 linger: float = 0.0, node_work: NodeWork | None = None) -> None:
+                 linger: float = 0.0, node_work: NodeWork | None = None, save_every: float = 0.0) -> None:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
+        if save_every < 0:
+            raise ValueError(f"save_every must be >= 0, got {save_every}")
         self.store = store
         self.bus = bus
         self.subject_for = subject_for
@@ -189,6 +197,10 @@ class OutboxRelay:
         self._task: asyncio.Task[None] | None = None
         #: what each node agent is sent of an event, before the event itself (`corral.bus.node_work`)
         self.node_work = node_work
+        self._save_every = save_every
+        #: the last event `run` saw acknowledged and has not saved the position of yet
+        self._unsaved: StoredEvent | None = None
+        self._saving: asyncio.Task[None] | None = None
 
     async def resume_position(self) -> int:
         """Where to publish from: the saved position, or the position of the newest event the bus
@@ -218,25 +230,70 @@ class OutboxRelay:
         database outages (`is_unavailable`) are waited out; anything else (a bug, or a fault hook)
         ends the run."""
         failures = 0
-        while True:
-            try:
-                after = await self.resume_position()
-                batches = self.store.follow_batches(after, limit=self._batch)
-                async with contextlib.aclosing(batches):
-                    async for events in batches:
-                        await self._publish_batch(events)
-                        failures = 0
-                        if self._linger > 0 and len(events) < self._batch:
-                            # Keeping up: let a few appends gather so one publish round trip and
-                            # one saved position (a commit) cover them all.
-                            await asyncio.sleep(self._linger)
-            except Exception as exc:
-                if not is_unavailable(exc):
-                    raise
-                failures += 1
-                delay = _RETRY.delay(failures)
-                log.warning("relay %s: %s: %s; retrying in %.1fs", self.name, type(exc).__name__, exc, delay)
-                await asyncio.sleep(delay)
+        try:
+            while True:
+                try:
+                    await self._follow()
+                    failures = 0
+                except Exception as exc:
+                    if not is_unavailable(exc):
+                        raise
+                    failures += 1
+                    delay = _RETRY.delay(failures)
+                    log.warning("relay %s: %s: %s; retrying in %.1fs", self.name, type(exc).__name__, exc, delay)
+                    await asyncio.sleep(delay)
+        finally:
+            await self._stop_saving()
+
+    async def _follow(self) -> None:
+        """Publish from where the bus and the saved position say, following new appends."""
+        await self._save_unsaved()  # resume from what was acknowledged, not from an older save
+        after = await self.resume_position()
+        batches = self.store.follow_batches(after, limit=self._batch)
+        async with contextlib.aclosing(batches):
+            async for events in batches:
+                await self._publish_batch(events, save=self._save_every <= 0)
+                if self._save_every > 0:
+                    self._save_later(events[-1])
+                if self._linger > 0 and len(events) < self._batch:
+                    # Keeping up: let a few appends gather so one publish round trip covers them all.
+                    await asyncio.sleep(self._linger)
+
+    def _save_later(self, last: StoredEvent) -> None:
+        """Save `last`'s position within `save_every` seconds (with any later batch's instead)."""
+        self._unsaved = last
+        if self._saving is None or self._saving.done():
+            self._saving = asyncio.create_task(self._save_after_a_while(), name=f"relay:{self.name}:save")
+
+    async def _save_after_a_while(self) -> None:
+        await asyncio.sleep(self._save_every)
+        try:
+            await self._save_unsaved()
+        except Exception as exc:  # kept for the next save; the relay's own reads meet the outage
+            log.warning("relay %s: the position was not saved: %s: %s", self.name, type(exc).__name__, exc)
+
+    async def _save_unsaved(self) -> None:
+        last = self._unsaved
+        if last is None:
+            return
+        await self.store.save_relay_position(self.name, last.position)
+        if self._unsaved is last:
+            self._unsaved = None
+        self._hook("after_save", last)
+
+    async def _stop_saving(self) -> None:
+        """Stop the pending save and make it now, when the database lets it (a relay that stops
+        leaves its position saved: the next one publishes nothing twice)."""
+        saving, self._saving = self._saving, None
+        if saving is not None and not saving.done():
+            saving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await saving
+        try:
+            await asyncio.wait_for(self._save_unsaved(), _FINAL_SAVE_SECONDS)
+        except Exception as exc:  # what the next relay publishes again is dropped as a duplicate
+            log.warning("relay %s: the position was not saved on stopping: %s: %s", self.name,
+                        type(exc).__name__, exc)
 
     def start(self) -> asyncio.Task[None]:
         if self._task is None or self._task.done():
@@ -251,7 +308,7 @@ class OutboxRelay:
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
-    async def _publish_batch(self, events: list[StoredEvent]) -> int:
+    async def _publish_batch(self, events: list[StoredEvent], *, save: bool = True) -> int:
         limit = self.bus.max_message_bytes
         messages: list[Outgoing] = []
         publishable: list[tuple[StoredEvent, bool]] = []  # (event, whether the message is the event itself)
@@ -292,8 +349,9 @@ class OutboxRelay:
         for event in events:
             self._hook("after_publish_before_save", event)
         last = events[-1]
-        await self.store.save_relay_position(self.name, last.position)
-        self._hook("after_save", last)
+        if save:
+            await self.store.save_relay_position(self.name, last.position)
+            self._hook("after_save", last)
         return last.position
 
     async def _publish_one_by_one(self, events: list[tuple[StoredEvent, bool]], messages: list[Outgoing],
