@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, overload
 from corral.eventstore import pool_logs
 from corral.eventstore.errors import ConcurrencyError, DuplicateEvent, EventStoreError, InvalidEventData
 from corral.eventstore.migrate import migrate_if_needed, pending_names
+from corral.eventstore.recent import RecentEvents
 from corral.eventstore.records import (
     ANY,
     AlreadyProcessed,
@@ -173,6 +174,8 @@ class EventStore:
         self._wakeups: AppendWakeups | None = None  # made by the first follower: a reader needs none
         self._poll_interval = poll_interval
         self._observers: list[AppendObserver] = []
+        #: what `follow_batches` read last, for `read_all` (`corral.eventstore.recent`)
+        self._recent = RecentEvents()
 
     @classmethod
     def blocking(cls, dsn: str, timeout: float = 5.0) -> EventStore | None:
@@ -494,7 +497,18 @@ class EventStore:
     async def read_all(self, after_position: int = 0, limit: int = 1000,
                        types: Sequence[str] | None = None) -> list[StoredEvent]:
         """Up to `limit` events with position > `after_position`, in global order, optionally only
-        the given `types`. Safe to checkpoint on: no later call returns a position below these."""
+        the given `types`. Safe to checkpoint on: no later call returns a position below these.
+        Of the whole log, what a follower of this store read lately comes from memory
+        (`corral.eventstore.recent`) and only the rest from the database."""
+        if types is None:
+            held = self._recent.after(after_position, limit)
+            if held:
+                if len(held) == limit:
+                    return _recalled(held)
+                return _recalled(held) + await self._read_all(held[-1].position, limit - len(held), None)
+        return await self._read_all(after_position, limit, types)
+
+    async def _read_all(self, after_position: int, limit: int, types: Sequence[str] | None) -> list[StoredEvent]:
         # Two statements, not one with "$3 IS NULL OR type = ANY($3)": a prepared statement gets a
         # generic plan after five runs, which cannot drop that OR, and the one made while the log
         # was small (a seq scan and a sort) was kept as it grew: the relay's every read scanned the
@@ -519,6 +533,8 @@ class EventStore:
             head = await self.head_position() if types is not None else None
             batch = await self.read_all(after, limit, types)
             if batch:
+                if types is None:
+                    self._recent.remember(batch)
                 after = batch[-1].position
                 yield batch
                 continue

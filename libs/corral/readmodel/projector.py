@@ -22,6 +22,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from corral.contracts import events as ev
 from corral.contracts.envelope import Event
 from corral.contracts.problems import ContractError
 from corral.contracts.registry import decode
@@ -85,7 +86,10 @@ class Projector:
             except ContractError:
                 continue
         touched = {j for _, event in events for j in touched_jobs(event)}
-        await load_jobs(self.store, self.view, touched - self.view.jobs.keys(), self.schema)
+        # A job submitted in this batch has no row yet: its submission is its first event.
+        missing = touched - self.view.jobs.keys() - {e.job_id for _, e in events if isinstance(e, ev.JobSubmitted)}
+        if missing:
+            await load_jobs(self.store, self.view, missing, self.schema)
         for position, event in events:
             self.view.apply(event, None, position)
         self.dirty |= touched
