@@ -44,6 +44,11 @@ def test_eventstore_bench_runs() -> None:
     assert "events/s" in run("bench/eventstore.py", "--smoke")
 
 
+def test_relay_holder_bench_runs() -> None:
+    out = run("bench/relay_holder.py", "--smoke")
+    assert "relay + projector holder" in out and "commits" in out
+
+
 def test_bus_bench_runs() -> None:
     out = run("bench/bus.py", "--smoke")
     assert "deliver" in out and "us/msg" in out and "per job" in out
