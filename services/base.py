@@ -156,6 +156,14 @@ class Service:
     async def started(self) -> None:
         """Called once the log is folded and before consuming: extra subscriptions, timers."""
 
+    #: Every inbox request sent before this time (`clock`) has been handled: -inf while none is
+    #: known to be, None when no inbox consumer says (a service driven without one: every request).
+    inbox_read_at: float | None = None
+
+    def inbox_caught_up(self, at: float) -> None:
+        """The inbox consumer has handled every request sent before `at`."""
+        self.inbox_read_at = at if self.inbox_read_at is None else max(self.inbox_read_at, at)
+
     #: Seconds after start before this process competes for the relay lease (see `corral.services.relay`).
     relay_after: ClassVar[float] = 3.0
     #: Set while this process waits for its service's lease: it has nothing else to do.

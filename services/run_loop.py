@@ -151,6 +151,8 @@ async def _consume(service: Service, bus: Bus, ns: str) -> list[RunningConsumer]
             f"{cls.name}-inbox", [f"{ns}.inbox.{s}" for s in cls.inbox], service.on_inbox,
             batch=64, max_deliver=delivery.inbox_max_deliver, backoff=delivery.backoff,
             linger=cls.inbox_linger, batch_handler=service.on_inbox_batch))
+        service.inbox_read_at = float("-inf")  # a backlog left by a previous leader is unread yet
+        consumers[-1].clock, consumers[-1].caught_up = service.clock, service.inbox_caught_up
     return consumers
 
 

@@ -153,6 +153,10 @@ class Gang:
     seen: Mapping[str, NodeSeen] = field(default_factory=dict)
     released_position: int | None = None  # the GangReleased's log position, once known
     time_limit: float | None = None  # the spec's `time_limit`: seconds this attempt may run
+    #: Every report the nodes sent before this time has been read (None: every report sent).
+    #: Heartbeats that stopped listing the gang prove its workers lost only up to it: past it,
+    #: the ranks' exits may be among the reports not read yet.
+    reports_read_at: float | None = None
 
     @property
     def ranks(self) -> frozenset[int]:
@@ -340,14 +344,16 @@ def _unexited(gang: Gang, node: str) -> list[int]:
 
 
 def _workers_lost(gang: Gang, limits: Limits) -> tuple[str, float] | None:
-    """A node of the gang, alive, whose heartbeats (after the gang started) have not listed it
-    for `workers_lost` seconds while ranks of it there have not exited: (node, seconds)."""
+    """A node of the gang, alive, whose heartbeats (after the gang started, and up to the
+    reports read: `Gang.reports_read_at`) have not listed it for `workers_lost` seconds while
+    ranks of it there have not exited: (node, seconds)."""
     began = gang.running_since if gang.running_since is not None else gang.placed_at
     for node in gang.placement.nodes():
         seen = gang.seen.get(node)
         if seen is None or seen.absent_since is None or not _unexited(gang, node):
             continue
-        silent = seen.last_at - max(seen.absent_since, began)
+        heard = seen.last_at if gang.reports_read_at is None else min(seen.last_at, gang.reports_read_at)
+        silent = heard - max(seen.absent_since, began)
         if silent >= limits.workers_lost:
             return node, silent
     return None

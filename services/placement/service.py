@@ -424,7 +424,7 @@ class Placement(Service):
             preemptor=job.preempt.for_job_id if job.preempt else None,
             preempt_deadline=job.preempt.deadline.timestamp() if job.preempt else None,
             lost_nodes=self._lost(placement), unhealthy_gpus=self._unhealthy(placement),
-            seen=self.beats.about(placement.nodes(), job.job_id),
+            seen=self.beats.about(placement.nodes(), job.job_id), reports_read_at=self.inbox_read_at,
             time_limit=job.spec.time_limit if job.spec else None)
 
     def _fenced_gang(self, job: JobView, fence: Fence) -> lifecycle.Gang:

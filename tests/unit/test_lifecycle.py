@@ -118,6 +118,17 @@ CASES: list[tuple[str, Gang, float, tuple[LifecycleCode | None, Then | None, lis
     ("node b listing it", gang(seen={"b": NodeSeen(last_at=150, absent_since=None)}), 150, (None, None, [])),
     ("node b's ranks exited, peers run", gang(exits={1: 0}, seen={"b": NodeSeen(150, 120)}), 150,
      (None, None, [])),
+    # Placement has read the nodes' reports only up to 141: node b's exits may be in the rest.
+    ("node b silent 12 s, its reports read 3 s into it", gang(seen={"b": NodeSeen(150, 138)}, reports_read_at=141.0),
+     150, (None, None, [])),
+    ("node b silent 12 s, its reports read 11 s into it", gang(seen={"b": NodeSeen(150, 138)}, reports_read_at=149.0),
+     150, (LifecycleCode.WORKERS_LOST, Then.REQUEUE, ["b"])),
+    ("no report read yet", gang(seen={"b": NodeSeen(150, 120)}, reports_read_at=float("-inf")), 150,
+     (None, None, [])),
+    # marked running in the pass that sees the ranks started (running_since unknown yet), the exit
+    # reports still unread behind the start reports
+    ("started reports read late, exits unread", gang(S.STARTING, running_since=None, seen={"b": NodeSeen(112, 101)},
+                                                     reports_read_at=101.5), 112, (None, None, [])),
 ]
 
 

@@ -138,6 +138,12 @@ class RunningConsumer:
         self.waiting_for_dependency = False
         #: Messages handled and not yet acknowledged: sent together (`_send_acks`).
         self._acks: list[Any] = []
+        #: Called with a time (from `clock`) before which every message published on the consumer's
+        #: subjects has been handled: after a fetch that left nothing waiting, its batch handled,
+        #: and after a fetch that found nothing. A service judging what it has not been told
+        #: (placement: heartbeats that stopped listing a gang) counts only up to it.
+        self.caught_up: Callable[[float], None] | None = None
+        self.clock: Callable[[], float] = time.time
         self.task: asyncio.Task[None] = asyncio.create_task(self._run(), name=f"consumer:{durable}")
 
     async def backlog(self) -> tuple[int, int]:
@@ -164,11 +170,13 @@ class RunningConsumer:
         failures = 0
         try:
             while not self._stopping:
+                asked_at = self.clock()
                 try:
                     self._fetching = True
                     msgs = await self._fetch()
                     failures = 0
                 except (nats.errors.TimeoutError, TimeoutError):
+                    self._caught_up(asked_at)
                     continue
                 except asyncio.CancelledError:
                     if self._stopping:
@@ -201,6 +209,8 @@ class RunningConsumer:
                             self.durable, type(exc).__name__, exc, delay, exc_info=not is_unavailable(exc))
                     await self._pause(delay)
                     continue
+                if not self._behind:
+                    self._caught_up(asked_at)
                 if self._linger > 0 and fetched < self._batch and not self._behind and not self._stopping:
                     # A partial batch means we are keeping up: let the next one gather for a moment
                     # (one fetch round trip, one confirmed ack, one handler pass per batch instead
@@ -209,6 +219,10 @@ class RunningConsumer:
         finally:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
+
+    def _caught_up(self, at: float) -> None:
+        if self.caught_up is not None and not self._stopping:
+            self.caught_up(at)
 
     async def _handle_fetched(self, msgs: list[Any]) -> None:
         """Hand a fetched batch to the handler(s), settle each message, send the acknowledgements."""
