@@ -325,12 +325,12 @@ class Simulator:
     def _add_running(self, r: RunningJob) -> None:
         self._state.add_running(r)
         if self._services is not None:
-            self._services.steps.started(r)
+            self._services.started(r)
 
     def _replace_running(self, r: RunningJob) -> None:
         self._state.replace_running(r)
         if self._services is not None:
-            self._services.steps.changed(r)
+            self._services.changed(r)
 
     # -- events -----------------------------------------------------------------------------
     def _push(self, at: float, kind: int, job_id: str, epoch: int) -> None:
@@ -387,7 +387,7 @@ class Simulator:
         run = self._runs.pop(job_id)
         running = self._state.remove_running(job_id)
         if self._services is not None:
-            self._services.steps.stopped(job_id)
+            self._services.stopped(job_id)
         for key in run.gpus:
             del self._held[key]
             self._held_on[key[0]] -= 1
@@ -420,7 +420,7 @@ class Simulator:
         self.stats.max_pending = max(self.stats.max_pending, len(self._pending))
         started = time.perf_counter()
         if self._services is not None:
-            decisions = self._services.run(self._state.snapshot(now), self._pending)
+            decisions = self._services.run(now, self._state)
         elif self._on_state:
             decisions = self._state.cycle(now)
         else:
@@ -546,7 +546,7 @@ class Simulator:
         self._cluster = Cluster(tuple(replace(n, state=state) if n.name == name else n for n in self._cluster.nodes))
         self._state.set_cluster(self._cluster)
         if self._services is not None:
-            self._services.steps.cluster(self._cluster)
+            self._services.cluster(self._cluster)
         self._recount_free()
 
     def _final_reasons(self) -> dict[str, str]:

@@ -118,14 +118,15 @@ class KeptSteps(StepMemos):
 
 class ServicesRound:
     """The services' round over the engine's jobs, told each change to them (`came`, `went` for
-    the waiting jobs; `steps` for the running ones and the cluster); `holding`: the waiting jobs
-    that hold quota (reserved, not placed yet)."""
+    the waiting jobs; `started`, `stopped`, `changed` for the running ones; `cluster`);
+    `holding`: the waiting jobs that hold quota (reserved, not placed yet)."""
 
     def __init__(self, cluster: Cluster, queues: Sequence[QueueConfig], config: SchedulerConfig) -> None:
         self.config = config
         self.holding: set[str] = set()
         self.backlog = KeptBacklog()
         self.steps = KeptSteps(cluster, queues, config)  # kept from round to round as the services keep theirs
+        self._running: tuple[RunningJob, ...] | None = None  # the last round's snapshot's, while none changed
 
     def came(self, p: PendingJob) -> None:
         """A job waits (it arrived or was requeued): it holds no quota."""
@@ -138,9 +139,30 @@ class ServicesRound:
         self.backlog.drop(job_id)
         self.steps.went(job_id)
 
-    def run(self, snapshot: Snapshot, pending: Mapping[str, PendingJob]) -> list[Decision]:
-        """The round's Place and Preempt decisions, in that order, on `snapshot` (whose waiting
-        jobs are `pending`); the jobs quota reserved for keep their reservation until placed."""
+    def started(self, r: RunningJob) -> None:
+        self._running = None
+        self.steps.started(r)
+
+    def stopped(self, job_id: str) -> None:
+        self._running = None
+        self.steps.stopped(job_id)
+
+    def changed(self, r: RunningJob) -> None:
+        self._running = None
+        self.steps.changed(r)
+
+    def cluster(self, cluster: Cluster) -> None:
+        self.steps.cluster(cluster)
+
+    def run(self, now: float, state: SchedulerState) -> list[Decision]:
+        """The round's Place and Preempt decisions, in that order, on `state.snapshot(now)`; the
+        jobs quota reserved for keep their reservation until placed. The snapshot's tuple of
+        running jobs is the last round's while none changed: the quota step finds the parts it
+        derives from them again (`RunningParts.of`) instead of moving them."""
+        if self._running is None:
+            self._running = tuple(state.running.values())
+        pending = state.pending
+        snapshot = Snapshot(now, state.cluster, state.queues, tuple(pending.values()), self._running)
         self.steps.round_of(snapshot, pending)
         done = run_round(snapshot, self.config, holding=self.holding, memos=self.steps, explain=False,
                          backlog=self.backlog.frozen())  # the replay reads no reasons
