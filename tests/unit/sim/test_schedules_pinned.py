@@ -1,0 +1,76 @@
+"""The records of seeded replays under contention, pinned: a change that is meant to keep every
+schedule (a cache, state kept between cycles or rounds, a faster path) keeps these hashes.
+
+One seeded workload (120 jobs of 1 to 2x8 GPUs on 3 x 8 GPUs, three queues with equal guarantees,
+priorities, non-preemptible jobs, checkpoint graces and estimates) replayed under corral, fair-las
+and las by both pipelines; each hash is sha256 over every record's id, start, end, preemptions
+and placements (node and GPUs per rank). A policy change that moves a schedule says so and pins
+the new hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import pytest
+
+from corral.core import Cluster, QueueConfig
+from corral.sim import Workload, run_simulation
+from corral.sim.api import SimResult
+from corral.sim.workload import TopologySpec, sim_job
+
+QUEUES = [QueueConfig(f"q{i}", 8) for i in range(3)]
+
+PINNED = {
+    ("corral", "cycle"): "c2668abeda511d7a48f8681fb63dca6208ee44ec32b2049ab430fa0a7de90de8",
+    ("corral", "services"): "8c802956ca1a29564c5035c72b448968762a16821aa0a84ffdafc4bf07926c43",
+    ("fair-las", "cycle"): "e2c900799918822dbd36b06cb123ee2d989d50f0bfa6f08022dcb9ac2f087607",
+    ("fair-las", "services"): "caf58d5f9fa896794217c770ad0285bb9310c52415e29c0d4e2b85f6f5d9bdbc",
+    ("las", "cycle"): "c24696cbb20381e1ccb13a14920d5c95d667d39ef1facc834d67801c5ea5c97e",
+    ("las", "services"): "2a8cd333bce60845e83a24437fa80d8b49e440bff96394b41c3589b33f1b1b0f",
+}
+
+
+def workload(seed: int = 7) -> Workload:
+    rng = random.Random(seed)
+    node = TopologySpec(replica="node")
+    jobs = []
+    for i in range(120):
+        per, replicas = rng.choice([(1, 1), (2, 1), (4, 1), (8, 1), (8, 2)])
+        jobs.append(sim_job(f"j{i:03d}", f"q{rng.randrange(3)}", round(rng.uniform(0, 4000), 3),
+                            rng.choice([60.0, 300.0, 900.0, 2400.0]), replicas, per,
+                            priority=rng.choice([0, 0, 0, 100]), topology=node,
+                            preemptible=rng.random() < 0.85, checkpoint_grace_seconds=rng.choice([0.0, 30.0]),
+                            checkpoint_interval_seconds=rng.choice([120.0, 600.0]),
+                            estimated_runtime_seconds=rng.choice([None, 600.0, 2400.0])))
+    jobs.sort(key=lambda j: (j.submit, j.id))
+    return Workload(tuple(jobs), f"seed{seed}")
+
+
+def records_hash(result: SimResult) -> str:
+    h = hashlib.sha256()
+    for r in result.records:
+        spans = [(p.start, p.end, [(k.node, list(k.gpus)) for k in p.ranks]) for p in r.placements]
+        h.update(repr((r.id, r.start, r.end, r.preemptions, spans)).encode())
+    return h.hexdigest()
+
+
+def replay(policy: str, pipeline: str) -> SimResult:
+    return run_simulation(workload(), Cluster.uniform(3, 8, "H100"), policy=policy, queues=QUEUES, pipeline=pipeline)
+
+
+@pytest.mark.parametrize(("policy", "pipeline"), sorted(PINNED))
+def test_the_schedule_is_the_pinned_one(policy: str, pipeline: str) -> None:
+    assert records_hash(replay(policy, pipeline)) == PINNED[(policy, pipeline)]
+
+
+@pytest.mark.xfail(strict=True, reason="the services pipeline under las leaves 34 jobs waiting with GPUs free "
+                                       "once no event is left to start a round (GANG_DOES_NOT_FIT); not fixed yet")
+def test_every_job_of_the_pinned_workload_finishes_under_las_services() -> None:
+    assert replay("las", "services").summary.finished == 120
+
+
+if __name__ == "__main__":
+    for key in sorted(PINNED):
+        print(key, records_hash(replay(*key)))
