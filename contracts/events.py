@@ -446,7 +446,9 @@ class NodeRegistered(Event, frozen=True, kw_only=True, tag="NodeRegistered"):
 class NodeHeartbeat(Event, frozen=True, kw_only=True):
     """`handled_position`: the log position up to which the node's agent has handled the events it
     consumes (None: an agent that does not say). What `running_job_ids` omits is gone only once the
-    agent has handled the release: before, a reservation still in its backlog may yet start."""
+    agent has handled the release: before, a reservation still in its backlog may yet start.
+    `running_job_ids` also lists a job that ended on the node while a report of it (its
+    WorkerExited) is not yet published."""
     flow: ClassVar[Flow] = Flow(writers=(NODE_AGENT,), stream="heartbeat")
 
 

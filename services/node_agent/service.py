@@ -287,9 +287,11 @@ class NodeAgent:
 
     def heartbeat(self, handled_position: int | None = None) -> NodeHeartbeat:
         self._heartbeats += 1
+        # a gang that ended here stays listed until its exit report is published (it is on its way)
+        running = {*self.supervisor.running_jobs(), *self.reports.unpublished_jobs()}
         return NodeHeartbeat.new(stream=node_stream(self.node), actor=self.actor, correlation_id=self.node,
-                                 node=self.node, sequence=self._heartbeats,
-                                 running_job_ids=self.supervisor.running_jobs(), handled_position=handled_position)
+                                 node=self.node, sequence=self._heartbeats, running_job_ids=sorted(running),
+                                 handled_position=handled_position)
 
     # --- events ---------------------------------------------------------------------------------
 

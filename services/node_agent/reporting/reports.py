@@ -153,6 +153,11 @@ class NodeReports:
     def forget(self, job_id: str) -> None:
         self._last.pop(job_id, None)
 
+    def unpublished_jobs(self) -> set[str]:
+        """The jobs with a report not yet published: the node's heartbeats still list them, since
+        a gang that ended here is not gone until its exit is on its way."""
+        return {job_id for job_id, last in self._last.items() if not last.done()}
+
     def _send(self, cls: type[E], job_id: str, *, at: float, cause: str | None, key: tuple[object, ...],
               **payload: Any) -> None:
         event = cls.new(stream=job_stream(job_id), actor=self.actor, correlation_id=job_id, job_id=job_id,
@@ -187,9 +192,11 @@ class NodeReports:
         """Returns once every report of the gang is published (the supervisor then marks it reported)."""
         log.info("%s: job %s attempt %d ended here: %s %s", self.node, outcome.job_id,
                  outcome.attempt, outcome.end.value, dict(outcome.exits))
-        last = self._last.pop(outcome.job_id, None)
+        last = self._last.get(outcome.job_id)
         if last is not None:
             await asyncio.shield(last)
+            if self._last.get(outcome.job_id) is last:
+                del self._last[outcome.job_id]
 
     # --- reports the supervisor does not make ---------------------------------------------------
 
