@@ -44,6 +44,7 @@ from corral.eventstore import (
     Tracking,
 )
 from corral.projection import Applied, ClusterView, JobView
+from corral.services.own_appends import Appending
 from corral.services.reason_throttle import ReasonThrottle
 from corral.services.senders import type_mismatch
 from corral.services.settings import Settings
@@ -121,6 +122,9 @@ class Service:
         self.view = ClusterView(forget_ended=self.forgets_ended_jobs, gpu_ledger=self.keeps_gpu_ledger)
         self.changed = asyncio.Event()
         self.reasons = ReasonThrottle(monotonic, self.reason_refresh_seconds)
+        #: streams with an append of this service under way: a copy of an event delivered on one
+        #: meanwhile is folded after that append's batch (`corral.services.own_appends`)
+        self.appending = Appending()
 
     # ---- hooks -------------------------------------------------------------------------------
     def tracking(self, delivery: Delivery) -> Tracking:
@@ -247,6 +251,8 @@ class Service:
     async def on_event(self, delivery: Delivery) -> None:
         version = int(delivery.headers.get("Corral-Stream-Version", "0")) or None
         stream = delivery.headers.get("Corral-Stream")
+        if stream is not None and self.appending.busy(stream):
+            await self.appending.settled(stream)  # (its copy of our own batch must not overtake it)
         if version is not None and stream is not None and version <= self.view.versions.get(stream, 0):
             # Folded already (most often this service's own append, folded when it was written,
             # coming back over the bus): the fold would skip it, so it is not decoded either.
@@ -347,17 +353,18 @@ class Service:
             if tracking is not None:
                 await self.store.append_multi({}, tracking=tracking)
             return True
-        try:
-            result = await self.store.append_multi(plan, tracking=tracking)
-        except ConcurrencyError as exc:
-            log.info("%s: lost a race on %s (%s); re-reading", self.name, exc.stream, exc)
-            for stream in plan:
-                await self.refresh_stream(stream)
-            return False
-        if isinstance(result, AlreadyProcessed):
+        with self.appending.on(plan):
+            try:
+                result = await self.store.append_multi(plan, tracking=tracking)
+            except ConcurrencyError as exc:
+                log.info("%s: lost a race on %s (%s); re-reading", self.name, exc.stream, exc)
+                for stream in plan:
+                    await self.refresh_stream(stream)
+                return False
+            if isinstance(result, AlreadyProcessed):
+                return True
+            self._fold_appended(batches, {stream: expected for stream, (expected, _) in plan.items()})
             return True
-        self._fold_appended(batches, {stream: expected for stream, (expected, _) in plan.items()})
-        return True
 
     async def append_handled(self, batches: Mapping[str, Sequence[Event]], trackings: Sequence[Tracking]) -> bool:
         """Append the effects of several inbox messages, with a tracking row each, in one commit.
@@ -371,19 +378,20 @@ class Service:
                 for stream, events in batches.items() if events}
         if not plan and not trackings:
             return True
-        try:
-            result = await self.store.append_handled(plan, trackings)
-        except ConcurrencyError as exc:
-            log.info("%s: batch lost a race on %s (%s); handling one by one", self.name, exc.stream, exc)
-            for stream in plan:
-                await self.refresh_stream(stream)
-            return False
-        except (DuplicateEvent, ValueError):  # ValueError: one event id twice in the batch
-            return False
-        if isinstance(result, AlreadyProcessed):
-            return False
-        self._fold_appended(batches, {stream: expected for stream, (expected, _) in plan.items()})
-        return True
+        with self.appending.on(plan):
+            try:
+                result = await self.store.append_handled(plan, trackings)
+            except ConcurrencyError as exc:
+                log.info("%s: batch lost a race on %s (%s); handling one by one", self.name, exc.stream, exc)
+                for stream in plan:
+                    await self.refresh_stream(stream)
+                return False
+            except (DuplicateEvent, ValueError):  # ValueError: one event id twice in the batch
+                return False
+            if isinstance(result, AlreadyProcessed):
+                return False
+            self._fold_appended(batches, {stream: expected for stream, (expected, _) in plan.items()})
+            return True
 
     def _fold_appended(self, batches: Mapping[str, Sequence[Event]], bases: Mapping[str, int]) -> None:
         for stream, events in batches.items():

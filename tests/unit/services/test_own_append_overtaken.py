@@ -1,0 +1,141 @@
+"""A service's own append, overtaken on the bus by the last event of its batch, is folded whole.
+
+Why: placement appends a gang's end in one batch (JobRunning, GangReleased, JobRequeued) and folds
+the batch when the append returns. JobRequeued is also written by preemption, so placement is sent
+it over the bus; under load its copy can be delivered while the append is still returning. A fold
+that takes the copy first (a reader that is not sent every type folds a version past the next)
+and then skips the batch's earlier versions as folded already leaves the job requeued but still
+holding a gang with no ranks: its lifecycle then marks attempt 1 running with no GangReserved
+(every one of no ranks started), the attempt's GPUs are not fenced (the core places on them and the
+allocations index refuses), and the job is both waiting and running (the core's snapshot refuses).
+No NATS or Postgres: the store stand-in delivers the copy from inside the append.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from corral import core, lifecycle
+from corral.bus import Delivery
+from corral.contracts import events as ev
+from corral.contracts.cluster import GpuDevice
+from corral.contracts.envelope import Reason, job_stream, node_stream
+from corral.contracts.jobspec import validate_job_spec
+from corral.contracts.queues import QueueSpec
+from corral.contracts.registry import decode, encode
+from corral.core.steps import placement_step
+from corral.projection import JobState
+from corral.services.placement.service import Placement
+from tests.unit.services.job_events import job_event
+
+JOB = "j1"
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _delivery(event: Any, version: int) -> Delivery:
+    return Delivery(subject=f"ns.events.{event.type}", data=encode(event),
+                    headers={"Corral-Stream": event.stream, "Corral-Stream-Version": str(version)},
+                    delivery_count=1, stream="ns-events", stream_sequence=version, consumer_sequence=version,
+                    timestamp=None)
+
+
+class OvertakingStore:
+    """An event store whose append, before it returns, lets the bus deliver the copy of the last
+    event appended to each job stream (what the service is sent of its own batch), from the bus's
+    own task (`deliveries`)."""
+
+    def __init__(self) -> None:
+        self.service: Placement | None = None
+        self.versions: dict[str, int] = {}
+        self.appended: list[Any] = []
+        self.deliveries: list[asyncio.Task[None]] = []
+
+    async def append_multi(self, plan: dict[str, tuple[int, list[Any]]], *, tracking: Any = None) -> dict[str, int]:
+        assert self.service is not None
+        out = {}
+        for stream, (expected, events) in plan.items():
+            assert self.versions.get(stream, 0) == expected, (stream, expected)
+            self.versions[stream] = expected + len(events)
+            self.appended.extend(events)
+            out[stream] = self.versions[stream]
+        for stream, (expected, events) in plan.items():
+            last = events[-1]
+            if stream.startswith("job-") and last.type in self.service.consumes:
+                copy = _delivery(decode(last.data), expected + len(events))
+                self.deliveries.append(asyncio.create_task(self.service.on_event(copy)))
+        for _ in range(3):
+            await asyncio.sleep(0)  # the bus's task runs before the append returns
+        return out
+
+
+def _placement() -> tuple[Placement, OvertakingStore, Clock]:
+    base = time.time()  # the events below are dated by the wall clock
+    clock = Clock(base + 30.0)
+    store = OvertakingStore()
+    stand_in: Any = object()
+    placement = Placement(store, stand_in, clock=clock, monotonic=clock)  # type: ignore[arg-type]
+    store.service = placement
+    spec = validate_job_spec({"name": JOB, "queue": "q", "gpus_per_replica": 4, "runtime": "sim",
+                              "duration_seconds": 86400})
+    node = ev.NodeRegistered.new(stream=node_stream("n1"), actor="agent", node="n1",
+                                 gpus=[GpuDevice(index=i, model="H100") for i in range(8)],
+                                 nvlink_domains=[list(range(8))], rack="r", zone="z")
+    queue = ev.QueueConfigured.new(stream="queue-q", actor="test", queue=QueueSpec(name="q", guaranteed_gpus=8))
+    reserved = job_event(JOB, ev.GangReserved, attempt=0, world_size=1, master_addr="127.0.0.1",
+                         master_port=29500, ranks=[ev.RankPlacement(rank=0, node="n1", gpus=[0, 1, 2, 3])])
+    allocated = ev.GpusAllocated.new(stream=node_stream("n1"), actor="placement", node="n1", job_id=JOB,
+                                     gpus=[0, 1, 2, 3], attempt=0)
+    started = job_event(JOB, ev.WorkerStarted, rank=0, node="n1", pid=1, attempt=0)
+    job = [job_event(JOB, ev.JobSubmitted, spec=spec),
+           job_event(JOB, ev.JobAdmitted, queue="q", priority=0, replicas=1, gpus_per_replica=4),
+           job_event(JOB, ev.QuotaReserved, queue="q", gpus=4, borrowed=0), reserved, started]
+    for stream, events in ((node.stream, [node, allocated]), (queue.stream, [queue]), (job_stream(JOB), job)):
+        for version, event in enumerate(events, 1):
+            placement.view.apply(event, version)
+            placement.folded(event)
+        store.versions[stream] = len(events)
+    # n1's heartbeats have not listed the job for longer than the bound (its workers are lost);
+    # its start is read late, so the one pass marks it running and releases it; its agent lags
+    # (has not handled the release), so attempt 0's GPUs stay fenced
+    for at in (10.0, 20.0, 30.0):
+        placement.beats.record("n1", base + at, [], 0)
+    placement.limits = lifecycle.Limits(workers_lost=5.0)
+    return placement, store, clock
+
+
+async def test_a_batch_overtaken_by_its_own_requeue_is_folded_whole() -> None:
+    placement, store, clock = _placement()
+    await placement._lifecycles(clock.now)
+    await asyncio.gather(*store.deliveries)
+    assert [e.type for e in store.appended] == ["JobRunning", "GangReleased", "JobRequeued"]
+    job = placement.view.jobs[JOB]
+    # what the log says (a cold fold): attempt 1 waits, attempt 0's GPUs fenced until its rank is gone
+    assert (job.state, job.attempt, job.holding, job.gang) == (JobState.PENDING, 1, False, None)
+    assert list(job.fences) == [0] and job.fences[0].open == {"n1": (0, 1, 2, 3)}
+    assert placement.view.versions[job_stream(JOB)] == 8
+
+    # quota gives the job its GPUs back for attempt 1
+    for version, event in ((9, job_event(JOB, ev.QuotaReleased, queue="q", gpus=4,
+                                                  reason=Reason(code="QUOTA_RELEASED", message="given back"))),
+                           (10, job_event(JOB, ev.QuotaReserved, queue="q", gpus=4, borrowed=0))):
+        await placement.on_event(_delivery(event, version))
+    store.appended.clear()
+    clock.now += 1.0
+    placement._lifecycles_full_at = float("-inf")
+    steps = placement._steps(placement.view.jobs[JOB], clock.now)
+    assert not [e for events in steps.values() for e in events if isinstance(e, ev.JobRunning)], \
+        "attempt 1 marked running with no GangReserved"
+    snapshot = placement.view.snapshot(clock.now, pending=list(placement._waiting.values()), releasing=True)
+    for decision in placement_step(snapshot, placement.config):
+        if isinstance(decision, core.Place):
+            assert not set(decision.placement.gpus_by_node().get("n1", ())) & {0, 1, 2, 3}, \
+                "placed on GPUs attempt 0 still holds"
