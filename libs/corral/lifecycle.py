@@ -243,8 +243,8 @@ def next_steps(gang: Gang, now: float, limits: Limits) -> tuple[Step, ...]:
         return _free(gang, gang.released_at if gang.released_at is not None else now, now, limits)
     steps: list[Step] = []
     state = gang.state
-    if state is GangState.STARTING and gang.ranks <= gang.started:
-        steps.append(MarkRunning())
+    if state is GangState.STARTING and gang.ranks and gang.ranks <= gang.started:
+        steps.append(MarkRunning())  # (a gang of no ranks is a fold that lost its placement: never)
         state = GangState.RUNNING
     release = _release(gang, state, now, limits)
     if release is None:

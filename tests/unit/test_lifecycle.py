@@ -160,6 +160,13 @@ def test_a_gang_whose_ranks_all_started_is_marked_running_once() -> None:
     assert isinstance(steps[0], MarkRunning) and release_of(steps).code is LifecycleCode.COMPLETED  # type: ignore[union-attr]
 
 
+def test_a_gang_of_no_ranks_is_never_marked_running() -> None:
+    """Every one of no ranks started: a fold that lost a gang's placement (a job requeued whose
+    gang it never saw released) must not mark the next attempt running without its GangReserved."""
+    empty = gang(S.STARTING, running_since=None, placement=Placement(()), started=frozenset({0}))
+    assert not [s for s in next_steps(empty, 105, LIMITS) if isinstance(s, MarkRunning)]
+
+
 def test_the_failure_message_names_the_rank_the_attempt_and_the_restarts() -> None:
     release = release_of(next_steps(gang(exits={1: 7, 0: None}, attempt=2, restarts=2, max_restarts=2), 150, LIMITS))
     assert release is not None and release.message == "rank 1 exited with 7 (attempt 2)"
