@@ -103,7 +103,7 @@ from corral.telemetry.health import Phase
 from .host import pressure
 from .host.gpu_health import NvmlWatcher, Problem
 from .host.interfaces import with_gloo_interface
-from .process.adoption import LEDGER_TYPES, ReservationLedger, should_stop
+from .process.adoption import LEDGER_TYPES, ReservationLedger, Verdict, should_stop
 from .process.fork_server import ForkServer
 from .process.run_as import Refused, RunAs, WorkerUser, resolve, switches_users
 from .process.supervisor import AgentEvents, Supervisor
@@ -365,12 +365,23 @@ class NodeAgent:
         log.info("%s: stopping %s attempt %d (%s)", self.node, job_id, current, cause.type)
         self.supervisor.send_stop(job_id, self.options.stop_grace_seconds, cause=cause.event_id)
 
+    def on_over(self, job_id: str, *, up_to_attempt: int | None) -> None:
+        """The log holds the end of `job_id`'s attempts up to `up_to_attempt` (None: the job
+        ended): their run folders go once reported (`Supervisor.attempts_over`)."""
+        if isinstance(self.supervisor, Supervisor):
+            self.supervisor.attempts_over(job_id, up_to_attempt)
+
     async def adopt(self, ledger: ReservationLedger, reservations_known_since: float | None) -> list[str]:
         """Follow the stepds an earlier agent process left; stop (and wait for) those the log does
         not keep on this node. `reservations_known_since`: a gang launched after this time would
         have its GangReserved in the history read (None: nothing can be concluded from absence).
-        Returns the jobs whose adopted gangs it keeps."""
-        adopted = await self.supervisor.adopt()
+        The run folders of attempts the log says are over go once reported. Returns the jobs whose
+        adopted gangs it keeps."""
+        if isinstance(self.supervisor, Supervisor):
+            adopted = await self.supervisor.adopt(
+                lambda job, attempt: ledger.verdict(job, attempt, self.node) in (Verdict.ENDED, Verdict.RELEASED))
+        else:
+            adopted = await self.supervisor.adopt()
         unwanted: list[str] = []
         kept: list[str] = []
         for gang in adopted:
@@ -638,9 +649,11 @@ class AgentHost:
         elif isinstance(event, GangReleased):
             for agent in self.agents_of(event.job_id):
                 agent.on_stop(event.job_id, up_to_attempt=event.attempt, cause=event)
+                agent.on_over(event.job_id, up_to_attempt=event.attempt)
         elif isinstance(event, JobRequeued):
             for agent in self.agents_of(event.job_id):
                 agent.on_stop(event.job_id, up_to_attempt=event.attempt - 1, cause=event)
+                agent.on_over(event.job_id, up_to_attempt=event.attempt - 1)
         elif isinstance(event, JobCancelled):
             for agent in self.agents_of(event.job_id):
                 agent.on_stop(event.job_id, up_to_attempt=None, cause=event)
@@ -653,6 +666,8 @@ class AgentHost:
             self.agents[event.node].reported_health = None
             self.report_gpu_health(self.agents[event.node])
         if isinstance(event, _ENDED):
+            for agent in self.agents_of(event.job_id):
+                agent.on_over(event.job_id, up_to_attempt=None)
             self._gang_nodes.pop(event.job_id, None)
 
     def report_gpu_health(self, agent: NodeAgent) -> None:

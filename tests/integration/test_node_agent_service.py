@@ -219,6 +219,22 @@ async def test_gang_across_two_nodes_starts_every_rank_once_and_reports_completi
     assert len(seen.of(WorkerStarted, "job-a")) == 4
 
 
+async def test_a_completed_attempts_run_folders_go_once_reported(cluster: Cluster) -> None:
+    seen = cluster.seen
+    await cluster.publish(submitted("job-gone", replicas=4, duration_seconds=0.2))
+    gang = reserved("job-gone", FOUR_RANKS)
+    await cluster.publish(gang)
+    await wait_for(lambda: len(seen.of(WorkerExited, "job-gone")) == 4)
+    folders = [cluster.options.work_dir / node / "run" / "job-gone.attempt-0" for node in ("node-0", "node-1")]
+    await wait_for(lambda: not any(f.exists() for f in folders))
+    # a reservation delivered again is still known as launched here: nothing starts
+    await cluster.bus.publish(f"{cluster.bus.namespace}.events.GangReserved", encode(gang), "redelivery-gone")
+    await cluster.publish(submitted("job-marker2", duration_seconds=0.1))
+    await cluster.publish(reserved("job-marker2", [(0, "node-1", [3])]))
+    await wait_for(lambda: len(seen.of(WorkerExited, "job-marker2")) == 1)
+    assert len(seen.of(WorkerStarted, "job-gone")) == 4 and not any(f.exists() for f in folders)
+
+
 async def test_preempted_gang_checkpoints_stops_and_resumes_from_its_step(cluster: Cluster) -> None:
     seen = cluster.seen
     await cluster.publish(submitted("job-p", replicas=4, duration_seconds=120.0))
@@ -294,6 +310,9 @@ async def test_released_gang_is_stopped_and_reported_with_the_signal(cluster: Cl
         assert e.reason.code == "STOPPED" and e.exit_code is None
         assert e.reason.details == {"signal": "SIGTERM"}
     await wait_for(lambda: all("job-r" not in h.running_job_ids for h in seen.of(NodeHeartbeat)[-2:]))
+    # released while running: its folders go once its stops are reported
+    await wait_for(lambda: not any((cluster.options.work_dir / node / "run" / "job-r.attempt-0").exists()
+                                   for node in ("node-0", "node-1")))
 
 
 async def test_an_event_out_of_the_logs_order_starts_nothing(cluster: Cluster) -> None:

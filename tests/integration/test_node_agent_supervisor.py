@@ -335,7 +335,9 @@ async def test_an_attempt_in_a_folder_of_its_job_is_adopted_and_not_launched_aga
     assert [(c["rank"], c["exit_code"]) for c in events.of("exited")] == [(0, 0)]
     assert (await second.start(a)).already_ended
     assert not flat.exists()
-    await wait_for(lambda: is_reported(tmp_path / "run" / "job-1" / "attempt-0"))
+    # it completed: reported, then removed (its job's folder too), and still known as launched here
+    await wait_for(lambda: not (tmp_path / "run" / "job-1").exists())
+    assert (await second.start(a)).already_ended
 
 
 async def test_a_process_rank_starts_in_its_workdir_or_says_why_not(tmp_path: Path) -> None:

@@ -23,6 +23,10 @@ followed by SIGUSR2 to wake the stepd.
         stepd.log       the stepd's own output, made only when it has something to say
         rank-<r>.control  each rank's control file (checkpoint reports, see `control`)
 
+The folder goes (`remove_attempt`) once it is reported and its ranks here all exited 0 or the log
+holds the attempt's end (the job ended, the attempt was released or requeued past; see
+`Supervisor.attempts_over`).
+
 No fsync: the files need to survive the agent process, not the machine; a machine that goes down
 takes its ranks with it, and placement's NodeLost covers that. Stdlib only: the stepd imports this.
 """
@@ -33,6 +37,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import signal as signal_module
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -115,6 +120,12 @@ def is_reported(folder: Path) -> bool:
     except OSError:
         return False
     return os.path.exists(os.path.join(folder, REPORTED))
+
+
+def remove_attempt(folder: Path) -> None:
+    """Remove an attempt's folder and what it holds (nothing in it is needed any more: see
+    `Supervisor.attempts_over`). What cannot be removed stays, to be tried again at adoption."""
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def control_path(folder: Path, rank: int) -> Path:

@@ -18,8 +18,11 @@ and this class only turns that file into reports and the agent's decisions into 
 - `detach` (graceful agent stop) forgets the stepds and leaves them running; `close` stops them.
 
 When every report of an ended attempt is published (`gang_ended` returned), the folder is marked
-reported (its mode, `mark_reported`) and is never reported again. Every rank runs in its own process group, so a signal
-reaches the rank and everything it spawned and nothing else.
+reported (its mode, `mark_reported`) and is never reported again; once the log also holds the
+attempt's end (`attempts_over`), or at once if every rank of it here exited 0, the folder is
+removed (`run_folders`): the log's end of a completed gang is never sent to its nodes (its
+JobCompleted, and its GangReleased, are no node's work), and nothing is left to report or stop. Every rank runs in its
+own process group, so a signal reaches the rank and everything it spawned and nothing else.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import subprocess
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,6 +47,7 @@ from corral import environment
 from .assignment import Assignment
 from .control import CheckpointReport
 from .fork_server import ForkServer
+from .run_folders import RunFolders
 from .state_poller import StatePoller
 from .step_files import (
     ABANDONED,
@@ -76,7 +80,6 @@ from .step_files import (
 log = logging.getLogger(__name__)
 
 _ENDED_KEPT = 4096
-_FOLDERS_KEPT = 100_000  # jobs whose attempt folders `_launched_here` knows by name (the oldest go)
 _LIVENESS_EVERY = 0.5  # seconds between checks that a stepd still lives
 
 
@@ -182,6 +185,7 @@ class _Gang:
     task: asyncio.Task[None] | None = None
     pending: list[dict[str, Any]] = field(default_factory=list)  # commands the disk refused so far
     state_file: str = field(init=False, default="")  # its state.json (the watcher looks at it every poll)
+    over: bool = False  # the log holds this attempt's end: its folder goes once it is reported
 
     def __post_init__(self) -> None:
         self.state_file = os.path.join(self.folder, STATE)
@@ -209,6 +213,12 @@ def _make_attempt_dir(folder: Path) -> None:
     os.chmod(folder, 0o711)
 
 
+def _completed(folder: Path) -> bool:
+    """Whether the attempt in `folder` completed here (every rank of it exited 0)."""
+    state = read_state(folder)
+    return state is not None and state.get("end") == GangEnd.COMPLETED.value
+
+
 class Supervisor:
     """Every gang attempt this node runs, through its stepd, keyed by job id (one attempt at a time).
 
@@ -234,15 +244,8 @@ class Supervisor:
         self._gangs: dict[str, _Gang] = {}
         self._others: set[_Gang] = set()  # older attempts still ending (adopted next to a newer one)
         self._ended: OrderedDict[str, GangOutcome] = OrderedDict()  # newest outcome per job, bounded
-        #: job -> attempt -> its folder, for every attempt folder in the run folder (listed once)
-        self._folders: OrderedDict[str, dict[int, Path]] | None = None
-        self._folders_trimmed = False
-
-    def _trim_folders(self) -> None:
-        assert self._folders is not None
-        while len(self._folders) > _FOLDERS_KEPT:
-            self._folders.popitem(last=False)
-            self._folders_trimmed = True
+        self._ending: set[_Gang] = set()  # gangs whose reports are being published (`_finish`)
+        self.folders = RunFolders(run_dir)  # the attempts launched here, by their folders
 
     @staticmethod
     async def _emit(call: Awaitable[None]) -> None:
@@ -288,23 +291,19 @@ class Supervisor:
 
     # --- start ---------------------------------------------------------------------------------
 
-    def _launched_here(self, job_id: str, attempt: int) -> bool:
-        """Whether this or a later attempt of `job_id` was launched on this node (by any agent
-        process): a folder of it holds a whole launch.json. The folders are known by name from
-        one listing of the run folder (`_folders`), so a new job costs no look at the disk."""
-        if self._folders is None:
-            self._folders = OrderedDict()
-            for job, number, folder in attempt_folders(self._run_dir):
-                self._folders.setdefault(job, {})[number] = folder
-            self._trim_folders()
-        known = self._folders.get(job_id)
-        if known is None and self._folders_trimmed:  # forgotten for room: its own folder is looked at
-            known = {attempt: attempt_dir(self._run_dir, job_id, attempt)}
-        for number, folder in (known or {}).items():
-            launch = read_launch(folder) if number >= attempt else None
-            if launch is not None and launch.assignment.attempt >= attempt:
-                return True
-        return False
+    def attempts_over(self, job_id: str, up_to_attempt: int | None) -> None:
+        """The log holds the end of `job_id`'s attempts up to `up_to_attempt` (None: every one;
+        the job ended): their folders go, each once it is reported (at once, or in `_finish`).
+        A folder not reported stays: its stepd may still write, and its reports are not all
+        published (an agent started next adopts and reports it)."""
+        followed = {gang.folder: gang for gang in (self._gangs.get(job_id), *self._others, *self._ending)
+                    if gang is not None and gang.assignment.job_id == job_id
+                    and (up_to_attempt is None or gang.assignment.attempt <= up_to_attempt)}
+        for gang in followed.values():
+            gang.over = True
+        for number, folder in self.folders.folders(job_id, up_to_attempt):
+            if folder not in followed and is_reported(folder):
+                self.folders.remove(job_id, number, folder)
 
     async def start(self, assignment: Assignment, *, cause: str | None = None, wait: bool = True) -> GangStart:
         """Launch the stepd of `assignment` and wait until it has spawned every local rank.
@@ -325,13 +324,11 @@ class Supervisor:
                 raise RuntimeError(f"job {job}: attempt {existing.assignment.attempt} still "
                                    f"runs here; stop it before starting attempt {assignment.attempt}")
             return GangStart(job, assignment.attempt, self._started_pids(existing), {}, already_running=True)
-        if self._launched_here(job, assignment.attempt):
+        if self.folders.launched_here(job, assignment.attempt):
             return GangStart(job, assignment.attempt, {}, {}, already_ended=True)
         folder = attempt_dir(self._run_dir, job, assignment.attempt)
         _make_attempt_dir(folder)
-        if self._folders is not None:
-            self._folders.setdefault(job, {})[assignment.attempt] = folder
-            self._trim_folders()
+        self.folders.added(job, assignment.attempt, folder)
         launch = Launch(assignment=assignment, cause=cause, kill_grace=self._kill_grace, launched_at=time.time())
         write_new_json(folder / LAUNCH, launch.to_json())
         gang = _Gang(folder=folder, launch=launch)
@@ -511,9 +508,17 @@ class Supervisor:
         self._ended[a.job_id] = outcome
         while len(self._ended) > _ENDED_KEPT:
             self._ended.popitem(last=False)
-        await self._emit(self._events.gang_ended(outcome))  # returns once its reports are published
-        with contextlib.suppress(OSError):
+        self._ending.add(gang)
+        try:
+            await self._emit(self._events.gang_ended(outcome))  # returns once its reports are published
+        finally:
+            self._ending.discard(gang)
+        try:
             mark_reported(gang.folder)
+        except OSError:
+            return
+        if gang.over or outcome.end is GangEnd.COMPLETED:
+            self.folders.remove(a.job_id, a.attempt, gang.folder)
 
     @staticmethod
     def _outcome(gang: _Gang) -> GangOutcome:
@@ -625,7 +630,7 @@ class Supervisor:
     async def detach(self) -> None:
         """Stop following the stepds and leave them running (a graceful agent stop: an upgrade).
         The next agent process adopts them (`adopt`)."""
-        tasks = [g.task for g in [*self._gangs.values(), *self._others] if g.task is not None]
+        tasks = [g.task for g in [*self._gangs.values(), *self._others, *self._ending] if g.task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -636,18 +641,24 @@ class Supervisor:
 
     # --- adoption ------------------------------------------------------------------------------
 
-    async def adopt(self) -> list[AdoptedGang]:
+    async def adopt(self, over: Callable[[str, int], bool] | None = None) -> list[AdoptedGang]:
         """Follow the gang attempts an earlier agent process left in `run_dir` (call once, at start).
 
         Returns each attempt found that still has something to report: `running` ones have a live
         stepd; the others ended while no agent was there (their reports go out now) or lost their
-        stepd (their ranks are killed and reported as CRASHED).
+        stepd (their ranks are killed and reported as CRASHED). `over(job, attempt)`: whether the
+        log holds that attempt's end; such a folder goes once reported (at once if it is).
         """
         found: list[_Gang] = []
-        for _, _, folder in sorted(attempt_folders(self._run_dir)):
+        listed = sorted(attempt_folders(self._run_dir))
+        self.folders.seed(listed)
+        for job, number, folder in listed:
             gang = self._adoptable(folder)
             if gang is not None:
+                gang.over = over is not None and over(job, number)
                 found.append(gang)
+            elif is_reported(folder) and ((over is not None and over(job, number)) or _completed(folder)):
+                self.folders.remove(job, number, folder)
         adopted: list[AdoptedGang] = []
         for gang in sorted(found, key=lambda g: (g.assignment.job_id, g.assignment.attempt)):
             job = gang.assignment.job_id

@@ -144,6 +144,9 @@ class _Saved:
         self.earlier = earlier
         self.shared = shared
         self.rank = rank
+        #: launch.json is there as the rank starts being followed: a save finding it gone finds the
+        #: attempt's folder removed (reported and over, see `run_folders`), not yet to be made
+        self._attempt_folder = shared is not None and shared.exists()
 
     def _mine(self, record: dict[str, object]) -> bool:
         return _is_cursor(record) and record.get("cursor_rank") == self.rank
@@ -175,7 +178,8 @@ class _Saved:
                               create=False)
                 return
             except FileNotFoundError:
-                pass
+                if self._attempt_folder:
+                    return
         try:
             append_record(self.path, record, compact_at=_CURSOR_COMPACT_AT)
         except FileNotFoundError:  # its folder is made on first use only (it is the attempt's, as a rule)

@@ -13,6 +13,7 @@ from corral.contracts.events import (
     GangReleased,
     GangReserved,
     JobCancelled,
+    JobCompleted,
     JobRequeued,
     PreemptRequested,
     RankPlacement,
@@ -32,6 +33,7 @@ class FakeAgent:
     def __init__(self, node: str) -> None:
         self.node = node
         self.calls: list[tuple[str, str]] = []
+        self.over: list[tuple[str, int | None]] = []  # the attempts the log says are over
         self.reports = FakeReports(self.calls)
 
     async def on_gang_reserved(self, event: GangReserved, spec: Any, **_: Any) -> None:
@@ -42,6 +44,9 @@ class FakeAgent:
 
     def on_preempt(self, event: PreemptRequested) -> None:
         self.calls.append(("preempt", event.victim_job_id))
+
+    def on_over(self, job_id: str, *, up_to_attempt: int | None) -> None:
+        self.over.append((job_id, up_to_attempt))
 
 
 def _host(nodes: int) -> tuple[AgentHost, dict[str, FakeAgent]]:
@@ -116,3 +121,17 @@ def test_the_reservation_ledger_stops_growing_once_adoption_is_done() -> None:
         host.remember(_reserved(f"j{i}", ["n0"]))
     assert host.ledger.verdict("a", 0, "n0").value == "unknown"
     assert host.ledger.verdict("j99", 0, "n0").value == "unknown"
+
+
+def test_the_end_of_attempts_reaches_the_gangs_agents_with_the_attempts_over() -> None:
+    """Their run folders go once reported (`Supervisor.attempts_over`)."""
+    host, agents = _host(10)
+    asyncio.run(host._dispatch(_reserved("j1", ["n2"])))
+    asyncio.run(host._dispatch(GangReleased.new(stream=job_stream("j1"), actor="placement", job_id="j1",
+                                                attempt=0, reason=R)))
+    asyncio.run(host._dispatch(JobRequeued.new(stream=job_stream("j1"), actor="placement", job_id="j1",
+                                               attempt=1, reason=R)))
+    asyncio.run(host._dispatch(_reserved("j1", ["n2"], attempt=1)))
+    asyncio.run(host._dispatch(JobCompleted.new(stream=job_stream("j1"), actor="placement", job_id="j1")))
+    assert agents["n2"].over == [("j1", 0), ("j1", 0), ("j1", None)]
+    assert all(not agent.over for node, agent in agents.items() if node != "n2")

@@ -64,6 +64,9 @@ def test_cursors_are_lines_of_the_attempts_launch_json_and_the_stepds_files_read
     alone.save(0, 5, True)  # no launch.json: the rank's own file, as before
     assert alone.load() == {"start": 0, "shipped": 5, "done": True} and alone.path.exists()
     assert not (tmp_path / "k" / "attempt-0" / "launch.json").exists()
+    step_files.remove_attempt(folder)  # reported and over while its rank's last output still ships
+    ranks[1].save(3, 40, True)
+    assert not folder.exists()  # not made again: nothing will resume from it
 
 
 _VALUES = st.one_of(st.text(max_size=12), st.integers(), st.booleans(), st.none())
