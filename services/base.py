@@ -125,6 +125,8 @@ class Service:
         #: streams with an append of this service under way: a copy of an event delivered on one
         #: meanwhile is folded after that append's batch (`corral.services.own_appends`)
         self.appending = Appending()
+        #: set while `cold_fold` folds the log again: deliveries and requests wait for it
+        self._refolding: asyncio.Event | None = None
 
     # ---- hooks -------------------------------------------------------------------------------
     def tracking(self, delivery: Delivery) -> Tracking:
@@ -221,6 +223,23 @@ class Service:
                 self._fold_stored(stored)
             after = batch[-1].position
 
+    async def cold_fold(self) -> None:
+        """Fold the whole log again into a new view, as a new leader does: for a view found
+        breaking an invariant of the fold (what this process holds is not what the log says).
+        Events delivered and requests received meanwhile wait, then meet the new view (an event
+        the fold read already is a duplicate by its stream version)."""
+        gate = self._refolding = asyncio.Event()
+        try:
+            self.view = ClusterView(forget_ended=self.forgets_ended_jobs, gpu_ledger=self.keeps_gpu_ledger)
+            await self.rebuild()
+            self.refolded()
+        finally:
+            self._refolding = None
+            gate.set()
+
+    def refolded(self) -> None:
+        """Hook: `cold_fold` replaced the view; rebuild what the service keeps of the old one."""
+
     def _fold_stored(self, stored: StoredEvent) -> None:
         try:
             event = decode(stored.data)
@@ -251,6 +270,8 @@ class Service:
     async def on_event(self, delivery: Delivery) -> None:
         version = int(delivery.headers.get("Corral-Stream-Version", "0")) or None
         stream = delivery.headers.get("Corral-Stream")
+        if self._refolding is not None:
+            await self._refolding.wait()
         if stream is not None and self.appending.busy(stream):
             await self.appending.settled(stream)  # (its copy of our own batch must not overtake it)
         if version is not None and stream is not None and version <= self.view.versions.get(stream, 0):
@@ -294,6 +315,8 @@ class Service:
         return False
 
     async def on_inbox(self, delivery: Delivery) -> None:
+        if self._refolding is not None:
+            await self._refolding.wait()
         try:
             event = decode(delivery.data)
         except ContractError as exc:
@@ -308,6 +331,8 @@ class Service:
         self.changed.set()
 
     async def on_inbox_batch(self, deliveries: list[Delivery]) -> list[BaseException | None]:
+        if self._refolding is not None:
+            await self._refolding.wait()
         outcomes: list[BaseException | None] = [None] * len(deliveries)
         items: list[tuple[Event, Delivery]] = []
         where: list[int] = []

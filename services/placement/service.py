@@ -108,6 +108,7 @@ class Placement(Service):
         #: `grace_batch_seconds` late so that one wake says the reasons of every job due meanwhile
         self._grace = FirstReasonGrace(self.monotonic, own.first_reason_grace_seconds)
         self._grace_timer: asyncio.TimerHandle | None = None
+        self._refolded_at = float("-inf")
 
     #: Events after which the placement cycle may decide differently: a job starts or stops
     #: waiting for GPUs, GPUs are freed (GpusReleased: a node's fence opened), nodes come or go.
@@ -129,6 +130,8 @@ class Placement(Service):
     })
 
     grace_batch_seconds: float = 0.05
+    #: A view found broken again this soon after the log was folded again is not refolded (`_refold`).
+    refold_seconds: float = 60.0
     #: A waiting job's reason with only its numbers changed is said again at most this often: every
     #: placement changes the numbers of GANG_DOES_NOT_FIT ("needs 8 GPUs on one node, at most 6
     #: free"), and a backlog's reasons said each time take the log's capacity. A new code is news at
@@ -472,6 +475,10 @@ class Placement(Service):
         self._place_dirty, self._placed_at = False, self.monotonic()
         if not self._waiting or not self.view.nodes:
             return
+        broken = sorted(i for i, j in self._waiting.items() if j.holding)
+        if broken:
+            await self._refold(broken)
+            return
         if await self._joiners(now):
             return
         self._held, self._touched = None, set()
@@ -518,6 +525,25 @@ class Placement(Service):
             head = head_of(snapshot, decisions)
             self._held = None if head is None else (head, core.Snapshot(now, snapshot.cluster, snapshot.queues, (),
                                                                         snapshot.running))
+
+    async def _refold(self, broken: list[str]) -> None:
+        """Jobs both waiting and holding GPUs: this view is not what the log says (a fold of the log
+        never holds both), and the core refuses such a snapshot. The log is folded again rather
+        than decided on or died of; a second time within `refold_seconds`, the log itself is
+        taken for broken and the error raised (the process ends, a standby takes over)."""
+        if self.monotonic() - self._refolded_at < self.refold_seconds:
+            raise RuntimeError(f"placement: jobs {broken[:10]} both waiting and holding GPUs again after "
+                               "folding the log again")
+        log.error("placement: jobs %s are both waiting and holding GPUs in this view, which the log "
+                  "never says; folding the log again", broken[:10])
+        self._refolded_at = self.monotonic()
+        await self.cold_fold()
+
+    def refolded(self) -> None:
+        self._waiting = self.view.jobs_where(_places)
+        self._held, self._touched, self._lifecycle_dirty = None, set(), set()
+        self.classes, self._joiner_classes = core.ClassMemo(), core.ClassMemo()
+        self._place_dirty, self._lifecycles_full_at = True, float("-inf")
 
     def _reason_event(self, job: JobView, reason: core.Reason) -> ev.PlacementPending | None:
         """The PlacementPending for why `job` is not placed, or None: not news (`pending_event`), or

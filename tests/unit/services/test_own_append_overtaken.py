@@ -17,6 +17,8 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from corral import core, lifecycle
 from corral.bus import Delivery
 from corral.contracts import events as ev
@@ -26,7 +28,9 @@ from corral.contracts.jobspec import validate_job_spec
 from corral.contracts.queues import QueueSpec
 from corral.contracts.registry import decode, encode
 from corral.core.steps import placement_step
+from corral.eventstore import StoredEvent
 from corral.projection import JobState
+from corral.services.base import to_new_event
 from corral.services.placement.service import Placement
 from tests.unit.services.job_events import job_event
 
@@ -58,6 +62,7 @@ class OvertakingStore:
         self.versions: dict[str, int] = {}
         self.appended: list[Any] = []
         self.deliveries: list[asyncio.Task[None]] = []
+        self.initial: dict[str, list[Any]] = {}  # what the log held before the test's appends
 
     async def append_multi(self, plan: dict[str, tuple[int, list[Any]]], *, tracking: Any = None) -> dict[str, int]:
         assert self.service is not None
@@ -103,6 +108,7 @@ def _placement() -> tuple[Placement, OvertakingStore, Clock]:
             placement.view.apply(event, version)
             placement.folded(event)
         store.versions[stream] = len(events)
+        store.initial[stream] = [to_new_event(e) for e in events]
     # n1's heartbeats have not listed the job for longer than the bound (its workers are lost);
     # its start is read late, so the one pass marks it running and releases it; its agent lags
     # (has not handled the release), so attempt 0's GPUs stay fenced
@@ -139,3 +145,61 @@ async def test_a_batch_overtaken_by_its_own_requeue_is_folded_whole() -> None:
         if isinstance(decision, core.Place):
             assert not set(decision.placement.gpus_by_node().get("n1", ())) & {0, 1, 2, 3}, \
                 "placed on GPUs attempt 0 still holds"
+
+
+class LogStore(OvertakingStore):
+    """The stand-in with a log to fold again (`read_all`)."""
+
+    def __init__(self, log: list[Any]) -> None:
+        super().__init__()
+        self.log = log
+
+    async def read_all(self, after: int, limit: int) -> list[StoredEvent]:
+        return [s for s in self.log if s.position > after][:limit]
+
+
+async def test_a_view_both_waiting_and_holding_folds_the_log_again_instead_of_dying() -> None:
+    """What the fold got wrong above, whatever the cause: a job waiting (quota reserved) and holding
+    GPUs, which the core's snapshot refuses. Placement folds the log again (a cold fold, as the
+    standby did) and goes on; the job is placed on free GPUs, not on those its last attempt holds."""
+    placement, store, clock = _placement()
+    await placement._lifecycles(clock.now)
+    await asyncio.gather(*store.deliveries)
+    quota = [job_event(JOB, ev.QuotaReleased, queue="q", gpus=4, reason=Reason(code="QUOTA_RELEASED", message="x")),
+             job_event(JOB, ev.QuotaReserved, queue="q", gpus=4, borrowed=0)]
+    for version, event in enumerate(quota, 9):
+        await placement.on_event(_delivery(event, version))
+    log: list[StoredEvent] = []
+    for stream in (node_stream("n1"), "queue-q", job_stream(JOB)):  # nodes first, as they registered
+        folded = store.initial.get(stream, []) + [e for e in store.appended if e.stream == stream]
+        if stream == job_stream(JOB):
+            folded += [to_new_event(e) for e in quota]
+        for version, new in enumerate(folded, 1):
+            log.append(StoredEvent(event_id=new.event_id, stream=stream, type=new.type,
+                                   schema_version=new.schema_version, data=new.data, correlation_id=None,
+                                   causation_id=None, occurred_at=new.occurred_at, version=version,
+                                   position=len(log) + 1, recorded_at=new.occurred_at))
+    cold = LogStore(log)
+    cold.service, cold.versions = placement, {s: max(e.version for e in log if e.stream == s) for s in store.versions}
+    placement.store = cold  # type: ignore[assignment]
+    job = placement.view.jobs[JOB]
+    job.holding, job.gang = True, lifecycle.GangState.STARTING  # the view broken as the overtaken fold left it
+    placement.view._index(job)  # (the index is kept as events are folded)
+    assert JOB in placement._waiting and placement.view.jobs[JOB].holding
+
+    clock.now += 1.0
+    await placement._cycle(clock.now)  # the view is folded again: no ValueError
+    job = placement.view.jobs[JOB]
+    assert (job.state, job.attempt, job.holding, list(job.fences)) == (JobState.PENDING, 1, False, [0])
+    clock.now += 5.0
+    await placement._cycle(clock.now)
+    placed = placement.view.jobs[JOB]
+    assert placed.holding and placed.attempt == 1, "placed on the fresh view"
+    assert {g for r in placed.ranks for g in r.gpus} == {4, 5, 6, 7}
+
+    # broken again right after the log was folded again: the log itself is taken for broken
+    placed.state = JobState.PENDING
+    placement.view._index(placed)
+    clock.now += placement.tick_seconds + 1.0
+    with pytest.raises(RuntimeError, match="again after folding the log again"):
+        await placement._cycle(clock.now)
