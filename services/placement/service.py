@@ -517,8 +517,14 @@ class Placement(Service):
                 self._place_dirty = True  # lost a race: decide again on the fresh state
             except asyncpg.UniqueViolationError as exc:
                 self._place_dirty = True
-                # The last line of defence fired: our view was wrong. Nothing was written; re-read.
+                # The last line of defence fired: our view was wrong, and maybe not only on these
+                # streams (a fold that skipped events re-reads nothing from its versions). Nothing
+                # was written; the log is folded again (only the streams, if it was just now).
                 log.error("allocations refused by the database (a GPU is held already): %s", exc)
+                if self.monotonic() - self._refolded_at >= self.refold_seconds:
+                    self._refolded_at = self.monotonic()
+                    await self.cold_fold()
+                    return
                 for stream in merged:
                     await self.refresh_stream(stream)
         if await self.append(reasons) and not gangs:

@@ -157,6 +157,9 @@ class LogStore(OvertakingStore):
     async def read_all(self, after: int, limit: int) -> list[StoredEvent]:
         return [s for s in self.log if s.position > after][:limit]
 
+    async def read_stream(self, stream: str, from_version: int = 1) -> list[StoredEvent]:
+        return [s for s in self.log if s.stream == stream and s.version >= from_version]
+
 
 async def test_a_view_both_waiting_and_holding_folds_the_log_again_instead_of_dying() -> None:
     """What the fold got wrong above, whatever the cause: a job waiting (quota reserved) and holding
@@ -203,3 +206,53 @@ async def test_a_view_both_waiting_and_holding_folds_the_log_again_instead_of_dy
     clock.now += placement.tick_seconds + 1.0
     with pytest.raises(RuntimeError, match="again after folding the log again"):
         await placement._cycle(clock.now)
+
+
+async def test_allocations_refused_by_the_database_fold_the_log_again() -> None:
+    """The allocations index refusing a GPU held already says the view was wrong: the view that
+    placed the job there (its last attempt's GPUs not fenced) is replaced by the log's."""
+    import asyncpg
+
+    placement, store, clock = _placement()
+    await placement._lifecycles(clock.now)
+    await asyncio.gather(*store.deliveries)
+    job = placement.view.jobs[JOB]
+    fence = job.fences.pop(0)  # the view broken: attempt 0's GPUs look free
+    for g in fence.open["n1"]:
+        del placement.view.nodes["n1"].allocations[g]
+    placement.view._index(job)
+    quota = job_event(JOB, ev.QuotaReserved, queue="q", gpus=4, borrowed=0)
+    log: list[StoredEvent] = []
+    for stream in (node_stream("n1"), "queue-q", job_stream(JOB)):
+        folded = store.initial.get(stream, []) + [e for e in store.appended if e.stream == stream]
+        for version, new in enumerate(folded, 1):
+            log.append(StoredEvent(event_id=new.event_id, stream=stream, type=new.type,
+                                   schema_version=new.schema_version, data=new.data, correlation_id=None,
+                                   causation_id=None, occurred_at=new.occurred_at, version=version,
+                                   position=len(log) + 1, recorded_at=new.occurred_at))
+    await placement.on_event(_delivery(quota, 9))
+    new = to_new_event(quota)
+    log.append(StoredEvent(event_id=new.event_id, stream=new.stream, type=new.type, schema_version=1, data=new.data,
+                           correlation_id=None, causation_id=None, occurred_at=new.occurred_at, version=9,
+                           position=len(log) + 1, recorded_at=new.occurred_at))
+
+    class Refusing(LogStore):
+        async def append_multi(self, plan: Any, *, tracking: Any = None) -> dict[str, int]:
+            if any(e.type == "GpusAllocated" and b'"gpus":[0' in e.data for _, (_, events) in plan.items()
+                   for e in events):
+                raise asyncpg.UniqueViolationError("Key (node, gpu)=(n1, 0) already exists.")
+            return await super().append_multi(plan, tracking=tracking)
+
+    refusing = Refusing(log)
+    refusing.service = placement
+    refusing.versions = {s: max(e.version for e in log if e.stream == s) for s in store.versions}
+    placement.store = refusing  # type: ignore[assignment]
+    clock.now += 1.0
+    await placement._cycle(clock.now)  # placed on GPUs 0-3 by the broken view: refused
+    assert not placement.view.jobs[JOB].holding
+    fenced = placement.view.jobs[JOB].fences.get(0)
+    assert fenced is not None and fenced.open == {"n1": (0, 1, 2, 3)}, "the log's view: attempt 0 fenced"
+    clock.now += placement.tick_seconds + 1.0
+    await placement._cycle(clock.now)
+    placed = placement.view.jobs[JOB]
+    assert placed.holding and {g for r in placed.ranks for g in r.gpus} == {4, 5, 6, 7}
