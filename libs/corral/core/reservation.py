@@ -33,7 +33,9 @@ again without it (otherwise, found by the simulator's services pipeline under LA
 reserved, round after round). A reservation held from an earlier round is played out the same
 way when it is exposed now (a job that may reclaim it arrived since): if placement would start
 it and preemption take it back at once, it is given back (`Revoke`) instead of wasting the
-victim's checkpoint grace (found by the simulator's services pipeline too).
+victim's checkpoint grace (found by the simulator's services pipeline too). On a cluster where
+nothing runs and no job holds quota, a round that would reserve no one reserves the first job
+the play-out refused that placement starts (`_start_one`): an empty cluster never idles with work.
 """
 
 from __future__ import annotations
@@ -193,6 +195,8 @@ def _decide(
         # the jobs it blocked, and the next round refused it again: nothing started, ever). Each
         # pass refuses at least one more job, so this ends.
         if not more:
+            if not snapshot.running and set(holders) <= set(refused):
+                _start_one(snapshot, config, order.jobs, out, refused, tree, base, memos)
             return out, tail, [Revoke(i, refused[i]) for i in holders if i in refused]
 
 
@@ -363,6 +367,29 @@ def _played_out(
             return refused
         refused.update(drop)
         keep.difference_update(drop)
+
+
+def _start_one(
+    snapshot: Snapshot, config: SchedulerConfig, jobs: Mapping[str, PendingJob], out: list[Reserve | Pending],
+    refused: dict[str, Reason], tree: QueueTree, usage: QueueUsage, memos: StepMemos,
+) -> None:
+    """On a cluster where nothing runs and no waiting job holds quota, a round the play-out left
+    with no reservation reserves the first job of the order that it refused and that placement
+    starts on its own. There the refusals rest on one another (under LAS a fresh job would preempt
+    one with attained service and a job of higher priority in its queue would preempt the fresh
+    one: each is refused for the other, and the jobs they crowded out of the play-out with them):
+    no job that runs or will run stands behind them, and the GPUs would stay idle with work waiting,
+    round after round. The job started may be preempted at once; the preemption is remembered
+    (`PendingJob.preempted_by`), so the same ring does not turn again."""
+    if any(isinstance(d, Reserve) for d in out):
+        return
+    for at, d in enumerate(out):
+        if d.job_id in refused and any(isinstance(p, Place) for p in memos.place(snapshot, config, {d.job_id},
+                                                                                  explain=False)):
+            job = jobs[d.job_id].job
+            del refused[d.job_id]
+            out[at] = Reserve(job.id, job.total_gpus, _borrowed(tree, usage, job))
+            return
 
 
 def _taken_back(job: Job, by: Job, why: Reason) -> Reason:

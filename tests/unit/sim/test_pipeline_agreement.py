@@ -13,7 +13,8 @@ on the state placement leaves). What "agree" means here, precisely, for every po
    before it is submitted (`check_schedule`, which shares no code with the core or the engine;
    the engine also refuses to apply a decision that would double-book a GPU).
 2. Both respect every queue's `max_gpus` ceiling at every instant.
-3. Both finish every job (every job fits the cluster when it is empty).
+3. Both finish every job (every job fits the cluster when it is empty); the pipeline never ends a
+   round with the cluster empty (nothing running, no quota held) while a job waits.
 4. Without contention they are the same scheduler: when the combined cycle starts every job the
    moment it is submitted and preempts nothing, the pipeline's schedule is identical (same
    start, end and placement, GPU by GPU, for every job).
@@ -25,12 +26,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
+from unittest import mock
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from corral.core import Cluster, QueueConfig
-from corral.sim import SimJob, Workload, check_schedule, result_document, run_simulation
+from corral.core import Cluster, QueueConfig, SchedulerConfig, Snapshot
+from corral.core.pipeline import Round, run_round
+from corral.sim import SimJob, Workload, check_schedule, result_document, run_simulation, services
 from corral.sim.api import SimResult
 from corral.sim.engine import PIPELINES
 from corral.sim.workload import TopologySpec, sim_job
@@ -110,6 +114,23 @@ def test_both_pipelines_are_safe_keep_ceilings_and_finish_every_job(world, polic
         assert check_schedule(result_document(result), cluster) == [], pipeline
         assert ceilings_held(result, queues) == [], pipeline
         assert result.summary.finished == len(jobs), (pipeline, result.final_reasons)
+
+
+@SETTINGS
+@given(world=worlds(), policy=st.sampled_from(POLICIES))
+def test_no_round_of_the_pipeline_leaves_the_cluster_idle_with_work(world, policy) -> None:
+    idle = []
+
+    def checked(snapshot: Snapshot, config: SchedulerConfig, **kw: Any) -> Round:
+        done = run_round(snapshot, config, **kw)
+        holding = (set(kw["holding"]) - done.revoked) | done.reserved
+        if not snapshot.running and not done.placed and not holding:
+            idle.append((snapshot.now, [(d.job_id, getattr(d, "reason", None)) for d in done.quota]))
+        return done
+
+    with mock.patch.object(services, "run_round", checked):
+        replay(world, policy, "services")
+    assert idle == []
 
 
 @SETTINGS
