@@ -149,6 +149,11 @@ class Cycle:
             if reasons.names_the_reservation(reason):  # names the job: the class's answer, reworded
                 assert self.reservation is not None
                 reason = reasons.reserved_for(p.job, self.reservation, self.now)
+            elif reasons.owed_by_hold(reason) not in (None, self.starved):  # more jobs starved since
+                held = self._held_for_guarantee(p)
+                assert held is not None
+                self.fast.remember(key, self.fast.version, held, starves)
+                return held
             return Pending(p.job.id, reason)
         version, starved = self.fast.version, self.starved
         decision = self._decide(p)

@@ -36,12 +36,22 @@ def ordered_behind(blocker: Job, order: OrderPolicy, free: int) -> Reason:
 
 
 def held_for_guarantee(job: Job, starved: int, starved_for: Job, free: int) -> Reason:
+    """`starved`: GPUs the guaranteed jobs that do not fit are owed; of the `free` GPUs, that many
+    (at most all) are held for them."""
+    held = min(starved, free)
     return Reason(
         ReasonCode.RESERVED_FOR,
-        f"{min(starved, free)} free GPUs are held for guaranteed jobs "
+        f"{held} free GPUs are held for guaranteed jobs owed {starved} "
         f"(first: {starved_for.id} of queue {starved_for.queue}); queue {job.queue} would borrow them",
-        (("reserved_for", starved_for.id), ("reserved_gpus", starved)),
+        (("reserved_for", starved_for.id), ("reserved_gpus", held), ("owed_gpus", starved)),
     )
+
+
+def owed_by_hold(reason: Reason) -> int | None:
+    """The GPUs owed that `held_for_guarantee`'s `reason` counts (None: another reason). They grow
+    as guaranteed jobs starve, which changes no GPUs: a class's shared hold is stale once they did."""
+    owed = reason.detail("owed_gpus") if reason.code is ReasonCode.RESERVED_FOR else None
+    return owed if isinstance(owed, int) else None
 
 
 def waiting_for_preemption(job: Job, coming: int) -> Reason:
@@ -64,7 +74,7 @@ def reserved_for(job: Job, r: Reservation, now: float) -> Reason:
 def names_the_reservation(reason: Reason) -> bool:
     """Whether `reason` is `reserved_for`'s (the backfill reservation, reworded for each job that
     would delay it), not another RESERVED_FOR such as `held_for_guarantee`'s, which a class shares
-    as it is."""
+    while the GPUs it counts as owed are unchanged (`owed_by_hold`)."""
     return reason.code is ReasonCode.RESERVED_FOR and any(key == "shadow_time" for key, _ in reason.details)
 
 

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from corral.core.cycle import Cycle
 
 # reasons that record GPUs held for the job: never shared with other jobs. RESERVED_FOR names the
-# job ("starting J now would delay it") but changes nothing: shared, and reworded for each job
-# (`Cycle.decide`), so that its class counts as answered (`EarlyStop`).
+# job ("starting J now would delay it") or counts the GPUs starved jobs are owed, which grow at
+# one version, but changes nothing: shared, and reworded where it must be (`Cycle.decide`), so that
+# its class counts as answered (`EarlyStop`).
 _PER_JOB_REASONS = frozenset({ReasonCode.WAITING_FOR_PREEMPTION})
 
 # how many jobs in a row must leave the state unchanged before `EarlyStop` probes the other classes
