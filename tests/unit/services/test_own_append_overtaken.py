@@ -32,17 +32,10 @@ from corral.eventstore import StoredEvent
 from corral.projection import JobState
 from corral.services.base import to_new_event
 from corral.services.placement.service import Placement
+from tests.unit.services.doubles import Clock
 from tests.unit.services.job_events import job_event
 
 JOB = "j1"
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _delivery(event: Any, version: int) -> Delivery:

@@ -11,70 +11,21 @@ folded as a real append folds them.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
 from corral.contracts import events as ev
-from corral.contracts.cluster import GpuDevice
 from corral.contracts.envelope import Reason, node_stream
-from corral.contracts.jobspec import validate_job_spec
-from corral.contracts.queues import QueueSpec
 from corral.services.placement.first_reason import FirstReasonGrace
-from corral.services.placement.service import Placement
+from tests.unit.services.doubles import Clock, FoldingPlacement, one_node, waiting
 from tests.unit.services.job_events import job_event
 
 
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class RecordingPlacement(Placement):
-    """Placement whose appends fold as a real append does, recorded in order."""
-
-    def __init__(self, clock: Clock) -> None:
-        stand_in: Any = object()
-        super().__init__(stand_in, stand_in, clock=clock, monotonic=clock)
-        self.appended: list[Any] = []
-
-    async def append(self, batches: Any, **_: Any) -> bool:
-        batches = {stream: events for stream, events in batches.items() if events}
-        if batches:
-            self.appended.extend(e for events in batches.values() for e in events)
-            self._fold_appended(batches, {})
-        return True
-
-    def fold(self, *events: Any) -> None:
-        for e in events:
-            self.view.apply(e)
-            self.folded(e)
-
-    def reasons_of(self, job_id: str) -> list[str]:
-        return [e.reason.code for e in self.appended if isinstance(e, ev.PlacementPending) and e.job_id == job_id]
-
-
-def _waiting(job_id: str) -> list[Any]:
-    """A job of 8 GPUs holding quota, waiting for GPUs."""
-    spec = validate_job_spec({"name": job_id, "queue": "q", "gpus_per_replica": 8, "runtime": "sim",
-                              "duration_seconds": 86400})
-    return [job_event(job_id, ev.JobSubmitted, spec=spec),
-            job_event(job_id, ev.JobAdmitted, queue="q", priority=0, replicas=1, gpus_per_replica=8),
-            job_event(job_id, ev.QuotaReserved, queue="q", gpus=8, borrowed=0)]
-
-
-async def _full(clock: Clock) -> RecordingPlacement:
+async def _full(clock: Clock) -> FoldingPlacement:
     """One node of 8 GPUs, all of them held by job `a`."""
-    placement = RecordingPlacement(clock)
-    placement.fold(
-        ev.QueueConfigured.new(stream="queue-q", actor="test", queue=QueueSpec(name="q", guaranteed_gpus=16)),
-        ev.NodeRegistered.new(stream=node_stream("n1"), actor="agent", node="n1",
-                              gpus=[GpuDevice(index=i, model="H100") for i in range(8)],
-                              nvlink_domains=[list(range(8))], rack="r", zone="z"))
-    placement.fold(*_waiting("a"))
+    placement = FoldingPlacement(clock)
+    one_node(placement, guaranteed_gpus=16)
+    placement.fold(*waiting("a"))
     await placement._place(clock())
     assert placement.view.jobs["a"].holding
     return placement
@@ -105,7 +56,7 @@ async def test_a_job_placed_within_its_grace_gets_no_placement_pending() -> None
     clock = Clock()
     placement = await _full(clock)
     clock.now += 0.1
-    placement.fold(*_waiting("b"))
+    placement.fold(*waiting("b"))
     clock.now += placement.tick_seconds  # the tick's cycle: b does not fit, 1 tick after its reservation
     placement._grace.grace_seconds = 2.0
     await placement._place(clock())
@@ -123,7 +74,7 @@ async def test_a_job_placed_within_its_grace_gets_no_placement_pending() -> None
 async def test_a_job_still_unplaced_after_its_grace_has_its_reason_said_with_no_event_meanwhile() -> None:
     clock = Clock()
     placement = await _full(clock)
-    placement.fold(*_waiting("b"))
+    placement.fold(*waiting("b"))
     clock.now += placement.tick_seconds / 2
     placement._place_dirty = True
     placement._placed_at = float("-inf")  # a cycle now (the tick's)
@@ -147,7 +98,7 @@ async def test_a_later_reason_is_the_throttles_not_the_grace() -> None:
 
     clock = Clock()
     placement = await _full(clock)
-    placement.fold(*_waiting("b"))
+    placement.fold(*waiting("b"))
     placement._grace.grace_seconds = 60.0
     job = placement.view.jobs["b"]
     assert placement._reason_event(job, core.Reason(core.ReasonCode.GANG_DOES_NOT_FIT, "no room")) is None
@@ -162,7 +113,7 @@ def test_a_reservation_clears_the_last_reason_and_says_when_it_was_made() -> Non
     from corral.projection import ClusterView
 
     view = ClusterView()
-    events = _waiting("b")
+    events = waiting("b")
     view.apply(events[0])
     view.apply(events[1])
     view.apply(job_event("b", ev.PlacementPending, reason=Reason(code="MAX_GPUS_EXCEEDED", message="8 of 8")))
@@ -183,7 +134,7 @@ async def test_placement_says_a_reason_with_only_new_numbers_again_after_30_seco
 
     clock = Clock()
     placement = await _full(clock)
-    placement.fold(*_waiting("b"))
+    placement.fold(*waiting("b"))
     job = placement.view.jobs["b"]
     clock.now += 1.0
     said = placement._reason_event(job, core.Reason(core.ReasonCode.GANG_DOES_NOT_FIT, "at most 6 free"))

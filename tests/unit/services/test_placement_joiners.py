@@ -14,14 +14,16 @@ import pytest
 from corral.contracts import events as ev
 from corral.contracts.envelope import Reason
 from corral.core.steps import placement_step
-from tests.unit.services.test_placement_idle_cycles import Clock, _job, _setup, _waiting
+from tests.unit.services.doubles import Clock, waiting
+from tests.unit.services.job_events import job_event
+from tests.unit.services.test_placement_idle_cycles import _setup
 
 
 async def test_the_tick_decides_only_new_jobs_on_a_full_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
     placement, cycles = _setup(clock, monkeypatch)
     for job_id in ("a", "b", "c"):
-        placement.fold(*_waiting(job_id))
+        placement.fold(*waiting(job_id))
     await placement._place(clock())
     assert cycles == [3] and placement.view.jobs["a"].holding, "a GPU free: a full cycle places a"
     clock.now += placement.tick_seconds
@@ -30,7 +32,7 @@ async def test_the_tick_decides_only_new_jobs_on_a_full_cluster(monkeypatch: pyt
     clock.now += placement.tick_seconds
     await placement._place(clock())
     assert cycles == [3, 2], "nothing changed: no cycle"
-    placement.fold(*_waiting("d"))
+    placement.fold(*waiting("d"))
     clock.now += placement.tick_seconds
     await placement._place(clock())
     assert cycles == [3, 2], "a job joined: decided with the first waiting job alone"
@@ -39,15 +41,15 @@ async def test_the_tick_decides_only_new_jobs_on_a_full_cluster(monkeypatch: pyt
     assert placement.view.jobs["d"].reason is not None
     assert {d.job_id: d.reason.message for d in full} == \
         {j: placement.view.jobs[j].reason.message for j in ("b", "c", "d")}, "the full cycle's answers"
-    placement.fold(_job("b", ev.JobCancelled, reason=Reason(code="CANCELLED_BY_USER", message="bye")))
+    placement.fold(job_event("b", ev.JobCancelled, reason=Reason(code="CANCELLED_BY_USER", message="bye")))
     clock.now += placement.tick_seconds
     await placement._place(clock())
     assert cycles == [3, 2, 2], "the first waiting job left: the full cycle again"
     gang = placement.view.jobs["a"]
     placement.fold(
-        _job("a", ev.GangReleased, attempt=gang.attempt, reason=Reason(code="COMPLETED", message="done")),
+        job_event("a", ev.GangReleased, attempt=gang.attempt, reason=Reason(code="COMPLETED", message="done")),
         ev.GpusReleased.new(stream="node-n1", actor="placement", correlation_id="a", job_id="a",
                             node="n1", attempt=gang.attempt, gpus=list(range(8))))
     clock.now += 0.1
     await placement._place(clock())
-    assert cycles == [3, 2, 2, 2] and "node-n1" in placement.appended[-1], "GPUs freed: the full cycle places"
+    assert cycles == [3, 2, 2, 2] and "node-n1" in placement.appended_streams[-1], "GPUs freed: the full cycle places"

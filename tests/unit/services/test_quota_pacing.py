@@ -18,18 +18,11 @@ from corral.contracts import events as ev
 from corral.contracts.envelope import Reason
 from corral.contracts.jobspec import validate_job_spec
 from corral.services.quota.service import Quota
+from tests.unit.services.doubles import Clock
 from tests.unit.services.job_events import job_event
 
 SPEC = validate_job_spec({"name": "j", "queue": "a", "replicas": 1, "gpus_per_replica": 1, "runtime": "sim",
                           "duration_seconds": 1})
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class RecordingQuota(Quota):

@@ -19,15 +19,7 @@ from corral.contracts.envelope import Reason
 from corral.projection import JobView
 from corral.services.base import Service
 from corral.services.reason_throttle import ReasonThrottle
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.unit.services.doubles import Clock
 
 # (recorded reason, said before how many seconds ago or None, new code, new message, news?)
 CASES = [
