@@ -7,8 +7,9 @@ with the whole trace's figures. Queues: every queue in the slice gets an equal g
 
 Run: .venv/bin/python bench/sim_slice.py [--start A] [--stop B] [--cluster 40x8:H100]
      [--policies corral,fair-las,fair-las:2,fair-las:4r] [--profile FILE] [--queues] [--pipeline services]
-`fair-las:X` replays fair-las with the starvation limit X (`SchedulerConfig.starvation_limit`; 0: off),
-`fair-las:Xr` with it and `promotion_resets_level` (a promoted job preempts as level 0 both ways),
+`fair-las:X` replays fair-las with the starvation limit X (`SchedulerConfig.starvation_limit`; 0: off)
+and `promotion_resets_level` off (a promotion moves only the order), `fair-las:Xr` with it on (a promoted
+job preempts as level 0 both ways; plain `fair-las` is `fair-las:4r`),
 `fair-las:Xd` with it and `defragment` (smaller jobs moved to make a whole node for a gang; `Xrd` both);
 `--profile FILE` writes cProfile stats of the last policy's replay to FILE (read with pstats);
 `--pipeline services` replays the live services' round (`corral.sim.engine`) instead of the combined cycle;

@@ -442,8 +442,8 @@ class SchedulerConfig:
     @classmethod
     def named(cls, policy: str) -> SchedulerConfig:
         """One of `POLICIES`: corral (fair share), fair-las, or a baseline (see the package docstring)."""
-        if policy in ("corral", "fair-las"):
-            return cls(OrderPolicy.FAIR_SHARE if policy == "corral" else OrderPolicy.FAIR_LAS)
+        if policy in ("corral", "fair-las"):  # fair-las: a promotion restarts the job at level 0 (no swap-out churn)
+            return cls(OrderPolicy.FAIR_LAS, promotion_resets_level=True) if policy == "fair-las" else cls()
         if policy not in _BASELINES:
             raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
         order, backfill, preemption = _BASELINES[policy]
