@@ -3,7 +3,7 @@
 Why: the engine's services pipeline runs the live services' round (`corral.core.pipeline.run_round`)
 once per cycle, and a replay has thousands of cycles with a job or two changed between two of
 them. Deriving each step's input from the round's snapshot (the quota step's backlog, each
-placement and preemption ask's `prepare`) was most of a round. So, as the combined cycle keeps a
+placement and preemption ask's `prepare`) costs most of a round. So, as the combined cycle keeps a
 `SchedulerState`, the services round keeps:
 - what the quota step reads of the waiting jobs (`core.backlog.Backlog`: each queue's order, the
   classes, the counts), as the live quota service keeps it (`KeptBacklog`, told each job that
