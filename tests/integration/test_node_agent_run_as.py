@@ -29,7 +29,6 @@ from corral.contracts.events import JobSubmitted, QueueConfigured, WorkerExited,
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.queues import QueueSpec
 from corral.services.node_agent.process.run_as import RefusalCode, RunAs
-from corral.services.node_agent.process.step_files import REPORTED_MODE
 from corral.services.node_agent.service import AgentHost, AgentOptions, run_agents
 from tests.integration.test_node_agent_service import Cluster, Seen, _subscribe, reserved, wait_for
 
@@ -42,6 +41,9 @@ SECRET = "hunter2-agent-password"
 PROBE = ['sh', '-c', 'd="$CORRAL_CHECKPOINT_DIR"; id -u > "$d/uid"; id -G > "$d/groups"; '
          'echo "$HOME $USER $LOGNAME" > "$d/who"; env > "$d/env"; '
          'cat /etc/shadow > /dev/null 2>&1 && echo yes > "$d/shadow" || echo no > "$d/shadow"']
+#: The probe, then it says it is ready and runs until the test writes `go` (its folder is looked at
+#: while it runs: once a completed gang is reported, its folder is removed).
+HELD_PROBE = ["sh", "-c", PROBE[2] + '; echo > "$d/ready"; while ! [ -e "$d/go" ]; do sleep 0.05; done']
 
 
 @pytest.fixture
@@ -80,7 +82,8 @@ async def agent(nats_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch) 
 
 def submitted(job_id: str, user: str | None, queue: str = "team-a", **spec: Any) -> JobSubmitted:
     return JobSubmitted.new(stream=job_stream(job_id), actor=f"user/{user}", job_id=job_id, user=user,
-                            spec=JobSpec(name=job_id, queue=queue, runtime="process", command=PROBE, **spec))
+                            spec=JobSpec(name=job_id, queue=queue, runtime="process",
+                                         command=spec.pop("command", PROBE), **spec))
 
 
 async def configure(c: Cluster, queue: QueueSpec) -> None:
@@ -95,9 +98,21 @@ async def run(c: Cluster, job_id: str, user: str | None, queue: str = "team-a") 
 
 
 async def test_a_job_runs_as_its_submitters_os_account_without_the_agents_secrets(agent: Cluster) -> None:
-    exited = await run(agent, "job-nobody", "nobody")
-    assert exited.exit_code == 0, exited.reason
+    await agent.publish(submitted("job-nobody", "nobody", command=HELD_PROBE))
+    await agent.publish(reserved("job-nobody", [(0, "node-0", [0])]))
     out = agent.options.checkpoints / "job-nobody"
+    await wait_for(lambda: (out / "ready").exists())
+    # the stepd's files (the job's env among them) stay the agent's; the rank only passes through
+    folder = agent.options.work_dir / "node-0" / "run" / "job-nobody.attempt-0"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o711  # while the gang runs: through to its control file
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.glob("*.json")}
+    assert {"launch.json", "state.json"} <= modes.keys()  # with the log shipper's cursor, rank-0.json
+    assert set(modes.values()) == {0o600}, modes
+    assert (folder / "rank-0.control").stat().st_uid == NOBODY.pw_uid
+    (out / "go").touch()
+    await wait_for(lambda: len(agent.seen.of(WorkerExited, "job-nobody")) == 1)
+    exited = agent.seen.of(WorkerExited, "job-nobody")[0]
+    assert exited.exit_code == 0, exited.reason
     assert (out / "uid").read_text().split() == [str(NOBODY.pw_uid)]
     assert (out / "groups").read_text().split()[0] == str(NOBODY.pw_gid)
     assert (out / "who").read_text().split() == [NOBODY.pw_dir, "nobody", "nobody"]
@@ -112,14 +127,7 @@ async def test_a_job_runs_as_its_submitters_os_account_without_the_agents_secret
     assert log.stat().st_uid == NOBODY.pw_uid and log.parent.stat().st_uid == 0
     assert "as nobody (uid" in log.read_text()
     assert len(agent.seen.of(WorkerStarted, "job-nobody")) == 1
-    # the stepd's files (the job's env among them) stay the agent's; the rank only passes through
-    folder = agent.options.work_dir / "node-0" / "run" / "job-nobody.attempt-0"
-    # 0711 while the gang runs (the rank passes through to its control file); closed once reported
-    assert stat.S_IMODE(folder.stat().st_mode) in (0o711, REPORTED_MODE)
-    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.glob("*.json")}
-    assert {"launch.json", "state.json"} <= modes.keys()  # with the log shipper's cursor, rank-0.json
-    assert set(modes.values()) == {0o600}, modes
-    assert (folder / "rank-0.control").stat().st_uid == NOBODY.pw_uid
+    await wait_for(lambda: not folder.exists())  # completed and reported: its run folder is removed
 
 
 async def test_a_user_without_an_os_account_is_refused_naming_the_user_and_the_fix(agent: Cluster) -> None:
