@@ -6,34 +6,20 @@ Replays jobs [a, b) of the file (the clock shifted to start at 0, equal guarante
 preemptions, placements): the schedule's fingerprint, to compare two builds' schedules.
 
 Run: .venv/bin/python bench/sim_services_ratio.py [--start A] [--stop B] [--cluster 40x8:H100]
-     [--policies corral,fair-las] [--pipelines cycle,services] [--profile FILE]
-`--profile FILE` writes cProfile stats of the last replay (read with pstats).
+     [--policies corral,fair-las] [--pipelines cycle,services] [--profile FILE] [--smoke]
+`--profile FILE` writes cProfile stats of the last replay (read with pstats); `--smoke` replays
+jobs 20,000-20,200 on 8x8 (the test suite runs it).
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import hashlib
-import time
 from pathlib import Path
 
 from machine_probe import probe_line
+from sim_slice import TRACE, replay
 
-from corral.sim import load_workload, run_simulation
-from corral.sim.api import SimResult
-from corral.sim.workload import normalised
-
-TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "philly_2017_sep_oct.csv"
-
-
-def records_hash(result: SimResult) -> str:
-    """sha256 of every record's start, end, preemptions and placements (nodes and GPUs)."""
-    h = hashlib.sha256()
-    for r in result.records:
-        spans = [(p.start, p.end, [(k.node, list(k.gpus)) for k in p.ranks]) for p in r.placements]
-        h.update(repr((r.id, r.start, r.end, r.preemptions, spans)).encode())
-    return h.hexdigest()
+from corral.sim import load_workload
 
 
 def main() -> int:
@@ -45,23 +31,18 @@ def main() -> int:
     parser.add_argument("--policies", default="corral,fair-las")
     parser.add_argument("--pipelines", default="cycle,services")
     parser.add_argument("--profile", type=Path)
+    parser.add_argument("--smoke", action="store_true", help="jobs 20,000-20,200 on 8x8:H100")
     args = parser.parse_args()
+    if args.smoke:
+        args.start, args.stop, args.cluster = 20000, 20200, "8x8:H100"
     print(probe_line(), flush=True)
     jobs = list(load_workload(f"philly:{args.trace}").jobs[args.start:args.stop])
     for policy in args.policies.split(","):
         cpu: dict[str, float] = {}
         for pipeline in args.pipelines.split(","):
-            profiler = cProfile.Profile() if args.profile is not None else None
-            started = time.process_time()
-            if profiler is not None:
-                profiler.enable()
-            result = run_simulation(normalised(jobs, "slice", []), args.cluster, policy=policy, pipeline=pipeline)
-            if profiler is not None:
-                profiler.disable()
-                profiler.dump_stats(str(args.profile))
-            cpu[pipeline] = time.process_time() - started
+            result, cpu[pipeline] = replay(jobs, args.cluster, policy, args.profile, pipeline)
             print(f"{policy:9s} {pipeline:8s} cpu {cpu[pipeline]:6.1f} s  cycles {result.stats.cycles:6d}  "
-                  f"records {records_hash(result)[:16]}", flush=True)
+                  f"records {result.schedule_hash()[:16]}", flush=True)
         if "cycle" in cpu and "services" in cpu:
             print(f"{policy:9s} ratio services / cycle {cpu['services'] / cpu['cycle']:.2f}", flush=True)
     return 0

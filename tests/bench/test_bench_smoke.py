@@ -138,6 +138,16 @@ def test_gpu_health_bench_runs(fake_nvml_lib: Path) -> None:
     assert "fault -> report p50" in run("bench/gpu_health.py", "--smoke", timeout=120)
 
 
+def test_quota_playout_bench_runs() -> None:
+    assert "quota round ms mean" in run("bench/quota_playout.py", "--smoke")
+
+
+@pytest.mark.skipif(not PHILLY.is_file(), reason=f"the Philly trace is not at {PHILLY}")
+def test_sim_services_ratio_bench_runs() -> None:
+    out = run("bench/sim_services_ratio.py", "--smoke", "--policies", "corral")
+    assert "ratio services / cycle" in out and "records " in out
+
+
 def test_stepd_cost_bench_runs() -> None:
     assert "launcher+stepds+jobs" in run("bench/stepd_cost.py", "--smoke")
 

@@ -6,6 +6,7 @@ shorthand like `64x8:H100` or a file, an optional queues file) or as ready value
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,15 @@ class SimResult:
     stats: EngineStats
     final_reasons: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+
+    def schedule_hash(self) -> str:
+        """sha256 of every record's start, end, preemptions and placements (nodes and GPUs): the
+        schedule's fingerprint, to compare two builds' or two pipelines' schedules."""
+        h = hashlib.sha256()
+        for r in self.records:
+            spans = [(p.start, p.end, [(k.node, list(k.gpus)) for k in p.ranks]) for p in r.placements]
+            h.update(repr((r.id, r.start, r.end, r.preemptions, spans)).encode())
+        return h.hexdigest()
 
     @property
     def jobs_per_wall_second(self) -> float:

@@ -10,7 +10,6 @@ the new hash.
 
 from __future__ import annotations
 
-import hashlib
 import random
 
 import pytest
@@ -48,21 +47,13 @@ def workload(seed: int = 7) -> Workload:
     return Workload(tuple(jobs), f"seed{seed}")
 
 
-def records_hash(result: SimResult) -> str:
-    h = hashlib.sha256()
-    for r in result.records:
-        spans = [(p.start, p.end, [(k.node, list(k.gpus)) for k in p.ranks]) for p in r.placements]
-        h.update(repr((r.id, r.start, r.end, r.preemptions, spans)).encode())
-    return h.hexdigest()
-
-
 def replay(policy: str, pipeline: str) -> SimResult:
     return run_simulation(workload(), Cluster.uniform(3, 8, "H100"), policy=policy, queues=QUEUES, pipeline=pipeline)
 
 
 @pytest.mark.parametrize(("policy", "pipeline"), sorted(PINNED))
 def test_the_schedule_is_the_pinned_one(policy: str, pipeline: str) -> None:
-    assert records_hash(replay(policy, pipeline)) == PINNED[(policy, pipeline)]
+    assert replay(policy, pipeline).schedule_hash() == PINNED[(policy, pipeline)]
 
 
 def test_every_job_of_the_pinned_workload_finishes_under_las_services() -> None:
@@ -73,4 +64,4 @@ def test_every_job_of_the_pinned_workload_finishes_under_las_services() -> None:
 
 if __name__ == "__main__":
     for key in sorted(PINNED):
-        print(key, records_hash(replay(*key)))
+        print(key, replay(*key).schedule_hash())
