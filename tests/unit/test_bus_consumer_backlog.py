@@ -35,6 +35,8 @@ class _Message:
 class _Subscription:
     """Serves `backlog` messages in fetches of at most `served` (a fetch cut short by its window)."""
 
+    message: type[_Message] = _Message
+
     def __init__(self, backlog: int, served: int) -> None:
         self.left, self.served, self.sequence = backlog, served, 0
         self.windows: list[float] = []
@@ -44,13 +46,17 @@ class _Subscription:
         self.windows.append(timeout)
         if self.left == 0:
             self.drained.set()
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # nothing more is published: the fetch waits until cancelled
+        return self.serve(batch)
+
+    def serve(self, batch: int) -> list[_Message]:
+        """The next fetch's messages: at most `batch` and `served`, each saying how many wait after it."""
         n = min(batch, self.served, self.left)
         self.left -= n
         messages = []
         for i in range(n):
             self.sequence += 1
-            messages.append(_Message(self.sequence, pending=self.left + n - i - 1))
+            messages.append(self.message(self.sequence, pending=self.left + n - i - 1))
         return messages
 
     async def unsubscribe(self) -> None: ...

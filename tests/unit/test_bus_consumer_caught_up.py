@@ -18,33 +18,28 @@ from corral.bus.consumer import RunningConsumer
 from corral.bus.delivery import Delivery
 from tests.unit.test_bus_consumer_backlog import _dead_letter, _ignore
 from tests.unit.test_bus_consumer_backlog import _Message as _Unreplied
+from tests.unit.test_bus_consumer_backlog import _Subscription as _Backlog
 
 
 class _Message(_Unreplied):
     reply = None  # nats-py reads the metadata then
 
 
-class _Subscription:
+class _Subscription(_Backlog):
     """Serves `backlog` messages, `served` a fetch, then times out (nothing more was published)."""
 
+    message = _Message
+
     def __init__(self, backlog: int, served: int) -> None:
-        self.left, self.served, self.sequence = backlog, served, 0
+        super().__init__(backlog, served)
         self.empty_fetches = 0
 
-    async def fetch(self, batch: int, timeout: float) -> list[_Message]:
+    async def fetch(self, batch: int, timeout: float) -> list[_Unreplied]:
         await asyncio.sleep(0)
         if self.left == 0:
             self.empty_fetches += 1
             raise nats.errors.TimeoutError
-        n = min(batch, self.served, self.left)
-        self.left -= n
-        messages = []
-        for i in range(n):
-            self.sequence += 1
-            messages.append(_Message(self.sequence, pending=self.left + n - i - 1))
-        return messages
-
-    async def unsubscribe(self) -> None: ...
+        return self.serve(batch)
 
 
 async def test_caught_up_only_once_nothing_waits_and_at_a_time_before_that_fetch() -> None:

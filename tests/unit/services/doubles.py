@@ -24,28 +24,44 @@ class Clock:
         return self.now
 
 
-class FoldingPlacement(Placement):
-    """Placement whose appends fold as a real append does: `appended` has every event appended, in
-    order, and `appended_streams` each append's streams; the view is built by `fold`."""
+class FoldingAppends:
+    """A service's appends fold as a real append does (or lose their race while `lose`):
+    `appended` has every event appended, in order, and `appended_streams` each append's streams;
+    the view is built by `fold`. Mixed in before the service's class."""
 
-    def __init__(self, clock: Clock) -> None:
+    view: Any
+    folded: Any
+    _fold_appended: Any
+
+    def __init__(self, clock: Clock, service: Any) -> None:
         stand_in: Any = object()
-        super().__init__(stand_in, stand_in, clock=clock, monotonic=clock)
+        service.__init__(self, stand_in, stand_in, clock=clock, monotonic=clock)
         self.appended: list[Any] = []
         self.appended_streams: list[list[str]] = []
+        self.lose = False
 
     async def append(self, batches: Any, **_: Any) -> bool:
         batches = {stream: events for stream, events in batches.items() if events}
-        if batches:
-            self.appended.extend(e for events in batches.values() for e in events)
-            self.appended_streams.append(sorted(batches))
-            self._fold_appended(batches, {})
+        if not batches:
+            return True
+        if self.lose:
+            return False
+        self.appended.extend(e for events in batches.values() for e in events)
+        self.appended_streams.append(sorted(batches))
+        self._fold_appended(batches, {})
         return True
 
     def fold(self, *events: Any) -> None:
         for e in events:
             self.view.apply(e)
             self.folded(e)
+
+
+class FoldingPlacement(FoldingAppends, Placement):
+    """Placement whose appends fold as a real append's (`FoldingAppends`)."""
+
+    def __init__(self, clock: Clock) -> None:
+        FoldingAppends.__init__(self, clock, Placement)
 
     def reasons_of(self, job_id: str) -> list[str]:
         """The codes of the PlacementPendings appended for `job_id`, in order."""

@@ -18,7 +18,7 @@ from corral.contracts import events as ev
 from corral.contracts.envelope import Reason
 from corral.contracts.jobspec import validate_job_spec
 from corral.services.quota.service import Quota
-from tests.unit.services.doubles import Clock
+from tests.unit.services.doubles import Clock, FoldingAppends
 from tests.unit.services.job_events import job_event
 
 SPEC = validate_job_spec({"name": "j", "queue": "a", "replicas": 1, "gpus_per_replica": 1, "runtime": "sim",
@@ -164,28 +164,11 @@ async def test_a_round_that_failed_is_raised_to_the_run_loop() -> None:
         await quota.reconcile()
 
 
-class AppendingQuota(Quota):
+class AppendingQuota(FoldingAppends, Quota):
     """Quota whose appends are recorded (and fold, as a real append does), or lose a race."""
 
     def __init__(self) -> None:
-        stand_in: Any = object()
-        super().__init__(stand_in, stand_in, clock=Clock(), monotonic=Clock())
-        self.appended: list[list[str]] = []
-        self.lose = False
-
-    async def append(self, batches: Any, **_: Any) -> bool:
-        if not batches:
-            return True
-        if self.lose:
-            return False
-        self.appended.append(sorted(batches))
-        self._fold_appended(batches, {})
-        return True
-
-    def fold(self, *events: Any) -> None:
-        for e in events:
-            self.view.apply(e)
-            self.folded(e)
+        FoldingAppends.__init__(self, Clock(), Quota)
 
 
 _job = job_event
@@ -211,14 +194,14 @@ async def test_quota_is_given_back_for_the_jobs_an_event_touched_and_again_after
     quota = AppendingQuota()
     quota.fold(*_holding_quota("a"), *_holding_quota("b"))
     await quota._release()
-    assert quota.appended == [] and quota._touched == set(), "nothing ended: nothing to give back, nothing kept"
+    assert quota.appended_streams == [] and quota._touched == set(), "nothing ended: nothing to give back, nothing kept"
     quota.fold(_job("a", ev.JobCancelled, reason=ev.Reason(code="CANCELLED_BY_USER", message="bye")))
     quota.lose = True
     await quota._release()
-    assert quota.appended == [] and quota._touched == {"a"}
+    assert quota.appended_streams == [] and quota._touched == {"a"}
     quota.lose = False
     await quota._release()
-    assert quota.appended == [["job-a"]] and "a" in quota.view.forgotten  # over, its quota given back
+    assert quota.appended_streams == [["job-a"]] and "a" in quota.view.forgotten  # over, its quota given back
     assert quota._touched == set() and quota.view.jobs["b"].quota_gpus == 2
 
 
