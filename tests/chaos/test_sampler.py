@@ -26,7 +26,8 @@ def _chaos() -> ModuleType:
 def _fake_worker(nodes: Path, node: str, job: str, gpus: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "CORRAL_JOB_ID": job, "CUDA_VISIBLE_DEVICES": gpus,
            "CORRAL_CONTROL": str(nodes / node / "run" / job / "attempt-1" / "rank-0.control")}
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    # it lives until it is killed: no clock
+    return subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], env=env)
 
 
 def test_the_sampler_finds_two_jobs_on_one_gpu(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ def test_a_pid_file_naming_a_zombie_child_is_reaped_and_removed(tmp_path: Path) 
 
 
 def test_a_pid_reused_by_another_program_is_not_a_postgres(tmp_path: Path) -> None:
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    other = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])  # until killed
     try:
         path = write_pid(tmp_path / "pgdata", other.pid)
         assert "is not postgres" in clear_stale_postmaster_pid(tmp_path / "pgdata")
