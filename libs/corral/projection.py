@@ -23,6 +23,7 @@ from corral.contracts.envelope import Event, Reason
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.lifecycle import LifecycleCode
 from corral.contracts.queues import QueueSpec
+from corral.core.levels import started_promotion
 from corral.lifecycle import GangEvent, GangState, transition
 
 if TYPE_CHECKING:  # the scheduling core's types: loaded when a view is first translated for it
@@ -520,13 +521,15 @@ class ClusterView:
 
     def snapshot(self, now: float, pending: list[JobView] | None = None, *,
                  releasing: bool = False, core_pending: tuple[core.PendingJob, ...] | None = None,
-                 running: tuple[core.RunningJob, ...] | None = None) -> core.Snapshot:
+                 running: tuple[core.RunningJob, ...] | None = None,
+                 config: core.SchedulerConfig | None = None) -> core.Snapshot:
         """The core's view: `pending` defaults to every admitted job waiting for GPUs.
         `releasing`: include the GPUs of released attempts still fenced (`releasing_running`):
         placement must (they are not free); quota and preemption count usage and leave them out.
         `core_pending`: the waiting jobs already as the core's, sorted by job id (quota keeps
         them between rounds, `corral.services.quota.round_inputs`); `pending` is then not read.
-        `running`: the jobs holding GPUs already as the core's, sorted by job id (kept likewise)."""
+        `running`: the jobs holding GPUs already as the core's, sorted by job id (kept likewise).
+        `config`: the policy the running jobs run under (their promotion, `core_running`)."""
         if releasing and not self.gpu_ledger:
             raise ValueError("a view without the GPU ledger keeps no fenced GPUs (see `gpu_ledger`)")
         if core_pending is None:
@@ -540,20 +543,29 @@ class ClusterView:
             queues=self.core_queues(),
             pending=core_pending,
             running=(running if running is not None
-                     else tuple(core_running(j) for j in sorted(self.running_jobs(), key=_JOB_ID))) + fenced,
+                     else tuple(core_running(j, config) for j in sorted(self.running_jobs(), key=_JOB_ID))) + fenced,
         )
 
 
-def core_running(j: JobView) -> core.RunningJob:
-    """A job holding GPUs as the core's RunningJob."""
+def core_running(j: JobView, config: core.SchedulerConfig | None = None) -> core.RunningJob:
+    """A job holding GPUs as the core's RunningJob. `config`: the policy it runs under, for its
+    promotion (`promoted_service`, `core.levels.started_promotion`): the job as it waited is
+    promoted at the time quota reserved it, when the core started it (the quota round's play-out
+    starts it so, `core.kept_preemption.started_job`); None: no promotion."""
+    start = (j.running_since or j.placed_at or j.submitted_at or datetime.min).timestamp()
+    promoted = None
+    if config is not None and config.promotion_resets_level:
+        decided = j.quota_reserved_at.timestamp() if j.quota_reserved_at is not None else start
+        promoted = started_promotion(j.core_pending(), config, decided)
     return core.RunningJob(
         job=j.core_job(), placement=j.core_placement(),
-        start_time=(j.running_since or j.placed_at or j.submitted_at or datetime.min).timestamp(),
+        start_time=start,
         last_checkpoint_time=j.checkpoint_at.timestamp() if j.checkpoint_at else None,
         preempting=j.state is JobState.PREEMPTING,
         attained_gpu_seconds=j.attained_gpu_seconds,
         preempted_by=frozenset(j.preempted_by),
         preempted_at=tuple(j.preempted_at),
+        promoted_service=promoted,
     )
 
 

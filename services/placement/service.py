@@ -483,7 +483,7 @@ class Placement(Service):
             return
         self._held, self._touched = None, set()
         waiting = list(self._waiting.values())  # the snapshot orders them
-        snapshot = self.view.snapshot(now, pending=waiting, releasing=True)
+        snapshot = self.view.snapshot(now, pending=waiting, releasing=True, config=self.config)
         # One append for every gang and reason of this cycle (decided together on one snapshot, so
         # they never overlap): a commit per event was the log's limit under load.
         gangs: dict[str, list[Event]] = {}
@@ -593,7 +593,7 @@ class Placement(Service):
             return False
         touched, self._touched = self._touched, set()
         joined = [self._waiting[i] for i in sorted(touched) if i in self._waiting and i != head.job.id]
-        snapshot = self.view.snapshot(now, pending=[first, *joined], releasing=True)
+        snapshot = self.view.snapshot(now, pending=[first, *joined], releasing=True, config=self.config)
         if not (snapshot.cluster is last.cluster or snapshot.cluster == last.cluster) \
                 or snapshot.queues != last.queues or snapshot.running != last.running:
             self._touched |= touched

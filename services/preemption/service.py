@@ -142,7 +142,7 @@ class Preemption(Service):
         now = self.clock()
         if not self._may_preempt(running, now):
             return out
-        snapshot = self.view.snapshot(now, pending=list(self._waiting.values()))
+        snapshot = self.view.snapshot(now, pending=list(self._waiting.values()), config=self.config)
         for decision in preemption_step(snapshot, self.config, memo=self.classes):
             for victim_id in decision.victims:
                 victim = self.view.jobs.get(victim_id)
@@ -163,7 +163,7 @@ class Preemption(Service):
 
     def _may_preempt(self, running: list[JobView], now: float) -> bool:
         """Whether some waiting job could preempt one of `running` (`core.Preemptors.may_preempt`)."""
-        return self.preemptors().may_preempt(map(core_running, running), now, self.config)
+        return self.preemptors().may_preempt((core_running(j, self.config) for j in running), now, self.config)
 
     def preemptors(self) -> Preemptors:
         """The waiting jobs as the victim rule reads them, brought up to date with the jobs touched

@@ -131,12 +131,13 @@ class RoundInputs:
             self._sorted = tuple(map(self._core.__getitem__, self._ids))
         return self._sorted
 
-    def core_running(self, view: ClusterView) -> tuple[core.RunningJob, ...]:
-        """The view's jobs holding GPUs as the core's RunningJob, sorted by job id (`ClusterView.snapshot`)."""
+    def core_running(self, view: ClusterView, config: core.SchedulerConfig) -> tuple[core.RunningJob, ...]:
+        """The view's jobs holding GPUs as the core's RunningJob under `config`, sorted by job id
+        (`ClusterView.snapshot`)."""
         if self._running_sorted is None:
             kept = self._running
             for j in view.running_jobs():
                 if j.job_id not in kept:
-                    kept[j.job_id] = core_running(j)
+                    kept[j.job_id] = core_running(j, config)
             self._running_sorted = tuple(kept[i] for i in sorted(kept))
         return self._running_sorted

@@ -281,7 +281,7 @@ class Quota(Service):
         if not inputs.unreserved:
             return  # every waiting job holds quota: the core decides nothing (reserve_quota)
         snapshot = self.view.snapshot(self.clock(), core_pending=inputs.core_pending(),
-                                       running=inputs.core_running(self.view))
+                                       running=inputs.core_running(self.view, self.config))
         backlog = inputs.backlog.frozen()  # copies, as the rest: the loop folds events while the core decides
         by_id = dict(inputs.waiting)
         reserved, held = set(inputs.reserved), inputs.held()

@@ -26,10 +26,11 @@ from corral.contracts import events as ev
 from corral.contracts.cluster import parse_cluster_shorthand
 from corral.contracts.envelope import Event, Reason, job_stream, node_stream, queue_stream
 from corral.contracts.queues import QueueSpec
-from corral.core import Cluster, PendingJob, Place, QueueConfig, SchedulerConfig, schedule
+from corral.core import Cluster, PendingJob, Place, Preempt, QueueConfig, RunningJob, SchedulerConfig, schedule
 from corral.core.levels import promote_at
 from corral.core.pipeline import run_round
-from corral.projection import ClusterView, JobView
+from corral.core.steps import preemption_step
+from corral.projection import ClusterView, JobView, core_running
 from corral.sim import SimJob, Workload, run_simulation
 from corral.sim.api import SimResult
 from corral.sim.engine import PIPELINES, Simulator
@@ -216,3 +217,85 @@ def test_a_release_of_an_attempt_that_never_ran_moves_the_wait_and_keeps_the_las
     assert after is not before
     assert (after.requeued_at, after.last_run_seconds) == (5100.0, 4030.0)
     assert after.attained_gpu_seconds == before.attained_gpu_seconds
+
+
+@contextmanager
+def starts_of_the_simulator() -> Iterator[list[RunningJob]]:
+    """The RunningJob of every start the simulator makes, as it starts it."""
+    seen: list[RunningJob] = []
+    add = Simulator._add_running
+
+    def spy(self: Simulator, r: RunningJob) -> None:
+        seen.append(r)
+        add(self, r)
+
+    with patch.object(Simulator, "_add_running", spy):
+        yield seen
+
+
+def started(job: SimJob, record: JobRecord, r: RunningJob) -> list[Event]:
+    """The events the live services record up to `r`'s start: its earlier runs (`history`), then
+    this attempt reserved, placed and running at the simulator's start time."""
+    out = history(job, record, r.preempted_at, r.start_time)
+    attempt = sum(1 for span in record.placements if span.end <= r.start_time)
+    ranks = [ev.RankPlacement(rank=rank.rank, node=rank.node, gpus=list(rank.gpus)) for rank in r.placement.ranks]
+    return [*out, job_event(job.id, ev.QuotaReserved, r.start_time, queue=job.queue, gpus=job.gpus),
+            job_event(job.id, ev.GangReserved, r.start_time, ranks=ranks, world_size=len(ranks),
+                      master_addr="127.0.0.1", master_port=29500, attempt=attempt),
+            job_event(job.id, ev.JobRunning, r.start_time, attempt=attempt)]
+
+
+def assert_starts_agree(jobs: tuple[SimJob, ...], pipeline: str, cluster: Cluster,
+                        queues: tuple[QueueConfig, ...]) -> list[RunningJob]:
+    """Every start of a fair-las replay, folded from its events, is the simulator's running job as
+    the promotion reads it (`RunningJob.promoted_service`); returns the simulator's starts."""
+    with starts_of_the_simulator() as starts:
+        result, _ = simulate(jobs, cluster, queues, pipeline)
+    by_id, records = {j.id: j for j in jobs}, {r.id: r for r in result.records}
+    for simulated in starts:
+        job_id = simulated.job.id
+        live = core_running(folded(started(by_id[job_id], records[job_id], simulated)).jobs[job_id], FAIR_LAS)
+        assert live.start_time == pytest.approx(simulated.start_time, abs=1e-5)
+        assert live.attained_gpu_seconds == pytest.approx(simulated.attained_gpu_seconds, abs=1e-3)
+        if simulated.promoted_service is None:
+            assert live.promoted_service is None, job_id
+        else:
+            assert live.promoted_service == pytest.approx(simulated.promoted_service, abs=1e-3), job_id
+    return starts
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_promoted_start_folds_to_the_simulators_running_job(pipeline: str) -> None:
+    """The starved long job is promoted and started again: the live services' view of it running
+    carries its promotion, so it is no level victim of the fresh jobs at once."""
+    cluster, queues, jobs = starving()
+    starts = assert_starts_agree(jobs, pipeline, cluster, queues)
+    promoted = [r for r in starts if r.promoted_service is not None]
+    assert [r.job.id for r in promoted][:1] == ["long"]
+
+
+@SETTINGS
+@given(world=worlds(), pipeline=st.sampled_from(PIPELINES))
+def test_every_start_of_the_simulator_folds_to_its_running_job(world, pipeline) -> None:  # type: ignore[no-untyped-def]
+    cluster, queues, jobs = world
+    assert_starts_agree(jobs, pipeline, cluster, queues)
+
+
+def test_the_live_view_spares_a_promoted_job_it_started() -> None:
+    """The long job, promoted, reserved and running again on the live view while a fresh job
+    (a level below its whole service) waits: no level preemption of it until it has run a level's
+    service since its promotion (`levels.running_level`)."""
+    view = waiting_after_a_run()
+    promoted = promote_at(view.jobs["long"].core_pending(), FAIR_LAS.starvation_limit)
+    rank = ev.RankPlacement(rank=0, node=sorted(view.nodes)[0], gpus=list(range(8)))
+    for e in (job_event("long", ev.QuotaReserved, promoted, queue="q", gpus=8),
+              job_event("long", ev.GangReserved, promoted, ranks=[rank], world_size=1, master_addr="127.0.0.1",
+                        master_port=29500, attempt=1),
+              job_event("long", ev.JobRunning, promoted, attempt=1)):
+        view.apply(e)
+    running = core_running(view.jobs["long"], FAIR_LAS)
+    assert running.promoted_service == pytest.approx(4030.0 * 8)
+    later = promoted + 60.0
+    snapshot = view.snapshot(later, config=FAIR_LAS)
+    assert not [d for d in preemption_step(snapshot, FAIR_LAS) if isinstance(d, Preempt)]
+    assert core_running(view.jobs["long"]).promoted_service is None, "a view without a policy knows no promotion"

@@ -146,7 +146,8 @@ def test_the_kept_inputs_equal_the_whole_pass_after_every_event(jobs: list[tuple
         # the jobs holding GPUs as `ClusterView.snapshot` lists them (a job with no spec has none)
         holding = sorted(quota.view.running_jobs(), key=lambda j: j.job_id)
         if all(j.spec is not None and j.submitted_at is not None for j in holding):
-            assert kept.core_running(quota.view) == tuple(map(core_running, holding)), op
+            assert kept.core_running(quota.view, quota.config) == tuple(core_running(j, quota.config)
+                                                                        for j in holding), op
 
 
 def test_every_kind_is_reached() -> None:
