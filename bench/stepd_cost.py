@@ -49,8 +49,7 @@ def proc_cost(pid: int) -> tuple[float, int, float]:
 
 
 def launcher_pid(sup: Supervisor) -> int | None:
-    proc = getattr(sup._launcher, "_proc", None)
-    return proc.pid if proc is not None else None
+    return sup._launcher.pid
 
 
 async def run(gangs: int, at_once: int, command: tuple[str, ...], root: Path) -> dict[str, float]:

@@ -9,11 +9,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from corral import environment
+from corral.services.node_agent.process.fork_server import ForkServer
 from corral.services.node_agent.process.supervisor import GangEnd, Supervisor
 from tests.integration.test_node_agent_supervisor import UNTIL_STOPPED, Recorder, assignment, script, wait_for
 from tests.processes import alive
@@ -48,12 +52,43 @@ async def test_a_stepd_terminated_as_soon_as_it_is_forked_stops_its_gang(tmp_pat
     """The agent knows the pid when the fork returns, before the stepd set its own SIGTERM handler."""
     sup = Supervisor(Recorder(), tmp_path / "run", stepd_host=False)
     await sup.start(assignment(tmp_path, UNTIL_STOPPED, ranks=1), wait=False)
-    stepd = sup.stepd_pid("job-1")
+    stepd = await sup.launched("job-1")
     assert stepd is not None
     os.kill(stepd, signal.SIGTERM)
     outcome = await asyncio.wait_for(sup.wait("job-1"), 60)  # a lost SIGTERM: the rank runs forever
     assert outcome is not None and outcome.end is GangEnd.STOPPED
     await sup.close()
+
+
+class Gated(ForkServer):
+    """A fork server whose requests wait for `gate`: what the agent does before the stepd starts."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.executable, environment.mapping())
+        self.gate = asyncio.Event()
+
+    async def spawn(self, folder: Path, runtime: str = "process") -> tuple[int, str | None, Any, bool]:
+        await self.gate.wait()
+        return await super().spawn(folder, runtime)
+
+
+@pytest.mark.parametrize("hosted", [True, False])
+async def test_a_start_returns_before_its_stepd_is_asked_for_and_a_stop_sent_meanwhile_stops_it(
+        tmp_path: Path, hosted: bool) -> None:
+    launcher = Gated()
+    launcher._host = hosted
+    sup = Supervisor(Recorder(), tmp_path / "run", launcher=launcher)
+    try:
+        await asyncio.wait_for(sup.start(assignment(tmp_path, UNTIL_STOPPED, ranks=1), wait=False), 5)
+        assert sup.running_jobs() == ["job-1"] and sup.stepd_pid("job-1") is None
+        assert sup.send_stop("job-1", grace_seconds=2)
+        launcher.gate.set()
+        assert await asyncio.wait_for(sup.launched("job-1"), 30) is not None
+        outcome = await asyncio.wait_for(sup.wait("job-1"), 60)
+        assert outcome is not None and outcome.end is GangEnd.STOPPED
+    finally:
+        await sup.close()
+        await launcher.close()
 
 
 INHERITED_IGNORES = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1)

@@ -6,7 +6,8 @@ killed by its graceful stop. Each gang attempt runs under its own stepd
 and this class only turns that file into reports and the agent's decisions into commands.
 
 - `start` writes `launch.json`, has the fork server (`zygote`) fork the stepd and waits until it
-  has spawned the ranks (the agent's consumer does not wait: `wait=False`);
+  has spawned the ranks; the agent's consumer waits for neither (`wait=False`): the gang's watcher
+  asks the fork server, so the next job's start is not held up by this one's round trip;
 - a watcher task per gang follows `state.json` (inode/mtime/size, looked at every `poll_interval`
   by one `StatePoller` for all gangs, which wakes the watcher when it changed) and calls the
   `AgentEvents` callbacks for whatever is new: each report carries the time the stepd recorded,
@@ -81,6 +82,7 @@ log = logging.getLogger(__name__)
 
 _ENDED_KEPT = 4096
 _LIVENESS_EVERY = 0.5  # seconds between checks that a stepd still lives
+_LAUNCH_WAIT = 5.0  # seconds a graceful stop waits for the stepds being asked for
 
 
 class ExitReason(enum.StrEnum):
@@ -181,6 +183,7 @@ class _Gang:
     state: dict[str, Any] | None = None
     emitted: set[tuple[Any, ...]] = field(default_factory=set)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    launched: asyncio.Event = field(default_factory=asyncio.Event)  # its stepd was asked for (or adopted)
     ended: asyncio.Future[GangOutcome] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task[None] | None = None
     pending: list[dict[str, Any]] = field(default_factory=list)  # commands the disk refused so far
@@ -278,6 +281,15 @@ class Supervisor:
         gang = self._gangs.get(job_id)
         return gang.stepd_pid if gang else None
 
+    async def launched(self, job_id: str) -> int | None:
+        """Wait until the stepd of `job_id`'s running attempt is started; its pid (None: no attempt
+        runs here, or its stepd could not start)."""
+        gang = self._gangs.get(job_id)
+        if gang is None:
+            return None
+        await gang.launched.wait()
+        return gang.stepd_pid
+
     def last_outcome(self, job_id: str) -> GangOutcome | None:
         """How the newest ended attempt of `job_id` ended here (recent jobs only)."""
         return self._ended.get(job_id)
@@ -308,9 +320,11 @@ class Supervisor:
     async def start(self, assignment: Assignment, *, cause: str | None = None, wait: bool = True) -> GangStart:
         """Launch the stepd of `assignment` and wait until it has spawned every local rank.
 
-        `wait=False` returns once the stepd is started (an empty GangStart): the agent's events
-        consumer does not wait for a job's ranks before it starts the next job's stepd; what
-        they did is reported from the stepd's state as always.
+        `wait=False` returns once launch.json is written (an empty GangStart); the stepd is asked
+        for by the gang's watcher (`launched` waits for that): the agent's events consumer does
+        not wait for a job's stepd or ranks before it starts the next job's; what they did is
+        reported from the stepd's state as always, and a command sent meanwhile is in
+        commands.json, read by the stepd as it starts.
 
         Idempotent for the same (job, attempt): a redelivered reservation returns the running one,
         and one for an attempt launched here before (even by an earlier agent process) is not
@@ -333,12 +347,7 @@ class Supervisor:
         write_new_json(folder / LAUNCH, launch.to_json())
         gang = _Gang(folder=folder, launch=launch)
         self._gangs[job] = gang
-        try:
-            gang.stepd_pid, gang.stepd_started, gang.proc, gang.shared = await self._launcher.spawn(
-                folder, assignment.runtime)
-        except OSError as exc:
-            self._write_start_failed(gang, f"the stepd could not start: {type(exc).__name__}: {exc}")
-        gang.task = asyncio.create_task(self._watch(gang), name=f"stepd-{job}")
+        gang.task = asyncio.create_task(self._watch(gang, launch=True), name=f"stepd-{job}")
         if not wait:
             return GangStart(job, assignment.attempt, {}, {})
         while not (gang.ended.done() or (gang.phase is not None and gang.phase != STARTING)):
@@ -402,8 +411,22 @@ class Supervisor:
         gang.changed.set()
         return True
 
-    async def _watch(self, gang: _Gang) -> None:
+    async def _launch(self, gang: _Gang) -> None:
+        """Have the launcher start the gang's stepd (whose launch.json is written)."""
         try:
+            gang.stepd_pid, gang.stepd_started, gang.proc, gang.shared = await self._launcher.spawn(
+                gang.folder, gang.assignment.runtime)
+        except OSError as exc:
+            self._write_start_failed(gang, f"the stepd could not start: {type(exc).__name__}: {exc}")
+        finally:
+            gang.launched.set()
+
+    async def _watch(self, gang: _Gang, *, launch: bool = False) -> None:
+        try:
+            if launch:
+                await self._launch(gang)
+            else:
+                gang.launched.set()
             await self._follow(gang)
         except asyncio.CancelledError:
             raise
@@ -629,7 +652,12 @@ class Supervisor:
 
     async def detach(self) -> None:
         """Stop following the stepds and leave them running (a graceful agent stop: an upgrade).
-        The next agent process adopts them (`adopt`)."""
+        The next agent process adopts them (`adopt`). A stepd being asked for is waited for (a
+        few seconds at most): its gang is then adopted as any other, not abandoned."""
+        asking = [g.launched.wait() for g in self._gangs.values() if not g.launched.is_set()]
+        if asking:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*asking), _LAUNCH_WAIT)
         tasks = [g.task for g in [*self._gangs.values(), *self._others, *self._ending] if g.task is not None]
         for task in tasks:
             task.cancel()
