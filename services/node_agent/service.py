@@ -371,15 +371,18 @@ class NodeAgent:
         if isinstance(self.supervisor, Supervisor):
             self.supervisor.attempts_over(job_id, up_to_attempt)
 
-    async def adopt(self, ledger: ReservationLedger, reservations_known_since: float | None) -> list[str]:
+    async def adopt(self, ledger: ReservationLedger, reservations_known_since: float | None,
+                    unacked: set[tuple[str, int]] | None = None) -> list[str]:
         """Follow the stepds an earlier agent process left; stop (and wait for) those the log does
         not keep on this node. `reservations_known_since`: a gang launched after this time would
         have its GangReserved in the history read (None: nothing can be concluded from absence).
-        The run folders of attempts the log says are over go once reported. Returns the jobs whose
-        adopted gangs it keeps."""
+        The run folders of attempts the log says are over go once reported; `unacked`: the
+        reservations our consumer may still deliver (None: any may), whose removed attempts are
+        remembered as launched here. Returns the jobs whose adopted gangs it keeps."""
         if isinstance(self.supervisor, Supervisor):
             adopted = await self.supervisor.adopt(
-                lambda job, attempt: ledger.verdict(job, attempt, self.node) in (Verdict.ENDED, Verdict.RELEASED))
+                lambda job, attempt: ledger.verdict(job, attempt, self.node) in (Verdict.ENDED, Verdict.RELEASED),
+                redeliverable=None if unacked is None else lambda job, attempt: (job, attempt) in unacked)
         else:
             adopted = await self.supervisor.adopt()
         unwanted: list[str] = []
@@ -423,6 +426,9 @@ class AgentHost:
         self.ledger = ReservationLedger()
         self._ledger_open = True
         self.reservations_known_since: float | None = None
+        #: the reservations (job, attempt) our durable may still deliver, read with the history
+        #: (`load_history`; None: not read, any may): the removed attempts of the others are forgotten
+        self.unacked: set[tuple[str, int]] | None = None
         self.ready = asyncio.Event()
         # The log position handled up to (heartbeats say it: `NodeHeartbeat.handled_position`).
         self._handled: int | None = None
@@ -522,6 +528,7 @@ class AgentHost:
         sub = await self.bus.js.pull_subscribe_bind(name, stream=stream)
         read = 0
         oldest: float | None = None
+        unacked: set[tuple[str, int]] = set()
         try:
             remaining = int((await sub.consumer_info()).num_pending)
             while remaining > 0:
@@ -534,6 +541,8 @@ class AgentHost:
                         event, carried = _decoded(msg.subject, msg.data)
                         for known in (*carried, event):
                             self.remember(known)
+                        if isinstance(event, GangReserved) and msg.metadata.sequence.stream > acked_through:
+                            unacked.add((event.job_id, event.attempt))
                     if msg.metadata.sequence.stream <= acked_through:
                         with contextlib.suppress(TypeError, ValueError):
                             self._handled_up_to(int((msg.headers or {}).get(POSITION, "")))
@@ -542,6 +551,7 @@ class AgentHost:
                 await sub.unsubscribe()
             with contextlib.suppress(Exception):
                 await self.bus.js.delete_consumer(stream, name)
+        self.unacked = unacked  # the whole history read: a reservation not in it is acked or gone
         if self._handled is None:
             self._handled = 0  # nothing before our durable's first delivery: handled up to nothing
         if oldest is not None:
@@ -848,7 +858,7 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
         try:
             # Before any event is handled and before the nodes register: placement must not place
             # on GPUs that workers it released still hold.
-            kept = await asyncio.gather(*(agent.adopt(host.ledger, host.reservations_known_since)
+            kept = await asyncio.gather(*(agent.adopt(host.ledger, host.reservations_known_since, host.unacked)
                                           for agent in agents))
             for agent, jobs in zip(agents, kept, strict=True):
                 for job in jobs:

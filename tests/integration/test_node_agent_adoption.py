@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from corral.bus import Bus
+from corral.bus.bus import Outgoing
 from corral.bus.naming import EVENTS
 from corral.contracts.cluster import parse_cluster_shorthand
 from corral.contracts.envelope import Reason, job_stream
@@ -260,3 +261,30 @@ async def test_an_agent_upgraded_from_broadcast_to_node_subjects_keeps_its_runni
     await c.publish(reserved("job-after", [(0, "node-0", [1])]))
     await wait_for(lambda: [e.exit_code for e in seen.of(WorkerExited, "job-after")] == [0])
     assert "job-after" in host.specs
+
+
+async def test_a_completed_attempt_delivered_again_after_a_restart_is_not_launched_again(
+        env: tuple[Cluster, Agents]) -> None:
+    """A short job runs to its end here (reported, its run folder removed); the agent stops, and
+    its reservation is delivered again to the next agent (a copy past the durable's ack floor, as
+    when the ack was lost): the restarted agent knows the attempt as launched here and starts nothing."""
+    c, agents = env
+    seen = c.seen
+    await agents.start()
+    await c.publish(submitted("job-r", duration_seconds=0.2))
+    gang = reserved("job-r", [(0, "node-0", [0])])
+    c.version += 1
+    assert c.router is not None
+    copies = await c.router.work(c.log.append(gang, c.version), c.bus.max_message_bytes)
+    await c.bus.publish_many(copies)
+    await wait_for(lambda: [e.exit_code for e in seen.of(WorkerExited, "job-r")] == [0])
+    folder = c.options.work_dir / "node-0" / "run" / "job-r.attempt-0"
+    await wait_for(lambda: not folder.exists())
+    await agents.stop()
+
+    await c.bus.publish_many([Outgoing(o.subject, o.data, f"{o.msg_id}-again", o.headers) for o in copies])
+    host = await agents.start()
+    await wait_for(lambda: job_stream("job-r") in host._versions)  # the copy is handled
+    await asyncio.sleep(0.5)
+    assert not folder.exists()
+    assert len(seen.of(WorkerStarted, "job-r")) == 1, "launched again"

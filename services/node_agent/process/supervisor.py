@@ -669,17 +669,20 @@ class Supervisor:
 
     # --- adoption ------------------------------------------------------------------------------
 
-    async def adopt(self, over: Callable[[str, int], bool] | None = None) -> list[AdoptedGang]:
+    async def adopt(self, over: Callable[[str, int], bool] | None = None, *,
+                    redeliverable: Callable[[str, int], bool] | None = None) -> list[AdoptedGang]:
         """Follow the gang attempts an earlier agent process left in `run_dir` (call once, at start).
 
         Returns each attempt found that still has something to report: `running` ones have a live
         stepd; the others ended while no agent was there (their reports go out now) or lost their
         stepd (their ranks are killed and reported as CRASHED). `over(job, attempt)`: whether the
         log holds that attempt's end; such a folder goes once reported (at once if it is).
+        `redeliverable(job, attempt)`: whether its reservation may still be delivered (None: any
+        may); the removed attempts of the others are forgotten (`RunFolders.seed`).
         """
         found: list[_Gang] = []
         listed = sorted(attempt_folders(self._run_dir))
-        self.folders.seed(listed)
+        self.folders.seed(listed, redeliverable)
         for job, number, folder in listed:
             gang = self._adoptable(folder)
             if gang is not None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from corral.services.node_agent.process import step_files
 from corral.services.node_agent.process.assignment import Assignment, RankAssignment
+from corral.services.node_agent.process.run_folders import REMOVED, RunFolders
 from corral.services.node_agent.process.supervisor import GangOutcome, Supervisor
 
 
@@ -41,11 +42,16 @@ class Events:
         self.ended.append(outcome)
 
 
+def assignment(run_dir: Path, job: str, attempt: int) -> Assignment:
+    """One rank of `job`'s `attempt` on this node, running `true`."""
+    return Assignment(job_id=job, attempt=attempt, world_size=1, node_rank=0, master_addr="127.0.0.1",
+                      master_port=29500, ranks=(RankAssignment(0, 0, (0,)),), command=("true",),
+                      checkpoint_dir=run_dir / "ck", log_dir=run_dir / "logs")
+
+
 def ended_attempt(run_dir: Path, job: str, attempt: int, *, completed: bool = False) -> Path:
     """A folder left by an attempt whose one rank exited (0 if `completed`, else 1) while no agent ran."""
-    a = Assignment(job_id=job, attempt=attempt, world_size=1, node_rank=0, master_addr="127.0.0.1",
-                   master_port=29500, ranks=(RankAssignment(0, 0, (0,)),), command=("true",),
-                   checkpoint_dir=run_dir / "ck", log_dir=run_dir / "logs")
+    a = assignment(run_dir, job, attempt)
     folder = step_files.attempt_dir(run_dir, job, attempt)
     folder.mkdir(parents=True, mode=0o711)
     launch = step_files.Launch(assignment=a, cause=None, kill_grace=1.0, launched_at=time.time())
@@ -157,3 +163,55 @@ async def test_a_release_removes_the_released_attempts_only(tmp_path: Path) -> N
     sup = Supervisor(Events(), tmp_path, base_env={})
     sup.attempts_over("j", 0)  # GangReleased of attempt 0, or JobRequeued to attempt 1
     assert not first.exists() and second.is_dir()
+
+
+async def test_a_removed_attempt_is_not_launched_again_by_the_next_agent(tmp_path: Path) -> None:
+    """A completed attempt is reported and its folder removed; the agent restarts and its
+    reservation comes again (its ack was lost): the restarted agent launches nothing."""
+    folder = ended_attempt(tmp_path, "j", 0, completed=True)
+    events = Events()
+    sup = Supervisor(events, tmp_path, base_env={})
+    await adopt_and_wait(sup, events)
+    assert not folder.exists()
+    await sup.detach()
+
+    restarted = Supervisor(Events(), tmp_path, base_env={})
+    try:
+        assert await restarted.adopt() == []
+        start = await restarted.start(assignment(tmp_path, "j", 0), wait=False)
+        assert start.already_ended and restarted.running_jobs() == []
+        assert not folder.exists()
+        assert not (await restarted.start(assignment(tmp_path, "other", 0), wait=False)).already_ended
+    finally:
+        await restarted.close()
+
+
+async def test_adoption_forgets_removed_attempts_whose_reservation_cannot_come_again(tmp_path: Path) -> None:
+    """`redeliverable`: the reservations the agents' consumer may still deliver (not acknowledged,
+    still in the stream); a removed attempt of any other is forgotten, on disk too."""
+    for job in ("acked", "unacked"):
+        ended_attempt(tmp_path, job, 0, completed=True)
+    events = Events()
+    sup = Supervisor(events, tmp_path, base_env={})
+    await sup.adopt()
+    await reported(events, 2)
+    await sup.detach()
+
+    restarted = Supervisor(Events(), tmp_path, base_env={})
+    await restarted.adopt(redeliverable=lambda job, attempt: job == "unacked")
+    assert restarted.folders.launched_here("unacked", 0) and not restarted.folders.launched_here("acked", 0)
+    again = Supervisor(Events(), tmp_path, base_env={})
+    await again.adopt()
+    assert again.folders.launched_here("unacked", 0) and not again.folders.launched_here("acked", 0)
+
+
+def test_the_removed_attempts_kept_on_disk_are_bounded(tmp_path: Path) -> None:
+    """Between two restarts the record of removed attempts keeps the newest (`kept`) and a bounded file."""
+    folders = RunFolders(tmp_path, kept=3)
+    for i in range(10):
+        folder = step_files.attempt_dir(tmp_path, f"j{i}", 0)
+        folder.mkdir()
+        folders.remove(f"j{i}", 0, folder)
+    assert len((tmp_path / REMOVED).read_text().splitlines()) <= 6
+    fresh = RunFolders(tmp_path, kept=3)
+    assert [i for i in range(10) if fresh.launched_here(f"j{i}", 0)] == [7, 8, 9]
