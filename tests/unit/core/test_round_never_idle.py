@@ -1,13 +1,13 @@
 """The services' round never leaves an empty cluster idle while a job that fits it waits.
 
 Why: the quota step plays each reservation out (`corral.core.reservation`) and refuses one that a
-waiting job would take back at once. Those refusals can form a ring with nothing behind it: under
-LAS a fresh job would preempt one with attained service, and a job of higher priority in the
-fresh job's queue would preempt the fresh one; each is refused for the other, and on a cluster
-where nothing runs and no quota is held the GPUs stay idle, round after round (no event comes to
-change the state). Property: on an empty cluster (nothing running, no quota held) with waiting
-jobs that each fit it and their queue's ceiling, under every named policy, the round reserves at
-least one job and placement starts it.
+waiting job would take back at once. Were two rules to disagree (say LAS taking a job of higher
+priority of its queue, which priority takes back), those refusals would form a ring with nothing
+behind it: each job refused for the other, and on a cluster where nothing runs and no quota is
+held the GPUs idle, round after round (no event comes to change the state). Property: on an
+empty cluster (nothing running, no quota held) with waiting jobs that each fit it and their
+queue's ceiling, under every named policy, the round reserves at least one job and placement
+starts it.
 """
 
 from __future__ import annotations
@@ -56,12 +56,12 @@ def test_a_round_on_an_empty_cluster_starts_a_job(snapshot: Snapshot, policy: st
     assert done.reserved and done.placed, [(d.job_id, getattr(d, "reason", None)) for d in done.quota]
 
 
-def test_priority_and_las_refusing_each_other_still_start_one() -> None:
-    """Under LAS: `fresh` (no service) would preempt `served` (over an hour more); `urgent`, of
-    `fresh`'s queue and higher priority, would preempt `fresh`; `served` and `urgent` are one job
-    here, so each of the two is refused for the other. One of them starts."""
+def test_priority_and_las_agree_on_who_starts() -> None:
+    """Under LAS: `fresh` (no service) would take `served` (over an hour more) were `served` not
+    of `fresh`'s queue and a higher priority; as it is, LAS spares it (`eligibility.victim_kind`),
+    so the play-out refuses neither for the other: `served`, ahead for its priority, starts."""
     served = PendingJob(job("served", 1, 8, "q", priority=100, preemptible=True), attained_gpu_seconds=8000.0)
     fresh = PendingJob(job("fresh", 1, 8, "q", preemptible=True, submit_time=1.0))
     snap = Snapshot(1000.0, Cluster.uniform(1, 8, "H100"), (QueueConfig("q", 8),), (served, fresh), ())
     done = run_round(snap, SchedulerConfig.named("las"))
-    assert [d.job_id for d in done.placed] == ["fresh"]
+    assert [d.job_id for d in done.placed] == ["served"]

@@ -26,8 +26,8 @@ PINNED = {
     ("corral", "services"): "8c802956ca1a29564c5035c72b448968762a16821aa0a84ffdafc4bf07926c43",
     ("fair-las", "cycle"): "e2c900799918822dbd36b06cb123ee2d989d50f0bfa6f08022dcb9ac2f087607",
     ("fair-las", "services"): "caf58d5f9fa896794217c770ad0285bb9310c52415e29c0d4e2b85f6f5d9bdbc",
-    ("las", "cycle"): "c24696cbb20381e1ccb13a14920d5c95d667d39ef1facc834d67801c5ea5c97e",
-    ("las", "services"): "5ca45f3d38a40ba17569712f5f56e1dc48e0a37d7468c6b4f125c6c3d3853163",
+    ("las", "cycle"): "c9dbae71cba92f826acff0894299866f3ba94072e052b01c8eff5155ab0acf34",
+    ("las", "services"): "7b40bed0d20ba83b08b798a1dcbfc4a6ed4b4b81f12e1c895192fff2bceedb83",
 }
 
 
@@ -57,8 +57,8 @@ def test_the_schedule_is_the_pinned_one(policy: str, pipeline: str) -> None:
 
 
 def test_every_job_of_the_pinned_workload_finishes_under_las_services() -> None:
-    """Under las, priority and LAS preemption refuse each other's reservations in the quota step's
-    play-out; on a cluster where nothing runs a round still starts a job (`reservation._start_one`)."""
+    """Under las, the quota step's play-out refuses reservations a waiting job would take back at
+    once; on a cluster where nothing runs a round still starts a job (`reservation._start_one`)."""
     assert replay("las", "services").summary.finished == 120
 
 

@@ -5,8 +5,8 @@ between the two it drifts. Here the whole rule lives in one place:
 - `statically_eligible`: whoever the preemptor, never a victim: non-preemptible, younger than
   `min_runtime_seconds`, already preempting, or its preemption budget spent (no loops);
 - `victim_kind`: for one preemptor, the reason a running job may be its victim (priority within
-  a queue, LAS, a higher service level within a queue under FAIR_LAS, reclaim of guarantee from a
-  borrowing sibling subtree), or None;
+  a queue, LAS but never of a higher priority of the preemptor's queue, a higher service level
+  within a queue under FAIR_LAS, reclaim of guarantee from a borrowing sibling subtree), or None;
 - under FAIR_LAS a level victim is one checkpointed lately (`fresh`), and reclaim goes by whole
   jobs: a queue short of its guarantee reclaims a job that may take it past it (a gang of 8 for a
   queue owed 22.9 GPUs and holding 16), and only from a sibling that keeps its own guarantee after
@@ -63,7 +63,8 @@ def spared(p: PendingJob, running: Collection[str], victims_of: Mapping[str, Col
 
 
 def same_queue_outranks(job: Job, victim: Job) -> bool:
-    """Within a queue, only a strictly higher priority preempts (a tie never does)."""
+    """Within a queue, only a strictly higher priority preempts (a tie never does); and LAS never
+    preempts a job that outranks its preemptor so, which would preempt it back (no ping-pong)."""
     return victim.queue == job.queue and victim.priority < job.priority
 
 
@@ -184,7 +185,7 @@ def victim_kind(
         return None  # no ping-pong, and never twice by the same preemptor
     if config.preemption and same_queue_outranks(job, r.job):
         return ReasonCode.PREEMPTED_FOR_PRIORITY
-    if config.preemption and config.order is OrderPolicy.LAS:
+    if config.preemption and config.order is OrderPolicy.LAS and not same_queue_outranks(r.job, job):
         theirs, mine = r.attained(now), pending.attained_gpu_seconds
         if theirs >= config.las_preemption_ratio * mine and theirs - mine >= config.las_min_gap_gpu_seconds:
             return ReasonCode.PREEMPTED_FOR_LAS
