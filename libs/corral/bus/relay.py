@@ -266,11 +266,15 @@ class OutboxRelay:
             self._saving = asyncio.create_task(self._save_after_a_while(), name=f"relay:{self.name}:save")
 
     async def _save_after_a_while(self) -> None:
-        await asyncio.sleep(self._save_every)
-        try:
-            await self._save_unsaved()
-        except Exception as exc:  # kept for the next save; the relay's own reads meet the outage
-            log.warning("relay %s: the position was not saved: %s: %s", self.name, type(exc).__name__, exc)
+        """Save until nothing acknowledged is unsaved: a batch acknowledged during a save is saved
+        by the next turn (it may be the last batch for a long while)."""
+        while self._unsaved is not None:
+            await asyncio.sleep(self._save_every)
+            try:
+                await self._save_unsaved()
+            except Exception as exc:  # kept for the next save; the relay's own reads meet the outage
+                log.warning("relay %s: the position was not saved: %s: %s", self.name, type(exc).__name__, exc)
+                return
 
     async def _save_unsaved(self) -> None:
         last = self._unsaved
