@@ -5,7 +5,7 @@ largest CPU users per job, and on a shared machine a whole stack falls behind an
 backlog. This runs only their part: jobs' events (~14 a job, as the live system writes them) are
 appended at `--rate` jobs a second by four appenders (about two events an append, a job's events
 in order, commits not waiting for the disk), while one child process relays them to JetStream
-(TLS, node work included, configured as `services/relay.py` configures it) and keeps the read
+(TLS, node work included, `corral.services.relay.service_relay`) and keeps the read
 model current (`corral.readmodel.projector`), as the lease holder does. Printed per event: the
 child's CPU, Postgres' (the appends with their triggers, the relay's and projector's reads and
 writes) and nats-server's, and Postgres' work counted (commits, rows read and written, buffers):
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import itertools
 import json
 import os
@@ -33,12 +32,10 @@ from pathlib import Path
 from live import machine_line, tree_cpu
 from readmodel import LogBuilder
 
-from corral.bus import Bus, OutboxRelay
-from corral.bus.node_work import NodeWorkRouter
-from corral.bus.relay import event_headers
-from corral.contracts.subjects import Subjects
+from corral.bus import Bus
 from corral.eventstore import ANY, EventStore, NewEvent
 from corral.readmodel.projector import Projector
+from corral.services.relay import service_relay
 from corral.stack import tls
 from corral.stack.servers import NatsServer, PostgresServer
 
@@ -101,10 +98,7 @@ async def _hold(dsn: str, nats_url: str, ca: str) -> None:
     store = await EventStore.open(dsn)
     bus = await Bus.connect(nats_url, NAMESPACE, ca=ca)
     await bus.ensure_streams()
-    router = NodeWorkRouter(store, Subjects(NAMESPACE), event_headers)
-    options = {"save_every": 0.2} if "save_every" in inspect.signature(OutboxRelay).parameters else {}
-    relay = OutboxRelay(store, bus, lambda e: f"{NAMESPACE}.events.{e.type}", name="relay", linger=0.005,
-                        node_work=router.work, **options)
+    relay = service_relay(store, bus, NAMESPACE)
     projector = Projector(store)
     tasks = [relay.start(), asyncio.create_task(projector.run())]
     cpu = time.process_time()

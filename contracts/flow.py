@@ -58,7 +58,8 @@ class Flow(msgspec.Struct, frozen=True, kw_only=True):
     """One event type's wiring. `writers`: who appends it to the log (the first is its owner, which
     records it when it arrives through the inbox); `inbox`: the senders that may send it to
     `<ns>.inbox.<kind>.<name>.<Type>` (empty: never sent, only appended); `consumers`: the processes
-    sent it from `<ns>.events.<Type>`, each of which folds it."""
+    sent it from `<ns>.events.<Type>`, each of which folds it (none: the relay does not publish it,
+    the log alone holds it; `corral.contracts.routes.relayed_types`)."""
 
     writers: tuple[str, ...]
     stream: StreamKind

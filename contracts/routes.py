@@ -7,15 +7,24 @@ import `flow` to declare theirs.
 from __future__ import annotations
 
 from corral.contracts.envelope import Event
-from corral.contracts.events import ALL_EVENTS
-from corral.contracts.flow import SENDER_KINDS, Sender, flow_of
+from corral.contracts.events import ALL_EVENTS, GangReserved
+from corral.contracts.flow import SENDER_KINDS, Sender, flow_of, names
+from corral.contracts.node_work import JOB_WORK, NODE_EVENTS
 
-__all__ = ["consumed_by", "inbox_of", "inbox_types", "written_by"]
+__all__ = ["consumed_by", "inbox_of", "inbox_types", "relayed_types", "written_by"]
 
 
 def consumed_by(consumer: str) -> tuple[type[Event], ...]:
     """The event classes `consumer`'s durable consumer is sent."""
     return tuple(cls for cls in ALL_EVENTS if consumer in flow_of(cls).consumers)
+
+
+def relayed_types() -> frozenset[str]:
+    """The type names the outbox relay publishes on `<ns>.events.<Type>`: those some process is sent
+    (`Flow.consumers`) and those node agents' work is made of (`corral.contracts.node_work`). The
+    others are read from the log alone (`corral.bus.relay`)."""
+    return frozenset((*(cls.type_name() for cls in ALL_EVENTS if flow_of(cls).consumers),
+                      *names((*JOB_WORK, *NODE_EVENTS)), GangReserved.type_name()))
 
 
 def written_by(writer: str) -> tuple[type[Event], ...]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from corral.bus import Bus, OutboxRelay, dependency_failure
 from corral.bus.node_work import NodeWorkRouter
 from corral.bus.relay import event_headers
+from corral.contracts.routes import relayed_types
 from corral.contracts.subjects import Subjects
 from corral.eventstore import EventStore
 from corral.services.base import Service
@@ -28,9 +29,15 @@ from corral.services.settings import Settings
 async def relay_forever(store: EventStore, bus: Bus, settings: Settings, service: Service) -> None:
     """Run the outbox relay whenever this process holds the relay lease (see the module docstring).
     A failure other than an unavailable NATS or Postgres ends the process (a bug must be seen)."""
-    router = NodeWorkRouter(store, Subjects(settings.namespace), event_headers)
-    relay = OutboxRelay(store, bus, lambda e: f"{settings.namespace}.events.{e.type}", name="relay",
-                        linger=0.005, node_work=router.work, save_every=0.2)
+    relay = service_relay(store, bus, settings.namespace)
     await run_while_leased(Lease(settings.postgres_dsn, f"corral:{settings.namespace}:relay"), service, relay,
                            name="relay lease", doing="relaying the log",
                            fatal=lambda exc: not dependency_failure(exc))
+
+
+def service_relay(store: EventStore, bus: Bus, namespace: str) -> OutboxRelay:
+    """The relay as a service process runs it: node work, only the types some process is sent
+    (`relayed_types`), its position saved a few times a second."""
+    router = NodeWorkRouter(store, Subjects(namespace), event_headers)
+    return OutboxRelay(store, bus, lambda e: f"{namespace}.events.{e.type}", name="relay", linger=0.005,
+                       node_work=router.work, save_every=0.2, types=relayed_types())

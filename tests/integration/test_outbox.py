@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -236,6 +237,33 @@ async def test_a_relay_whose_bus_lost_what_it_acknowledged_publishes_it_again(st
     assert received.msg_ids == [kept.event_id, *(e.event_id for e in lost)]
     assert received.positions == [1, 2, 3]
     assert await relay(store, bus).publish_pending() == 0  # the bus holds it all now
+
+
+async def test_a_relay_given_types_publishes_only_those_and_resumes_past_a_tail_of_others(
+        store: EventStore, bus: Bus, caplog: pytest.LogCaptureFixture) -> None:
+    """The services' relay publishes the types some process is sent (`relayed_types`): a log whose
+    tail is of other types is not taken for a bus that lost what it acknowledged."""
+    received = await consume_all(bus)
+    types = {"JobSubmitted", "JobCompleted"}
+    job = [event("job-1"), event("job-1", "WorkerStarted"), event("job-1", "JobCompleted"),
+           event("job-1", "WorkerExited"), event("job-1", "GpusReleased")]
+    await store.append("job-1", 0, job)
+
+    def typed() -> OutboxRelay:
+        return OutboxRelay(store, bus, lambda e: bus.names.events_subject(e.type), types=types)
+
+    assert await typed().publish_pending() == 5
+    await wait_until(lambda: len(received.positions) == 2)
+    assert received.positions == [1, 3]
+    assert await store.relay_position("relay") == 5
+    with caplog.at_level(logging.WARNING, logger="corral.bus.relay"):
+        assert await typed().resume_position() == 5
+    assert not [r for r in caplog.records if "publishing again" in r.getMessage()]
+    # the bus lost position 3 (a crash of its machine): the relay publishes again from it
+    await bus.js.purge_stream(bus.names.stream("events"))
+    await bus.publish_many([Outgoing(bus.names.events_subject("JobSubmitted"), job[0].data, "again",
+                                     {POSITION: "1"})])
+    assert await typed().resume_position() == 2
 
 
 async def test_a_message_another_publisher_stored_inside_a_batch_does_not_stop_the_relay(

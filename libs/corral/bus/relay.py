@@ -1,4 +1,4 @@
-"""The outbox relay: publishes every event of the log to JetStream, in global-position order.
+"""The outbox relay: publishes the log's events to JetStream, in global-position order.
 
 Why an outbox: a service appends its events to Postgres (the truth) and never publishes directly;
 a crash between "append" and "publish" would otherwise lose the message. The relay reads the log
@@ -20,6 +20,12 @@ stream `cluster` (position, type, size, limit), and the relay moves on. Before t
 submission stopped the relay (and every relay that took over) for good. Admission keeps such
 events out of the log in the first place (`corral.contracts.sizes`).
 
+A relay given `types` publishes only events of those types (the services' relay: the types some
+process is sent, `corral.contracts.routes.relayed_types`); the others (a node's GPU ledger, the
+workers' reports placement records) are read from the log alone, and each would cost a publish, its
+acknowledgement and its storage in the stream for no reader. `types` includes every type node
+work is made of: the resume below takes an event of another type for one never published.
+
 Run one relay per installation; two relays with the same name stay correct (duplicates are
 dropped), they only waste work.
 
@@ -38,7 +44,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
 
 import nats.errors
@@ -182,7 +188,8 @@ class OutboxRelay:
 
     def __init__(self, store: EventStore, bus: Bus, subject_for: Callable[[StoredEvent], str],
                  name: str = "relay", *, fault: Fault | None = None, batch: int = 256,
-                 linger: float = 0.0, node_work: NodeWork | None = None, save_every: float = 0.0) -> None:
+                 linger: float = 0.0, node_work: NodeWork | None = None, save_every: float = 0.0,
+                 types: Collection[str] | None = None) -> None:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         if save_every < 0:
@@ -198,6 +205,9 @@ class OutboxRelay:
         #: what each node agent is sent of an event, before the event itself (`corral.bus.node_work`)
         self.node_work = node_work
         self._save_every = save_every
+        #: the event types published on their own subject (None: every type); the others stay in
+        #: the log alone, and only their node work (if any) is sent
+        self.types = frozenset(types) if types is not None else None
         #: the last event `run` saw acknowledged and has not saved the position of yet
         self._unsaved: StoredEvent | None = None
         self._saving: asyncio.Task[None] | None = None
@@ -208,11 +218,29 @@ class OutboxRelay:
         saved = await self.store.relay_position(self.name)
         held = await newest_position_on_bus(self.bus)
         if held is not None and held < saved:
+            held = await self._unpublished_through(held, saved)
+        if held is not None and held < saved:
             log.warning("relay %s: the bus holds the log only up to position %d, %d were published: "
                         "publishing again from there (a crash of its machine lost the rest)",
                         self.name, held, saved)
             return held
         return saved
+
+    async def _unpublished_through(self, after: int, until: int) -> int:
+        """The position up to which the log after `after` holds only events this relay does not
+        publish (`types`), at most `until`: the bus's newest message is older than the saved
+        position also when the log's tail is such events, and nothing of that tail was lost."""
+        if self.types is None:
+            return after
+        while after < until:
+            events = await self.store.read_all(after, limit=self._batch)
+            for event in events:
+                if event.position > until or event.type in self.types:
+                    return after
+                after = event.position
+            if not events:
+                break
+        return min(after, until)
 
     async def publish_pending(self) -> int:
         """Publish everything appended so far that this relay has not published; return how many."""
@@ -318,21 +346,23 @@ class OutboxRelay:
         publishable: list[tuple[StoredEvent, bool]] = []  # (event, whether the message is the event itself)
         for event in events:
             self._hook("before_publish", event)
+            copies = await self.node_work(event, limit) if self.node_work is not None else []
+            if not copies and self.types is not None and event.type not in self.types:
+                continue  # no process is sent it: the log holds it
             subject = self.subject_for(event)
             headers = event_headers(event)
             traceparent = tracing.relayed(event.trace_context, event.type, subject, event.position)
             if traceparent is not None:
                 headers[tracing.TRACEPARENT] = traceparent
-            if self.node_work is not None:
-                # Each node's copy goes first: the batch's last message is always an event itself,
-                # whose position `newest_position_on_bus` reads. A copy is a child of the event's
-                # relay span, as the event is (not of whatever this process saw of the job last).
-                for copy in await self.node_work(event, limit):
-                    if traceparent is not None:
-                        copy = replace(copy, headers={**(copy.headers or {}), tracing.TRACEPARENT: traceparent})
-                    if message_size(copy) <= limit:
-                        messages.append(copy)
-                        publishable.append((event, False))
+            # Each node's copy goes first: the batch's last message is always an event itself,
+            # whose position `newest_position_on_bus` reads. A copy is a child of the event's
+            # relay span, as the event is (not of whatever this process saw of the job last).
+            for copy in copies:
+                if traceparent is not None:
+                    copy = replace(copy, headers={**(copy.headers or {}), tracing.TRACEPARENT: traceparent})
+                if message_size(copy) <= limit:
+                    messages.append(copy)
+                    publishable.append((event, False))
             message = Outgoing(subject, event.data, event.event_id, headers)
             size = message_size(message)
             if size > limit:

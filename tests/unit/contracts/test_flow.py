@@ -84,6 +84,18 @@ def test_a_service_is_not_sent_what_it_alone_writes() -> None:
         assert not echoed, (name, echoed)
 
 
+def test_the_relay_publishes_what_some_process_is_sent_and_nothing_else() -> None:
+    """An event no process is sent stays in the log alone; every type node work is made of is
+    published (the relay's resume takes any other for one never published)."""
+    from corral.contracts.node_work import JOB_WORK, NODE_EVENTS
+
+    relayed = rt.relayed_types()
+    assert relayed == {c.type_name() for c in ev.ALL_EVENTS if fl.flow_of(c).consumers}
+    assert set(fl.names((*JOB_WORK, *NODE_EVENTS, ev.GangReserved))) <= relayed
+    for cls in (ev.GpusAllocated, ev.GpusReleased, ev.WorkerStarted, ev.WorkerExited):
+        assert cls.type_name() not in relayed, cls
+
+
 def _bare_event_names(root: Path) -> list[str]:
     known = {cls.type_name() for cls in ev.ALL_EVENTS}
     found = []
