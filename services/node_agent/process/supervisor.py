@@ -8,8 +8,9 @@ and this class only turns that file into reports and the agent's decisions into 
 - `start` writes `launch.json`, has the fork server (`zygote`) fork the stepd and waits until it
   has spawned the ranks; the agent's consumer waits for neither (`wait=False`): the gang's watcher
   asks the fork server, so the next job's start is not held up by this one's round trip;
-- a watcher task per gang follows `state.json` (inode/mtime/size, looked at every `poll_interval`
-  by one `StatePoller` for all gangs, which wakes the watcher when it changed) and calls the
+- a watcher task per gang follows `state.json` (one `StatePoller` for all gangs wakes the watcher
+  when the kernel says the file changed, or where it cannot, when a look every `poll_interval`
+  finds its inode/mtime/size changed) and calls the
   `AgentEvents` callbacks for whatever is new: each report carries the time the stepd recorded,
   so the service builds the same event id from it every time (a report sent twice is one report);
 - `preempt` / `stop` append a command and wake the stepd; `send_*` do it without waiting;
@@ -531,6 +532,7 @@ class Supervisor:
         self._ended[a.job_id] = outcome
         while len(self._ended) > _ENDED_KEPT:
             self._ended.popitem(last=False)
+        StatePoller.shared(self._poll_interval).forget(gang.state_file)
         self._ending.add(gang)
         try:
             await self._emit(self._events.gang_ended(outcome))  # returns once its reports are published
