@@ -13,8 +13,10 @@ job preempts as level 0 both ways; plain `fair-las` is `fair-las:4r`),
 `fair-las:Xd` with it and `defragment` (smaller jobs moved to make a whole node for a gang; `Xrd` both);
 `--profile FILE` writes cProfile stats of the last policy's replay to FILE (read with pstats);
 `--pipeline services` replays the live services' round (`corral.sim.engine`) instead of the combined cycle;
-`--queues` prints each queue's mean allocation / fair share and share of GPU time. Each policy's line
-ends with the most preemptions of one job (and its id).
+`--queues` prints each queue's mean allocation / fair share and share of GPU time;
+`--high-priority F` gives a seeded share F of the slice's jobs priority 900 (the trace has none, all 0),
+for the rules that read priorities within a queue. Each policy's line ends with the most preemptions
+of one job (and its id).
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
+import random
 import time
 from pathlib import Path
 
+import msgspec
 from machine_probe import probe_line
 
 from corral.core import SchedulerConfig
@@ -58,6 +62,15 @@ def replay(jobs: list, cluster: str, policy: str, profile: Path | None,
     return result, time.process_time() - started
 
 
+def with_priorities(jobs: list, share: float, seed: int = 7) -> list:
+    """`jobs` with a seeded share `share` of them at priority 900 (the others as they are)."""
+    if share <= 0:
+        return jobs
+    rng = random.Random(seed)
+    return [dataclasses.replace(j, spec=msgspec.structs.replace(j.spec, priority=900)) if rng.random() < share else j
+            for j in jobs]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", type=Path, default=TRACE)
@@ -68,12 +81,13 @@ def main() -> int:
     parser.add_argument("--profile", type=Path)
     parser.add_argument("--queues", action="store_true")
     parser.add_argument("--pipeline", default="cycle", choices=("cycle", "services"))
+    parser.add_argument("--high-priority", type=float, default=0.0, help="share of the jobs at priority 900")
     parser.add_argument("--smoke", action="store_true", help="a tiny slice (seconds) checking the script end to end")
     args = parser.parse_args()
     if args.smoke:
         args.start, args.stop, args.policies = 20000, 20200, "corral,fair-las:4r"
     print(probe_line(), flush=True)
-    jobs = list(load_workload(f"philly:{args.trace}").jobs[args.start:args.stop])
+    jobs = with_priorities(list(load_workload(f"philly:{args.trace}").jobs[args.start:args.stop]), args.high_priority)
     results, cpu = [], {}
     for policy in args.policies.split(","):
         result, cpu[policy] = replay(jobs, args.cluster, policy, args.profile, args.pipeline)
