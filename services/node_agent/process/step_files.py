@@ -124,8 +124,20 @@ def is_reported(folder: Path) -> bool:
 
 def remove_attempt(folder: Path) -> None:
     """Remove an attempt's folder and what it holds (nothing in it is needed any more: see
-    `Supervisor.attempts_over`). What cannot be removed stays, to be tried again at adoption."""
-    shutil.rmtree(folder, ignore_errors=True)
+    `Supervisor.attempts_over`). What cannot be removed stays, to be tried again at adoption.
+
+    A gang that went well leaves launch.json and its second name state.json alone: those names
+    go, then the folder; a folder holding more (commands, a stepd.log, control files) is walked."""
+    path = os.fspath(folder)
+    try:
+        for name in (STATE, LAUNCH):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(path, name))
+        os.rmdir(path)
+    except FileNotFoundError:
+        return
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def control_path(folder: Path, rank: int) -> Path:
@@ -137,9 +149,22 @@ def control_path(folder: Path, rank: int) -> Path:
 def read_json(path: Path) -> Any:
     """The content of `path`, or None when it is missing or not (yet) valid JSON."""
     try:
-        return json.loads(path.read_bytes())
+        return json.loads(read_file(path))
     except (OSError, ValueError):
         return None
+
+
+def read_file(path: str | Path) -> bytes:
+    """The bytes of `path` (OSError when it cannot be read): a file object's buffering, tty check
+    and seeks are calls this reader of small whole files does without."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _tmp(path: Path) -> Path:
@@ -150,9 +175,13 @@ def _write_private(path: Path, text: str) -> None:
     """Write `path` readable by the agent's user only: launch.json holds the job's env, and a job
     run as its submitter (see `run_as`) must not read another job's (it can enter the folder)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
+    try:
         os.fchmod(fd, 0o600)
-        out.write(text)
+        data = text.encode()
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
 
 
 def write_json(path: Path, content: Any) -> None:
@@ -281,8 +310,7 @@ def process_start_time(pid: int) -> str | None:
     None when the process does not exist, is a zombie, or there is no /proc. A pid alone can be
     reused after its process ended; (pid, start time) names one process for the machine's uptime."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
+        raw = read_file(f"/proc/{pid}/stat")
     except OSError:
         return None
     fields = raw[raw.rfind(b")") + 2:].split()
@@ -400,7 +428,7 @@ def read_launch(folder: Path) -> Launch | None:
     """launch.json's launch: its first line (the stepd's states may follow it, see `claim_state`),
     or the whole file where that is not one (an agent of before that indented it)."""
     try:
-        data = (folder / LAUNCH).read_bytes()
+        data = read_file(os.path.join(folder, LAUNCH))
     except OSError:
         return None
     raw: Any = None
@@ -425,8 +453,7 @@ def read_state(folder: Path) -> dict[str, Any] | None:
 def read_state_file(path: str | Path) -> dict[str, Any] | None:
     """The state `path` (a state.json) holds, or None when it is missing or holds none yet."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_file(path)
     except OSError:
         return None
     return last_record(raw)
@@ -439,8 +466,7 @@ def read_commands(folder: Path) -> list[dict[str, Any]]:
 def read_commands_file(path: str) -> list[dict[str, Any]]:
     """The commands in `path` (a commands.json); none when it is missing or not whole."""
     try:
-        with open(path, "rb") as f:
-            raw = json.loads(f.read())
+        raw = json.loads(read_file(path))
     except (OSError, ValueError):
         return []
     return [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []

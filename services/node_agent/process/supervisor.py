@@ -217,6 +217,25 @@ def _make_attempt_dir(folder: Path) -> None:
     os.chmod(folder, 0o711)
 
 
+#: (pid, start time) -> (when looked at, alive): the gangs of one stepd host share its pid, and
+#: each gang's watcher asks every `_LIVENESS_EVERY`; one look at /proc answers them all for a while.
+_LOOKS: dict[tuple[int | None, str | None], tuple[float, bool]] = {}
+_LOOK_FOR = _LIVENESS_EVERY / 2
+
+
+def _alive(pid: int | None, started: str | None) -> bool:
+    """`is_alive`, looked at once per `_LOOK_FOR` seconds for every gang of the same stepd."""
+    now = time.monotonic()
+    key = (pid, started)
+    seen = _LOOKS.get(key)
+    if seen is not None and now - seen[0] < _LOOK_FOR:
+        return seen[1]
+    if len(_LOOKS) > 1024:
+        _LOOKS.clear()
+    alive = _LOOKS[key] = (now, is_alive(pid, started))
+    return alive[1]
+
+
 def _completed(folder: Path) -> bool:
     """Whether the attempt in `folder` completed here (every rank of it exited 0)."""
     state = read_state(folder)
@@ -393,7 +412,7 @@ class Supervisor:
     def _stepd_alive(self, gang: _Gang) -> bool:
         if gang.proc is not None:
             return gang.proc.poll() is None  # also reaps it
-        return is_alive(gang.stepd_pid, gang.stepd_started)
+        return _alive(gang.stepd_pid, gang.stepd_started)
 
     def _refresh(self, gang: _Gang) -> bool:
         """Read state.json if it changed; True if it did."""

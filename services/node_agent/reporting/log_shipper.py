@@ -49,6 +49,7 @@ from ..process.step_files import (
     attempt_dir,
     last_record,
     nested_attempt_dir,
+    read_file,
 )
 from ..process.supervisor import AgentEvents, ExitReason, GangOutcome
 from .log_batches import ChunkBatches, PublishMany
@@ -156,7 +157,7 @@ class _Saved:
             if path is None:
                 continue
             try:
-                data = path.read_bytes()
+                data = read_file(path)
                 if _CURSOR_KEY not in data:  # launch.json of a rank not shipped yet: the launch and states alone
                     continue
                 raw = last_record(data, valid)
@@ -231,9 +232,10 @@ class LogShipper:
         self._finishing[key] = asyncio.Event()
         self._subjects[key] = self._subject_for(self.owner_of(key.job_id))
         folder = attempt_dir(state_dir, key.job_id, key.attempt)
-        nested = nested_attempt_dir(state_dir, key.job_id, key.attempt)
-        if not os.path.isdir(folder) and os.path.isdir(nested):  # an attempt the nested layout holds
-            folder = nested
+        if not os.path.isdir(folder):
+            nested = nested_attempt_dir(state_dir, key.job_id, key.attempt)
+            if os.path.isdir(nested):  # an attempt the nested layout holds
+                folder = nested
         name = f"rank-{key.rank}.json"
         saved = _Saved(folder / name, None if earlier is None else nested_attempt_dir(earlier, key.job_id,
                                                                                       key.attempt) / name,

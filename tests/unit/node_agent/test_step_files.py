@@ -1,10 +1,14 @@
-"""launch.json across agent versions: one attempt numbering (from 0), old files read back into it."""
+"""launch.json across agent versions: one attempt numbering (from 0), old files read back into it;
+an attempt folder's removal; a whole file's read."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import pytest
+
+from corral.services.node_agent.process import step_files
 from corral.services.node_agent.process.assignment import Assignment, RankAssignment
 from corral.services.node_agent.process.step_files import STATE_VERSION, Launch
 
@@ -132,3 +136,25 @@ def test_an_indented_launch_json_of_before_is_read(tmp_path: Path) -> None:
     assert step_files.read_launch(tmp_path) == launch
     (tmp_path / step_files.LAUNCH).write_text('{"assignment": ')  # cut short: not launched
     assert step_files.read_launch(tmp_path) is None
+
+
+def test_an_attempt_folder_goes_whole_with_or_without_more_than_its_launch_and_state(tmp_path: Path) -> None:
+    plain, more, missing = tmp_path / "j.attempt-0", tmp_path / "k.attempt-0", tmp_path / "gone.attempt-0"
+    for folder in (plain, more):
+        folder.mkdir()
+        (folder / step_files.LAUNCH).write_text("{}\n")
+        os.link(folder / step_files.LAUNCH, folder / step_files.STATE)
+    (more / step_files.COMMANDS).write_text("[]\n")
+    (more / "rank-0.control").write_text("")
+    for folder in (plain, more, missing):
+        step_files.remove_attempt(folder)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_whole_file_is_read_as_its_bytes(tmp_path: Path) -> None:
+    big = bytes(range(256)) * 1000  # more than one read
+    (tmp_path / "f").write_bytes(big)
+    assert step_files.read_file(tmp_path / "f") == big
+    assert step_files.read_file(str(tmp_path / "f")) == big
+    with pytest.raises(FileNotFoundError):
+        step_files.read_file(tmp_path / "missing")
