@@ -127,6 +127,11 @@ class Service:
         self.appending = Appending()
         #: set while `cold_fold` folds the log again: deliveries and requests wait for it
         self._refolding: asyncio.Event | None = None
+        #: deliveries and requests being handled (`_admitted`): `cold_fold` waits for them to end,
+        #: since each reads and folds into `self.view` after its awaits
+        self._handling = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     # ---- hooks -------------------------------------------------------------------------------
     def tracking(self, delivery: Delivery) -> Tracking:
@@ -227,9 +232,17 @@ class Service:
         """Fold the whole log again into a new view, as a new leader does: for a view found
         breaking an invariant of the fold (what this process holds is not what the log says).
         Events delivered and requests received meanwhile wait, then meet the new view (an event
-        the fold read already is a duplicate by its stream version)."""
+        the fold read already is a duplicate by its stream version). Those already being handled
+        end on the old view first: folded into the new one while the log is read into it, an
+        event would be folded out of the log's order, or, for a reader folding past gaps
+        (`consumes`), move its stream's version past events the fold then skips."""
+        while self._refolding is not None:
+            await self._refolding.wait()
         gate = self._refolding = asyncio.Event()
         try:
+            while self._handling:
+                self._idle.clear()
+                await self._idle.wait()
             self.view = ClusterView(forget_ended=self.forgets_ended_jobs, gpu_ledger=self.keeps_gpu_ledger)
             await self.rebuild()
             self.refolded()
@@ -239,6 +252,17 @@ class Service:
 
     def refolded(self) -> None:
         """Hook: `cold_fold` replaced the view; rebuild what the service keeps of the old one."""
+
+    async def _admitted(self) -> None:
+        """Wait out a cold fold, then count a delivery or request in as being handled (`_done`)."""
+        while self._refolding is not None:
+            await self._refolding.wait()
+        self._handling += 1
+
+    def _done(self) -> None:
+        self._handling -= 1
+        if not self._handling:
+            self._idle.set()
 
     def _fold_stored(self, stored: StoredEvent) -> None:
         try:
@@ -270,26 +294,28 @@ class Service:
     async def on_event(self, delivery: Delivery) -> None:
         version = int(delivery.headers.get("Corral-Stream-Version", "0")) or None
         stream = delivery.headers.get("Corral-Stream")
-        if self._refolding is not None:
-            await self._refolding.wait()
-        if stream is not None and self.appending.busy(stream):
-            await self.appending.settled(stream)  # (its copy of our own batch must not overtake it)
-        if version is not None and stream is not None and version <= self.view.versions.get(stream, 0):
-            # Folded already (most often this service's own append, folded when it was written,
-            # coming back over the bus): the fold would skip it, so it is not decoded either.
-            return
+        await self._admitted()
         try:
-            event = decode(delivery.data)
-        except ContractError as exc:
-            raise Poison(f"undecodable event on {delivery.subject}: {exc}") from exc
-        result = self.view.apply(event, version, gaps=self.consumes is not None)
-        if result is Applied.GAP:
-            await self.refresh_stream(event.stream)
-            result = Applied.APPLIED
-        elif result is Applied.APPLIED:
-            self.folded(event)
-        if result is Applied.APPLIED and self.interested(event):
-            self.changed.set()
+            if stream is not None and self.appending.busy(stream):
+                await self.appending.settled(stream)  # (its copy of our own batch must not overtake it)
+            if version is not None and stream is not None and version <= self.view.versions.get(stream, 0):
+                # Folded already (most often this service's own append, folded when it was written,
+                # coming back over the bus): the fold would skip it, so it is not decoded either.
+                return
+            try:
+                event = decode(delivery.data)
+            except ContractError as exc:
+                raise Poison(f"undecodable event on {delivery.subject}: {exc}") from exc
+            result = self.view.apply(event, version, gaps=self.consumes is not None)
+            if result is Applied.GAP:
+                await self.refresh_stream(event.stream)
+                result = Applied.APPLIED
+            elif result is Applied.APPLIED:
+                self.folded(event)
+            if result is Applied.APPLIED and self.interested(event):
+                self.changed.set()
+        finally:
+            self._done()
 
     async def on_events(self, deliveries: list[Delivery]) -> list[BaseException | None]:
         """A fetched batch of events, folded in order (`on_event` each): one outcome per event.
@@ -315,50 +341,54 @@ class Service:
         return False
 
     async def on_inbox(self, delivery: Delivery) -> None:
-        if self._refolding is not None:
-            await self._refolding.wait()
+        await self._admitted()
         try:
-            event = decode(delivery.data)
-        except ContractError as exc:
-            if await self.handle_undecodable(delivery, exc):
-                self.changed.set()
-                return
-            raise Poison(f"undecodable request on {delivery.subject}: {exc}") from exc
-        mismatch = type_mismatch(Subjects(self.bus.namespace), delivery.subject, event)
-        if mismatch is not None:
-            raise Poison(f"request refused: {mismatch}")
-        await self.handle_inbox(event, delivery)
-        self.changed.set()
-
-    async def on_inbox_batch(self, deliveries: list[Delivery]) -> list[BaseException | None]:
-        if self._refolding is not None:
-            await self._refolding.wait()
-        outcomes: list[BaseException | None] = [None] * len(deliveries)
-        items: list[tuple[Event, Delivery]] = []
-        where: list[int] = []
-        subjects = Subjects(self.bus.namespace)
-        for index, delivery in enumerate(deliveries):
             try:
                 event = decode(delivery.data)
             except ContractError as exc:
-                try:
-                    if await self.handle_undecodable(delivery, exc):
-                        continue
-                    outcomes[index] = Poison(f"undecodable request on {delivery.subject}: {exc}")
-                except Exception as failed:
-                    outcomes[index] = failed
-                continue
-            mismatch = type_mismatch(subjects, delivery.subject, event)
+                if await self.handle_undecodable(delivery, exc):
+                    self.changed.set()
+                    return
+                raise Poison(f"undecodable request on {delivery.subject}: {exc}") from exc
+            mismatch = type_mismatch(Subjects(self.bus.namespace), delivery.subject, event)
             if mismatch is not None:
-                outcomes[index] = Poison(f"request refused: {mismatch}")
-                continue
-            items.append((event, delivery))
-            where.append(index)
-        if items:
-            for index, outcome in zip(where, await self.handle_inbox_batch(items), strict=True):
-                outcomes[index] = outcome
+                raise Poison(f"request refused: {mismatch}")
+            await self.handle_inbox(event, delivery)
             self.changed.set()
-        return outcomes
+        finally:
+            self._done()
+
+    async def on_inbox_batch(self, deliveries: list[Delivery]) -> list[BaseException | None]:
+        await self._admitted()
+        try:
+            outcomes: list[BaseException | None] = [None] * len(deliveries)
+            items: list[tuple[Event, Delivery]] = []
+            where: list[int] = []
+            subjects = Subjects(self.bus.namespace)
+            for index, delivery in enumerate(deliveries):
+                try:
+                    event = decode(delivery.data)
+                except ContractError as exc:
+                    try:
+                        if await self.handle_undecodable(delivery, exc):
+                            continue
+                        outcomes[index] = Poison(f"undecodable request on {delivery.subject}: {exc}")
+                    except Exception as failed:
+                        outcomes[index] = failed
+                    continue
+                mismatch = type_mismatch(subjects, delivery.subject, event)
+                if mismatch is not None:
+                    outcomes[index] = Poison(f"request refused: {mismatch}")
+                    continue
+                items.append((event, delivery))
+                where.append(index)
+            if items:
+                for index, outcome in zip(where, await self.handle_inbox_batch(items), strict=True):
+                    outcomes[index] = outcome
+                self.changed.set()
+            return outcomes
+        finally:
+            self._done()
 
     # ---- appending ---------------------------------------------------------------------------
     async def append(self, batches: Mapping[str, Sequence[Event]], *,
