@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 
 from corral.core.model import Job, OrderPolicy, SchedulerConfig
 from corral.core.quota import ROOT, QueueTree, QueueUsage
@@ -54,3 +54,49 @@ class Exposure:
             usage.active.get(q, 0) > tree.guarantee[q] and below.get(tree.parent(q), 0) > below.get(q, 0)
             for q in tree.path(job.queue)
         )
+
+    def among(self, jobs: Mapping[str, Job], but: Container[str], usage: QueueUsage) -> list[str]:
+        """The ids of `jobs` (but those in `but`) that `of` answers True on `usage`, in their order:
+        asked once per `key` (a round asks it of every job holding quota, again at every pass)."""
+        answers: dict[Key, bool] = {}
+        out = []
+        for i, job in jobs.items():
+            if i in but:
+                continue
+            k = key(job)
+            answer = answers.get(k)
+            if answer is None:
+                answer = answers[k] = self.of(job, usage)
+            if answer:
+                out.append(i)
+        return out
+
+
+#: What `Exposure.of` reads of a job: its queue, priority, whether it is preemptible and whether a
+#: min runtime protects it.
+Key = tuple[str, int, bool, bool]
+
+
+def key(job: Job) -> Key:
+    return (job.queue, job.priority, job.preemptible, job.min_runtime_seconds > 0)
+
+
+class Growing:
+    """`Exposure.of` on a usage that only grows while it is asked (a quota pass adds each
+    reservation): `of` is monotone in the usage (a queue over its guarantee stays over), so a
+    True answer holds for every later job of the same `key`; a False one is asked again."""
+
+    __slots__ = ("exposure", "usage", "yes")
+
+    def __init__(self, exposure: Exposure, usage: QueueUsage) -> None:
+        self.exposure, self.usage = exposure, usage
+        self.yes: set[Key] = set()
+
+    def __call__(self, job: Job) -> bool:
+        k = key(job)
+        if k in self.yes:
+            return True
+        if self.exposure.of(job, self.usage):
+            self.yes.add(k)
+            return True
+        return False

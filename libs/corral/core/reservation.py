@@ -45,9 +45,10 @@ from dataclasses import dataclass
 
 from corral.core.backlog import Backlog, Order
 from corral.core.decisions import Pending, Place, Reason, ReasonCode
-from corral.core.exposure import Exposure
+from corral.core.exposure import Exposure, Growing
 from corral.core.model import Job, PendingJob, Placement, SchedulerConfig, Snapshot
-from corral.core.quota import QueueTree, QueueUsage, quota_check
+from corral.core.quota import QueueTree, QueueUsage
+from corral.core.quota_checks import Checks as _Checks
 from corral.core.running_parts import RunningParts
 from corral.core.steps import Step, StepMemos, step_config
 
@@ -95,7 +96,8 @@ def reserve_quota(
     undo these. A round in which every waiting job holds quota decides nothing (the quota service
     skips it: with a backlog that all holds quota, each round would replay placement for nothing).
     `memos`: the caller's, for the steps the round is played out with (a fresh one if None);
-    `explain=False`: the same decisions, without placement's reason in `_cannot_start` refusals;
+    `explain=False`: the same decisions, the play-out's refusals of jobs not holding quota without
+    their reasons (nor placement's), each quota refusal with its reason at the job's turn;
     `backlog`: the caller's kept copy of `Backlog.of(snapshot, reserved)` (derived if None)."""
     backlog = backlog if backlog is not None else Backlog.of(snapshot, reserved)
     out, tail, revokes = _decide(snapshot, config, backlog, held, memos, explain)
@@ -182,10 +184,11 @@ def _decide(
         for job in holders.values():  # reserved but not yet placed counts too, unless revoked
             if job.id not in refused and tree.known(job.queue):
                 usage.add(job.queue, job.total_gpus, user=job.user)
-        out, admitted, exposed, borrowing, tail = _quota_pass(snapshot, config, order, usage, exposure, refused)
+        out, admitted, exposed, borrowing, tail = _quota_pass(snapshot, config, order, usage, exposure, refused,
+                                                              explain)
         # a reservation held from earlier rounds may be exposed now (a job that may reclaim it
         # arrived since): it is played out too, and given back if it would be taken back at once
-        risky = [i for i, job in holders.items() if i not in refused and exposure.of(job, usage)]
+        risky = exposure.among(holders, refused, usage)
         keep = set(holders) - set(risky) - set(refused)
         more = _played_out(snapshot, config, backlog, keep, admitted + risky, exposed | set(risky), borrowing,
                            memos, explain) if exposed or risky else {}
@@ -207,6 +210,7 @@ def _quota_pass(
     usage: QueueUsage,
     exposure: Exposure,
     refused: Mapping[str, Reason],
+    explain: bool = True,
 ) -> tuple[list[Reserve | Pending], list[str], set[str], set[str], _Tail | None]:
     """Quota for each job in `order` but the `refused` ones (Pending with their reason, counting
     nothing): the decisions, the jobs reserved, those exposed to preemption, those exposed
@@ -217,12 +221,14 @@ def _quota_pass(
     GPUs) after a run of refusals), none will (only a reservation changes the usage): the rest
     are refused without walking the order further (`_Tail`: listed, by `reserve_quota`, in the
     order's place where it was walked and in the snapshot's after that, `_Order.after`; nothing
-    reads the order of refusals), each for its class's reason on the round's final usage."""
+    reads the order of refusals), each for its class's reason on the round's final usage (with
+    `explain=False`, the reason at its turn: the same decisions, reworded for no one)."""
     tree = exposure.tree
     out: list[Reserve | Pending] = []
     admitted: list[Job] = []
     borrowing: set[str] = set()
     check = _Checks(snapshot, config, tree, usage)
+    exposed_now = Growing(exposure, usage)
     left = _Left(order, refused)
     tail: _Tail | None = None
     for at, p in enumerate(order):
@@ -243,15 +249,15 @@ def _quota_pass(
         check.usage_changed()
         left.usage_changed()
         admitted.append(job)
-        if exposure.of(job, usage):
+        if exposed_now(job):
             borrowing.add(job.id)
-    if admitted:  # a refusal states the usage after the whole round (later jobs took quota after its turn)
+    if admitted and explain:  # a refusal states the usage after the whole round (later jobs took quota after its turn)
         jobs = order.jobs  # not the order itself: that would walk all of it
         out = [Pending(d.job_id, check(jobs[d.job_id].job) or d.reason)
                if isinstance(d, Pending) and d.job_id not in refused else d for d in out]
     # with every reservation of the round counted, more may be exposed (a later one pushed their
     # queue over its guarantee): those are checked against preemption too, but may wait with quota
-    exposed = {j.id for j in admitted if j.id in borrowing or exposure.of(j, usage)}
+    exposed = borrowing.union(exposure.among({j.id: j for j in admitted}, borrowing, usage))
     return out, [j.id for j in admitted], exposed, borrowing, tail
 
 
@@ -299,33 +305,6 @@ def _refusals(jobs: Iterable[PendingJob], refused: Mapping[str, Reason], check: 
         yield Pending(p.job.id, why)
 
 
-class _Checks:
-    """`quota_check` of a job on `usage` as it stands, asked once per (queue, GPUs) until the usage
-    changes (`usage_changed`): the check reads nothing else of the job (but its user, when a queue
-    sets `max_gpus_per_user`: then once per (queue, GPUs, user)).
-
-    With a backlog of thousands behind a full cohort (Kueue's shape), a round asks the same
-    question of every waiting job, twice (at its turn, then with the round's usage to word its
-    reason): a few distinct answers per queue, remembered here."""
-
-    def __init__(self, snapshot: Snapshot, config: SchedulerConfig, tree: QueueTree, usage: QueueUsage):
-        self.snapshot, self.quotas, self.tree, self.usage = snapshot, config.quotas, tree, usage
-        self.answers: dict[tuple[str, int, str | None], Reason | None] = {}
-        self.by_user = tree.per_user  # the answer reads the job's user only then
-
-    def __call__(self, job: Job) -> Reason | None:
-        key = (job.queue, job.total_gpus, job.user if self.by_user else None)
-        try:
-            return self.answers[key]
-        except KeyError:
-            answer = self.answers[key] = quota_check(self.snapshot, job, self.usage, tree=self.tree,
-                                                     quotas=self.quotas)
-            return answer
-
-    def usage_changed(self) -> None:
-        self.answers.clear()
-
-
 def _played_out(
     snapshot: Snapshot, config: SchedulerConfig, backlog: Backlog, reserved: Collection[str],
     admitted: Sequence[str], exposed: set[str], borrowing: set[str], memos: StepMemos, explain: bool = True,
@@ -338,6 +317,9 @@ def _played_out(
 
     def job(i: str) -> Job:
         return held if (held := backlog.holders.get(i)) is not None else backlog.waiting[i].job
+
+    def said(i: str) -> bool:  # a revoked reservation states its reason (`Revoke`) even unexplained
+        return explain or i in backlog.holders
 
     keep = set(admitted)
     refused: dict[str, Reason] = {}
@@ -358,11 +340,11 @@ def _played_out(
         for d in preempts:
             for v in d.victims:
                 if v in keep and v not in drop:
-                    drop[v] = _taken_back(job(v), job(d.job_id), d.reason)
+                    drop[v] = _taken_back(job(v), job(d.job_id), d.reason) if said(v) else _UNSAID
         preemptors = {d.job_id for d in preempts}
         for i in waiting:
             if i not in preemptors and i not in drop:
-                drop[i] = _cannot_start(job(i), waits.get(i))
+                drop[i] = _cannot_start(job(i), waits.get(i)) if said(i) else _UNSAID
         if not drop:
             return refused
         refused.update(drop)
@@ -390,6 +372,11 @@ def _start_one(
             del refused[d.job_id]
             out[at] = Reserve(job.id, job.total_gpus, _borrowed(tree, usage, job))
             return
+
+
+#: The reason of a play-out's refusal of a job not holding quota when the round explains nothing
+#: (`explain=False`: read by no one).
+_UNSAID = Reason(ReasonCode.GANG_DOES_NOT_FIT, "")
 
 
 def _taken_back(job: Job, by: Job, why: Reason) -> Reason:
