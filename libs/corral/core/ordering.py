@@ -179,6 +179,9 @@ class _Walk:
         self.best: dict[str, InQueueKey] = {}  # best job key in a subtree with waiting jobs
 
     def jobs(self) -> Iterator[PendingJob]:
+        if self.nested <= {ROOT}:
+            yield from self._flat_jobs()
+            return
         tree, usage, heads, waiting = self.tree, self.usage, self.heads, self.waiting
         for q in sorted(waiting, key=lambda n: -n.count("/")):  # leaves before their ancestors
             self.refresh(q)
@@ -196,6 +199,26 @@ class _Walk:
                 waiting[a] -= 1
             for a in path:
                 self.refresh(a)
+
+    def _flat_jobs(self) -> Iterator[PendingJob]:
+        """`jobs` when every queue with waiting jobs is a child of the root: taking a job changes
+        only its own queue's offer (its share key reads its own usage), so one heap of the
+        queues' offers, each pushed again after its queue's turn, is the walk."""
+        tree, usage, heads, keys = self.tree, self.usage, self.heads, self.head_keys
+        key = self.key
+        heap = [(share_key(tree, usage, q), keys[q][0] if keys is not None else key(js[0]), q)
+                for q, js in heads.items()]
+        heapq.heapify(heap)
+        while heap:
+            q = heapq.heappop(heap)[2]
+            own = heads[q]
+            p = own.popleft()
+            if keys is not None:
+                keys[q].popleft()
+            yield p
+            usage.add(q, p.job.total_gpus)
+            if own:
+                heapq.heappush(heap, (share_key(tree, usage, q), keys[q][0] if keys is not None else key(own[0]), q))
 
     def offer(self, owner: str, cand: str, key: _Offer) -> None:
         if self.current.get((owner, cand)) != key:
