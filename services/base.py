@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
 
@@ -408,18 +408,9 @@ class Service:
             if tracking is not None:
                 await self.store.append_multi({}, tracking=tracking)
             return True
-        with self.appending.on(plan):
-            try:
-                result = await self.store.append_multi(plan, tracking=tracking)
-            except ConcurrencyError as exc:
-                log.info("%s: lost a race on %s (%s); re-reading", self.name, exc.stream, exc)
-                for stream in plan:
-                    await self.refresh_stream(stream)
-                return False
-            if isinstance(result, AlreadyProcessed):
-                return True
-            self._fold_appended(batches, {stream: expected for stream, (expected, _) in plan.items()})
-            return True
+        written = await self._written(batches, plan, lambda: self.store.append_multi(plan, tracking=tracking),
+                                      "lost a race", "re-reading")
+        return written is not False  # (None: the tracking row says it was handled before)
 
     async def append_handled(self, batches: Mapping[str, Sequence[Event]], trackings: Sequence[Tracking]) -> bool:
         """Append the effects of several inbox messages, with a tracking row each, in one commit.
@@ -433,18 +424,30 @@ class Service:
                 for stream, events in batches.items() if events}
         if not plan and not trackings:
             return True
+        written = await self._written(batches, plan, lambda: self.store.append_handled(plan, trackings),
+                                      "batch lost a race", "handling one by one",
+                                      refused=(DuplicateEvent, ValueError))  # ValueError: one event id twice
+        return written is True
+
+    async def _written(self, batches: Mapping[str, Sequence[Event]], plan: Mapping[str, tuple[int, list[NewEvent]]],
+                       write: Callable[[], Awaitable[object]], lost: str, then: str, *,
+                       refused: tuple[type[Exception], ...] = ()) -> bool | None:
+        """`write` (the store's append of `plan`, each stream guarded by its expected version) with
+        the streams marked as being appended to until `batches` is folded: True once written and
+        folded; False if it lost a race (the streams re-read; logged as `lost`, then `then`) or
+        raised one of `refused`; None if a tracking row says it was handled before (AlreadyProcessed)."""
         with self.appending.on(plan):
             try:
-                result = await self.store.append_handled(plan, trackings)
+                result = await write()
             except ConcurrencyError as exc:
-                log.info("%s: batch lost a race on %s (%s); handling one by one", self.name, exc.stream, exc)
+                log.info("%s: %s on %s (%s); %s", self.name, lost, exc.stream, exc, then)
                 for stream in plan:
                     await self.refresh_stream(stream)
                 return False
-            except (DuplicateEvent, ValueError):  # ValueError: one event id twice in the batch
+            except refused:
                 return False
             if isinstance(result, AlreadyProcessed):
-                return False
+                return None
             self._fold_appended(batches, {stream: expected for stream, (expected, _) in plan.items()})
             return True
 
