@@ -4,6 +4,10 @@ so far as `D/<name>-<pid>-<n>.prof` and starts a new one (a window of a live sta
 and one after what is to be looked at). `CORRAL_PROFILE_ONLY=placement,quota` profiles only the
 processes of those names (a profiler in every process slows a loaded stack into measuring itself).
 
+Every thread the process starts inside the block is profiled too (quota decides its rounds in a
+worker thread, `asyncio.to_thread`), each by its own CPU clock, and a file holds all of them: a
+function's time is the CPU of the thread that ran it, not the process's while it ran.
+
 Why: a live stack's CPU per job is spread over several processes (bench/e2e.py prints it by
 process); finding where one of them spends it needs that process's own profile under the real
 stream of events, and py-spy is not always at hand. Unset, this costs nothing.
@@ -11,16 +15,32 @@ stream of events, and py-spy is not always at hand. Unset, this costs nothing.
 
 from __future__ import annotations
 
+import cProfile
 import os
+import pstats
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, cast
 
 from corral import environment
 
 PROFILE_DIR_ENV = "CORRAL_PROFILE_DIR"
 PROFILE_ONLY_ENV = "CORRAL_PROFILE_ONLY"
+
+
+class _Taken:
+    """A thread's profile so far, as `pstats.Stats` loads it (`create_stats` of a profile would
+    stop it in the calling thread, not in its own)."""
+
+    def __init__(self, profile: cProfile.Profile) -> None:
+        profile.snapshot_stats()
+        self.stats = profile.stats
+
+    def create_stats(self) -> None:
+        pass
 
 
 @contextmanager
@@ -31,26 +51,39 @@ def profiled(name: str) -> Iterator[None]:
     if not folder or (only and name not in only.split(",")):
         yield
         return
-    import cProfile
-
-    profile = cProfile.Profile(time.process_time)  # CPU, not wall: the machine may be shared
+    main = cProfile.Profile(time.thread_time)  # CPU, not wall: the machine may be shared
+    threads: list[cProfile.Profile] = []
     windows = 0
+
+    def thread_started(*_: Any) -> None:
+        """The first profile event of a new thread: it gets a profile of its own from here on."""
+        profile = cProfile.Profile(time.thread_time)
+        threads.append(profile)
+        profile.enable()  # replaces this hook in this thread
+
+    def dump(path: str) -> None:
+        os.makedirs(folder, exist_ok=True)
+        stats = pstats.Stats(cast(Any, _Taken(main)))
+        for profile in list(threads):
+            stats.add(cast(Any, _Taken(profile)))
+        stats.dump_stats(path)
 
     def window(*_: object) -> None:
         nonlocal windows
-        profile.disable()
+        main.disable()
         windows += 1
-        os.makedirs(folder, exist_ok=True)
-        profile.dump_stats(os.path.join(folder, f"{name}-{os.getpid()}-{windows}.prof"))
-        profile.clear()
-        profile.enable()
+        dump(os.path.join(folder, f"{name}-{os.getpid()}-{windows}.prof"))
+        for profile in [main, *threads]:
+            profile.clear()
+        main.enable()
 
     previous = signal.signal(signal.SIGUSR1, window)
-    profile.enable()
+    threading.setprofile(thread_started)
+    main.enable()
     try:
         yield
     finally:
-        profile.disable()
+        main.disable()
+        threading.setprofile(None)
         signal.signal(signal.SIGUSR1, previous)
-        os.makedirs(folder, exist_ok=True)
-        profile.dump_stats(os.path.join(folder, f"{name}-{os.getpid()}.prof"))
+        dump(os.path.join(folder, f"{name}-{os.getpid()}.prof"))

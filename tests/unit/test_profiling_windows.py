@@ -51,3 +51,24 @@ def test_only_profiles_the_named_processes(tmp_path: Path, monkeypatch: pytest.M
     with profiled("placement"):
         _busy(10)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"placement-{os.getpid()}.prof"]
+
+
+def test_a_thread_started_inside_is_profiled_by_its_own_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """quota's round runs in a worker thread (`asyncio.to_thread`): its functions are in the file,
+    and the main thread's wait for it is not charged the thread's CPU."""
+    import threading
+
+    monkeypatch.setenv(PROFILE_DIR_ENV, str(tmp_path))
+
+    def in_thread() -> None:
+        _busy(300_000)
+
+    with profiled("svc"):
+        worker = threading.Thread(target=in_thread)
+        worker.start()
+        worker.join()
+    stats = pstats.Stats(str(tmp_path / f"svc-{os.getpid()}.prof")).stats
+    ran = {name: (cc, tt, ct) for (_, _, name), (cc, _, tt, ct, _) in stats.items()}
+    assert "in_thread" in ran and ran["in_thread"][2] > 0
+    join = sum(ct for (_, _, name), (_, _, _, ct, _) in stats.items() if name == "join")
+    assert join < ran["in_thread"][2] / 2, "the main thread's wait is charged its own CPU only"
