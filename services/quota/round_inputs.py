@@ -78,8 +78,17 @@ class RoundInputs:
         kind = classify(job) if job is not None else Kind.NONE
         if self._running.pop(job_id, None) is not None or (job is not None and job.holding):
             self._running_sorted = None
-        self._untell(job_id)
         was = self.waiting.get(job_id)
+        if was is job and job is not None and (kind is Kind.WAITING or kind is Kind.RESERVED) \
+                and (kind is Kind.RESERVED) == (job_id in self.reserved) \
+                and self._core[job_id] is job.core_pending():
+            # the same job, kind and core object (a reason recorded, most often): only what its
+            # log says may have changed, so the backlog and the sorted tuple stand as they are
+            if kind is Kind.WAITING:
+                self._untell(job_id)
+                self._tell(job_id, job, self._core[job_id])
+            return
+        self._untell(job_id)
         if was is not None and job_id not in self.reserved:
             self.unreserved -= 1
         self.reserved.discard(job_id)
@@ -99,11 +108,7 @@ class RoundInputs:
             self.reserved.add(job_id)
         else:
             self.unreserved += 1
-            said = job.reason
-            told = (pending.job.queue, pending.job.total_gpus, pending.job.user,
-                    said.code if said is not None else None, said.message if said is not None else None)
-            self._told_as[job_id] = told
-            self.told.setdefault(told, set()).add(job_id)
+            self._tell(job_id, job, pending)
         if was is None:
             self.waiting[job_id] = job
             bisect.insort(self._ids, job_id)
@@ -112,6 +117,13 @@ class RoundInputs:
             self._sorted = None
         self._core[job_id] = pending
         self.backlog.put(pending, kind is Kind.RESERVED)
+
+    def _tell(self, job_id: str, job: JobView, pending: core.PendingJob) -> None:
+        said = job.reason
+        told = (pending.job.queue, pending.job.total_gpus, pending.job.user,
+                said.code if said is not None else None, said.message if said is not None else None)
+        self._told_as[job_id] = told
+        self.told.setdefault(told, set()).add(job_id)
 
     def _untell(self, job_id: str) -> None:
         told = self._told_as.pop(job_id, None)
