@@ -261,8 +261,10 @@ def _quota_pass(
     return out, [j.id for j in admitted], exposed, borrowing, tail
 
 
-#: Refusals in a row after which a pass asks whether any job left could still get quota.
-_LOOK_AFTER = 32
+#: Refusals in a row after which a pass asks whether any job left could still get quota. The
+#: question costs a cached check per (queue, GPUs) left, a walked job its fair-share step and
+#: check: behind full cohorts a pass reserves a few jobs and then walks only this many.
+_LOOK_AFTER = 8
 
 
 class _Left:
