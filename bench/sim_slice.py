@@ -10,10 +10,12 @@ Run: .venv/bin/python bench/sim_slice.py [--start A] [--stop B] [--cluster 40x8:
 `fair-las:X` replays fair-las with the starvation limit X (`SchedulerConfig.starvation_limit`; 0: off)
 and `promotion_resets_level` off (a promotion moves only the order), `fair-las:Xr` with it on (a promoted
 job preempts as level 0 both ways; plain `fair-las` is `fair-las:4r`),
-`fair-las:Xd` with it and `defragment` (smaller jobs moved to make a whole node for a gang; `Xrd` both);
+`fair-las:Xd` with it and `defragment` (smaller jobs moved to make a whole node for a gang; `Xrd` both),
+`fair-las:Xa` with `promotion_arrives` (a promoted job joins level 0 as if submitted at its promotion; `Xra`);
 `--profile FILE` writes cProfile stats of the last policy's replay to FILE (read with pstats);
 `--pipeline services` replays the live services' round (`corral.sim.engine`) instead of the combined cycle;
-`--queues` prints each queue's mean allocation / fair share and share of GPU time;
+`--queues` prints each queue's mean allocation / fair share and share of GPU time; `--by-class` each
+gang class's and queue's jobs, average wait to the first start and average JCT (h);
 `--high-priority F` gives a seeded share F of the slice's jobs priority 900 (the trace has none, all 0),
 for the rules that read priorities within a queue. Each policy's line ends with the most preemptions
 of one job (and its id).
@@ -47,8 +49,9 @@ def replay(jobs: list, cluster: str, policy: str, profile: Path | None,
     workload = normalised(jobs, "slice", [])
     name, _, limit = policy.partition(":")
     flags = limit.lstrip("0123456789.")
-    config = (dataclasses.replace(SchedulerConfig.named(name), starvation_limit=float(limit.rstrip("rd")),
-                                  promotion_resets_level="r" in flags, defragment="d" in flags) if limit else None)
+    config = (dataclasses.replace(SchedulerConfig.named(name), starvation_limit=float(limit.rstrip("rda")),
+                                  promotion_resets_level="r" in flags, defragment="d" in flags,
+                                  promotion_arrives="a" in flags) if limit else None)
     profiler = cProfile.Profile() if profile is not None else None
     started = time.process_time()
     if profiler is not None:
@@ -80,6 +83,7 @@ def main() -> int:
     parser.add_argument("--policies", default="corral,fair-las")
     parser.add_argument("--profile", type=Path)
     parser.add_argument("--queues", action="store_true")
+    parser.add_argument("--by-class", action="store_true")
     parser.add_argument("--pipeline", default="cycle", choices=("cycle", "services"))
     parser.add_argument("--high-priority", type=float, default=0.0, help="share of the jobs at priority 900")
     parser.add_argument("--smoke", action="store_true", help="a tiny slice (seconds) checking the script end to end")
@@ -108,7 +112,28 @@ def main() -> int:
             figures = " ".join(f"{q.name[:6]}:{q.mean_fair_share_ratio or 0:.2f}/{q.share_of_gpu_time * 100:.0f}%"
                                for q in r.summary.queues)
             print(f"{r.policy:9s} queues (alloc/fair, GPU time) {figures}")
+    if args.by_class:
+        for r in results:
+            by_class(r)
     return 0
+
+
+def _gang_class(gpus: int) -> str:
+    return next(name for top, name in ((1, "1"), (2, "2"), (4, "3-4"), (8, "5-8"), (16, "9-16")) if gpus <= top) \
+        if gpus <= 16 else "17+"
+
+
+def by_class(result: SimResult) -> None:
+    """Jobs, average wait to the first start and average JCT (h) of the finished jobs, by gang class and queue."""
+    done = [x for x in result.records if x.end is not None and x.start is not None]
+    for title, of in (("gang class", lambda x: _gang_class(x.gpus)), ("queue", lambda x: x.queue[:6])):
+        groups: dict[str, list] = {}
+        for x in done:
+            groups.setdefault(of(x), []).append(x)
+        cells = " ".join(f"{k}:{len(g)}/{sum(x.start - x.submit for x in g) / len(g) / 3600:.1f}/"
+                         f"{sum(x.end - x.submit for x in g) / len(g) / 3600:.1f}"
+                         for k, g in sorted(groups.items(), key=lambda kv: -len(kv[1])))
+        print(f"{result.policy:11s} by {title} (jobs/wait h/JCT h) {cells}")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,11 @@ behind its queue's newer jobs for good. With `SchedulerConfig.promotion_resets_l
 resets a promoted job to its top queue, a promoted job counts as level 0 for preemption both ways:
 waiting, it may preempt a running job of its queue above level 0 (`waiting_level`), and once
 started it is no level victim until it has attained one level's service since its promotion
-(`running_level`, from `RunningJob.promoted_service`). It depends on the time, which the caller
-passes in.
+(`running_level`, from `RunningJob.promoted_service`). With `SchedulerConfig.promotion_arrives` a
+promoted job joins level 0 as if submitted at its promotion instead of leading its queue: where a
+queue's short jobs outrun its share for weeks, every long job is promoted in turn, and ahead of
+every level they would hold the queue's GPUs while its short jobs wait behind them. It depends on
+the time, which the caller passes in.
 """
 
 from __future__ import annotations
@@ -54,14 +57,17 @@ def service_class(attained: float, read: tuple[float, ...] | None) -> float:
     return float(bisect_right(read, attained)) if read else 0.0
 
 
-def in_queue_key(p: PendingJob, thresholds: Sequence[float], promoted: bool = False) -> InQueueKey:
-    """Highest priority first, then promoted jobs (level -1), the lowest level, the oldest, the id."""
+def in_queue_key(p: PendingJob, thresholds: Sequence[float], promoted: bool = False,
+                 arrival: float | None = None) -> InQueueKey:
+    """Highest priority first, then promoted jobs (level -1), the lowest level, the oldest, the id.
+    `arrival` (`SchedulerConfig.promotion_arrives`): a promoted job is instead at level 0 as if
+    submitted at `arrival`, its promotion time, unless its own key is ahead of that."""
     job = p.job
-    if promoted:
-        lv = -1
-    else:
-        lv = bisect_right(thresholds, p.attained_gpu_seconds) if thresholds else 0
-    return (-job.priority, lv, job.submit_time, job.id)
+    if promoted and arrival is None:
+        return (-job.priority, -1, job.submit_time, job.id)
+    lv = bisect_right(thresholds, p.attained_gpu_seconds) if thresholds else 0
+    key = (-job.priority, lv, job.submit_time, job.id)
+    return min(key, (-job.priority, 0, arrival, job.id)) if promoted and arrival is not None else key
 
 
 def starvation_limit(config: SchedulerConfig) -> float:
@@ -83,6 +89,8 @@ def key_at(config: SchedulerConfig, now: float) -> Callable[[PendingJob], InQueu
     limit = starvation_limit(config)
     if limit <= 0:
         return lambda p: in_queue_key(p, thresholds)
+    if config.promotion_arrives:
+        return lambda p: in_queue_key(p, thresholds, now >= promote_at(p, limit), promote_at(p, limit))
     return lambda p: in_queue_key(p, thresholds, now >= promote_at(p, limit))
 
 

@@ -3,8 +3,7 @@
 Every type is a frozen, slotted dataclass so that a snapshot can be shared between phases (and
 between the live services and the trace simulator) without anyone mutating it behind the
 scheduler's back, and so that equal snapshots compare and hash equal (determinism is testable).
-Only the standard library is used: the core must stay importable anywhere, including the simulator.
-"""
+Only the standard library is used: the core must stay importable anywhere, including the simulator."""
 
 from __future__ import annotations
 
@@ -437,6 +436,7 @@ class SchedulerConfig:
     level_victim_fresh_seconds: float = 600.0
     starvation_limit: float = 4.0  # FAIR_LAS: a job waiting this many times its last run leads its queue
     promotion_resets_level: bool = False  # FAIR_LAS: a promoted job preempts as level 0 both ways (`levels`)
+    promotion_arrives: bool = False  # FAIR_LAS: a promoted job joins level 0 as if submitted at its promotion
     defragment: bool = False  # FAIR_LAS: move smaller jobs to make a whole node for a gang (`eligibility.defragments`)
 
     @classmethod

@@ -84,6 +84,7 @@ class SchedulerState:
         self._read = service_read(config)  # what of a job's attained service its class reads
         self._resets = config.promotion_resets_level  # a promoted job's class differs (`levels.resets_at`)
         self._promotions = Promotions(starvation_limit(config))  # re-keyed as each cycle's time moves
+        self._arrives = config.promotion_arrives  # a promoted job's key reads its promotion time
         self._key = None if key_of(config, 0.0) is None else self._in_queue  # the walk's in-queue key
         self.queues = tuple(queues)
         self._configured = {q.name for q in self.queues}
@@ -327,7 +328,11 @@ class SchedulerState:
         return self._in_queue(p)  # PRIORITY, and within a queue for FAIR_SHARE / FAIR_LAS
 
     def _in_queue(self, p: PendingJob) -> InQueueKey:
-        return in_queue_key(p, self._thresholds, p.job.id in self._promotions.promoted)
+        return self._key_when(p, p.job.id in self._promotions.promoted)
+
+    def _key_when(self, p: PendingJob, promoted: bool) -> InQueueKey:
+        arrival = self._promotions.at[p.job.id] if promoted and self._arrives else None
+        return in_queue_key(p, self._thresholds, promoted, arrival)
 
     def _advance(self, now: float) -> None:
         """Re-key the waiting jobs whose promotion (`starvation.Promotions`) changed by `now`."""
@@ -336,7 +341,7 @@ class SchedulerState:
             p = self._pending[job_id]
             was = job_id not in promoted
             kept = self._sorted_for(p)
-            kept.remove(in_queue_key(p, self._thresholds, was))
+            kept.remove(self._key_when(p, was))
             kept.add(self._order_key(p), p)
             if self._resets:  # a promoted job preempts as level 0: another class
                 self._leave(job_id)

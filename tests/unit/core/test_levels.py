@@ -180,26 +180,31 @@ LIMITS = st.sampled_from([0.0, 0.5, 1.0, 3.0])
 TIMES = st.integers(0, 300).map(float)
 
 
-def _plain_key(p: PendingJob, thresholds: tuple[float, ...], limit: float, now: float) -> tuple[object, ...]:
+def _plain_key(p: PendingJob, thresholds: tuple[float, ...], limit: float, now: float,
+               arrives: bool = False) -> tuple[object, ...]:
     ran = p.requeued_at is not None and p.last_run_seconds > 0
     promoted = limit > 0 and ran and now - p.requeued_at >= limit * p.last_run_seconds  # type: ignore[operator]
-    lv = -1 if promoted else sum(1 for t in thresholds if t <= p.attained_gpu_seconds)
-    return (-p.job.priority, lv, p.job.submit_time, p.job.id)
+    lv = sum(1 for t in thresholds if t <= p.attained_gpu_seconds)
+    own = (-p.job.priority, -1 if promoted and not arrives else lv, p.job.submit_time, p.job.id)
+    if promoted and arrives:  # at level 0 as if submitted when promoted, unless its own key is ahead
+        return min(own, (-p.job.priority, 0, p.requeued_at + limit * p.last_run_seconds, p.job.id))  # type: ignore[operator]
+    return own
 
 
 @SETTINGS
-@given(pending=requeued(), thresholds=THRESHOLDS, limit=LIMITS, now=TIMES)
+@given(pending=requeued(), thresholds=THRESHOLDS, limit=LIMITS, now=TIMES, arrives=st.booleans())
 def test_a_job_waiting_its_starvation_limit_leads_its_queue(pending: list[PendingJob], thresholds: tuple[float, ...],
-                                                            limit: float, now: float) -> None:
+                                                            limit: float, now: float, arrives: bool) -> None:
     """Inside a queue: priority, then the jobs promoted at `now` (waited `limit` x their last run
-    since requeued), then level, submit time and id."""
-    config = dataclasses.replace(_config(thresholds), starvation_limit=limit)
+    since requeued), then level, submit time and id; with `promotion_arrives` a promoted job is at
+    level 0 with its promotion time for its submit time."""
+    config = dataclasses.replace(_config(thresholds), starvation_limit=limit, promotion_arrives=arrives)
     queues = [QueueConfig(q, 2) for q in "abc"]
     snap = dataclasses.replace(snapshot(Cluster.uniform(1, 8, "H100"), pending, queues=queues), now=now)
     ordered = order_pending(snap, config)
     for q in "abc":
         mine = [p for p in ordered if p.job.queue == q]
-        assert mine == sorted(mine, key=lambda p: _plain_key(p, thresholds, limit, now))
+        assert mine == sorted(mine, key=lambda p: _plain_key(p, thresholds, limit, now, arrives))
 
 
 @SETTINGS
@@ -209,7 +214,8 @@ def test_the_kept_order_with_promotion_is_the_order_from_scratch(data: st.DataOb
     """A `SchedulerState` re-keys promoted jobs as the time moves (forwards or back) and as jobs
     come and go: its walk is `order_pending` of the same snapshot at every step. With no slack the
     promotion heap is rebuilt at almost every job that leaves (`starvation.Promotions.remove`)."""
-    config = dataclasses.replace(_config(thresholds), starvation_limit=limit)
+    config = dataclasses.replace(_config(thresholds), starvation_limit=limit,
+                                 promotion_arrives=data.draw(st.booleans()))
     queues = [QueueConfig(q, 2) for q in "abc"]
     cluster = Cluster.uniform(1, 8, "H100")
     with patch.object(starvation, "_SLACK", data.draw(st.sampled_from([0, 64]))):
