@@ -23,7 +23,6 @@ from corral.contracts.envelope import Event, Reason
 from corral.contracts.jobspec import JobSpec
 from corral.contracts.lifecycle import LifecycleCode
 from corral.contracts.queues import QueueSpec
-from corral.core.levels import started_promotion
 from corral.lifecycle import GangEvent, GangState, transition
 
 if TYPE_CHECKING:  # the scheduling core's types: loaded when a view is first translated for it
@@ -556,6 +555,7 @@ def core_running(j: JobView, config: core.SchedulerConfig | None = None) -> core
     promoted = None
     if config is not None and config.promotion_resets_level:
         decided = j.quota_reserved_at.timestamp() if j.quota_reserved_at is not None else start
+        from corral.core.levels import started_promotion  # the core's model: loaded with the config
         promoted = started_promotion(j.core_pending(), config, decided)
     return core.RunningJob(
         job=j.core_job(), placement=j.core_placement(),
