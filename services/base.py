@@ -353,6 +353,7 @@ class Service:
             mismatch = type_mismatch(Subjects(self.bus.namespace), delivery.subject, event)
             if mismatch is not None:
                 raise Poison(f"request refused: {mismatch}")
+            await self._own_appends_settled([event])
             await self.handle_inbox(event, delivery)
             self.changed.set()
         finally:
@@ -383,12 +384,25 @@ class Service:
                 items.append((event, delivery))
                 where.append(index)
             if items:
+                await self._own_appends_settled([event for event, _ in items])
                 for index, outcome in zip(where, await self.handle_inbox_batch(items), strict=True):
                     outcomes[index] = outcome
                 self.changed.set()
             return outcomes
         finally:
             self._done()
+
+    async def _own_appends_settled(self, requests: Sequence[Event]) -> None:
+        """Wait for this service's appends under way to the streams of the jobs `requests` name.
+
+        A request can answer an append of this service before that append has returned and been
+        folded (a node reports the start of a gang whose reservation placement is still
+        appending: the relay published it at the commit); the request then meets the batch's view,
+        not the one before it."""
+        for request in requests:
+            job_id = getattr(request, "job_id", None)
+            if isinstance(job_id, str) and self.appending.busy(stream := job_stream(job_id)):
+                await self.appending.settled(stream)
 
     # ---- appending ---------------------------------------------------------------------------
     async def append(self, batches: Mapping[str, Sequence[Event]], *,

@@ -4,7 +4,7 @@ Why: the agent follows every live gang's `state.json`; looking at each file on a
 stat per gang per look, and a change waits for the next look. The kernel says when a file in a
 watched folder is written, made or renamed into it (`DirWatch.read`), and the agent looks then.
 Where inotify is missing (not Linux, no libc symbol, the watch limit reached) `open` / `add`
-return None and the caller looks on its timer as before.
+return None and the caller looks on its timer.
 """
 
 from __future__ import annotations
