@@ -9,9 +9,10 @@ Run: .venv/bin/python bench/sim_slice.py [--start A] [--stop B] [--cluster 40x8:
      [--policies corral,fair-las,fair-las:2,fair-las:4r] [--profile FILE] [--queues] [--pipeline services]
 `fair-las:X` replays fair-las with the starvation limit X (`SchedulerConfig.starvation_limit`; 0: off)
 and `promotion_resets_level` off (a promotion moves only the order), `fair-las:Xr` with it on (a promoted
-job preempts as level 0 both ways; plain `fair-las` is `fair-las:4r`),
+job preempts as level 0 both ways),
 `fair-las:Xd` with it and `defragment` (smaller jobs moved to make a whole node for a gang; `Xrd` both),
-`fair-las:Xa` with `promotion_arrives` (a promoted job joins level 0 as if submitted at its promotion; `Xra`);
+`fair-las:Xa` with `promotion_arrives` (a promoted job joins level 0 as if submitted at its promotion;
+plain `fair-las` is `fair-las:4ra`);
 `--profile FILE` writes cProfile stats of the last policy's replay to FILE (read with pstats);
 `--pipeline services` replays the live services' round (`corral.sim.engine`) instead of the combined cycle;
 `--queues` prints each queue's mean allocation / fair share and share of GPU time; `--by-class` each
@@ -89,7 +90,7 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="a tiny slice (seconds) checking the script end to end")
     args = parser.parse_args()
     if args.smoke:
-        args.start, args.stop, args.policies = 20000, 20200, "corral,fair-las:4r"
+        args.start, args.stop, args.policies = 20000, 20200, "corral,fair-las:4ra"
     print(probe_line(), flush=True)
     jobs = with_priorities(list(load_workload(f"philly:{args.trace}").jobs[args.start:args.stop]), args.high_priority)
     results, cpu = [], {}

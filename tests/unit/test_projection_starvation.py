@@ -12,6 +12,7 @@ steps looks at the promoted job first, and the combined cycle starts it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -181,9 +182,9 @@ def waiting_after_a_run() -> ClusterView:
     return view
 
 
-def first_considered(view: ClusterView, now: float) -> str:
+def first_considered(view: ClusterView, now: float, config: SchedulerConfig = FAIR_LAS) -> str:
     """The job a round of the services' steps looks at first at `now`: quota's first decision."""
-    return run_round(view.snapshot(now), FAIR_LAS).quota[0].job_id
+    return run_round(view.snapshot(now), config).quota[0].job_id
 
 
 def test_the_live_view_promotes_a_job_waiting_past_the_limit() -> None:
@@ -193,9 +194,11 @@ def test_the_live_view_promotes_a_job_waiting_past_the_limit() -> None:
     assert (pending.requeued_at, pending.last_run_seconds) == (4030.0, 4030.0)
     promoted = promote_at(pending, FAIR_LAS.starvation_limit)
     assert promoted == 4030.0 + 4 * 4030.0
-    assert first_considered(view, promoted - 1.0) == "s00", "before the limit the fresh job (a level below) leads"
-    assert first_considered(view, promoted) == "long", "past it the starved job leads its queue"
-    placed = [d.job_id for d in schedule(view.snapshot(promoted), FAIR_LAS) if isinstance(d, Place)]
+    leads = dataclasses.replace(FAIR_LAS, promotion_arrives=False)  # a promoted job ahead of every level
+    assert first_considered(view, promoted - 1.0, leads) == "s00", "before the limit the fresh job (lower level) leads"
+    assert first_considered(view, promoted, leads) == "long", "past it the starved job leads its queue"
+    assert first_considered(view, promoted) == "s00", "fair-las: it joins level 0 at its promotion, behind s00"
+    placed = [d.job_id for d in schedule(view.snapshot(promoted), leads) if isinstance(d, Place)]
     assert placed == ["long"], "the combined cycle on the live view starts it"
 
 

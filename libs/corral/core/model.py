@@ -150,16 +150,8 @@ class Cluster:
         return tuple(sorted({n.zone for n in self.nodes}))
 
     @classmethod
-    def uniform(
-        cls,
-        nodes: int,
-        gpus_per_node: int,
-        model: str,
-        memory_gib: int = 80,
-        nodes_per_rack: int = 8,
-        nvlink_domain_size: int | None = None,
-        racks_per_zone: int | None = None,
-    ) -> Cluster:
+    def uniform(cls, nodes: int, gpus_per_node: int, model: str, memory_gib: int = 80, nodes_per_rack: int = 8,
+                nvlink_domain_size: int | None = None, racks_per_zone: int | None = None) -> Cluster:
         """A homogeneous cluster: nodes n000.., racks r00.., zone z0 (or z0.. every racks_per_zone racks)."""
         if nodes < 0 or gpus_per_node < 0 or nodes_per_rack < 1:
             raise ValueError("Cluster.uniform: nodes and gpus_per_node must be >= 0, nodes_per_rack >= 1")
@@ -442,8 +434,10 @@ class SchedulerConfig:
     @classmethod
     def named(cls, policy: str) -> SchedulerConfig:
         """One of `POLICIES`: corral (fair share), fair-las, or a baseline (see the package docstring)."""
-        if policy in ("corral", "fair-las"):  # fair-las: a promotion restarts the job at level 0 (no swap-out churn)
-            return cls(OrderPolicy.FAIR_LAS, promotion_resets_level=True) if policy == "fair-las" else cls()
+        if policy == "corral":
+            return cls()
+        if policy == "fair-las":  # a promotion restarts the job at level 0, behind the jobs waiting there (`levels`)
+            return cls(OrderPolicy.FAIR_LAS, promotion_resets_level=True, promotion_arrives=True)
         if policy not in _BASELINES:
             raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
         order, backfill, preemption = _BASELINES[policy]

@@ -24,8 +24,8 @@ QUEUES = [QueueConfig(f"q{i}", 8) for i in range(3)]
 PINNED = {
     ("corral", "cycle"): "c2668abeda511d7a48f8681fb63dca6208ee44ec32b2049ab430fa0a7de90de8",
     ("corral", "services"): "8c802956ca1a29564c5035c72b448968762a16821aa0a84ffdafc4bf07926c43",
-    ("fair-las", "cycle"): "e2c900799918822dbd36b06cb123ee2d989d50f0bfa6f08022dcb9ac2f087607",
-    ("fair-las", "services"): "caf58d5f9fa896794217c770ad0285bb9310c52415e29c0d4e2b85f6f5d9bdbc",
+    ("fair-las", "cycle"): "b74cd904fa21faff5ffca6f1341f743cd8cce2e7e61df7e410cb00f5d0609cd6",
+    ("fair-las", "services"): "73c16c1d3cc67b3af790791f43ae0f2e4e795f5ec37da830eeecc31960a1f414",
     ("las", "cycle"): "c9dbae71cba92f826acff0894299866f3ba94072e052b01c8eff5155ab0acf34",
     ("las", "services"): "7b40bed0d20ba83b08b798a1dcbfc4a6ed4b4b81f12e1c895192fff2bceedb83",
 }
