@@ -207,7 +207,12 @@ async def test_a_node_whose_disk_is_full_takes_no_new_work_until_its_condition_c
             jobs = [await client.submit(job(f"whole-{i}", 120.0, gpus=8)) for i in range(2)]  # type: ignore[arg-type]
             view = await client.wait_for(lambda v: any(v.jobs[j].state is JobState.RUNNING for j in jobs
                                                        if j in v.jobs), 60)
-            await asyncio.sleep(3)  # placement reruns its cycle every tick: it had its chances
+            # placement has decided about the job that waits, with node-0 under pressure: it said why
+            waiting = next(j for j in jobs if view.jobs[j].state is not JobState.RUNNING)
+            deadline = time.monotonic() + 30
+            while not any(e.type == "PlacementPending" for e in await client.store.read_stream(f"job-{waiting}")):
+                assert time.monotonic() < deadline, dump_logs(stack)
+                await asyncio.sleep(0.2)
             view = await client.view()
             placed = {j: {r.node for r in view.jobs[j].ranks} for j in jobs if view.jobs[j].ranks}
             assert list(placed.values()) == [{"node-1"}], placed
