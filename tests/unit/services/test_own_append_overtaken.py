@@ -65,14 +65,21 @@ class OvertakingStore:
             self.versions[stream] = expected + len(events)
             self.appended.extend(events)
             out[stream] = self.versions[stream]
+        self.deliveries.extend(self.meanwhile(plan))
+        for _ in range(5):
+            await asyncio.sleep(0)  # the bus's tasks run before the append returns
+        return out
+
+    def meanwhile(self, plan: dict[str, tuple[int, list[Any]]]) -> list[asyncio.Task[None]]:
+        """What the bus delivers while the append is returning: the copy of each job stream's last event."""
+        assert self.service is not None
+        tasks = []
         for stream, (expected, events) in plan.items():
             last = events[-1]
             if stream.startswith("job-") and last.type in self.service.consumes:
                 copy = _delivery(decode(last.data), expected + len(events))
-                self.deliveries.append(asyncio.create_task(self.service.on_event(copy)))
-        for _ in range(3):
-            await asyncio.sleep(0)  # the bus's task runs before the append returns
-        return out
+                tasks.append(asyncio.create_task(self.service.on_event(copy)))
+        return tasks
 
 
 def _placement() -> tuple[Placement, OvertakingStore, Clock]:

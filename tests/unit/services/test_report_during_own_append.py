@@ -27,38 +27,25 @@ from corral.contracts.subjects import Subjects
 from corral.services.placement.service import Placement
 from tests.unit.services.doubles import Clock
 from tests.unit.services.job_events import job_event
+from tests.unit.services.test_own_append_overtaken import OvertakingStore
 
 JOB = "j1"
 NS = "ns"
 
 
-class ReportingStore:
+class ReportingStore(OvertakingStore):
     """An event store whose append of a GangReserved, before it returns, lets the node's report of
-    the gang's start be handled (`reports`)."""
+    the gang's start be handled (`deliveries`)."""
 
-    def __init__(self) -> None:
-        self.service: Placement | None = None
-        self.versions: dict[str, int] = {}
-        self.appended: list[Any] = []
-        self.reports: list[asyncio.Task[None]] = []
-
-    async def append_multi(self, plan: dict[str, tuple[int, list[Any]]], *, tracking: Any = None) -> dict[str, int]:
+    def meanwhile(self, plan: dict[str, tuple[int, list[Any]]]) -> list[asyncio.Task[None]]:
         assert self.service is not None
-        out = {}
-        for stream, (expected, events) in plan.items():
-            assert self.versions.get(stream, 0) == expected, (stream, expected)
-            self.versions[stream] = expected + len(events)
-            self.appended.extend(events)
-            out[stream] = self.versions[stream]
-        if any(e.type == "GangReserved" for _, events in plan.values() for e in events):
-            started = job_event(JOB, ev.WorkerStarted, rank=0, node="n1", pid=1, attempt=0)
-            delivery = Delivery(subject=Subjects(NS).node_report("n1", "WorkerStarted"), data=encode(started),
-                                headers={}, delivery_count=1, stream="ns-inbox", stream_sequence=1,
-                                consumer_sequence=1, timestamp=None)
-            self.reports.append(asyncio.create_task(self.service.on_inbox(delivery)))
-            for _ in range(5):
-                await asyncio.sleep(0)  # the inbox's task runs before the append returns
-        return out
+        if not any(e.type == "GangReserved" for _, events in plan.values() for e in events):
+            return []
+        started = job_event(JOB, ev.WorkerStarted, rank=0, node="n1", pid=1, attempt=0)
+        delivery = Delivery(subject=Subjects(NS).node_report("n1", "WorkerStarted"), data=encode(started),
+                            headers={}, delivery_count=1, stream="ns-inbox", stream_sequence=1,
+                            consumer_sequence=1, timestamp=None)
+        return [asyncio.create_task(self.service.on_inbox(delivery))]
 
 
 async def test_a_start_reported_while_its_reservation_is_being_appended_is_recorded() -> None:
@@ -84,6 +71,6 @@ async def test_a_start_reported_while_its_reservation_is_being_appended_is_recor
     placement.heartbeats["n1"] = clock.now
 
     await placement._cycle(clock.now)
-    await asyncio.gather(*store.reports)
+    await asyncio.gather(*store.deliveries)
     assert [e.type for e in store.appended if e.stream == job_stream(JOB)] == ["GangReserved", "WorkerStarted"], \
         "the start was refused: the report met the view before the reservation was folded"
