@@ -120,6 +120,7 @@ async def test_a_rack_gang_hint_stays_in_its_rack_and_names_both_blockers(
         t = await submit(c, "t", "r", gpus_per_replica=4, gpu={"model": "H100"}, estimated_runtime_seconds=900)
         u = await submit(c, "u", "r", gpus_per_replica=4, gpu={"model": "H100"}, estimated_runtime_seconds=800)
         t_node, u_node = await node_of(c, t), await node_of(c, u)
+        await wait_state(c, s, JobState.RUNNING)
         assert sorted((await c.view()).jobs[s].nodes) == ["node-1", "node-2"]
         g = await submit(c, "g", "r", **rack_gang)
         await wait_reason(c, g, "GANG_DOES_NOT_FIT")
