@@ -21,6 +21,7 @@ from corral.contracts.decoding import validated
 
 __all__ = [
     "CLUSTER_STREAM",
+    "POLICY_STREAM",
     "QUEUE_GATE_STREAM",
     "QUEUE_TREE_STREAM",
     "Event",
@@ -64,6 +65,8 @@ def queue_stream(queue: str) -> str:
 QUEUE_TREE_STREAM = "queues"
 #: Changes the evidence gate refused (QueueChangeRefused).
 QUEUE_GATE_STREAM = "queues-gate"
+#: The scheduling policy in force (PolicyInForce), one version per change.
+POLICY_STREAM = "policy"
 
 
 def new_event_id(now: datetime | float, rand: bytes | None = None) -> str:

@@ -7,7 +7,8 @@ JobRequeued. Nodes: NodeRegistered, NodeHeartbeat, NodeLost, NodeConditionsChang
 pressure, measured by the node's agent), GpuHealthChanged (GPUs its agent finds unhealthy through
 NVML), GpuDrained / GpuUndrained (an admin's); GpusAllocated / GpusReleased are
 each node's allocation ledger. Queues: QueueTreeApplied (a numbered version of the whole tree),
-QueueConfigured (one queue), QueueChangeRefused (the evidence gate said no). Escalation:
+QueueConfigured (one queue), QueueChangeRefused (the evidence gate said no). Policy: PolicyInForce
+(the scheduling policy quota, placement and preemption decide by). Escalation:
 WaitExceeded (a job waited longer than its queue's `max_wait`). People: UserAdded, UserRemoved,
 UserCredentialsRotated (stream `people`, recorded by `corral user`).
 
@@ -80,6 +81,7 @@ __all__ = [
     "NodeRegistered",
     "NodeUndrained",
     "PlacementPending",
+    "PolicyInForce",
     "PortRange",
     "PreemptRequested",
     "QueueChangeRefused",
@@ -621,6 +623,23 @@ class QueueChangeRefused(Event, frozen=True, kw_only=True):
     evidence: list[GateCheck]
 
 
+# --- policy --------------------------------------------------------------------------------
+
+PolicyName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9-]{0,31}$",
+                                         description="a scheduling policy: corral, fair-las, las, ...")]
+
+
+class PolicyInForce(Event, frozen=True, kw_only=True):
+    """The scheduling policy quota, placement and preemption decide by (`corral up --policy`,
+    CORRAL_POLICY), on stream `policy`. Quota records it when it starts under a policy other than
+    the last one recorded (none recorded: `corral`), so that the log says which rules made each
+    decision and `corral why` explains a wait by the rules that decide it."""
+    flow: ClassVar[Flow] = Flow(writers=(QUOTA,), stream="policy")
+
+
+    policy: PolicyName
+
+
 # --- operations ----------------------------------------------------------------------------
 
 
@@ -696,7 +715,7 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     NodeRegistered, NodeHeartbeat, NodeLost, NodeConditionsChanged, NodeDrained, NodeUndrained, JobHeld,
     JobHoldReleased,
     JobRequeueRequested, QueueConfigured, QueueTreeApplied, QueueChangeRefused, EventNotRelayed, AccessDenied,
-    UserAdded, UserRemoved, UserCredentialsRotated, GpuHealthChanged, GpuDrained, GpuUndrained,
+    UserAdded, UserRemoved, UserCredentialsRotated, GpuHealthChanged, GpuDrained, GpuUndrained, PolicyInForce,
 )
 
 

@@ -50,8 +50,9 @@ Sender = Literal["node", "user", "admin"]
 #: The kinds of sender an inbox subject may name (`Subjects.sender_of`).
 SENDER_KINDS: tuple[Sender, ...] = ("node", "user", "admin")
 #: `job-<id>`, `node-<name>`, `queue-<name>`, `queues` (tree versions), `queues-gate` (refused
-#: changes), `cluster`, `people`; `heartbeat` is core NATS only, never the log.
-StreamKind = Literal["job", "node", "queue", "queues", "queues-gate", "cluster", "people", "heartbeat"]
+#: changes), `policy` (the scheduling policy in force), `cluster`, `people`; `heartbeat` is core
+#: NATS only, never the log.
+StreamKind = Literal["job", "node", "queue", "queues", "queues-gate", "policy", "cluster", "people", "heartbeat"]
 
 
 class Flow(msgspec.Struct, frozen=True, kw_only=True):

@@ -316,6 +316,8 @@ class ClusterView:
     #: The numbered versions of the queue tree (QueueTreeApplied, `corral queues --history`),
     #: oldest first; version N is `tree_versions[N - 1]`.
     tree_versions: list[ev.QueueTreeApplied] = field(default_factory=list)
+    #: The scheduling policy in force (the last PolicyInForce; none recorded: `corral`).
+    policy: str = "corral"
     #: (user, submission id) -> the job it created: a submission id is its user's own, so two
     #: users' equal ids are two jobs (`submission_key`).
     submissions: dict[tuple[str, str], str] = field(default_factory=dict)
@@ -517,6 +519,14 @@ class ClusterView:
                 out.append(core.RunningJob(job=job, placement=core.Placement(ranks),
                                            start_time=fence.released_at.timestamp(), preempting=True))
         return out
+
+    def scheduler_config(self) -> core.SchedulerConfig:
+        """The core's configuration of the policy in force (`policy`): what a reader reruns the
+        services' decisions with (`corral why`'s hint). A policy this code does not know, recorded
+        by a newer Corral, reads as the default."""
+        from corral.core.model import POLICIES, SchedulerConfig
+
+        return SchedulerConfig.named(self.policy) if self.policy in POLICIES else SchedulerConfig()
 
     def snapshot(self, now: float, pending: list[JobView] | None = None, *,
                  releasing: bool = False, core_pending: tuple[core.PendingJob, ...] | None = None,
@@ -910,6 +920,10 @@ def _tree_applied(view: ClusterView, e: ev.QueueTreeApplied) -> None:
     view.tree_versions.append(e)
 
 
+def _policy_in_force(view: ClusterView, e: ev.PolicyInForce) -> None:
+    view.policy = e.policy
+
+
 _HANDLERS: dict[type[Event], Callable[[ClusterView, Any], None]] = {
     ev.JobSubmitted: _submitted,
     ev.JobAdmitted: _admitted,
@@ -936,6 +950,7 @@ _HANDLERS: dict[type[Event], Callable[[ClusterView, Any], None]] = {
     ev.NodeLost: _node_lost,
     ev.QueueConfigured: _queue_configured,
     ev.QueueTreeApplied: _tree_applied,
+    ev.PolicyInForce: _policy_in_force,
     ev.NodeDrained: _node_drained,
     ev.NodeConditionsChanged: _node_conditions,
     ev.NodeUndrained: _node_drained,

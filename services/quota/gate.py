@@ -55,7 +55,8 @@ async def judge(store: EventStore, view: ClusterView, request: ev.QueueTreeAppli
         return GateVerdict([], str(exc))
     events = await _replayed(store)
     current = list(view.queues.values())
-    checks, missing = await asyncio.to_thread(_checks, events, current, list(proposed), gates, request.what_if_since)
+    checks, missing = await asyncio.to_thread(_checks, events, current, list(proposed), gates, request.what_if_since,
+                                              view.policy)
     if missing:
         return GateVerdict(checks, missing)
     misses = sum(not c.passed for c in checks)
@@ -74,13 +75,14 @@ async def _replayed(store: EventStore) -> list[Event]:
 
 
 def _checks(events: list[Event], current: list[QueueSpec], proposed: list[QueueSpec], gates: list[Gate],
-            since: datetime | None) -> tuple[list[ev.GateCheck], str | None]:
-    """The what-if's checks (run in a thread: a replay takes a while on a long log)."""
+            since: datetime | None, policy: str) -> tuple[list[ev.GateCheck], str | None]:
+    """The what-if's checks under the cluster's `policy` (run in a thread: a replay takes a while
+    on a long log)."""
     lines, cluster, _ = workload_from_events(events, since)
     if not lines or not cluster["nodes"]:
         return [], "the log holds no admitted submissions or no registered nodes to replay: no gate can be met"
     with tempfile.TemporaryDirectory(prefix="corral-gate-") as tmp:
         exported = export_inputs(events, Path(tmp), since=since)
         assert exported.cluster is not None
-        result = what_if(exported.trace, exported.cluster, current, proposed)
+        result = what_if(exported.trace, exported.cluster, current, proposed, policy=policy)
     return [criterion_of(g).check(result) for g in gates], None

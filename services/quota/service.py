@@ -11,6 +11,7 @@ passes gets QuotaReserved and placement may now place it; one that does not gets
 PlacementPending with the quota reason, when that is news (`Service.pending_event`). This module
 only picks the step's inputs from the log (who waits, who holds quota) and records its answers.
 Quota is given back when a job ends or its GPUs are released (preemption, node loss, restart).
+At start it records PolicyInForce when the log names a policy other than the one it decides by.
 A job waiting longer than its queue's `max_wait` gets a WaitExceeded with its blocker, once per
 wait (`core.escalation`; the fold knows which waits were escalated, also after a restart).
 """
@@ -27,7 +28,14 @@ import msgspec
 
 from corral.bus import Delivery, Retry
 from corral.contracts import events as ev
-from corral.contracts.envelope import QUEUE_GATE_STREAM, QUEUE_TREE_STREAM, Event, Reason, queue_stream
+from corral.contracts.envelope import (
+    POLICY_STREAM,
+    QUEUE_GATE_STREAM,
+    QUEUE_TREE_STREAM,
+    Event,
+    Reason,
+    queue_stream,
+)
 from corral.contracts.flow import QUOTA, names
 from corral.contracts.queues import merged_tree, tree_problems
 from corral.contracts.routes import consumed_by, inbox_of
@@ -175,6 +183,19 @@ class Quota(Service):
 
     async def started(self) -> None:
         sys.setswitchinterval(self.switch_interval)
+        await self._record_policy()
+
+    async def _record_policy(self) -> None:
+        """Record the cluster's policy (`Settings.policy`) when the log names another: the readers
+        that rerun decisions (`corral why`, the evidence gate's what-if) rerun them under it."""
+        if self.settings is None or self.view.policy == self.settings.policy:
+            return
+        log.info("quota: the scheduling policy in force is now %s (the log said %s)",
+                 self.settings.policy, self.view.policy)
+        recorded = self.new_event(ev.PolicyInForce, stream=POLICY_STREAM, correlation_id="policy",
+                                  policy=self.settings.policy)
+        if not await self.append({POLICY_STREAM: [recorded]}):
+            await self._record_policy()  # the stream moved on (re-read): decide again
 
     async def reconcile(self) -> None:
         await self._release()

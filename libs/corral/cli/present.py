@@ -160,8 +160,9 @@ def release_hint(view: ClusterView, job: JobView, now: float) -> str | None:
     if job.state is not JobState.HELD or job.spec is None:
         return None
     waiting = [j for j in view.active.values() if j.state is JobState.PENDING and j.spec is not None]
-    snapshot = view.snapshot(now, [*waiting, job], releasing=True)
-    return hints.describe(hints.unblock(snapshot, job.job_id), now)
+    config = view.scheduler_config()
+    snapshot = view.snapshot(now, [*waiting, job], releasing=True, config=config)
+    return hints.describe(hints.unblock(snapshot, job.job_id, config), now)
 
 
 def blocker_standing(view: ClusterView, job: JobView, now: float) -> str:
@@ -194,11 +195,13 @@ def _hint(view: ClusterView, job: JobView, now: float) -> hints.Hint | None:
 
     if job.state is not JobState.PENDING or job.spec is None:
         return None
-    # every waiting job (the ones ahead of it take GPUs first); GPUs still fenced are not free
-    snapshot = view.snapshot(now, releasing=True)
+    # every waiting job (the ones ahead of it take GPUs first); GPUs still fenced are not free;
+    # the cycle rerun under the cluster's policy, as the services decide
+    config = view.scheduler_config()
+    snapshot = view.snapshot(now, releasing=True, config=config)
     if all(p.job.id != job.job_id for p in snapshot.pending):
         return None
-    return hints.unblock(snapshot, job.job_id)
+    return hints.unblock(snapshot, job.job_id, config)
 
 
 #: The rows of `corral nodes` and `corral queues` live in corral.summary (the services' metrics

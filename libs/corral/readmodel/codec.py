@@ -66,6 +66,7 @@ class BaseView(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     queues: list[QueueSpec]
     ports: dict[str, dict[int, tuple[str, int]]]
     tree_versions: list[ev.QueueTreeApplied] = msgspec.field(default_factory=list)
+    policy: str = "corral"
     held: list[str] = msgspec.field(default_factory=list)
     fenced: list[str] = msgspec.field(default_factory=list)
 
@@ -102,7 +103,7 @@ def _fields(view: ClusterView) -> dict[str, object]:
         node._core_node = None
     return {"position": view.position, "last_event_at": view.last_event_at, "nodes": list(view.nodes.values()),
             "queues": list(view.queues.values()), "ports": view.ports, "tree_versions": view.tree_versions,
-            "held": sorted(j for j, job in view.active.items() if job.state.terminal),
+            "policy": view.policy, "held": sorted(j for j, job in view.active.items() if job.state.terminal),
             "fenced": sorted(j.job_id for j in view.fenced_jobs())}
 
 
@@ -117,7 +118,7 @@ def decode_base(data: bytes) -> tuple[ClusterView, BaseView]:
     base: BaseView = _decoder(BaseView).decode(data)
     return (ClusterView(nodes={n.name: n for n in base.nodes}, queues={q.name: q for q in base.queues},
                         ports=base.ports, position=base.position, last_event_at=base.last_event_at,
-                        tree_versions=base.tree_versions), base)
+                        tree_versions=base.tree_versions, policy=base.policy), base)
 
 
 def encode_hot(view: ClusterView) -> bytes:
@@ -132,7 +133,7 @@ def decode_hot(data: bytes) -> ClusterView:
     jobs = {j.job_id: j for j in hot.jobs}
     return ClusterView(jobs=jobs, nodes={n.name: n for n in hot.nodes}, queues={q.name: q for q in hot.queues},
                        active=dict(jobs), ports=hot.ports, position=hot.position, last_event_at=hot.last_event_at,
-                       tree_versions=hot.tree_versions)
+                       tree_versions=hot.tree_versions, policy=hot.policy)
 
 
 def job_columns(job: JobView) -> tuple[str, datetime | None, str | None, str | None]:

@@ -128,10 +128,11 @@ def outcomes(result: SimResult) -> dict[str, QueueOutcome]:
 
 
 def what_if(workload: Workload | str, cluster: Cluster | str, current: Sequence[QueueSpec],
-            proposed: Sequence[QueueSpec], *, seed: int = 0) -> WhatIf:
-    """Replay `workload` on `cluster` under the current and the proposed tree (policy `corral`)."""
-    before = run_simulation(workload, cluster, queues=queue_configs(current), seed=seed)
-    after = run_simulation(before.workload, cluster, queues=queue_configs(proposed), seed=seed)
+            proposed: Sequence[QueueSpec], *, seed: int = 0, policy: str = "corral") -> WhatIf:
+    """Replay `workload` on `cluster` under the current and the proposed tree, both under `policy`
+    (the cluster's: `ClusterView.policy`)."""
+    before = run_simulation(workload, cluster, policy=policy, queues=queue_configs(current), seed=seed)
+    after = run_simulation(before.workload, cluster, policy=policy, queues=queue_configs(proposed), seed=seed)
     return WhatIf(jobs=len(before.records), before=outcomes(before), after=outcomes(after))
 
 

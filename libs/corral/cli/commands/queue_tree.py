@@ -98,7 +98,7 @@ async def what_if(c: Client, file: str | None, *, rollback: bool, message: str, 
     view, events = await read_log(c)
     change = load_change(file, rollback, message, view)
     result, checks = what_if_for(events, list(view.queues.values()), merged(view, change), since,
-                                 gate_texts(view, change, require))
+                                 gate_texts(view, change, require), view.policy)
     return WhatIf(result, checks)
 
 
@@ -180,8 +180,9 @@ def diff_rows(view: ClusterView, first: int, second: int) -> list[dict[str, Any]
 
 
 def what_if_for(events: list[Event], current: list[QueueSpec], proposed: list[QueueSpec],
-                since: datetime | None, criteria: list[str]) -> tuple[Any, list[ev.GateCheck]]:
-    """Replay the recorded workload under both trees (corral.sim.whatif) and check `criteria`;
+                since: datetime | None, criteria: list[str], policy: str = "corral") -> tuple[Any, list[ev.GateCheck]]:
+    """Replay the recorded workload under both trees and the cluster's `policy` (corral.sim.whatif)
+    and check `criteria`;
     CommandError when the log holds nothing to replay (no submission, or no node to run it on)."""
     from corral.sim.from_log import export_inputs
     from corral.sim.whatif import parse_criterion, what_if
@@ -193,7 +194,7 @@ def what_if_for(events: list[Event], current: list[QueueSpec], proposed: list[Qu
             raise CommandError(str(exc.code).removeprefix("error: ")) from None
         if exported.cluster is None:
             raise CommandError("the log holds no registered nodes: nothing to replay the workload on")
-        result = what_if(exported.trace, exported.cluster, current, proposed)
+        result = what_if(exported.trace, exported.cluster, current, proposed, policy=policy)
     return result, [parse_criterion(text).check(result) for text in criteria]
 
 
