@@ -38,9 +38,10 @@ ClusterOpt = Annotated[str | None, typer.Option(
     "--cluster", help="Cluster file, or shorthand NODESxGPUS:MODEL, e.g. 64x8:H100 (required unless --from-log).")]
 Queues = Annotated[str | None, typer.Option(
     "--queues", help="Queues file (default: equal share for every workload queue).")]
-Policy = Annotated[str, typer.Option(
+Policy = Annotated[str | None, typer.Option(
     "--policy",
-    help="One policy, or several comma-separated to compare (corral, fifo, priority, backfill, las, fair-las).")]
+    help="One policy, or several comma-separated to compare (corral, fifo, priority, backfill, las, fair-las); "
+         "default: corral, with --from-log the cluster's own (the log's PolicyInForce), for compare every one.")]
 Baseline = Annotated[str | None, typer.Option(
     "--baseline", help="compare: the policy the verdict table's JCTs are divided by (default: the first).")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of every random choice (node failures).")]
@@ -59,7 +60,7 @@ PipelineOpt = Annotated[str, typer.Option(
 
 @sim_app.callback()
 def sim(ctx: typer.Context, trace: Trace = None, cluster: ClusterOpt = None, queues: Queues = None,
-        policy: Policy = "corral", seed: Seed = 0, limit: Limit = None, failures_mtbf_hours: Mtbf = None,
+        policy: Policy = None, seed: Seed = 0, limit: Limit = None, failures_mtbf_hours: Mtbf = None,
         repair_hours: Repair = 4.0, json_path: JsonPath = None, plot_dir: PlotDir = None,
         from_log: FromLog = False, pipeline: PipelineOpt = "cycle") -> None:
     """Replay a workload through Corral's scheduling core and print the schedule's scores."""
@@ -71,7 +72,7 @@ def sim(ctx: typer.Context, trace: Trace = None, cluster: ClusterOpt = None, que
 
 @sim_app.command("compare")
 def compare_command(trace: Trace = None, cluster: ClusterOpt = None, queues: Queues = None,
-                    policy: Policy = "corral", seed: Seed = 0, limit: Limit = None,
+                    policy: Policy = None, seed: Seed = 0, limit: Limit = None,
                     failures_mtbf_hours: Mtbf = None, repair_hours: Repair = 4.0, json_path: JsonPath = None,
                     plot_dir: PlotDir = None, from_log: FromLog = False, pipeline: PipelineOpt = "cycle",
                     baseline: Baseline = None) -> None:
@@ -81,7 +82,7 @@ def compare_command(trace: Trace = None, cluster: ClusterOpt = None, queues: Que
                          json_path, plot_dir, from_log, compare_all=True, pipeline=pipeline, baseline=baseline))
 
 
-def run(trace: str | None, cluster: str | None, queues: str | None, policy: str, seed: int, limit: int | None,
+def run(trace: str | None, cluster: str | None, queues: str | None, policy: str | None, seed: int, limit: int | None,
         failures_mtbf_hours: float | None, repair_hours: float, json_path: str | None, plot_dir: str | None,
         from_log: bool, *, compare_all: bool, show_progress: bool | None = None, pipeline: str = "cycle",
         baseline: str | None = None) -> int:
@@ -103,16 +104,19 @@ def run(trace: str | None, cluster: str | None, queues: str | None, policy: str,
         trace = exported.trace
         cluster = cluster or exported.cluster
         queues = queues or exported.queues
+        if policy is None and not compare_all:  # the rules the cluster decided by
+            policy = exported.policy
     if not trace or not cluster:
         missing = " and ".join(f for f, v in (("--trace", trace), ("--cluster", cluster)) if not v)
         return _bad(f"{missing} required (or --from-log to replay this cluster's own log); "
                     "e.g. --trace philly:FILE --cluster 64x8:H100")
-    policies = [p.strip() for p in policy.split(",") if p.strip()]
-    if baseline is not None and baseline not in policies and not (compare_all and policy == "corral"):
+    if policy is None:
+        policies = list(DEFAULT_POLICIES) if compare_all else ["corral"]
+    else:
+        policies = [p.strip() for p in policy.split(",") if p.strip()]
+    if baseline is not None and baseline not in policies:
         return _bad(f"--baseline {baseline!r} is not one of the policies compared ({', '.join(policies)}); "
                     "name one of them, or add it to --policy")
-    if compare_all and policy == "corral":
-        policies = list(DEFAULT_POLICIES)
     failures = FailureModel(failures_mtbf_hours, repair_hours) if failures_mtbf_hours else None
     wanted = progress_wanted(json_path, err_console.is_terminal) if show_progress is None else show_progress
     try:

@@ -87,6 +87,8 @@ class ExportedInputs:
     trace: str
     cluster: str | None
     queues: str | None
+    #: the scheduling policy the cluster decided by last (its last PolicyInForce; none: corral)
+    policy: str = "corral"
 
 
 def export_inputs(events: Sequence[Event], out_dir: Path | None = None, since: datetime | None = None,
@@ -107,4 +109,6 @@ def export_inputs(events: Sequence[Event], out_dir: Path | None = None, since: d
     if queues["queues"]:
         (out / "queues.json").write_text(json.dumps(queues))
         queues_path = str(out / "queues.json")
-    return ExportedInputs(f"jsonl:{workload}", str(out / "cluster.json") if cluster["nodes"] else None, queues_path)
+    policy = next((e.policy for e in reversed(events) if isinstance(e, ev.PolicyInForce)), "corral")
+    return ExportedInputs(f"jsonl:{workload}", str(out / "cluster.json") if cluster["nodes"] else None, queues_path,
+                          policy)

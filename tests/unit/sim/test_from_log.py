@@ -1,12 +1,13 @@
 """`corral sim --from-log` turns the event log into the simulator's ordinary inputs."""
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from corral.contracts import events as ev
 from corral.contracts.envelope import Reason
 from corral.contracts.jobspec import validate_job_spec
 from corral.contracts.queues import QueueSpec
-from corral.sim.from_log import workload_from_events
+from corral.sim.from_log import export_inputs, workload_from_events
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -52,3 +53,14 @@ def test_submissions_become_jobs_with_their_real_durations_and_relative_submit_t
     assert all(j["runtime"] == "sim" and "command" not in j for j in lines)
     assert cluster["nodes"][0]["name"] == "n0" and len(cluster["nodes"][0]["gpus"]) == 8
     assert queues["queues"][0]["name"] == "a"
+
+
+def test_the_export_names_the_policy_the_cluster_decided_by_last(tmp_path: Path) -> None:
+    spec = validate_job_spec({"name": "x", "queue": "a", "runtime": "sim", "duration_seconds": 5})
+    submitted = ev.JobSubmitted.new(stream="job-j1", job_id="j1", spec=spec, now=at(10), actor="t", correlation_id="j1")
+
+    def policy(name: str) -> ev.PolicyInForce:
+        return ev.PolicyInForce.new(stream="policy", actor="quota", correlation_id="policy", policy=name, now=at(0))
+
+    assert export_inputs([submitted], tmp_path).policy == "corral"
+    assert export_inputs([policy("las"), submitted, policy("fair-las")], tmp_path).policy == "fair-las"
