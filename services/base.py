@@ -130,6 +130,8 @@ class Service:
         #: deliveries and requests being handled (`_admitted`): `cold_fold` waits for them to end,
         #: since each reads and folds into `self.view` after its awaits
         self._handling = 0
+        #: the tasks handling them, each with its count: a cold fold from one would wait for itself
+        self._handlers: dict[asyncio.Task[Any] | None, int] = {}
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -236,6 +238,9 @@ class Service:
         end on the old view first: folded into the new one while the log is read into it, an
         event would be folded out of the log's order, or, for a reader folding past gaps
         (`consumes`), move its stream's version past events the fold then skips."""
+        if asyncio.current_task() in self._handlers:
+            raise RuntimeError("cold_fold waits for every delivery and request being handled to end: "
+                               "called while handling one, it would wait for itself; call it from reconcile")
         while self._refolding is not None:
             await self._refolding.wait()
         gate = self._refolding = asyncio.Event()
@@ -258,8 +263,15 @@ class Service:
         while self._refolding is not None:
             await self._refolding.wait()
         self._handling += 1
+        task = asyncio.current_task()
+        self._handlers[task] = self._handlers.get(task, 0) + 1
 
     def _done(self) -> None:
+        task = asyncio.current_task()
+        if self._handlers[task] == 1:
+            del self._handlers[task]
+        else:
+            self._handlers[task] -= 1
         self._handling -= 1
         if not self._handling:
             self._idle.set()

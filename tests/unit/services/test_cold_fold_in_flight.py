@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from corral.bus import Delivery
 from corral.contracts import events as ev
 from corral.contracts.jobspec import validate_job_spec
@@ -124,3 +126,24 @@ async def test_a_cold_fold_waits_for_what_is_being_folded_and_loses_nothing() ->
     assert (job.state, job.queue, job.spec) == (expected.state, expected.queue, expected.spec) \
         and job.state is JobState.PENDING
     assert service.view.versions == from_log.versions == {"job-a": 3}
+
+
+class Refolder(Recorder):
+    """A service that would fold the log again from inside its handling of a request."""
+
+    async def handle_inbox(self, event: Any, delivery: Delivery) -> None:
+        await self.cold_fold()
+
+
+async def test_a_cold_fold_from_a_handler_is_refused_instead_of_waiting_for_itself() -> None:
+    store = HeldStore()
+    clock = Clock()
+    service = Refolder(store, SimpleNamespace(namespace="ns"), clock=clock, monotonic=clock)
+    await service.rebuild()
+    spec = validate_job_spec({"name": "a", "queue": "q", "gpus_per_replica": 8, "runtime": "sim",
+                              "duration_seconds": 60})
+    submitted = job_event("a", ev.JobSubmitted, spec=spec)
+    with pytest.raises(RuntimeError, match="it would wait for itself"):
+        await asyncio.wait_for(service.on_inbox(_delivery("ns.inbox.JobSubmitted", submitted, 1)), 5)
+    assert service._handling == 0 and not service._handlers  # counted out again: later cold folds run
+    await asyncio.wait_for(service.cold_fold(), 5)
