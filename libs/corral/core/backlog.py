@@ -184,6 +184,17 @@ class Order:
                 self.samples.setdefault(key, backlog.samples[(q, gpus, _)])
         self._walk: Iterator[PendingJob] | None = _walk(snapshot, config, tree, backlog)
         self._known: list[PendingJob] = []
+        self.tree_order = config.order in TREE_ORDERS
+        self._key = key_of(config, snapshot.now) if self.tree_order else None
+        self._queues: Mapping[str, Sequence[PendingJob]] | None = None
+
+    def queues(self) -> Mapping[str, Sequence[PendingJob]]:
+        """Each queue's waiting jobs in the order the fair-share walk takes them (its in-queue
+        key); only under a tree order (`TREE_ORDERS`), where the walk interleaves these lists."""
+        if self._queues is None:
+            by_queue, key = self.backlog.by_queue, self._key
+            self._queues = by_queue if key is None else {q: sorted(js, key=key) for q, js in by_queue.items()}
+        return self._queues
 
     def __iter__(self) -> Iterator[PendingJob]:
         known = self._known

@@ -12,7 +12,7 @@ class Checks:
     """`quota_check` of a job on `usage` as it stands, asked once per (queue, GPUs) until the usage
     changes (`usage_changed`): the check reads nothing else of the job (but its user, when a queue
     sets `max_gpus_per_user`: then once per (queue, GPUs, user)). A queue the check never refuses
-    for its usage (`_usage_blind`) is answered once for the whole pass.
+    for its usage (`usage_blind`) is answered once for the whole pass.
 
     With a backlog of thousands behind a full cohort (Kueue's shape), a round asks the same
     question of every waiting job, twice (at its turn, then with the round's usage to word its
@@ -37,7 +37,7 @@ class Checks:
             answer = quota_check(self.snapshot, job, self.usage, tree=self.tree, quotas=self.quotas)
             blind = self.blind.get(job.queue)
             if blind is None:
-                blind = self.blind[job.queue] = _usage_blind(self.tree, job.queue)
+                blind = self.blind[job.queue] = usage_blind(self.tree, job.queue)
             (self.fixed if blind else self.answers)[key] = answer
             return answer
 
@@ -49,7 +49,7 @@ class Checks:
 _ASK = Reason(ReasonCode.QUOTA_EXCEEDED, "")
 
 
-def _usage_blind(tree: QueueTree, queue: str) -> bool:
+def usage_blind(tree: QueueTree, queue: str) -> bool:
     """Whether `quota_check` answers alike on any usage for the jobs of `queue`: an unknown queue,
     or one with no ceiling and no per-user ceiling on its path and that borrows without a lend
     limit at every level (`QueueTree.limited`)."""

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from corral.core.backlog import Backlog, Order
 from corral.core.decisions import Pending, Place, Reason, ReasonCode
 from corral.core.exposure import Exposure, Growing
+from corral.core.flat_pass import FlatPass, applies
 from corral.core.model import Job, PendingJob, Placement, SchedulerConfig, Snapshot
 from corral.core.quota import QueueTree, QueueUsage
 from corral.core.quota_checks import Checks as _Checks
@@ -97,7 +98,8 @@ def reserve_quota(
     skips it: with a backlog that all holds quota, each round would replay placement for nothing).
     `memos`: the caller's, for the steps the round is played out with (a fresh one if None);
     `explain=False`: the same decisions, the play-out's refusals of jobs not holding quota without
-    their reasons (nor placement's), each quota refusal with its reason at the job's turn;
+    their reasons (nor placement's), each quota refusal with its reason at the job's turn, listed
+    queue by queue where the order changes no decision (`flat_pass`);
     `backlog`: the caller's kept copy of `Backlog.of(snapshot, reserved)` (derived if None)."""
     backlog = backlog if backlog is not None else Backlog.of(snapshot, reserved)
     out, tail, revokes = _decide(snapshot, config, backlog, held, memos, explain)
@@ -178,14 +180,17 @@ def _decide(
     holders = backlog.holders
     order = Order(snapshot, config, tree, backlog)
     exposure = Exposure(config, tree, backlog.at, backlog.top)
+    flat = not explain and applies(order, tree)  # decisions in an order of their own
     refused: dict[str, Reason] = {}
     while True:
-        usage = base.copy()
-        for job in holders.values():  # reserved but not yet placed counts too, unless revoked
-            if job.id not in refused and tree.known(job.queue):
-                usage.add(job.queue, job.total_gpus, user=job.user)
-        out, admitted, exposed, borrowing, tail = _quota_pass(snapshot, config, order, usage, exposure, refused,
-                                                              explain)
+        usage = _usage(base, holders, refused)
+        if flat:
+            taken = FlatPass(order, usage, exposure, _Checks(snapshot, config, tree, usage), refused)
+            admitted, borrowing = [j.id for j in taken.admitted], taken.borrowing
+            exposed = borrowing.union(exposure.among({j.id: j for j in taken.admitted}, borrowing, usage))
+        else:
+            out, admitted, exposed, borrowing, tail = _quota_pass(snapshot, config, order, usage, exposure, refused,
+                                                                  explain)
         # a reservation held from earlier rounds may be exposed now (a job that may reclaim it
         # arrived since): it is played out too, and given back if it would be taken back at once
         risky = exposure.among(holders, refused, usage)
@@ -198,9 +203,36 @@ def _decide(
         # the jobs it blocked, and the next round refused it again: nothing started, ever). Each
         # pass refuses at least one more job, so this ends.
         if not more:
-            if not snapshot.running and set(holders) <= set(refused):
+            idle = not snapshot.running and set(holders) <= set(refused)
+            if flat and idle:  # `_start_one` reads the order: the same pass, walked
+                out, _, _, _, tail = _quota_pass(snapshot, config, order, _usage(base, holders, refused), exposure,
+                                                 refused, explain)
+            elif flat:
+                out, tail = _flat_decisions(taken, order, refused), None
+            if idle:
                 _start_one(snapshot, config, order.jobs, out, refused, tree, base, memos)
             return out, tail, [Revoke(i, refused[i]) for i in holders if i in refused]
+
+
+def _usage(base: QueueUsage, holders: Mapping[str, Job], refused: Mapping[str, Reason]) -> QueueUsage:
+    """A pass's usage at its start: the running jobs' and those still held, and every job holding
+    quota but those refused (reserved but not yet placed counts too, unless revoked)."""
+    usage = base.copy()
+    tree = usage.tree
+    for job in holders.values():
+        if job.id not in refused and tree.known(job.queue):
+            usage.add(job.queue, job.total_gpus, user=job.user)
+    return usage
+
+
+def _flat_decisions(taken: FlatPass, order: Order, refused: Mapping[str, Reason]) -> list[Reserve | Pending]:
+    """A pass taken queue by queue (`flat_pass`), as `_quota_pass` decides it: a Pending for each
+    waiting job refused (by the play-out or the quota check), a Reserve for each admitted."""
+    jobs = order.jobs
+    out: list[Reserve | Pending] = [Pending(i, why) for i, why in refused.items() if i in jobs]
+    out.extend(Pending(i, why) for i, why in taken.refusals)
+    out.extend(Reserve(j.id, j.total_gpus, b) for j, b in zip(taken.admitted, taken.borrowed, strict=True))
+    return out
 
 
 def _quota_pass(
