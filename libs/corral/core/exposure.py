@@ -39,6 +39,17 @@ class Exposure:
                     self.below[a] = self.below.get(a, 0) + n
 
     def of(self, job: Job, usage: QueueUsage) -> bool:
+        fixed = self.fixed(job)
+        if fixed is not None:
+            return fixed
+        tree, below = self.tree, self.below
+        return any(
+            usage.active.get(q, 0) > tree.guarantee[q] and below.get(tree.parent(q), 0) > below.get(q, 0)
+            for q in tree.path(job.queue)
+        )
+
+    def fixed(self, job: Job) -> bool | None:
+        """`of`'s answer where it reads no usage; None: it reads the usage of the job's path."""
         if not self.any or not job.preemptible or job.min_runtime_seconds > 0:
             return False
         if self.las or (self.fair_las and self.at.get(job.queue, 0) > 0):
@@ -47,13 +58,14 @@ class Exposure:
             return True
         if not self.reclaim or not self.tree.known(job.queue):
             return False
-        tree, below = self.tree, self.below
-        if below.get(job.queue, 0) > self.at.get(job.queue, 0):
+        if self.below.get(job.queue, 0) > self.at.get(job.queue, 0):
             return True
-        return any(
-            usage.active.get(q, 0) > tree.guarantee[q] and below.get(tree.parent(q), 0) > below.get(q, 0)
-            for q in tree.path(job.queue)
-        )
+        return None
+
+    def over(self, queue: str) -> int | None:
+        """For a queue that is a child of the root: `of` answers True for a job of it that `fixed`
+        leaves to the usage once the queue's active usage is over this many GPUs (None: never)."""
+        return self.tree.guarantee[queue] if self.below.get(ROOT, 0) > self.below.get(queue, 0) else None
 
     def among(self, jobs: Mapping[str, Job], but: Container[str], usage: QueueUsage) -> list[str]:
         """The ids of `jobs` (but those in `but`) that `of` answers True on `usage`, in their order:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from corral.core.backlog import Backlog, Order
 from corral.core.decisions import Pending, Place, Reason, ReasonCode
 from corral.core.exposure import Exposure, Growing
-from corral.core.flat_pass import FlatPass, applies
+from corral.core.flat_pass import FlatOrder, FlatPass, applies
 from corral.core.model import Job, PendingJob, Placement, SchedulerConfig, Snapshot
 from corral.core.quota import QueueTree, QueueUsage
 from corral.core.quota_checks import Checks as _Checks
@@ -180,14 +180,15 @@ def _decide(
     holders = backlog.holders
     order = Order(snapshot, config, tree, backlog)
     exposure = Exposure(config, tree, backlog.at, backlog.top)
-    flat = not explain and applies(order, tree)  # decisions in an order of their own
+    # decisions in an order of their own
+    flat = FlatOrder(order, exposure, _Checks(snapshot, config, tree, base)) if not explain and applies(
+        order, tree) else None
     refused: dict[str, Reason] = {}
     while True:
         usage = _usage(base, holders, refused)
-        if flat:
-            taken = FlatPass(order, usage, exposure, _Checks(snapshot, config, tree, usage), refused)
-            admitted, borrowing = [j.id for j in taken.admitted], taken.borrowing
-            exposed = borrowing.union(exposure.among({j.id: j for j in taken.admitted}, borrowing, usage))
+        if flat is not None:
+            taken = flat.take(usage, refused)
+            admitted, borrowing, exposed = [j.id for j in taken.admitted], taken.borrowing, taken.exposed
         else:
             out, admitted, exposed, borrowing, tail = _quota_pass(snapshot, config, order, usage, exposure, refused,
                                                                   explain)
@@ -204,11 +205,11 @@ def _decide(
         # pass refuses at least one more job, so this ends.
         if not more:
             idle = not snapshot.running and set(holders) <= set(refused)
-            if flat and idle:  # `_start_one` reads the order: the same pass, walked
+            if flat is not None and idle:  # `_start_one` reads the order: the same pass, walked
                 out, _, _, _, tail = _quota_pass(snapshot, config, order, _usage(base, holders, refused), exposure,
                                                  refused, explain)
-            elif flat:
-                out, tail = _flat_decisions(taken, order, refused), None
+            elif flat is not None:
+                out, tail = _flat_decisions(flat, taken, order, refused), None
             if idle:
                 _start_one(snapshot, config, order.jobs, out, refused, tree, base, memos)
             return out, tail, [Revoke(i, refused[i]) for i in holders if i in refused]
@@ -225,13 +226,14 @@ def _usage(base: QueueUsage, holders: Mapping[str, Job], refused: Mapping[str, R
     return usage
 
 
-def _flat_decisions(taken: FlatPass, order: Order, refused: Mapping[str, Reason]) -> list[Reserve | Pending]:
+def _flat_decisions(flat: FlatOrder, taken: FlatPass, order: Order,
+                    refused: Mapping[str, Reason]) -> list[Reserve | Pending]:
     """A pass taken queue by queue (`flat_pass`), as `_quota_pass` decides it: a Pending for each
     waiting job refused (by the play-out or the quota check), a Reserve for each admitted."""
     jobs = order.jobs
     out: list[Reserve | Pending] = [Pending(i, why) for i, why in refused.items() if i in jobs]
-    out.extend(Pending(i, why) for i, why in taken.refusals)
-    out.extend(Reserve(j.id, j.total_gpus, b) for j, b in zip(taken.admitted, taken.borrowed, strict=True))
+    out.extend(Pending(i, why) for i, why in flat.refusals)
+    out.extend(Reserve(j.id, j.total_gpus, b) for j, b in taken.reserves())
     return out
 
 
