@@ -17,11 +17,11 @@ from typing import Any, Literal
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import console, err_console, print_json, print_table
 from corral.cli.session import EXIT_FAILURE, with_client
-from corral.cli.verdict_report import job_now, report
+from corral.cli.verdict_report import report
 from corral.client import Client, check_spec_size
 from corral.contracts import events as ev
 from corral.contracts.jobspec import JobSpec, validate_job_spec
-from corral.contracts.problems import SpecError
+from corral.contracts.problems import ContractError, SpecError
 from corral.contracts.validation import parse_document, utf8_text
 from corral.readmodel.pages import JobFilter
 from corral.verdicts import Verdict, VerdictKind
@@ -196,11 +196,7 @@ def cancel(job: str, json_out: bool, waited: float) -> None:
     admission's verdict: a refusal (not your job) exits 4 with its reason."""
 
     async def go(c: Client) -> tuple[Verdict, str] | None:
-        if not await c.knows_job(job):
-            return None
-        verdict = await c.await_verdict(await c.cancel(job), waited)
-        # what the job is now: the words for a request that changed nothing (a job read, decoded)
-        return verdict, await job_now(c, job) if verdict.kind is VerdictKind.UNCHANGED else ""
+        return await cancel_job(c, job, waited)
 
     answered = with_client(go, lazy_bus=True, blocking=True)
     if answered is None:
@@ -210,6 +206,24 @@ def cancel(job: str, json_out: bool, waited: float) -> None:
     report(verdict, job, fields={"id": job, "cancel_requested": True}, waited=waited, json_out=json_out,
            done=f"Cancellation of {job} requested and recorded: its workers are stopped and its GPUs released",
            unchanged=now)
+
+
+async def cancel_job(c: Client, job: str, waited: float) -> tuple[Verdict, str] | None:
+    """Ask admission to cancel `job` and read its verdict, with what the job is now when the
+    verdict changed nothing (the words for it); None when there is no such job. Whether the job
+    exists is admission's to find (it changes nothing for a job it does not know): the request
+    goes first, and only a verdict that did nothing, or none, costs a read of the job."""
+    try:
+        request = await c.cancel(job)
+    except ContractError:  # not a job id at all: no job has it
+        return None
+    verdict = await c.await_verdict(request, waited)
+    if verdict.kind not in (VerdictKind.UNCHANGED, VerdictKind.NO_VERDICT):
+        return verdict, ""
+    j = await c.job(job)
+    if j is None:
+        return None
+    return verdict, f"the job is {j.state.value}"
 
 
 def _stuck(queue: str | None, user: str | None, json_out: bool) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from corral.cli.commands.operator import job_now  # noqa: F401 (its home for the job commands)
 from corral.cli.exit_codes import ExitCode
 from corral.cli.output import console, err_console, print_json
 from corral.verdicts import OWNERS, Verdict, VerdictKind

@@ -84,6 +84,11 @@ class FakeClient:
         self.sent.append(request)
         return request
 
+    async def cancel(self, job_id: str, *, message: str = "") -> Event:
+        return await self._send(ev.JobCancelRequested.new(stream=job_stream(job_id), actor="user/op",
+                                                          correlation_id=job_id, job_id=job_id, user="op",
+                                                          message=message or "cancelled by op"))
+
     async def hold(self, job_id: str, *, release: bool = False, message: str = "") -> Event:
         kind = ev.JobHoldReleased if release else ev.JobHeld
         return await self._send(kind.new(stream=job_stream(job_id), actor="user/op", correlation_id=job_id,
