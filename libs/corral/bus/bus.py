@@ -227,6 +227,7 @@ class Bus:
         role = identity.pop("role", None)
         tls = tls_context(ca or environment.get(CA_ENV))
         if tls is not None:
+            _quiet_ssl_eof_notice()
             # TLS before anything else (the server's `handshake_first`): an impostor on the address
             # that does not hold a certificate of this CA never receives the password.
             identity.update(tls=tls, tls_handshake_first=True)
@@ -614,3 +615,20 @@ class Bus:
             return bool(await self.js.delete_consumer(self.names.stream_for(subjects), durable))
         except NotFoundError:
             return False
+
+
+class _SslEofNotice(logging.Filter):
+    """asyncio warns "returning true from eof_received() has no effect when using ssl" each time a
+    TLS peer closes a stream-based connection (as nats-py's transport is): harmless, and printed in
+    the middle of `corral demo`'s output for a newcomer. Only that message is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+def _quiet_ssl_eof_notice() -> None:
+    """`_SslEofNotice` on asyncio's logger, once: what a connection over asyncio's TLS transport
+    needs (a request published without nats-py uses a blocking socket, and no logging)."""
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _SslEofNotice) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_SslEofNotice())

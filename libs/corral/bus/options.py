@@ -7,7 +7,6 @@ Apart from `corral.bus.bus` so that a process that publishes one request without
 from __future__ import annotations
 
 import json
-import logging
 import ssl
 from pathlib import Path
 from typing import Any
@@ -30,15 +29,6 @@ def identity_options(path: str | None) -> dict[str, Any]:
 CA_ENV = "CORRAL_NATS_CA"
 
 
-class _SslEofNotice(logging.Filter):
-    """asyncio warns "returning true from eof_received() has no effect when using ssl" each time a
-    TLS peer closes a stream-based connection (as nats-py's transport is): harmless, and printed in
-    the middle of `corral demo`'s output for a newcomer. Only that message is dropped."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "eof_received() has no effect when using ssl" not in record.getMessage()
-
-
 def tls_context(ca: str | None) -> ssl.SSLContext | None:
     """A client TLS context that trusts only the CA file `ca` (never the system's trust store) and
     checks the server's name against its certificate; None without a CA.
@@ -55,7 +45,4 @@ def tls_context(ca: str | None) -> ssl.SSLContext | None:
     else:
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    asyncio_log = logging.getLogger("asyncio")
-    if not any(isinstance(f, _SslEofNotice) for f in asyncio_log.filters):
-        asyncio_log.addFilter(_SslEofNotice())
     return context

@@ -47,7 +47,6 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, overload
 
-from corral.eventstore import pool_logs
 from corral.eventstore.errors import ConcurrencyError, DuplicateEvent, EventStoreError, InvalidEventData
 from corral.eventstore.migrate import migrate_if_needed, pending_names
 from corral.eventstore.recent import RecentEvents
@@ -244,6 +243,8 @@ class EventStore:
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
         import asyncpg  # here: a command-line reader opens its store without it (`wire`)
+
+        from corral.eventstore import pool_logs  # as asyncpg: it loads `logging`
 
         pool_logs.install()  # an outage's reconnect tries in one line each, not a traceback
         # The migration check runs on the pool's first connection: each connection costs a scram

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import threading
 from collections import OrderedDict
@@ -37,8 +36,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from corral import environment
-
-log = logging.getLogger(__name__)
 
 TRACEPARENT = "traceparent"
 CORRELATION = "Corral-Correlation-Id"  # the same header the relay sets (corral.bus.relay.CORRELATION_ID)
@@ -116,7 +113,7 @@ def _setup(service_name: str) -> None:
         elif name == "console":
             provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
         elif name != "none":
-            log.warning("OTEL_TRACES_EXPORTER: unknown exporter %r ignored (use otlp, console or none)", name)
+            _log().warning("OTEL_TRACES_EXPORTER: unknown exporter %r ignored (use otlp, console or none)", name)
     trace_file = environment.get(FILE_ENV)
     if trace_file:
         exporter: Any = JsonLinesExporter(Path(trace_file), service_name)  # a SpanExporter by duck typing
@@ -133,10 +130,18 @@ def _otlp_exporter() -> Any:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
             return Grpc()
         except ImportError:
-            log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=grpc: the gRPC exporter is not installed "
+            _log().warning("OTEL_EXPORTER_OTLP_PROTOCOL=grpc: the gRPC exporter is not installed "
                         "(pip install opentelemetry-exporter-otlp-proto-grpc); exporting over HTTP")
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     return OTLPSpanExporter()
+
+
+def _log() -> Any:
+    """This module's logger: `logging` is loaded when tracing is set up, not by a process that
+    only asks whether it is on (a `corral` command)."""
+    import logging
+
+    return logging.getLogger(__name__)
 
 
 def shutdown() -> None:

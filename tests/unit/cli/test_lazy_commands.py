@@ -108,3 +108,16 @@ def test_submit_and_cancel_load_neither_the_fold_nor_the_presentation() -> None:
         "assert not loaded, loaded\n"
     )
     _runs_clean(code)
+
+
+def test_the_hot_commands_load_no_logging() -> None:
+    """`logging` (with `traceback`, `string`) is a few ms of every call: the hot commands' modules
+    do not load it; a service's pool, the bus over nats-py and tracing's set-up do."""
+    code = (
+        "import sys\n"
+        "import corral.cli.fast, corral.cli.session, corral.cli.job_commands, corral.eventstore.wire, "
+        "corral.bus.request\n"
+        "loaded = [m for m in ('logging', 'traceback') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    _runs_clean(code)
