@@ -48,8 +48,17 @@ def profiled(name: str) -> Iterator[None]:
     """Profile the block when CORRAL_PROFILE_DIR is set; write the stats on leaving it."""
     folder = environment.get(PROFILE_DIR_ENV)
     only = environment.get(PROFILE_ONLY_ENV)
-    if not folder or (only and name not in only.split(",")):
+    if not folder:
         yield
+        return
+    if only and name not in only.split(","):
+        # Left out of a profiled stack: a window's SIGUSR1, sent to every process of the stack,
+        # is ignored here instead of ending the process (the signal's default).
+        previous_handler = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGUSR1, previous_handler)
         return
     main = cProfile.Profile(time.thread_time)  # CPU, not wall: the machine may be shared
     threads: list[cProfile.Profile] = []
@@ -65,7 +74,9 @@ def profiled(name: str) -> Iterator[None]:
         os.makedirs(folder, exist_ok=True)
         stats = pstats.Stats(cast(Any, _Taken(main)))
         for profile in list(threads):
-            stats.add(cast(Any, _Taken(profile)))
+            taken = _Taken(profile)
+            if taken.stats:  # a thread that ran nothing in the window (pstats loads no empty profile)
+                stats.add(cast(Any, taken))
         stats.dump_stats(path)
 
     def window(*_: object) -> None:

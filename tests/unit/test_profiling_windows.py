@@ -72,3 +72,32 @@ def test_a_thread_started_inside_is_profiled_by_its_own_clock(tmp_path: Path, mo
     assert "in_thread" in ran and ran["in_thread"][2] > 0
     join = sum(ct for (_, _, name), (_, _, _, ct, _) in stats.items() if name == "join")
     assert join < ran["in_thread"][2] / 2, "the main thread's wait is charged its own CPU only"
+
+
+def test_a_process_left_out_outlives_a_window_signal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A benchmark signals the whole stack for a window (bench/cli.py): a process that
+    `CORRAL_PROFILE_ONLY` leaves out ignores it instead of ending (SIGUSR1's default)."""
+    monkeypatch.setenv(PROFILE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(PROFILE_ONLY_ENV, "quota")
+    before = signal.getsignal(signal.SIGUSR1)
+    with profiled("admission"):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        _busy(10)
+    assert signal.getsignal(signal.SIGUSR1) is before
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_window_in_which_a_thread_ran_nothing_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """quota's worker thread may run nothing between two windows: its empty profile is left out
+    (pstats refuses to load an empty one, which failed the window's write)."""
+    import threading
+
+    monkeypatch.setenv(PROFILE_DIR_ENV, str(tmp_path))
+    with profiled("svc"):
+        worker = threading.Thread(target=_busy, args=(1000,))
+        worker.start()
+        worker.join()
+        os.kill(os.getpid(), signal.SIGUSR1)  # the thread's profile is cleared
+        _busy(10)
+        os.kill(os.getpid(), signal.SIGUSR1)  # ... and holds nothing in this window
+    assert (tmp_path / f"svc-{os.getpid()}-2.prof").exists()
