@@ -225,12 +225,14 @@ class Order:
 def _walk(snapshot: Snapshot, config: SchedulerConfig, tree: QueueTree, backlog: Backlog) -> Iterator[PendingJob]:
     """`iter_pending` over the backlog's waiting jobs; under fair share without levels, from its
     queues already in order (the order never reads the jobs' order in the snapshot: every sort
-    key ends with the job's id)."""
+    key ends with the job's id). Lazy: a round whose passes do not walk (`flat_pass`) derives
+    nothing of it."""
     if config.order not in TREE_ORDERS or key_of(config, snapshot.now) is not None:
         waiting = Snapshot(snapshot.now, snapshot.cluster, snapshot.queues, tuple(backlog.waiting.values()),
                            snapshot.running)
-        return iter_pending(waiting, config, tree=tree)
+        yield from iter_pending(waiting, config, tree=tree)
+        return
     known = {q: list(js) for q, js in backlog.by_queue.items() if tree.known(q)}
     unknown = sorted((p for q, js in backlog.by_queue.items() if not tree.known(q) for p in js),
                      key=lambda p: (p.job.submit_time, p.job.id))
-    return fair_share_walk(tree, QueueUsage.of(tree, snapshot.running), known, unknown)
+    yield from fair_share_walk(tree, QueueUsage.of(tree, snapshot.running), known, unknown)
