@@ -12,7 +12,9 @@ and `promotion_resets_level` off (a promotion moves only the order), `fair-las:X
 job preempts as level 0 both ways),
 `fair-las:Xd` with it and `defragment` (smaller jobs moved to make a whole node for a gang; `Xrd` both),
 `fair-las:Xa` with `promotion_arrives` (a promoted job joins level 0 as if submitted at its promotion;
-plain `fair-las` is `fair-las:4ra`);
+plain `fair-las` is `fair-las:4ra`); a trailing `pS` sets `level_protection_seconds` to S and `cK`
+`level_protection_count` to K (`fair-las:4rap3600c4`: a job preempted n times is no level victim for
+its first S x (2**n - 1) seconds of a run, and not at all from 4 preemptions on);
 `--profile FILE` writes cProfile stats of the last policy's replay to FILE (read with pstats);
 `--pipeline services` replays the live services' round (`corral.sim.engine`) instead of the combined cycle;
 `--queues` prints each queue's mean allocation / fair share and share of GPU time; `--by-class` each
@@ -49,10 +51,14 @@ def replay(jobs: list, cluster: str, policy: str, profile: Path | None,
     fair-las with the starvation limit X."""
     workload = normalised(jobs, "slice", [])
     name, _, limit = policy.partition(":")
+    limit, _, protect = limit.partition("p")
+    protect, _, count = protect.partition("c")
     flags = limit.lstrip("0123456789.")
     config = (dataclasses.replace(SchedulerConfig.named(name), starvation_limit=float(limit.rstrip("rda")),
                                   promotion_resets_level="r" in flags, defragment="d" in flags,
-                                  promotion_arrives="a" in flags) if limit else None)
+                                  promotion_arrives="a" in flags,
+                                  level_protection_seconds=float(protect or 0),
+                                  level_protection_count=int(count or 0)) if limit else None)
     profiler = cProfile.Profile() if profile is not None else None
     started = time.process_time()
     if profiler is not None:

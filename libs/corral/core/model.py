@@ -430,6 +430,8 @@ class SchedulerConfig:
     promotion_resets_level: bool = False  # FAIR_LAS: a promoted job preempts as level 0 both ways (`levels`)
     promotion_arrives: bool = False  # FAIR_LAS: a promoted job joins level 0 as if submitted at its promotion
     defragment: bool = False  # FAIR_LAS: move smaller jobs to make a whole node for a gang (`eligibility.defragments`)
+    level_protection_seconds: float = 0.0  # FAIR_LAS: level-victim protection per past preemption (`protection`)
+    level_protection_count: int = 0  # FAIR_LAS: a job preempted this many times is no level victim (0: off)
 
     @classmethod
     def named(cls, policy: str) -> SchedulerConfig:

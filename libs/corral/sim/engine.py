@@ -57,6 +57,7 @@ from corral.core import (
     Snapshot,
 )
 from corral.core.levels import started_promotion
+from corral.core.protection import times_read
 from corral.core.state import SchedulerState
 from corral.lifecycle import Gang, GangState, Limits, Release, Then, next_steps
 from corral.sim.histories import PreemptionHistory
@@ -227,7 +228,7 @@ class Simulator:
         self._remaining: dict[str, float] = {j.id: j.duration for j in workload.jobs}
         self._attained: dict[str, float] = {}
         # what the core reads of each job's preemptions; all of it for a caller's own scheduler
-        self._history = PreemptionHistory(config.preemption_budget, full=not self._on_state)
+        self._history = PreemptionHistory(times_read(config), full=not self._on_state)
         self._jobs: dict[str, Job] = {}
         # read-only views of the state's jobs: every change goes through the state
         self._pending: Mapping[str, PendingJob] = self._state.pending

@@ -6,8 +6,9 @@ preemptor that has finished is never again waiting or running, and every reader 
 asks about a waiting or running job (`eligibility.spared`, `victim_kind`, the kept state's
 indices), so a finished preemptor is dropped from its victims' sets. `preempted_at` is read only by
 `eligibility.budget_spent`, which asks whether `preemption_budget` of the times fall within the
-window; the times come in order, so that holds exactly when it holds for the last `budget` times,
-and only those are kept. A job preempted hundreds of times then costs the cycle and the kept state
+window (the times come in order, so that holds exactly when it holds for the last `budget` times),
+and by `protection.level_protected`, which counts them up to a cap: the last `protection.times_read`
+of them are kept. A job preempted hundreds of times then costs the cycle and the kept state
 what one preempted a few times costs. `full=True` keeps everything (a caller's own scheduler may
 read more than the core does; tests compare the two).
 """
@@ -18,9 +19,9 @@ from __future__ import annotations
 class PreemptionHistory:
     """Preemptors and preemption times per job, kept as far as the core reads them."""
 
-    def __init__(self, budget: int, *, full: bool = False) -> None:
+    def __init__(self, keep: int, *, full: bool = False) -> None:
         self._full = full
-        self._keep = max(budget, 0)
+        self._keep = max(keep, 0)
         self._by: dict[str, frozenset[str]] = {}
         self._at: dict[str, tuple[float, ...]] = {}
         self._named_by: dict[str, set[str]] = {}  # preemptor -> the jobs whose set names it

@@ -49,7 +49,7 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 POLICIES = ["corral", "fifo", "priority", "backfill", "las", "fair-las", "fair-las-order", "fair-las-defrag",
-            "fair-las-front"]
+            "fair-las-front", "fair-las-protect"]
 # fair-las with service levels a dozen 10-second cycles cross (its own are GPU-hours)
 SMALL_LEVELS = (40.0, 160.0)
 
@@ -57,13 +57,16 @@ SMALL_LEVELS = (40.0, 160.0)
 def named(policy: str) -> SchedulerConfig:
     """`SchedulerConfig.named`, with fair-las's levels small enough for these short histories;
     fair-las-order: fair-las without `promotion_resets_level` (a promotion moves only the order);
-    fair-las-defrag: with `defragment`; fair-las-front: without `promotion_arrives` (a promoted job leads its queue)."""
+    fair-las-defrag: with `defragment`; fair-las-front: without `promotion_arrives` (a promoted job leads its queue);
+    fair-las-protect: with `level_protection_seconds` a cycle long and a count of 3 (`protection`)."""
     if policy == "fair-las-order":
         return dataclasses.replace(named("fair-las"), promotion_resets_level=False)
     if policy == "fair-las-defrag":
         return dataclasses.replace(named("fair-las"), defragment=True)
     if policy == "fair-las-front":
         return dataclasses.replace(named("fair-las"), promotion_arrives=False)
+    if policy == "fair-las-protect":
+        return dataclasses.replace(named("fair-las"), level_protection_seconds=10.0, level_protection_count=3)
     config = SchedulerConfig.named(policy)
     return dataclasses.replace(config, las_thresholds=SMALL_LEVELS) if policy == "fair-las" else config
 

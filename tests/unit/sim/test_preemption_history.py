@@ -6,7 +6,8 @@ definition: every preemptor and every preemption time kept for good.
    and its kept preemptors are all of them less those that finished.
 2. The schedule is the same: replays with the trimmed histories and with full ones give the same
    records (starts, ends, placements GPU by GPU, preemptions) on random small contended workloads
-   under every preempting policy, with tight and loose budgets.
+   under every preempting policy, with tight and loose budgets, and with fair-las's level protection
+   (`protection`, which counts the times up to a cap).
 """
 
 from __future__ import annotations
@@ -84,16 +85,18 @@ def _full(budget: int, *, full: bool = False) -> PreemptionHistory:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(contended(), st.sampled_from(["fair-las", "fair-las-reset", "las", "corral", "priority"]),
+@given(contended(), st.sampled_from(["fair-las", "fair-las-reset", "fair-las-protect", "las", "corral", "priority"]),
        st.sampled_from([(1, 1e6), (2, 600.0), (2, 50.0), (0, 600.0)]), st.sampled_from(["cycle", "services"]))
 def test_the_schedule_is_the_one_with_full_histories(world, policy: str, budget: tuple[int, float],
                                                      pipeline: str) -> None:
-    name, reset = policy.removesuffix("-reset"), policy.endswith("-reset")
+    name = policy.removesuffix("-reset").removesuffix("-protect")
+    reset, protect = policy.endswith("-reset"), policy.endswith("-protect")
     config = dataclasses.replace(SchedulerConfig.named(name), preemption_budget=budget[0],
                                  preemption_budget_seconds=budget[1], las_thresholds=(200.0,),
                                  las_min_gap_gpu_seconds=50.0,
                                  starvation_limit=2.0 if name == "fair-las" else 0.0,
-                                 promotion_resets_level=reset)
+                                 promotion_resets_level=reset, level_protection_seconds=5.0 if protect else 0.0,
+                                 level_protection_count=3 if protect else 0)
     trimmed = _records(world, config, pipeline)
     with mock.patch.object(engine, "PreemptionHistory", _full):
         plain = _records(world, config, pipeline)

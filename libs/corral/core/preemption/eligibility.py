@@ -28,6 +28,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from corral.core.decisions import ReasonCode
 from corral.core.levels import running_level, waiting_level
 from corral.core.model import Job, OrderPolicy, PendingJob, RunningJob, SchedulerConfig
+from corral.core.protection import level_protected
 from corral.core.quota import QueueTree, QueueUsage, below_guarantee, within_guarantee
 
 
@@ -73,12 +74,13 @@ def outserved(config: SchedulerConfig, pending: PendingJob, r: RunningJob, now: 
     higher service level (the levels of `levels.waiting_level` and `levels.running_level`: a
     promoted job counts as level 0 both ways). No larger: a victim's GPUs the preemptor does not take are released to
     whoever comes next in the fair-share order, often another queue's job, so a larger victim
-    would move GPUs from its queue to others (a swap inside a queue keeps the queues' shares)."""
+    would move GPUs from its queue to others (a swap inside a queue keeps the queues' shares).
+    A job swapped out often is spared while its run is short (`protection.level_protected`)."""
     th = config.las_thresholds
     return (config.order is OrderPolicy.FAIR_LAS and r.job.queue == pending.job.queue
             and r.placement.gpu_count <= pending.job.total_gpus
             and running_level(r, th, now) > waiting_level(pending, config, now)
-            and fresh(config, r, now))
+            and fresh(config, r, now) and not level_protected(r, now, config))
 
 
 def fresh(config: SchedulerConfig, r: RunningJob, now: float) -> bool:
