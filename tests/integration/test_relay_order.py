@@ -70,3 +70,25 @@ async def test_a_message_refused_for_its_chain_is_retried_not_dead() -> None:
     """10070 (the stream's last message is not the one expected): the batch goes again."""
     refusal = BadRequestError(code=400, err_code=10070, description="wrong last msg ID: event-0")
     assert is_unavailable(refusal)
+
+
+async def test_acked_by_its_last_a_refused_message_is_said_by_the_last(bus: Bus) -> None:
+    """Only the last message asks for an answer (`Bus.publish_acked_by_last`): the refused one
+    says nothing, and the last, whose chain it broke, is refused: nothing after the refusal is
+    stored, and the batch sent again each acknowledged stores every message once, in order."""
+    with pytest.raises(BadRequestError) as refused:
+        await bus.publish_acked_by_last(chained(batch(bus, refused=1)))
+    assert refused.value.err_code == 10070  # the last's chain: the stream's last message is event-0
+    assert await stored(bus) == [b"0"]
+
+    await bus.publish_many(chained(batch(bus, refused=None)))
+    assert await stored(bus) == [b"0", b"1", b"2", b"3"]
+
+
+async def test_acked_by_its_last_a_batch_stored_whole_is_answered_once(bus: Bus) -> None:
+    last = await bus.publish_acked_by_last(chained(batch(bus, refused=None)))
+    assert (last.sequence, last.duplicate) == (4, False)
+    assert await stored(bus) == [b"0", b"1", b"2", b"3"]
+    again = await bus.publish_acked_by_last(chained(batch(bus, refused=None)))
+    assert again.duplicate  # what the relay takes for doubt: it sends the batch again each acked
+    assert await stored(bus) == [b"0", b"1", b"2", b"3"]

@@ -443,33 +443,58 @@ class Bus:
         yields to the event loop after every message, so each one went out in a socket write of
         its own (a fifth of the relay's CPU). Here all messages are queued without yielding and
         leave in one write; the acks come back on one reply subscription of this bus."""
+        return await self._publish_pipelined(messages, timeout, last_only=False)
+
+    async def publish_acked_by_last(self, messages: Sequence[Outgoing], *, timeout: float = 10.0) -> Published:
+        """Publish `messages` as `publish_many` does, but only the last one asks JetStream for an
+        acknowledgement: the others carry no reply subject, and one refused says nothing. Returns
+        the last one's.
+
+        For chained messages (`corral.bus.relay.chained`), whose last one JetStream stores only
+        right after the one before it: its acknowledgement, not a duplicate's, says every message
+        was stored, in order. A publisher pays per acknowledgement (JetStream's reply, and the
+        client's parse and wake-up of the waiting publish); the relay's batches hold tens of
+        messages."""
+        if not messages:
+            raise ValueError("publish_acked_by_last needs at least one message")
+        (last,) = await self._publish_pipelined(messages, timeout, last_only=True)
+        return last
+
+    async def _publish_pipelined(self, messages: Sequence[Outgoing], timeout: float, *,
+                                 last_only: bool) -> list[Published]:
+        """The acks of `messages` (of the last one alone with `last_only`), all sent in one write."""
         prefix = await self._ack_inbox()
         loop = asyncio.get_running_loop()
         tokens: list[str] = []
         futures: list[asyncio.Future[Any]] = []
         batch = isinstance(self.nc, Client)  # all frames in one command (`Client.publish_batch`)
         frames: list[tuple[str, str, bytes, dict[str, Any]]] = []
+        final = len(messages) - 1
         try:
-            for message in messages:
+            for index, message in enumerate(messages):
                 if not message.msg_id:
                     raise ValueError("msg_id must be a non-empty string (the event_id)")
                 self._check_subject(message.subject)
                 headers = {**(tracing.outgoing(message.subject, message.headers) or {}), MSG_ID: message.msg_id}
-                self._ack_seq += 1
-                token = str(self._ack_seq)
-                future: asyncio.Future[Any] = loop.create_future()
-                self._acks[token] = future
-                tokens.append(token)
-                futures.append(future)
+                reply = ""
+                if not last_only or index == final:
+                    self._ack_seq += 1
+                    token = str(self._ack_seq)
+                    future: asyncio.Future[Any] = loop.create_future()
+                    self._acks[token] = future
+                    tokens.append(token)
+                    futures.append(future)
+                    reply = f"{prefix}.{token}"
                 if batch:
-                    frames.append((message.subject, f"{prefix}.{token}", message.data, headers))
+                    frames.append((message.subject, reply, message.data, headers))
                 else:
-                    await self.nc.publish(message.subject, message.data, reply=f"{prefix}.{token}", headers=headers)
+                    await self.nc.publish(message.subject, message.data, reply=reply, headers=headers)
             if frames:
                 await self.nc.publish_batch(frames)
             acks = await asyncio.wait_for(asyncio.gather(*futures), timeout)
         except NoStreamResponseError as exc:
-            failed = next((m.subject for m, f in zip(messages, futures, strict=False)
+            answered = messages[-1:] if last_only else messages
+            failed = next((m.subject for m, f in zip(answered, futures, strict=False)
                            if f.done() and not f.cancelled() and f.exception() is not None),
                           messages[0].subject)
             raise StreamMissing(failed) from exc

@@ -211,6 +211,9 @@ class OutboxRelay:
         #: the last event `run` saw acknowledged and has not saved the position of yet
         self._unsaved: StoredEvent | None = None
         self._saving: asyncio.Task[None] | None = None
+        #: whether the next batch is acknowledged by its last message alone (`_publish_chained`):
+        #: after a batch this relay saw stored with no duplicate in it
+        self._acked_by_last = False
 
     async def resume_position(self) -> int:
         """Where to publish from: the saved position, or the position of the newest event the bus
@@ -373,7 +376,7 @@ class OutboxRelay:
             publishable.append((event, True))
         if messages:
             try:
-                await self.bus.publish_many(chained(messages))
+                await self._publish_chained(chained(messages))
             except Exception as exc:
                 if not (_too_large(exc) or _chain_broken(exc)):
                     raise
@@ -387,6 +390,31 @@ class OutboxRelay:
             await self.store.save_relay_position(self.name, last.position)
             self._hook("after_save", last)
         return last.position
+
+    async def _publish_chained(self, messages: list[Outgoing]) -> None:
+        """Publish a chained batch, acknowledged by its last message while the bus stores this
+        relay's messages as sent; else (and after any doubt) each message acknowledged.
+
+        The last message's acknowledgement (stored, not a duplicate) says the whole batch was
+        stored in order: JetStream stored it right after the batch's message before it (the chain),
+        and that one was stored, so every message this relay sent before it was: each batch leaves
+        only after the one before it was acknowledged, whatever relay sent it. A refused message
+        (no reply to say so) breaks the chain of every later one, the last's included. A duplicate
+        says another relay, or an earlier try of this one, stored it: which of the batch it stored
+        is not known, so the batch goes again with each message acknowledged, and so does every
+        batch until one is stored with no duplicate in it (a relay that resumes, or meets another)."""
+        if self._acked_by_last and len(messages) > 1:
+            try:
+                last = await self.bus.publish_acked_by_last(messages)
+            except Exception as exc:  # sent again below, each acknowledged: that one says what failed
+                log.info("relay %s: a batch acknowledged by its last message failed (%s: %s); sending it "
+                         "again, each message acknowledged", self.name, type(exc).__name__, exc)
+            else:
+                if not last.duplicate:
+                    return
+            self._acked_by_last = False
+        acks = await self.bus.publish_many(messages)
+        self._acked_by_last = not any(ack.duplicate for ack in acks)
 
     async def _publish_one_by_one(self, events: list[tuple[StoredEvent, bool]], messages: list[Outgoing],
                                   limit: int) -> None:
