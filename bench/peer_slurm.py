@@ -17,7 +17,10 @@ this script's clock just before each submission (Slurm: `sbatch`, 8 at a time, a
 script would; Corral: `Client.submit` from this process, 256 in flight, as the live benchmarks).
 So: wall = first submission to the last rank's end; start = submission to the job's first rank
 running; jobs/s = jobs / wall. The system counts as done when it says so (squeue empty; Corral:
-every job ended in the event log), after which its CPU is read.
+every job ended in the event log), after which its CPU is read. For Corral's L the table is
+followed by where that start goes, hop by hop (`HOPS`): the times the event log records for each
+job (JobSubmitted's `occurred_at` is when admission received it, WorkerStarted's the node's time
+of the rank's start, the others' `recorded_at`) and the job script's first line.
 
 CPU per job is every process of the system (`proc_account`: the daemons by name, the processes
 that live for one job under the name of what reaped them, e.g. slurmstepd with its job, Corral's
@@ -267,7 +270,48 @@ async def corral_workload(client: Client, live: LiveStack, reaper: proc_account.
     _, drained = await wait_placed(client, list(ranks), after, max(1.0, deadline - time.monotonic()),
                                    progress=False, until=("JobCompleted", "JobFailed", "JobCancelled", "JobRejected"))
     cpu = proc_account.delta(before, proc_account.snapshot(roots, reaper))
-    return summarise(submitted, ranks, times, cpu, submit_s, drained)
+    result = summarise(submitted, ranks, times, cpu, submit_s, drained)
+    result["hops"] = await hops(client, submitted, after, times)
+    return result
+
+
+#: A job's way from its submission to its first rank running, as the log and the job record it:
+#: (label, event type, which time of it); "start" is the job script's first line.
+HOPS = (("received", "JobSubmitted", "occurred_at"), ("submitted", "JobSubmitted", "recorded_at"),
+        ("admitted", "JobAdmitted", "recorded_at"), ("quota", "QuotaReserved", "recorded_at"),
+        ("placed", "GangReserved", "recorded_at"), ("start", "", ""),
+        ("worker started", "WorkerStarted", "occurred_at"), ("recorded", "WorkerStarted", "recorded_at"),
+        ("running", "JobRunning", "recorded_at"))
+
+
+async def hops(client: Client, submitted: dict[str, float], after: int, times: Path) -> list[dict[str, Any]]:
+    """Per step of `HOPS`: p50 / p99 ms from the submission and from the step before (Corral's jobs)."""
+    marks: dict[str, dict[str, float]] = {job_id: {} for job_id in submitted}
+    streams = {f"job-{job_id}": job_id for job_id in submitted}
+    position = after
+    while batch := await client.store.read_all(position, limit=10000):
+        position = batch[-1].position
+        for stored in batch:
+            job_id = streams.get(stored.stream)
+            if job_id is None:
+                continue
+            for label, kind, attr in HOPS:  # each the first of its kind (a job's first attempt)
+                if kind == stored.type and label not in marks[job_id]:
+                    marks[job_id][label] = getattr(stored, attr).timestamp()
+    for tag, v in read_times(times).items():
+        if tag in marks and v["s"]:
+            marks[tag]["start"] = min(v["s"])
+    out = []
+    before = None
+    for label, _, _ in HOPS:
+        total = [(m[label] - submitted[j]) * 1e3 for j, m in marks.items() if label in m]
+        step = [(m[label] - m[before]) * 1e3 for j, m in marks.items() if label in m and before in m] \
+            if before is not None else total
+        if total and step:
+            out.append({"hop": label, "p50": percentile(total, 50), "p99": percentile(total, 99),
+                        "step_p50": percentile(step, 50), "step_p99": percentile(step, 99)})
+        before = label
+    return out
 
 
 # ---- the table ------------------------------------------------------------------------------------
@@ -326,6 +370,12 @@ def render(result: dict[str, Any]) -> str:
                 parts = ", ".join(f"{k} {v / r['jobs'] * 1e3:.1f}" for k, v in r["cpu_seconds"].items()
                                   if k != "(client)" and v / r["jobs"] * 1e3 >= 0.05)
                 lines.append(f"  {name:<3} {system:<7} {r['cpu_ms_per_job']:6.1f} = {parts}")
+    for name in result["workloads"]:
+        steps = results.get("corral", {}).get(name, {}).get("hops")
+        if steps and name == "L":
+            lines += ["", f"Corral {name}: submit -> ... p50 / p99 ms from the submission (and from the step before):"]
+            lines += [f"  {h['hop']:<15} {h['p50']:7.1f} / {h['p99']:7.1f}   (+{h['step_p50']:6.1f} / "
+                      f"{h['step_p99']:6.1f})" for h in steps]
     verdicts = acceptance(rat)
     if verdicts:
         lines += ["", "acceptance (figures of this run):", *verdicts]

@@ -31,3 +31,4 @@ def test_peer_bench_runs_both_systems() -> None:
         assert name in out
     assert "corral/slurm" in out and "slurmstepd" in out and "node-agents" in out and "acceptance" in out
     assert "probe:   python" in out and "(did not finish)" not in out
+    assert "Corral L: submit -> ..." in out and "quota" in out and "placed" in out  # the hop breakdown
