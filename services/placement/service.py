@@ -70,6 +70,12 @@ class Placement(Service):
     #: stream (the job's, or the node's for an allocation) is guarded by: that append loses the
     #: race, the stream is re-read (GpusAllocated is folded for this), and it decides again.
     consumes = names(consumed_by(PLACEMENT))
+    #: What a reconcile follows: all it is sent but what it only folds, a job's submission and
+    #: admission (a job is placed once it holds quota: QuotaReserved) and the reasons and
+    #: escalations of waiting jobs. A reconcile after one of these decides nothing, and the job's
+    #: QuotaReserved, a few milliseconds behind, would wait out `reconcile_interval` after it.
+    events = frozenset(consumed_by(PLACEMENT)) - {ev.JobSubmitted, ev.JobAdmitted, ev.JobRejected,
+                                                  ev.PlacementPending, ev.WaitExceeded}
     #: A late report of an ended job (a rank's exit after its job was decided) is checked and
     #: recorded against the job as its stream in the log says (`forgotten_job`).
     forgets_ended_jobs = True
