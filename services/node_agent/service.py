@@ -843,6 +843,8 @@ async def run_agents(nats_url: str, namespace: str, inventories: Sequence[NodeIn
     await telemetry.start()  # /metrics, /healthz, /readyz (CORRAL_METRICS_ADDR)
     try:
         publisher.start()
+        if launcher is not None:  # warm while the agents adopt and register: the first job does not wait for it
+            await launcher.start()
         durable = durable_name(names)
         consumer = await bus.consume(durable, host.subjects(), host.on_event,
                                      deliver_new_only=True, batch=64, max_deliver=EVENTS_MAX_DELIVER,

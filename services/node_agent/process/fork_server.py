@@ -118,6 +118,17 @@ class ForkServer:
             raise OSError(reply["error"])
         return int(reply["pid"]), reply.get("started"), bool(reply.get("shared"))
 
+    async def start(self) -> None:
+        """Start the server now, not at the first gang: its interpreter start and imports (a few
+        hundred milliseconds on a busy node) are then no job's to wait for. A server that cannot
+        start is the first spawn's to try again (and to fall back from)."""
+        if self._disabled:
+            return
+        try:
+            await self._server()
+        except OSError as exc:
+            log.warning("the stepd fork server did not start (%s); trying again at the first gang", exc)
+
     async def spawn(self, folder: Path,
                     runtime: str = "process") -> tuple[int, str | None, subprocess.Popen[bytes] | None, bool]:
         """Start the stepd of the attempt in `folder`: (pid, start time, the Popen if not forked,

@@ -74,3 +74,32 @@ async def test_requests_a_dead_server_left_unanswered_are_asked_of_the_next(tmp_
         await server.close()
     assert (tmp_path / "died").exists()
     assert answers == [(7, "1", None, True), (7, "1", None, True)]
+
+
+ANSWERS_EACH = """
+    import json, sys
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.write(json.dumps({"id": request["id"], "pid": 9, "started": "1", "shared": True}) + "\\n")
+        sys.stdout.flush()
+"""
+
+
+async def test_a_server_started_ahead_is_the_one_the_first_start_asks(tmp_path: Path) -> None:
+    # started with the agent: its interpreter start is no job's to wait for
+    server = ForkServer(stand_in(tmp_path, ANSWERS_EACH), {"PATH": "/usr/bin:/bin"})
+    try:
+        await server.start()
+        running = server.pid
+        assert running is not None
+        assert await asyncio.wait_for(server.spawn(tmp_path / "x"), 20) == (9, "1", None, True)
+        assert server.pid == running
+    finally:
+        await server.close()
+
+
+async def test_a_server_that_cannot_start_ahead_is_left_to_the_first_start(tmp_path: Path) -> None:
+    server = ForkServer(str(tmp_path / "no-such-python"), {"PATH": "/usr/bin:/bin"})
+    await server.start()  # logged, not raised: the agent runs on
+    assert server.pid is None
+    await server.close()
