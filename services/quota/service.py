@@ -19,6 +19,7 @@ wait (`core.escalation`; the fold knows which waits were escalated, also after a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 from collections.abc import Mapping, Sequence
@@ -139,7 +140,8 @@ class Quota(Service):
     #: quota given back, and the loop then waited as long again (four times, after a slow round).
     #: A job's quota was given back ~3 s after it ended (held 4.1 s for a 0.2 s job) while its
     #: cohort's waiting jobs were refused MAX_GPUS_EXCEEDED. Now the core decides in a worker
-    #: thread on a snapshot taken on the loop (the core is pure: the snapshot is all it reads);
+    #: thread on a snapshot taken on the loop (the core is pure: the snapshot is all it reads; a
+    #: round over a few jobs is decided on the loop, `inline_jobs`);
     #: the loop goes on folding events and giving quota back; the round's decisions are appended
     #: guarded by the stream versions of its snapshot, so a job whose stream moved on meanwhile
     #: (cancelled, given back) makes the round lose the race and the next round decides again.
@@ -180,6 +182,10 @@ class Quota(Service):
     #: back) quota folded a job's end ~2.6 s after it was recorded. A shorter interval hands the
     #: GIL back sooner, at the cost of more switches for the round.
     switch_interval = 0.0005
+    #: A round over at most this many waiting jobs is decided on the loop: it takes a fraction of a
+    #: millisecond, less than handing it to a thread and back (two wake-ups, each a scheduling
+    #: delay on a busy machine, on the way of every job of a quiet cluster to its GPUs).
+    inline_jobs = 32
 
     async def started(self) -> None:
         sys.setswitchinterval(self.switch_interval)
@@ -310,8 +316,9 @@ class Quota(Service):
         # stream name built per waiting job was a tenth of quota's loop with thousands waiting)
         seen = dict(self.view.versions)
         batches: dict[str, list[Event]] = {}
-        round_ = await asyncio.to_thread(quota_round, snapshot, self.config, reserved=reserved, held=held,
-                                          memos=self._memos, backlog=backlog)
+        decide = functools.partial(quota_round, snapshot, self.config, reserved=reserved, held=held,
+                                   memos=self._memos, backlog=backlog)
+        round_ = decide() if len(by_id) <= self.inline_jobs else await asyncio.to_thread(decide)
         for decision in round_.decisions:
             job = by_id[decision.job_id]
             if isinstance(decision, Reserve):

@@ -92,3 +92,26 @@ async def test_the_compact_round_records_what_naming_every_job_records(monkeypat
     kinds = {kind for kind, _, _ in compact}
     assert kinds == {"QuotaReserved", "PlacementPending"}  # not vacuous: both kinds are recorded
     assert sum(kind == "PlacementPending" for kind, _, _ in compact) < 120 - 4  # and some were not news
+
+
+async def test_a_round_over_a_few_jobs_is_decided_on_the_loop_and_a_backlog_beside_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a quiet cluster's job is not handed to a thread and back on its way to its GPUs
+    threads: list[Any] = []
+    real = quota_service.asyncio.to_thread
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        threads.append(func)
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(quota_service.asyncio, "to_thread", counted)
+    few, many = Recording(), Recording()
+    monkeypatch.setattr(few, "inline_jobs", 200)  # the 120 waiting jobs of `world` are few here
+    world(few, {})
+    world(many, {})
+    await few._reserve()
+    assert threads == []
+    await many._reserve()
+    assert len(threads) == 1
+    assert [(e.type, e.job_id) for e in few.appended] == [(e.type, e.job_id) for e in many.appended]
+    assert any(isinstance(e, ev.QuotaReserved) for e in few.appended)
