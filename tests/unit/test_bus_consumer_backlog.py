@@ -4,6 +4,7 @@ Why (bench/README.md): nats-py stops collecting a batch when the fetch's window 
 consumer's linger, 10 ms for an inbox), and on a busy event loop the messages the server sent
 arrive slower than that. Under a backlog of hundreds, a short window takes a part of a batch at a
 time, then lingers as if it had caught up, and workers' reports reach placement late.
+On a quiet bus (`corral.bus.pacing`) a consumer blocks for its next message with no window.
 The subscription here is a stand-in that records each fetch's window; nothing else is faked.
 """
 
@@ -15,7 +16,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-from corral.bus.consumer import _BEHIND_GATHER, RunningConsumer
+from corral.bus.consumer import _BEHIND_GATHER, _FETCH_TIMEOUT, _MIN_GATHER, RunningConsumer
 from corral.bus.delivery import Delivery
 
 
@@ -83,12 +84,14 @@ async def _windows(backlog: int, served: int) -> list[float]:
 
 
 async def test_after_a_batch_the_server_says_is_not_the_last_the_next_fetch_may_take_long_enough_to_fill() -> None:
-    windows = await _windows(backlog=100, served=30)  # 30, 30, 30, 10, then nothing
-    assert windows[0] == 0.01  # nothing known yet: the linger's window
-    assert windows[1:4] == [_BEHIND_GATHER] * 3  # more waited after each of the first three
-    assert windows[4] == 0.01  # the last batch emptied the backlog: back to gathering
+    windows = await _windows(backlog=100, served=30)  # 1 + 30, 30, 30, 9, then nothing
+    # nothing known yet (a quiet bus): the next message at once, and what waits behind it
+    assert windows[:2] == [_FETCH_TIMEOUT, _MIN_GATHER]
+    assert windows[2:5] == [_BEHIND_GATHER] * 3  # more waited after each of the first three
+    assert windows[5] == 0.01  # the last batch emptied the backlog: back to gathering (a stream)
 
 
-async def test_a_consumer_that_caught_up_keeps_its_short_gathering_window() -> None:
+async def test_a_consumer_that_caught_up_on_a_quiet_bus_blocks_for_the_next_message() -> None:
+    # 1 + 4 (one commit's messages), then nothing: no window held open for what does not come
     windows = await _windows(backlog=5, served=64)
-    assert windows == [0.01, 0.01]
+    assert windows == [_FETCH_TIMEOUT, _MIN_GATHER, _FETCH_TIMEOUT]

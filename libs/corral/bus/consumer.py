@@ -48,6 +48,7 @@ from corral.bus.delivery import (
     dead_letter_msg_id,
     retry_delay,
 )
+from corral.bus.pacing import Linger
 from corral.bus.unavailable import UnavailableBackoff, is_unavailable
 from corral.telemetry import logs, tracing
 
@@ -127,6 +128,8 @@ class RunningConsumer:
         self._backoff = tuple(backoff)
         self._batch = batch
         self._linger = linger
+        #: whether a linger is worth taking now (`corral.bus.pacing`): not on a quiet bus
+        self._pace = Linger(linger)
         self._batch_handler = batch_handler
         self._unavailable_backoff = unavailable_backoff or UnavailableBackoff()
         self._stopping = False
@@ -211,11 +214,13 @@ class RunningConsumer:
                     continue
                 if not self._behind:
                     self._caught_up(asked_at)
-                if self._linger > 0 and fetched < self._batch and not self._behind and not self._stopping:
-                    # A partial batch means we are keeping up: let the next one gather for a moment
-                    # (one fetch round trip, one confirmed ack, one handler pass per batch instead
-                    # of per trickle of messages; under load batches fill and no time is lost).
-                    await asyncio.sleep(self._linger)
+                linger = self._pace.after(fetched)
+                if linger > 0 and fetched < self._batch and not self._behind and not self._stopping:
+                    # A partial batch under a stream of messages means we are keeping up: let the
+                    # next one gather for a moment (one fetch round trip, one confirmed ack, one
+                    # handler pass per batch instead of per trickle of messages; under load batches
+                    # fill and no time is lost). On a quiet bus nothing would gather: no wait.
+                    await asyncio.sleep(linger)
         finally:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
@@ -240,7 +245,8 @@ class RunningConsumer:
 
     async def _fetch(self) -> list[Any]:
         """What is there (up to `batch`), else what arrives within a short gathering window, else
-        block until the next message.
+        block until the next message. On a quiet bus (no linger worth taking, `corral.bus.pacing`)
+        it blocks for the next message at once.
 
         Why not one `fetch(batch, timeout=5)`: once its pull request has to wait on the server,
         nats-py returns only when the batch is FULL or the timeout expires, so a consumer that
@@ -251,12 +257,27 @@ class RunningConsumer:
         than that; with a short window under a backlog of hundreds a consumer fetches part of a
         batch, lingers as if it had caught up, and reports reach it late (bench/README.md).
         """
+        if self._linger > 0 and not self._behind and not self._pace.busy():
+            # A quiet bus: the next message is handed over as it arrives; a window here would
+            # hold it to the window's end (a lingering pull returns when its batch is full or its
+            # time is up).
+            return await self._next()
         gather = _BEHIND_GATHER if self._behind else max(self._linger, _MIN_GATHER)
         try:
             return list(await self._sub.fetch(self._batch, timeout=gather))
         except (nats.errors.TimeoutError, TimeoutError):
             pass
-        return list(await self._sub.fetch(1, timeout=_FETCH_TIMEOUT))
+        return await self._next()
+
+    async def _next(self) -> list[Any]:
+        """Block until the next message; with it, what the server holds behind it already (the
+        events of one commit are published together: one batch to handle and acknowledge, not a
+        fetch, a handler pass and a confirmed ack each)."""
+        msgs = list(await self._sub.fetch(1, timeout=_FETCH_TIMEOUT))
+        if self._batch > 1 and _more_waiting(msgs):
+            with contextlib.suppress(nats.errors.TimeoutError, TimeoutError):
+                msgs += await self._sub.fetch(self._batch - 1, timeout=_MIN_GATHER)
+        return msgs
 
     async def _settle(self, msg: Any, confirm: bool = True, waiting: Sequence[Any] = ()) -> None:
         delivery = await self._delivery(msg)

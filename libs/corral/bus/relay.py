@@ -54,6 +54,7 @@ from nats.js.errors import APIError
 from corral.bus.bus import Bus, Outgoing
 from corral.bus.delivery import MSG_ID
 from corral.bus.naming import EVENTS
+from corral.bus.pacing import Linger
 from corral.bus.unavailable import UnavailableBackoff, is_unavailable
 from corral.contracts import events as ev
 from corral.contracts.envelope import CLUSTER_STREAM, Reason, new_event_id
@@ -200,7 +201,8 @@ class OutboxRelay:
         self.name = name
         self._fault = fault
         self._batch = batch
-        self._linger = linger
+        #: the wait after a partial batch, taken while appends come often enough (`corral.bus.pacing`)
+        self._linger = Linger(linger)
         self._task: asyncio.Task[None] | None = None
         #: what each node agent is sent of an event, before the event itself (`corral.bus.node_work`)
         self.node_work = node_work
@@ -286,9 +288,11 @@ class OutboxRelay:
                 await self._publish_batch(events, save=self._save_every <= 0)
                 if self._save_every > 0:
                     self._save_later(events[-1])
-                if self._linger > 0 and len(events) < self._batch:
-                    # Keeping up: let a few appends gather so one publish round trip covers them all.
-                    await asyncio.sleep(self._linger)
+                linger = self._linger.after(len(events))
+                if linger > 0 and len(events) < self._batch:
+                    # Keeping up with a stream of appends: let a few gather so one publish round
+                    # trip covers them all. On a quiet log nothing would gather: no wait.
+                    await asyncio.sleep(linger)
 
     def _save_later(self, last: StoredEvent) -> None:
         """Save `last`'s position within `save_every` seconds (with any later batch's instead)."""
