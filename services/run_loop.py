@@ -150,7 +150,10 @@ async def _consume(service: Service, bus: Bus, ns: str) -> list[RunningConsumer]
         consumers.append(await bus.consume(
             f"{cls.name}-inbox", [f"{ns}.inbox.{s}" for s in cls.inbox], service.on_inbox,
             batch=64, max_deliver=delivery.inbox_max_deliver, backoff=delivery.backoff,
-            linger=cls.inbox_linger, batch_handler=service.on_inbox_batch))
+            # Not paced: an inbox's batches are its commits (`append_handled`), and on a quiet
+            # cluster no job's start waits behind its linger (a submission is a job's first hop,
+            # the nodes' reports come after its start).
+            linger=cls.inbox_linger, paced=False, batch_handler=service.on_inbox_batch))
         service.inbox_read_at = float("-inf")  # a backlog left by a previous leader is unread yet
         consumers[-1].clock, consumers[-1].caught_up = service.clock, service.inbox_caught_up
     return consumers

@@ -73,11 +73,11 @@ async def _all_handled(deliveries: Sequence[Delivery]) -> list[BaseException | N
     return [None] * len(deliveries)
 
 
-async def _windows(backlog: int, served: int) -> list[float]:
+async def _windows(backlog: int, served: int, paced: bool = True) -> list[float]:
     subscription = _Subscription(backlog, served)
     sub: Any = subscription
     consumer = RunningConsumer(sub, "placement-inbox", _ignore, _dead_letter, max_deliver=5, backoff=(1.0,),
-                               batch=64, linger=0.01, batch_handler=_all_handled)
+                               batch=64, linger=0.01, paced=paced, batch_handler=_all_handled)
     await asyncio.wait_for(subscription.drained.wait(), 5)
     await consumer.stop()
     return subscription.windows
@@ -95,3 +95,9 @@ async def test_a_consumer_that_caught_up_on_a_quiet_bus_blocks_for_the_next_mess
     # 1 + 4 (one commit's messages), then nothing: no window held open for what does not come
     windows = await _windows(backlog=5, served=64)
     assert windows == [_FETCH_TIMEOUT, _MIN_GATHER, _FETCH_TIMEOUT]
+
+
+async def test_a_consumer_not_paced_keeps_its_gathering_window_on_a_quiet_bus() -> None:
+    # an inbox: its batches are its commits
+    windows = await _windows(backlog=5, served=64, paced=False)
+    assert windows == [0.01, 0.01]

@@ -555,7 +555,7 @@ class Bus:
     async def consume(self, durable: str, subjects: Sequence[str], handler: Handler, *,
                       max_deliver: int = 5, backoff: Sequence[float] = (0.5, 2.0, 10.0, 30.0),
                       batch: int = 16, ack_wait: float = 30.0,
-                      deliver_new_only: bool = False, linger: float = 0.0,
+                      deliver_new_only: bool = False, linger: float = 0.0, paced: bool = True,
                       batch_handler: BatchHandler | None = None,
                       inactive_threshold: float | None = None,
                       unavailable_backoff: UnavailableBackoff | None = None) -> RunningConsumer:
@@ -564,7 +564,9 @@ class Bus:
         The durable is created (or updated) before this returns, so anything published afterwards
         reaches it. See `corral.bus.consumer` for how results are acknowledged, retried and
         dead-lettered. `linger` > 0: after a fetch that did not fill `batch`, wait that many
-        seconds before the next one (fewer, larger batches at the cost of that much latency).
+        seconds before the next one (fewer, larger batches at the cost of that much latency);
+        `paced`: only while messages come often enough for the wait to gather some
+        (`corral.bus.pacing`), else after every partial batch.
         `batch_handler`, if given, is called with each fetched batch instead of `handler` per
         message (see `BatchHandler`). `ack_wait` is how long a crashed consumer holds a message
         before the server redelivers it. `inactive_threshold` (seconds): the server deletes the
@@ -599,7 +601,8 @@ class Bus:
         consumer = RunningConsumer(
             subscription, durable, handler,
             dead_letter_publisher(self.publish, self.names.dead_letter_subject, durable),
-            max_deliver=max_deliver, backoff=backoff, batch=batch, linger=linger, batch_handler=batch_handler,
+            max_deliver=max_deliver, backoff=backoff, batch=batch, linger=linger, paced=paced,
+            batch_handler=batch_handler,
             unavailable_backoff=unavailable_backoff,
         )
         self._consumers.append(consumer)

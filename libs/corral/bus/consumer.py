@@ -117,7 +117,7 @@ class RunningConsumer:
     the message being handled is finished and settled, fetched but unhandled ones are nak'ed."""
 
     def __init__(self, subscription: Any, durable: str, handler: Handler, dead_letter: DeadLetter, *,
-                 max_deliver: int, backoff: Sequence[float], batch: int, linger: float = 0.0,
+                 max_deliver: int, backoff: Sequence[float], batch: int, linger: float = 0.0, paced: bool = True,
                  batch_handler: BatchHandler | None = None,
                  unavailable_backoff: UnavailableBackoff | None = None) -> None:
         self.durable = durable
@@ -128,8 +128,9 @@ class RunningConsumer:
         self._backoff = tuple(backoff)
         self._batch = batch
         self._linger = linger
-        #: whether a linger is worth taking now (`corral.bus.pacing`): not on a quiet bus
-        self._pace = Linger(linger)
+        #: whether a linger is worth taking now (`corral.bus.pacing`): not on a quiet bus (None:
+        #: not paced, the linger follows every partial batch)
+        self._pace = Linger(linger) if paced else None
         self._batch_handler = batch_handler
         self._unavailable_backoff = unavailable_backoff or UnavailableBackoff()
         self._stopping = False
@@ -214,7 +215,7 @@ class RunningConsumer:
                     continue
                 if not self._behind:
                     self._caught_up(asked_at)
-                linger = self._pace.after(fetched)
+                linger = self._pace.after(fetched) if self._pace is not None else self._linger
                 if linger > 0 and fetched < self._batch and not self._behind and not self._stopping:
                     # A partial batch under a stream of messages means we are keeping up: let the
                     # next one gather for a moment (one fetch round trip, one confirmed ack, one
@@ -257,7 +258,7 @@ class RunningConsumer:
         than that; with a short window under a backlog of hundreds a consumer fetches part of a
         batch, lingers as if it had caught up, and reports reach it late (bench/README.md).
         """
-        if self._linger > 0 and not self._behind and not self._pace.busy():
+        if self._pace is not None and self._linger > 0 and not self._behind and not self._pace.busy():
             # A quiet bus: the next message is handed over as it arrives; a window here would
             # hold it to the window's end (a lingering pull returns when its batch is full or its
             # time is up).
